@@ -1,0 +1,30 @@
+# Kestrel top-level entry points. `make demo` and `make test` install missing
+# Debian packages, configure, build and run; everything else is CMake.
+PRESET ?= dev
+BUILD := build/$(PRESET)
+JOBS ?= 2
+
+.PHONY: all deps configure build test demo bench clean
+
+all: build
+
+deps:
+	@bash scripts/install_deps.sh
+
+configure: deps
+	@cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@bash scripts/run_tests.sh $(BUILD)
+
+demo: build
+	@$(BUILD)/kestrel train
+
+bench: deps
+	@cmake --preset release >/dev/null && cmake --build build/release -j $(JOBS)
+
+clean:
+	rm -rf build

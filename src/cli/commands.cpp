@@ -1,0 +1,34 @@
+#include "cli/commands.h"
+
+#include <cstdio>
+#include <cstring>
+
+namespace kestrel::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"logprobs", "score token sequences: per-token logprob and entropy", cmd_logprobs},
+  };
+  return table;
+}
+
+static void print_help() {
+  std::printf("kestrel: RL post-training of LLMs (GRPO/PPO) in one native program.\n\n"
+              "usage: kestrel <command> [options]\n\ncommands:\n");
+  for (const auto& c : commands()) std::printf("  %-12s %s\n", c.name, c.summary);
+  std::printf("\n'kestrel <command> --help' describes a command.\n");
+}
+
+int run_main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : commands()) {
+    if (c.name == std::string(argv[1])) return c.run(Args(argv + 2, argv + argc));
+  }
+  std::fprintf(stderr, "kestrel: unknown command '%s'; see 'kestrel --help'\n", argv[1]);
+  return 2;
+}
+
+}  // namespace kestrel::cli

@@ -1,0 +1,69 @@
+// The communication interface every parallel layer talks through. MPI
+// implements it now (comm/mpi/), NCCL later; a size-1 LocalGroup is the plain
+// single-process case, so model code never branches on "is parallel".
+// All buffers are contiguous; counts are in elements of `dtype`.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace kestrel::comm {
+
+enum class ReduceOp { Sum, Max, Min, Avg };
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "tp", "dp", "world", ... for messages
+
+  // In place over `count` elements.
+  virtual void all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) = 0;
+  // send holds size()*recv_count elements; rank r receives the reduced block r.
+  virtual void reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dtype, ReduceOp op) = 0;
+  // recv holds size()*send_count elements, rank blocks in rank order.
+  virtual void all_gather(const void* send, void* recv, int64_t send_count, DType dtype) = 0;
+  virtual void broadcast(void* buf, int64_t count, DType dtype, int root) = 0;
+  // Equal blocks of count_per_rank elements to and from every rank.
+  virtual void all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype) = 0;
+  virtual void all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                           const std::vector<int64_t>& recv_counts, DType dtype) = 0;
+  virtual void send(const void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  virtual void recv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+
+  // Tensor conveniences over the calls above.
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce(t.raw(), t.numel(), t.dtype(), op); }
+  void broadcast(Tensor& t, int root) { broadcast(t.raw(), t.numel(), t.dtype(), root); }
+};
+
+// The size-1 group: every collective is a copy or a no-op.
+class LocalGroup final : public ProcessGroup {
+ public:
+  explicit LocalGroup(std::string name = "local") : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return name_; }
+  void all_reduce(void*, int64_t, DType, ReduceOp) override {}
+  void reduce_scatter(const void* send, void* recv, int64_t n, DType dt, ReduceOp) override;
+  void all_gather(const void* send, void* recv, int64_t n, DType dt) override;
+  void broadcast(void*, int64_t, DType, int) override {}
+  void all_to_all(const void* send, void* recv, int64_t n, DType dt) override;
+  void all_to_allv(const void* send, const std::vector<int64_t>& sc, void* recv, const std::vector<int64_t>& rc,
+                   DType dt) override;
+  void send(const void*, int64_t, DType, int peer, int) override;
+  void recv(void*, int64_t, DType, int peer, int) override;
+  void barrier() override {}
+
+ private:
+  std::string name_;
+};
+
+std::shared_ptr<ProcessGroup> local_group(const std::string& name = "local");
+
+}  // namespace kestrel::comm

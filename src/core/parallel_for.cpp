@@ -1,0 +1,12 @@
+#include "core/parallel_for.h"
+
+#include <omp.h>
+
+namespace kestrel {
+
+void set_num_threads(int n) {
+  if (n > 0) omp_set_num_threads(n);
+}
+int num_threads() { return omp_get_max_threads(); }
+
+}  // namespace kestrel

@@ -1,0 +1,18 @@
+#pragma once
+#include "core/tensor.h"
+
+namespace kestrel::ops {
+
+// y[T, out] = x[T, in] @ w[out, in]^T (+ b[out]). HF's nn.Linear layout.
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
+// dx[T, in] = dy @ w        (written; skipped when dx == nullptr)
+// dw[out, in] += dy^T @ x   (f32; skipped when nullptr)
+// db[out] += sum_t dy       (f32; skipped when nullptr)
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+
+// y = a + b elementwise (residual stream); y may alias a or b.
+void add(const Tensor& a, const Tensor& b, Tensor& y);
+// y += x elementwise.
+void add_inplace(Tensor& y, const Tensor& x);
+
+}  // namespace kestrel::ops
