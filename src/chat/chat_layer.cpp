@@ -1,0 +1,1 @@
+// Placeholder so the layer's library exists before its first source lands.
