@@ -1,12 +1,99 @@
+// kestrel logprobs: scores token sequences with a model folder. Each input
+// line {"input_ids": [...]} yields {"logprobs": [...], "entropy": [...]} for
+// positions 1..n-1: logprobs[i-1] = log p(token_i | tokens before it), and
+// entropy[i-1] the entropy of the distribution that predicted token i.
+#include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "core/files.h"
+#include "core/parallel_for.h"
+#include "model/scoring.h"
 
 namespace kestrel::cli {
 
-int cmd_logprobs(const Args&) {
-  std::fprintf(stderr, "kestrel logprobs: not supported yet: model loading is being built\n");
-  return 2;
+int cmd_logprobs(const Args& argv) {
+  ParsedArgs args("logprobs",
+                  {{"model", "HF model folder (config.json + safetensors)"},
+                   {"input", "JSONL, one {\"input_ids\": [...]} per line"},
+                   {"output", "JSONL written atomically, one line per input line"},
+                   {"dtype", "compute dtype: f32 or bf16", true, "f32"},
+                   {"threads", "CPU threads (0 = all cores)", true, "0"},
+                   {"max-batch-tokens", "tokens packed into one forward pass", true, "4096"}},
+                  argv);
+  if (args.help()) {
+    std::printf("%s", args.usage().c_str());
+    return 0;
+  }
+  const std::string model_dir = args.require("model"), in = args.require("input"), out = args.require("output");
+  DType dtype;
+  if (!parse_dtype(args.get("dtype"), &dtype) || (dtype != DType::F32 && dtype != DType::BF16))
+    KS_FAIL("kestrel logprobs: --dtype must be f32 or bf16, got '", args.get("dtype"), "'");
+  set_num_threads(int(args.get_int("threads")));
+  const int64_t budget = args.get_int("max-batch-tokens");
+  if (budget <= 0) KS_FAIL("kestrel logprobs: --max-batch-tokens must be positive");
+
+  model::ModelOptions opts;
+  opts.dtype = dtype;
+  auto loaded = model::CausalLM::load(model_dir, opts);
+  if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
+  const model::CausalLM& m = *loaded.value();
+  const int64_t V = m.config().vocab_size;
+
+  std::vector<std::vector<int32_t>> seqs;
+  Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
+    if (!j.is_object() || !j.contains("input_ids") || !j["input_ids"].is_array())
+      return KS_ERR("expected an object with an \"input_ids\" array");
+    std::vector<int32_t> ids;
+    for (const auto& x : j["input_ids"]) {
+      if (!x.is_number_integer()) return KS_ERR("\"input_ids\" must hold integers, found ", x.dump());
+      int64_t v = x.get<int64_t>();
+      if (v < 0 || v >= V) return KS_ERR("token id ", v, " is outside the vocabulary [0, ", V, ")");
+      ids.push_back(int32_t(v));
+    }
+    if (ids.empty()) return KS_ERR("\"input_ids\" is empty");
+    if (int64_t(ids.size()) > m.rope().cos.size(0))
+      return KS_ERR("sequence of ", ids.size(), " tokens exceeds max_position_embeddings ", m.rope().cos.size(0));
+    seqs.push_back(std::move(ids));
+    return Status::ok();
+  });
+  if (!st.is_ok()) KS_FAIL(st.message());
+
+  AtomicFile f(out);
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  for (size_t i = 0; i < seqs.size();) {
+    // Pack consecutive sequences up to the token budget (always at least one).
+    size_t j = i;
+    int64_t n = 0;
+    std::vector<std::vector<int32_t>> group;
+    while (j < seqs.size() && (group.empty() || n + int64_t(seqs[j].size()) <= budget)) {
+      n += int64_t(seqs[j].size());
+      group.push_back(seqs[j++]);
+    }
+    model::PackedBatch b = model::pack_sequences(group);
+    model::TokenScores s = model::score_tokens(m, b);
+    const float* lp = s.logprob.data<float>();
+    const float* en = s.entropy.data<float>();
+    const int32_t* cu = b.cu_seqlens.data<int32_t>();
+    for (size_t g = 0; g < group.size(); ++g) {
+      nlohmann::json o;
+      o["logprobs"] = std::vector<float>(lp + cu[g], lp + cu[g + 1] - 1);
+      o["entropy"] = std::vector<float>(en + cu[g], en + cu[g + 1] - 1);
+      Status ws = f.write(o.dump() + "\n");
+      if (!ws.is_ok()) KS_FAIL(ws.message());
+    }
+    tokens += n;
+    i = j;
+  }
+  Status cs = f.commit();
+  if (!cs.is_ok()) KS_FAIL(cs.message());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "kestrel logprobs: %zu sequences, %lld tokens in %.2f s (%.0f tokens/s) -> %s\n",
+               seqs.size(), (long long)tokens, secs, tokens / std::max(secs, 1e-9), out.c_str());
+  return 0;
 }
 
 }  // namespace kestrel::cli

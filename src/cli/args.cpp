@@ -1,0 +1,86 @@
+#include "cli/args.h"
+
+#include <sstream>
+
+#include "core/status.h"
+
+namespace kestrel::cli {
+
+ParsedArgs::ParsedArgs(const std::string& command, const std::vector<FlagSpec>& specs,
+                       const std::vector<std::string>& args)
+    : command_(command), specs_(specs) {
+  auto find = [&](const std::string& n) -> const FlagSpec* {
+    for (const auto& s : specs_)
+      if (s.name == n) return &s;
+    return nullptr;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      help_ = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) {
+      positional_.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    const FlagSpec* s = find(name);
+    if (!s) {
+      std::ostringstream os;
+      for (const auto& sp : specs_) os << " --" << sp.name;
+      KS_FAIL("kestrel ", command_, ": unknown option '--", name, "'; valid options:", os.str());
+    }
+    if (s->takes_value && !inline_value) {
+      if (i + 1 >= args.size()) KS_FAIL("kestrel ", command_, ": option --", name, " needs a value");
+      value = args[++i];
+    } else if (!s->takes_value && !inline_value) {
+      value = "true";
+    }
+    values_[name] = value;
+  }
+}
+
+std::string ParsedArgs::get(const std::string& name) const {
+  if (auto it = values_.find(name); it != values_.end()) return it->second;
+  for (const auto& s : specs_)
+    if (s.name == name) return s.default_value;
+  return "";
+}
+
+std::string ParsedArgs::require(const std::string& name) const {
+  std::string v = get(name);
+  if (v.empty()) KS_FAIL("kestrel ", command_, ": missing required option --", name, "\n", usage());
+  return v;
+}
+
+int64_t ParsedArgs::get_int(const std::string& name) const {
+  std::string v = get(name);
+  try {
+    size_t pos = 0;
+    int64_t x = std::stoll(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    KS_FAIL("kestrel ", command_, ": option --", name, " must be an integer, got '", v, "'");
+  }
+}
+
+std::string ParsedArgs::usage() const {
+  std::ostringstream os;
+  os << "usage: kestrel " << command_ << " [options]\n";
+  for (const auto& s : specs_) {
+    os << "  --" << s.name << (s.takes_value ? " VALUE" : "") << "\n      " << s.help;
+    if (!s.default_value.empty() && s.takes_value) os << " (default: " << s.default_value << ")";
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace kestrel::cli

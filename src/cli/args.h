@@ -1,0 +1,39 @@
+// A small flag parser for subcommands: `--name value`, `--name=value` and
+// boolean `--flag`; unknown flags are errors that list the valid ones, and
+// everything else is a positional argument (config overrides, for instance).
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kestrel::cli {
+
+struct FlagSpec {
+  std::string name;  // without dashes
+  std::string help;
+  bool takes_value = true;
+  std::string default_value;  // shown in help; empty = required/unset
+};
+
+class ParsedArgs {
+ public:
+  // Throws kestrel::Error for unknown flags and missing values.
+  ParsedArgs(const std::string& command, const std::vector<FlagSpec>& specs, const std::vector<std::string>& args);
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string get(const std::string& name) const;       // value or the spec default
+  std::string require(const std::string& name) const;   // error naming the flag when absent
+  int64_t get_int(const std::string& name) const;
+  bool help() const { return help_; }
+  const std::vector<std::string>& positional() const { return positional_; }
+  std::string usage() const;
+
+ private:
+  std::string command_;
+  std::vector<FlagSpec> specs_;
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+  bool help_ = false;
+};
+
+}  // namespace kestrel::cli

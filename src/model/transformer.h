@@ -1,0 +1,104 @@
+// Decoder-only causal LM (Llama, Qwen2, Qwen3, Mistral) with explicit forward
+// and backward over packed batches. Parameters carry HF names so checkpoints
+// load and save without a mapping table.
+//
+// Precision: weights live in the compute dtype (f32, or bf16 in bf16 mode);
+// gradients are always f32 and accumulate across micro-batches; the f32
+// master copy in bf16 mode belongs to the optimizer (optim/), not the model.
+//
+// Parallelism enters through the process groups in ModelParallel (size 1 is
+// the plain case); model code is written once for every layout.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "io/model_config.h"
+#include "model/activations.h"
+#include "model/batch.h"
+#include "ops/rope.h"
+
+namespace kestrel::model {
+
+struct ModelParallel {
+  std::shared_ptr<comm::ProcessGroup> tp = comm::local_group("tp");
+  bool sequence_parallel = false;
+};
+
+struct ModelOptions {
+  DType dtype = DType::F32;  // compute/storage dtype of weights and activations
+  ModelParallel parallel;
+  int64_t max_positions = 0;  // RoPE table length; 0 = config's max_position_embeddings
+};
+
+// One trainable tensor: its HF name, the weight (compute dtype) and its f32 gradient.
+struct Param {
+  std::string name;
+  Tensor weight;
+  Tensor grad;             // f32, same shape; undefined until enable_grads()
+  bool weight_decay = true;  // false for norms and biases, as Megatron/verl do
+};
+
+struct LayerParams {
+  Param input_norm, post_norm;          // [D]
+  Param q, k, v, o;                     // [q_dim, D], [kv_dim, D], [kv_dim, D], [D, q_dim]
+  Param q_bias, k_bias, v_bias, o_bias; // optional: [q_dim], [kv_dim], [kv_dim], [D]
+  Param q_norm, k_norm;                 // Qwen3: [head_dim]
+  Param gate, up, down;                 // [F, D], [F, D], [D, F]
+  Param gate_bias, up_bias, down_bias;  // optional (Llama mlp_bias)
+};
+
+class CausalLM {
+ public:
+  // Reads config.json and safetensors weights from an HF folder.
+  static Result<std::unique_ptr<CausalLM>> load(const std::string& dir, const ModelOptions& opts = {});
+  // Fresh weights: normal(0, init_std) for matrices, ones for norms, zeros for biases.
+  static std::unique_ptr<CausalLM> init_random(const io::ModelConfig& cfg, const ModelOptions& opts, uint64_t seed,
+                                               double init_std = 0.02);
+
+  const io::ModelConfig& config() const { return cfg_; }
+  const ModelOptions& options() const { return opts_; }
+  DType dtype() const { return opts_.dtype; }
+
+  // Every parameter in HF order (embedding, layers, final norm, lm_head when untied).
+  std::vector<Param*> params();
+  Param* find_param(const std::string& name);
+  int64_t num_parameters() const;
+
+  // Allocates f32 gradients (MemCategory::Grads) and zeroes them.
+  void enable_grads();
+  void zero_grads();
+
+  // Writes config.json + safetensors (dtype on disk; single file or shards) atomically.
+  Status save(const std::string& dir, DType disk_dtype) const;
+
+  // Forward through the final norm and lm_head: fills acts (everything
+  // backward needs) and returns logits [T, V] (compute dtype).
+  Tensor forward(const PackedBatch& batch, Activations& acts) const;
+  // Logits only, keeping nothing for backward (scoring, generation prefill).
+  Tensor forward_inference(const PackedBatch& batch) const;
+  // Backward from dlogits [T, V] (f32); accumulates into every Param::grad.
+  void backward(const PackedBatch& batch, Activations& acts, const Tensor& dlogits);
+
+  const ops::RopeTable& rope() const { return rope_; }
+  const Param& embedding() const { return embed_; }
+  const Param& lm_head() const { return cfg_.tie_word_embeddings ? embed_ : lm_head_; }
+  const Param& final_norm() const { return final_norm_; }
+  const std::vector<LayerParams>& layers() const { return layers_; }
+
+ private:
+  CausalLM(io::ModelConfig cfg, ModelOptions opts);
+  void allocate_params();
+  void build_rope();
+
+  io::ModelConfig cfg_;
+  ModelOptions opts_;
+  Param embed_;       // [V, D]
+  std::vector<LayerParams> layers_;
+  Param final_norm_;  // [D]
+  Param lm_head_;     // [V, D], undefined when tied
+  ops::RopeTable rope_;
+};
+
+}  // namespace kestrel::model
