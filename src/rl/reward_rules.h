@@ -1,0 +1,31 @@
+// Rule-based rewards, chosen per data_source as verl's default_compute_score
+// does: GSM8K '####' answers, MATH-style \boxed{} answers, and the built-in
+// arith task.
+#pragma once
+#include <optional>
+#include <string>
+
+namespace kestrel::rl {
+
+// verl gsm8k.extract_solution: looks at the last 300 characters; strict takes
+// the last "#### <number>", flexible the last number; ',' and '$' removed.
+std::optional<std::string> gsm8k_extract(const std::string& text, bool strict = true);
+// 1.0 on an exact string match of the extracted answer, else format_score (0).
+double gsm8k_score(const std::string& text, const std::string& ground_truth, bool strict = true,
+                   double format_score = 0.0, double score = 1.0);
+
+// verl math.py: the last \boxed{...} (or \boxed ...) content, compared after
+// the Hendrycks MATH normalisation (strip_string).
+std::optional<std::string> last_boxed_content(const std::string& text);
+std::string math_strip_string(std::string s);
+double math_score(const std::string& text, const std::string& ground_truth);
+
+// Built-in arith task: the integer after the last "####" must equal the truth.
+double arith_score(const std::string& text, const std::string& ground_truth);
+
+// Dispatch by data_source (openai/gsm8k, lighteval/MATH and DigitalLearningGmbH/MATH-lighteval,
+// arith); std::nullopt when no rule is registered for it.
+std::optional<double> rule_score(const std::string& data_source, const std::string& text,
+                                 const std::string& ground_truth);
+
+}  // namespace kestrel::rl
