@@ -1,0 +1,89 @@
+// The in-process rollout engine's public API (vLLM's LLMEngine, in C++): add
+// requests, step, collect finished outputs. It reads the training model's
+// weights in place (zero copy), so a trainer and its rollout share one copy.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/transformer.h"
+
+namespace kestrel::rollout {
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  int64_t top_k = -1;        // -1 = off
+  double top_p = 1.0;
+  double min_p = 0.0;
+  int64_t max_tokens = 256;
+  int64_t n = 1;             // samples per prompt, sharing the prompt's KV blocks
+  uint64_t seed = 0;         // with (sample index, position): output independent of batching
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
+  std::vector<std::string> stop;        // stop strings (need a detokenizer, see EngineConfig)
+  bool ignore_eos = false;
+  int64_t logprobs = 0;      // top-k logprobs per sampled token (0 = only the sampled token's)
+};
+
+struct EngineConfig {
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;               // 0 = derive from kv_cache_bytes
+  int64_t kv_cache_bytes = int64_t(1) << 30;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 256;
+  bool enable_chunked_prefill = true;
+  bool enable_prefix_caching = true;
+  std::string preemption_mode = "recompute";  // or "swap"
+  double swap_space_gib = 4.0;
+  int64_t max_model_len = 0;            // 0 = model's max_position_embeddings
+  // Turns token ids into text for stop strings; may be empty when none are used.
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;
+};
+
+struct CompletionOutput {
+  int64_t index = 0;                // sample index within its request
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;      // of each sampled token
+  std::string finish_reason;        // "stop" (EOS/stop token/stop string) or "length"
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<CompletionOutput> outputs;  // n of them, by index
+  int64_t num_cached_prompt_tokens = 0;   // prefix-cache hits
+};
+
+struct EngineStats {
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
+  int64_t preemptions = 0, swapped_out_blocks = 0, swapped_in_blocks = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const model::CausalLM& model, const EngineConfig& cfg);
+  virtual ~Engine() = default;
+
+  virtual Status add_request(const std::string& request_id, std::vector<int32_t> prompt, const SamplingParams& params) = 0;
+  // One scheduler iteration: schedule, one forward over the packed batch, sample.
+  // Returns the requests that finished during this step.
+  virtual std::vector<RequestOutput> step() = 0;
+  virtual bool has_unfinished() const = 0;
+  // Runs step() until every request has finished; outputs in request order of addition.
+  virtual std::vector<RequestOutput> run_to_completion() = 0;
+
+  // The trainer changed the weights: bump the version (prefix cache reset).
+  virtual void update_weights_version() = 0;
+  // Frees KV memory (colocated training runs meanwhile) / allocates it again.
+  virtual void sleep() = 0;
+  virtual void wake_up() = 0;
+
+  virtual EngineStats stats() const = 0;
+};
+
+}  // namespace kestrel::rollout

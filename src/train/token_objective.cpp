@@ -1,0 +1,49 @@
+#include "train/token_objective.h"
+
+#include "ops/loss.h"
+
+namespace kestrel::train {
+
+ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBatch& b, const TokenObjective& objective,
+                                       bool need_entropy_grad) {
+  const int64_t T = b.num_tokens;
+  model::Activations acts;
+  Tensor logits = m.forward(b, acts);  // [T, V]
+  ForwardBackwardResult r;
+  r.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  r.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  ops::logprob_entropy_fwd(logits, b.targets, r.logprob, &r.entropy, lse);
+
+  Tensor dlogprob = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
+  Tensor dentropy = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
+  TokenView view{r.logprob.data<float>(), r.entropy.data<float>(), T};
+  r.loss = objective(view, dlogprob.data<float>(), dentropy.data<float>());
+
+  bool any_entropy = false;
+  if (need_entropy_grad) {
+    const float* de = dentropy.data<float>();
+    for (int64_t t = 0; t < T && !any_entropy; ++t) any_entropy = de[t] != 0.f;
+  }
+  // f32 logits are overwritten by their gradient: the single [T, V] buffer.
+  Tensor dlogits = logits.dtype() == DType::F32 ? logits
+                                                : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations);
+  ops::logprob_entropy_bwd(logits, b.targets, lse, dlogprob, any_entropy ? &dentropy : nullptr, dlogits);
+  m.backward(b, acts, dlogits);
+  return r;
+}
+
+TokenObjective cross_entropy_objective(const std::vector<float>& weights) {
+  return [weights](const TokenView& v, float* dlogprob, float*) {
+    KS_CHECK(int64_t(weights.size()) == v.num_tokens, "cross-entropy weights: ", weights.size(), " for ",
+             v.num_tokens, " tokens");
+    double loss = 0;
+    for (int64_t t = 0; t < v.num_tokens; ++t) {
+      loss -= double(weights[size_t(t)]) * v.logprob[t];
+      dlogprob[t] = -weights[size_t(t)];
+    }
+    return loss;
+  };
+}
+
+}  // namespace kestrel::train
