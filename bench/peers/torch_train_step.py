@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""PyTorch eager peer for Kestrel's training-step throughput (forward + backward + AdamW) on CPU.
+
+Usage (from the repository root):
+    python bench/peers/torch_train_step.py --config bench/configs/small.json --threads 2 \
+        --seq 512 --batch-tokens 2048 --steps 5 --dtype fp32
+
+Builds a random-weight model from an HF config.json (transformers' default init), feeds batch-tokens/seq
+rows of seq random tokens each (every row one causal sequence, i.e. packed fixed-length rows, no padding),
+next-token cross-entropy over all rows, backward, torch.optim.AdamW step. Attention is "sdpa" (PyTorch's
+best CPU path). Warms up --warmup steps (default 2), then times --steps steps with a wall clock.
+
+Prints one JSON line: {"config", "threads", "tokens_per_s", "step_s", "params", ...}; tokens_per_s counts
+input tokens (rows * seq) per second of a full step, step_s is the mean seconds per timed step
+(step_s_min / step_s_median also printed: other load on a shared machine inflates the mean).
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True, help="HF config.json (e.g. bench/configs/small.json)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=512, help="tokens per row")
+    ap.add_argument("--batch-tokens", type=int, default=2048, help="tokens per step; a multiple of --seq")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="parameter and compute dtype (bf16: pure bf16 params, grads and AdamW state)")
+    ap.add_argument("--adamw-impl", choices=["fused", "foreach", "for-loop"], default="fused",
+                    help="torch.optim.AdamW implementation (fused is the fastest on CPU)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.batch_tokens % args.seq:
+        ap.error(f"--batch-tokens {args.batch_tokens} is not a multiple of --seq {args.seq}")
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    transformers.utils.logging.set_verbosity_error()
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+
+    config = AutoConfig.from_pretrained(args.config)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    impl = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            **impl[args.adamw_impl])
+
+    rows = args.batch_tokens // args.seq
+    g = torch.Generator().manual_seed(args.seed + 1)
+    input_ids = torch.randint(0, config.vocab_size, (rows, args.seq), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        # labels=input_ids: transformers shifts internally and averages over rows*(seq-1) targets.
+        loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    for _ in range(args.warmup):
+        step()
+    loss = None
+    times = []  # per-step wall times: min/median are less sensitive to other load on a shared machine
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+    dt = sum(times) / max(len(times), 1)
+
+    print(json.dumps({
+        "config": os.path.basename(args.config), "threads": args.threads,
+        "tokens_per_s": round(rows * args.seq / dt, 2), "step_s": round(dt, 4), "params": params,
+        "step_s_min": round(min(times), 4), "step_s_median": round(sorted(times)[len(times) // 2], 4),
+        "seq": args.seq, "batch_tokens": rows * args.seq, "steps": args.steps, "dtype": args.dtype,
+        "attn": "sdpa", "adamw": args.adamw_impl, "last_loss": loss,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
