@@ -12,11 +12,17 @@ struct AttentionShape {
 
 // Causal self-attention over packed variable-length sequences.
 // q: [T, n_heads*head_dim]; k, v: [T, n_kv_heads*head_dim]; cu_seqlens: i32 [B+1]
-// (sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]); out: [T, n_heads*head_dim];
-// lse: f32 [n_heads, T], log-sum-exp of the scaled scores, kept for backward.
+// (sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]; starts at 0, ends at T,
+// non-decreasing; empty sequences allowed); out: [T, n_heads*head_dim], caller-allocated;
+// lse: f32 [n_heads, T], natural log-sum-exp of the scaled scores, kept for backward.
+// q, k, v, out (and dout, dq, dk, dv) share one dtype, f32 or bf16; math is f32,
+// outputs rounded once. Query head h reads kv head h / (n_heads / n_kv_heads).
+// Flash-style: no [T, T] score matrix is ever materialized.
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionShape& s, Tensor& out, Tensor& lse);
-// dq, dk, dv written (same shapes as q, k, v).
+// dq, dk, dv written (=), caller-allocated, same shapes as q, k, v. out and lse must
+// be this forward's; probabilities are recomputed from q, k and lse, with
+// D_i = rowsum(dout_i * out_i) (FlashAttention-2). dk/dv sum over the heads of a group.
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, const Tensor& cu_seqlens, const AttentionShape& s, Tensor& dq, Tensor& dk,
                    Tensor& dv);

@@ -1,0 +1,31 @@
+// Flash-style causal GQA attention over packed variable-length sequences.
+// Shapes and dtypes are validated by ops/attention.cpp; these assume them.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kestrel::cpu {
+
+struct AttnParams {
+  int64_t n_heads = 0;     // query heads; head h reads kv head h / (n_heads / n_kv_heads)
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.f;       // applied to q.k (already resolved: never 0 here)
+};
+
+// q [T, n_heads*head_dim]; k, v [T, n_kv_heads*head_dim]; out like q (all one
+// dtype, f32 or bf16); cu_seqlens: n_seqs+1 row offsets; lse f32 [n_heads, T].
+// Work is split over (sequence, head, 64-query block); no [T, T] scores exist.
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* cu_seqlens,
+                   int64_t n_seqs, const AttnParams& p, Tensor& out, Tensor& lse);
+
+// FlashAttention-2 backward: probabilities recomputed from q, k and lse,
+// D_i = rowsum(dO_i * O_i). Writes dq, dk, dv (=). Work is split over
+// (sequence, query head); dk/dv of the heads sharing a kv head are summed in
+// a fixed order afterwards, so results do not depend on the thread count.
+void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const Tensor& dout, const int32_t* cu_seqlens, int64_t n_seqs, const AttnParams& p,
+                   Tensor& dq, Tensor& dk, Tensor& dv);
+
+}  // namespace kestrel::cpu

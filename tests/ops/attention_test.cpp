@@ -1,0 +1,287 @@
+// Causal GQA attention over packed sequences: CPU kernel vs the double
+// reference (forward and backward), the reference backward vs finite
+// differences, NaN/Inf propagation, sequence isolation, thread-count
+// independence and argument checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "common/testing.h"
+#include "core/parallel_for.h"
+#include "core/rng.h"
+#include "ops/attention.h"
+#include "ops/ref/attention_ref.h"
+
+namespace kestrel::ops {
+namespace {
+
+using testing::to_double;
+
+std::vector<double> randn(size_t n, uint64_t stream, double scale = 1.0) {
+  Philox rng{0x5eed, stream};
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * rng.normal(i);
+  return v;
+}
+
+// A tensor of dtype dt holding v (rounded to dt).
+Tensor make(const std::vector<double>& v, Shape s, DType dt) {
+  Tensor t = Tensor::empty(std::move(s), dt, MemCategory::Other);
+  for (size_t i = 0; i < v.size(); ++i) t.set(int64_t(i), float(v[i]));
+  return t;
+}
+
+struct Case {
+  std::vector<int32_t> lens;
+  int64_t n_heads, n_kv_heads, head_dim;
+  std::string name() const {
+    std::string s = "lens";
+    for (auto l : lens) s += "_" + std::to_string(l);
+    return s + " H" + std::to_string(n_heads) + " KV" + std::to_string(n_kv_heads) + " d" + std::to_string(head_dim);
+  }
+};
+
+std::vector<int32_t> cu_of(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> cu{0};
+  for (auto l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// Inputs of one problem, already rounded to the dtype, plus the tensors.
+struct Problem {
+  AttentionShape shape;
+  std::vector<int32_t> cu;
+  int64_t T;
+  Tensor q, k, v, cu_t;
+  std::vector<double> qd, kd, vd;
+  ref::AttnRefShape ref_shape() const { return {shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale}; }
+  int64_t n_seqs() const { return int64_t(cu.size()) - 1; }
+};
+
+Problem make_problem(const Case& c, DType dt, uint64_t seed) {
+  Problem p;
+  p.shape = {c.n_heads, c.n_kv_heads, c.head_dim, 0.f};
+  p.cu = cu_of(c.lens);
+  p.T = p.cu.back();
+  const int64_t qd = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+  p.q = make(randn(p.T * qd, seed * 8 + 0), {p.T, qd}, dt);
+  p.k = make(randn(p.T * kd, seed * 8 + 1), {p.T, kd}, dt);
+  p.v = make(randn(p.T * kd, seed * 8 + 2), {p.T, kd}, dt);
+  p.cu_t = Tensor::from_ints(p.cu, {int64_t(p.cu.size())});
+  p.qd = to_double(p.q);
+  p.kd = to_double(p.k);
+  p.vd = to_double(p.v);
+  return p;
+}
+
+struct FwdOut { Tensor out, lse; };
+FwdOut run_fwd(const Problem& p) {
+  FwdOut r{Tensor::empty(p.q.shape(), p.q.dtype()), Tensor::empty({p.shape.n_heads, p.T}, DType::F32)};
+  attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, r.out, r.lse);
+  return r;
+}
+
+struct Grads { Tensor dq, dk, dv; };
+Grads run_bwd(const Problem& p, const FwdOut& f, const Tensor& dout) {
+  Grads g{Tensor::empty(p.q.shape(), p.q.dtype()), Tensor::empty(p.k.shape(), p.k.dtype()),
+          Tensor::empty(p.v.shape(), p.v.dtype())};
+  attention_bwd(p.q, p.k, p.v, f.out, f.lse, dout, p.cu_t, p.shape, g.dq, g.dk, g.dv);
+  return g;
+}
+
+// Block edges of the kernel are 64 rows: lengths straddle them; length 1 and
+// GQA ratios 1, 2 and n_heads; head_dim 64, 24 (not a power of two) and 80.
+const std::vector<Case> kCases = {
+    {{5, 1, 70, 130}, 4, 4, 64},
+    {{64, 1, 65, 3}, 4, 2, 64},
+    {{129, 1, 17}, 4, 1, 24},
+    {{1, 1, 40}, 2, 1, 80},
+};
+
+class AttentionCases : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AttentionCases, ForwardMatchesReference) {
+  const DType dt = GetParam();
+  for (Device dev : testing::available_devices()) {
+    ASSERT_EQ(dev, Device::CPU);
+    for (size_t ci = 0; ci < kCases.size(); ++ci) {
+      const Case& c = kCases[ci];
+      const Problem p = make_problem(c, dt, ci);
+      const FwdOut f = run_fwd(p);
+      std::vector<double> out(p.qd.size()), lse(p.shape.n_heads * p.T);
+      ref::attention_fwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), p.cu.data(), p.n_seqs(), p.ref_shape(),
+                             out.data(), lse.data());
+      EXPECT_TRUE(testing::all_close(to_double(f.out), out, testing::tolerance_for(dt), c.name() + " out"));
+      EXPECT_TRUE(testing::all_close(to_double(f.lse), lse, testing::tolerance_for(DType::F32), c.name() + " lse"));
+    }
+  }
+}
+
+TEST_P(AttentionCases, BackwardMatchesReference) {
+  const DType dt = GetParam();
+  for (size_t ci = 0; ci < kCases.size(); ++ci) {
+    const Case& c = kCases[ci];
+    const Problem p = make_problem(c, dt, 100 + ci);
+    const Tensor dout = make(randn(p.qd.size(), 1000 + ci), p.q.shape(), dt);
+    const FwdOut f = run_fwd(p);
+    const Grads g = run_bwd(p, f, dout);
+    const auto dod = to_double(dout);
+    std::vector<double> dq(p.qd.size()), dk(p.kd.size()), dv(p.vd.size());
+    ref::attention_bwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), dod.data(), p.cu.data(), p.n_seqs(), p.ref_shape(),
+                           dq.data(), dk.data(), dv.data());
+    const auto tol = testing::tolerance_for(dt);
+    EXPECT_TRUE(testing::all_close(to_double(g.dq), dq, tol, c.name() + " dq"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dk), dk, tol, c.name() + " dk"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dv), dv, tol, c.name() + " dv"));
+  }
+}
+
+// NaN in q and k, +Inf in v: the kernel's NaN/Inf land where the reference's do,
+// forward and (NaN in q) backward.
+TEST_P(AttentionCases, NanInfPropagation) {
+  const DType dt = GetParam();
+  const Case c{{20, 70}, 4, 2, 24};
+  Problem p = make_problem(c, dt, 7);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const int64_t d = c.head_dim, ldq = c.n_heads * d, ldk = c.n_kv_heads * d;
+  p.q.set((20 + 5) * ldq + 1 * d + 3, nan);   // seq 2, row 5, head 1
+  p.k.set(3 * ldk + 0 * d + 7, nan);          // seq 1, row 3, kv head 0
+  p.v.set((20 + 40) * ldk + 1 * d + 2, inf);  // seq 2, row 40, kv head 1
+  p.qd = to_double(p.q);
+  p.kd = to_double(p.k);
+  p.vd = to_double(p.v);
+  const FwdOut f = run_fwd(p);
+  std::vector<double> out(p.qd.size()), lse(c.n_heads * p.T);
+  ref::attention_fwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), p.cu.data(), p.n_seqs(), p.ref_shape(), out.data(),
+                         lse.data());
+  const auto got = to_double(f.out);
+  EXPECT_TRUE(std::isnan(got[(20 + 5) * ldq + 1 * d]));
+  EXPECT_TRUE(std::isinf(got[(20 + 50) * ldq + 2 * d + 2]));
+  EXPECT_TRUE(testing::all_close(got, out, testing::tolerance_for(dt), "out"));
+  EXPECT_TRUE(testing::all_close(to_double(f.lse), lse, testing::tolerance_for(DType::F32), "lse"));
+
+  // Backward with only the NaN in q: dq row, and dk/dv rows up to it, go NaN.
+  Problem pb = make_problem(c, dt, 8);
+  pb.q.set((20 + 5) * ldq + 1 * d + 3, nan);
+  pb.qd = to_double(pb.q);
+  const Tensor dout = make(randn(pb.qd.size(), 77), pb.q.shape(), dt);
+  const Grads g = run_bwd(pb, run_fwd(pb), dout);
+  const auto dod = to_double(dout);
+  std::vector<double> dq(pb.qd.size()), dk(pb.kd.size()), dv(pb.vd.size());
+  ref::attention_bwd_ref(pb.qd.data(), pb.kd.data(), pb.vd.data(), dod.data(), pb.cu.data(), pb.n_seqs(),
+                         pb.ref_shape(), dq.data(), dk.data(), dv.data());
+  const auto tol = testing::tolerance_for(dt);
+  EXPECT_TRUE(std::isnan(to_double(g.dk)[(20 + 2) * ldk]));
+  EXPECT_TRUE(testing::all_close(to_double(g.dq), dq, tol, "dq"));
+  EXPECT_TRUE(testing::all_close(to_double(g.dk), dk, tol, "dk"));
+  EXPECT_TRUE(testing::all_close(to_double(g.dv), dv, tol, "dv"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCases, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The reference backward is the gradient of the reference forward: central
+// differences of the random linear functional sum(W * out) in double.
+TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
+  const std::vector<int32_t> cu = cu_of({3, 1, 4});
+  const ref::AttnRefShape s{4, 2, 6, 0.0};
+  const int64_t T = cu.back(), nq = T * 4 * 6, nk = T * 2 * 6;
+  const auto q = randn(nq, 1), k = randn(nk, 2), v = randn(nk, 3), W = randn(nq, 4);
+  auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
+    std::vector<double> out(nq);
+    ref::attention_fwd_ref(qq.data(), kk.data(), vv.data(), cu.data(), 3, s, out.data(), static_cast<double*>(nullptr));
+    return std::inner_product(out.begin(), out.end(), W.begin(), 0.0);
+  };
+  std::vector<double> dq(nq), dk(nk), dv(nk);
+  ref::attention_bwd_ref(q.data(), k.data(), v.data(), W.data(), cu.data(), 3, s, dq.data(), dk.data(), dv.data());
+  const testing::Tolerance tol{1e-7, 1e-6};
+  EXPECT_TRUE(testing::all_close(dq, testing::finite_difference([&](const auto& x) { return loss(x, k, v); }, q), tol, "dq"));
+  EXPECT_TRUE(testing::all_close(dk, testing::finite_difference([&](const auto& x) { return loss(q, x, v); }, k), tol, "dk"));
+  EXPECT_TRUE(testing::all_close(dv, testing::finite_difference([&](const auto& x) { return loss(q, k, x); }, v), tol, "dv"));
+}
+
+// Tokens of one sequence never see another: overwrite sequence 2 (with NaN,
+// the strongest perturbation) and sequences 1 and 3 are bit-identical.
+TEST(Attention, SequencesAreIsolated) {
+  const Case c{{70, 50, 9}, 4, 2, 64};
+  Problem p = make_problem(c, DType::F32, 11);
+  Tensor dout = make(randn(p.qd.size(), 12), p.q.shape(), DType::F32);
+  const FwdOut f1 = run_fwd(p);
+  const Grads g1 = run_bwd(p, f1, dout);
+  const int64_t lq = p.q.size(1), lk = p.k.size(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t r = 70; r < 120; ++r) {
+    for (int64_t i = 0; i < lq; ++i) { p.q.set(r * lq + i, nan); dout.set(r * lq + i, nan); }
+    for (int64_t i = 0; i < lk; ++i) { p.k.set(r * lk + i, nan); p.v.set(r * lk + i, 1e30f); }
+  }
+  const FwdOut f2 = run_fwd(p);
+  const Grads g2 = run_bwd(p, f2, dout);
+  auto same_rows = [](const Tensor& a, const Tensor& b, int64_t r0, int64_t r1, const char* what) {
+    const int64_t w = a.size(1);
+    for (int64_t i = r0 * w; i < r1 * w; ++i)
+      if (a.get(i) != b.get(i)) return ::testing::AssertionFailure() << what << " differs at flat " << i;
+    return ::testing::AssertionSuccess();
+  };
+  for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, 70}, {120, 129}}) {
+    EXPECT_TRUE(same_rows(f1.out, f2.out, r0, r1, "out"));
+    EXPECT_TRUE(same_rows(g1.dq, g2.dq, r0, r1, "dq"));
+    EXPECT_TRUE(same_rows(g1.dk, g2.dk, r0, r1, "dk"));
+    EXPECT_TRUE(same_rows(g1.dv, g2.dv, r0, r1, "dv"));
+  }
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t t : {0, 69, 120, 128}) EXPECT_EQ(f1.lse.get(h * 129 + t), f2.lse.get(h * 129 + t));
+}
+
+// Work is split per task, not per thread: 1 and 2 threads agree bit for bit.
+TEST(Attention, ThreadCountIndependent) {
+  const Case c{{100, 37, 64}, 4, 2, 64};
+  const Problem p = make_problem(c, DType::BF16, 21);
+  const Tensor dout = make(randn(p.qd.size(), 22), p.q.shape(), DType::BF16);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const FwdOut f1 = run_fwd(p);
+  const Grads g1 = run_bwd(p, f1, dout);
+  set_num_threads(2);
+  const FwdOut f2 = run_fwd(p);
+  const Grads g2 = run_bwd(p, f2, dout);
+  set_num_threads(saved);
+  EXPECT_EQ(f1.out.to_float_vector(), f2.out.to_float_vector());
+  EXPECT_EQ(f1.lse.to_float_vector(), f2.lse.to_float_vector());
+  EXPECT_EQ(g1.dq.to_float_vector(), g2.dq.to_float_vector());
+  EXPECT_EQ(g1.dk.to_float_vector(), g2.dk.to_float_vector());
+  EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
+}
+
+TEST(Attention, RejectsBadArguments) {
+  const Case c{{5, 3}, 4, 2, 8};
+  const Problem p = make_problem(c, DType::F32, 31);
+  FwdOut f = run_fwd(p);
+  auto expect_error = [](auto&& fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  AttentionShape bad = p.shape;
+  bad.n_kv_heads = 3;
+  expect_error([&] { attention_fwd(p.q, p.k, p.v, p.cu_t, bad, f.out, f.lse); }, "n_heads divisible by n_kv_heads");
+  const Tensor cu_bad = Tensor::from_ints({0, 5, 7}, {3});
+  expect_error([&] { attention_fwd(p.q, p.k, p.v, cu_bad, p.shape, f.out, f.lse); }, "end at T=8");
+  const Tensor cu_dec = Tensor::from_ints({0, 6, 5, 8}, {4});
+  expect_error([&] { attention_fwd(p.q, p.k, p.v, cu_dec, p.shape, f.out, f.lse); }, "non-decreasing");
+  const Tensor k_bf = p.k.to(DType::BF16);
+  expect_error([&] { attention_fwd(p.q, k_bf, p.v, p.cu_t, p.shape, f.out, f.lse); }, "k must be f32[8, 16]");
+  Tensor lse_bad = Tensor::empty({8, 4}, DType::F32);
+  expect_error([&] { attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, f.out, lse_bad); }, "lse must be f32 [n_heads, T]");
+  Tensor dq = Tensor::empty(p.q.shape(), DType::F32), dk = Tensor::empty(p.k.shape(), DType::F32);
+  Tensor dv_bad = Tensor::empty(p.q.shape(), DType::F32);
+  expect_error([&] { attention_bwd(p.q, p.k, p.v, f.out, f.lse, f.out, p.cu_t, p.shape, dq, dk, dv_bad); },
+               "dv must be f32[8, 16]");
+}
+
+}  // namespace
+}  // namespace kestrel::ops
