@@ -8,6 +8,7 @@ namespace kestrel::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"logprobs", "score token sequences: per-token logprob and entropy", cmd_logprobs},
+      {"config", "show the resolved config (verl syntax) or document every key", cmd_config},
   };
   return table;
 }

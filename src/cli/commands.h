@@ -19,5 +19,6 @@ int run_main(int argc, char** argv);
 
 // Subcommand entry points, one file each.
 int cmd_logprobs(const Args& args);
+int cmd_config(const Args& args);
 
 }  // namespace kestrel::cli

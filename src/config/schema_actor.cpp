@@ -1,0 +1,250 @@
+// actor_rollout_ref.actor.*, actor_rollout_ref.ref.* and critic.* (verl
+// actor/megatron_actor.yaml, engine/megatron.yaml, optim/megatron.yaml,
+// ref/megatron_ref.yaml, critic/megatron_critic.yaml). The engine and optimizer
+// blocks share one shape, declared once per owner by the helpers below.
+#include "config/schema.h"
+
+namespace kestrel::config::schema_detail {
+
+namespace {
+constexpr Support YES = Support::Supported;
+constexpr Support NO = Support::NotSupportedYet;
+constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, IL = Type::IntList,
+               FL = Type::FloatList, SL = Type::StringList, M = Type::Map;
+
+const std::vector<std::string> kLossAgg = {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                           "seq-mean-token-sum-norm"};
+const std::vector<std::string> kDtypes = {"bfloat16", "float16", "float32"};
+const std::vector<std::string> kDtypesOk = {"bfloat16", "float32"};
+
+constexpr const char* kActorMeg = "actor_rollout_ref.actor.megatron";
+
+// Default for a ref key: follow the actor's value when it is set (verl's form).
+std::string follow(const std::string& actor_path, const std::string& fallback) {
+  return "${oc.select:" + actor_path + "," + fallback + "}";
+}
+
+void declare_optim(Builder& b, const std::string& owner, const char* lr) {
+  b.scope(owner + ".optim");
+  b.k("optimizer", S, "adam", YES, "Optimizer.", {"adam", "sgd"}, {"adam"});
+  b.k("lr", F, lr, YES, "Peak learning rate.");
+  b.k("lr_warmup_steps_ratio", F, "0.0", YES, "Warmup steps as a fraction of total_training_steps (used when lr_warmup_steps < 0).");
+  b.k("lr_warmup_steps", I, "-1", YES, "Linear warmup steps; negative uses lr_warmup_steps_ratio.");
+  b.k("lr_warmup_init", F, "0.0", YES, "Learning rate at the start of warmup.");
+  b.k("total_training_steps", I, "-1", YES, "Schedule length; -1 is filled in from trainer.total_training_steps at run time.");
+  b.k("weight_decay", F, "0.01", YES, "Decoupled (AdamW) weight decay.");
+  b.k("betas", FL, "[0.9, 0.999]", YES, "Adam beta1, beta2.");
+  b.k("eps", F, "1e-8", YES, "Adam epsilon.");
+  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; 0 disables.");
+  b.k("lr_decay_steps", I, "null", YES, "Decay steps; null decays over total_training_steps.");
+  b.k("lr_decay_style", S, "constant", YES, "Learning-rate schedule after warmup (Megatron name).",
+      {"constant", "linear", "cosine", "inverse_square_root", "WSD"}, {"constant", "linear", "cosine"});
+  b.k("warmup_style", S, "null", YES, "FSDP name of the schedule; when set it replaces lr_decay_style.",
+      {"constant", "cosine"});
+  b.k("min_lr", F, "0.0", YES, "Floor of the decayed learning rate.");
+  b.k("min_lr_ratio", F, "null", YES, "FSDP form of the floor: min_lr = lr * min_lr_ratio when set.");
+  b.k("weight_decay_incr_style", S, "constant", YES, "Weight-decay schedule.", {"constant", "linear", "cosine"},
+      {"constant"});
+  b.k("lr_wsd_decay_style", S, "exponential", NO, "Decay shape of the WSD schedule.",
+      {"exponential", "linear", "cosine"});
+  b.k("lr_wsd_decay_steps", I, "null", NO, "Decay steps of the WSD schedule.");
+  b.k("use_checkpoint_opt_param_scheduler", B, "false", NO, "Restore the scheduler settings from the checkpoint.");
+  b.k("override_optimizer_config", M, "{}", NO, "Extra Megatron OptimizerConfig fields.");
+}
+
+// override_transformer_config: the MindSpeed keys of verl's MindSpeed backend
+// guide plus the Megatron TransformerConfig fields verl scripts pass. For the
+// ref, each key follows the actor's value unless set.
+void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_ref) {
+  b.scope(meg + ".override_transformer_config");
+  auto d = [&](const std::string& key, const std::string& def) {
+    return is_ref ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
+  };
+  auto add = [&](const std::string& key, Type t, const std::string& def, Support s, const std::string& doc,
+                 std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) {
+    b.k(key, t, d(key, def), s, doc, std::move(allowed), std::move(supported)).addable = true;
+  };
+  // Defaults to this engine's own megatron.<key>; the ref follows the actor's override.
+  auto add_own = [&](const std::string& key, Support s, const std::string& doc) {
+    const std::string src = is_ref ? std::string(kActorMeg) + ".override_transformer_config." + key : meg + "." + key;
+    b.k(key, key == "context_parallel_size" ? I : B, "${" + src + "}", s, doc).addable = true;
+  };
+  // verl's defaults (engine/megatron.yaml).
+  add("recompute_granularity", S, "null", NO, "Activation recompute: full layers or selective (attention core).",
+      {"full", "selective"});
+  add("recompute_modules", SL, "[core_attn]", NO, "Modules recomputed by selective recompute.",
+      {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
+  add("recompute_method", S, "null", NO, "How full recompute picks layers.", {"uniform", "block"});
+  add("recompute_num_layers", I, "null", NO, "Layers per recompute unit (uniform) or recomputed layers per stage (block).");
+  add("attention_backend", S, "flash", NO, "Megatron attention implementation; Kestrel uses its own fused attention.",
+      {"flash", "fused", "unfused", "local", "auto"});
+  // MindSpeed (verl MindSpeed backend guide).
+  add("use_flash_attn", B, "false", NO, "MindSpeed fused flash attention.");
+  add("use_fused_rmsnorm", B, "false", NO, "MindSpeed fused RMSNorm kernel.");
+  add("use_fused_swiglu", B, "false", NO, "MindSpeed fused SwiGLU kernel.");
+  add_own("sequence_parallel", YES,
+      "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
+  add_own("use_distributed_optimizer", NO,
+      "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
+  add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
+  add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
+  add("num_layers", I, "null", NO, "Override the model's layer count (used with noop_layers).");
+  add_own("context_parallel_size", NO,
+      "Context-parallel size; defaults to megatron.context_parallel_size.");
+  add("moe_permutation_async_comm", B, "false", NO, "MindSpeed: overlap MoE alltoall dispatch with permutation.");
+  add("multi_head_latent_attention", B, "false", NO, "MindSpeed: Multi-head Latent Attention (DeepSeek MLA).");
+  add("fused_permute_and_unpermute", B, "false", NO, "MindSpeed: fused MoE token permute/unpermute.");
+  add("moe_grouped_gemm", B, "false", NO, "Grouped GEMM over local experts.");
+  add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
+  // Megatron TransformerConfig fields commonly passed by verl scripts.
+  add("num_layers_in_first_pipeline_stage", I, "null", NO, "Uneven PP split: layers on the first stage.");
+  add("num_layers_in_last_pipeline_stage", I, "null", NO, "Uneven PP split: layers on the last stage.");
+  add("account_for_embedding_in_pipeline_split", B, "false", NO, "Count the embedding as a layer when splitting PP stages.");
+  add("account_for_loss_in_pipeline_split", B, "false", NO, "Count the loss as a layer when splitting PP stages.");
+  add("moe_token_dispatcher_type", S, "allgather", NO, "MoE token dispatcher.", {"allgather", "alltoall", "flex"});
+  add("moe_router_dtype", S, "null", NO, "Router compute dtype.", {"fp32", "fp64"});
+  add("moe_aux_loss_coeff", F, "0.0", NO, "MoE load-balancing loss coefficient.");
+  add("moe_z_loss_coeff", F, "null", NO, "MoE router z-loss coefficient.");
+  add("moe_shared_expert_overlap", B, "false", NO, "Overlap shared-expert compute with dispatch.");
+  add("apply_rope_fusion", B, "false", NO, "Fused RoPE kernel.");
+  add("gradient_accumulation_fusion", B, "false", NO, "Fuse weight-gradient accumulation into the GEMM.");
+  add("persist_layer_norm", B, "false", NO, "Persistent LayerNorm kernel.");
+  add("bias_activation_fusion", B, "false", NO, "Fused bias + activation.");
+  add("masked_softmax_fusion", B, "false", NO, "Fused masked softmax.");
+  add("attention_dropout", F, "0.0", NO, "Attention dropout probability.");
+  add("hidden_dropout", F, "0.0", NO, "Hidden-state dropout probability.");
+}
+
+void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
+  const std::string meg = owner + ".megatron";
+  b.scope(meg);
+  auto d = [&](const std::string& key, const std::string& def) {
+    return is_ref ? follow(std::string(kActorMeg) + "." + key, def) : def;
+  };
+  b.k("param_offload", B, "false", NO, "Offload parameters to host memory between phases.");
+  b.k("grad_offload", B, "false", NO, "Offload gradients to host memory between phases.");
+  b.k("optimizer_offload", B, "false", NO, "Offload optimizer state to host memory between phases.");
+  b.k("tensor_model_parallel_size", I, d("tensor_model_parallel_size", "1"), YES, "Tensor-parallel size (TP).");
+  b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
+  b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
+      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size.");
+  b.k("pipeline_model_parallel_size", I, d("pipeline_model_parallel_size", "1"), NO, "Pipeline-parallel size (PP).");
+  b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), NO,
+      "Virtual pipeline stages per PP rank (interleaved 1F1B).");
+  b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
+  b.k("sequence_parallel", B, d("sequence_parallel", "true"), YES,
+      "Sequence parallelism: shard norm/dropout activations over TP ranks.");
+  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), NO,
+      "Shard optimizer state over DP ranks (ZeRO-1). verl default: true.");
+  b.k("use_dist_checkpointing", B, d("use_dist_checkpointing", "false"), NO, "Load Megatron dist checkpoints instead of HF weights.");
+  b.k("dist_checkpointing_path", S, d("dist_checkpointing_path", "null"), NO, "Megatron dist checkpoint directory.");
+  b.k("dist_checkpointing_prefix", S, "\"\"", NO, "Key prefix inside the dist checkpoint.");
+  b.k("seed", I, d("seed", "42"), YES, "Seed of parameter init and dropout.");
+  b.k("override_ddp_config", M, "{}", NO, "Extra Megatron DistributedDataParallelConfig fields.");
+  declare_transformer_overrides(b, meg, is_ref);
+  b.scope(meg);
+  b.k("override_mcore_model_config", M, "{}", NO, "Extra fields for the Megatron model constructor.");
+  b.k("use_mbridge", B, d("use_mbridge", "true"), YES, "HF<->Megatron weight bridge; Kestrel always reads HF weights directly.");
+  b.k("vanilla_mbridge", B, d("vanilla_mbridge", "true"), YES, "Use the vanilla mbridge; no effect in Kestrel.");
+  b.k("use_remove_padding", B, "true", NO, "Packed (THD) sequences without padding; false uses padded BSHD.");
+  b.k("forward_only", B, is_ref ? "true" : "false", NO, "Build the engine for inference only (set for the reference model).");
+  b.k("dtype", S, "bfloat16", YES, "Compute dtype of the training engine.", kDtypes, kDtypesOk);
+}
+
+void declare_checkpoint(Builder& b, const std::string& owner) {
+  b.scope(owner + ".checkpoint");
+  b.k("save_contents", SL, "[model, optimizer, extra]", YES, "What a checkpoint holds.",
+      {"model", "optimizer", "extra", "hf_model"});
+  b.k("load_contents", SL, "${.save_contents}", YES, "What resuming loads.", {"model", "optimizer", "extra", "hf_model"});
+  b.k("async_save", B, "false", NO, "Save checkpoints in the background.");
+}
+
+}  // namespace
+
+void declare_actor_ref_critic(Builder& b) {
+  const std::string actor = "actor_rollout_ref.actor";
+  b.scope(actor);
+  b.k("strategy", S, "megatron", YES, "Training backend name; both names run Kestrel's engine.", {"megatron", "fsdp"});
+  b.k("rollout_n", I, "${actor_rollout_ref.rollout.n}", YES, "Responses per prompt (follows rollout.n).");
+  b.k("ppo_mini_batch_size", I, "256", YES,
+      "Prompts per optimizer step (global); train_batch_size / ppo_mini_batch_size steps per PPO epoch.");
+  b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
+  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per forward/backward on one rank (gradient accumulation unit).");
+  b.k("use_dynamic_bsz", B, "false", YES, "Form micro-batches by token count (ppo_max_token_len_per_gpu) instead of sequence count.");
+  b.k("ppo_max_token_len_per_gpu", I, "16384", YES, "Token budget of one micro-batch when use_dynamic_bsz.");
+  b.k("ppo_epochs", I, "1", YES, "Passes over each training batch.");
+  b.k("shuffle", B, "false", YES, "Shuffle the batch between PPO epochs.");
+  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.");
+  b.k("clip_ratio", F, "0.2", YES, "PPO clip epsilon (default for clip_ratio_low/high).");
+  b.k("clip_ratio_low", F, "0.2", YES, "Lower clip epsilon: ratio >= 1 - clip_ratio_low.");
+  b.k("clip_ratio_high", F, "0.2", YES, "Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher).");
+  b.k("clip_ratio_c", F, "3.0", YES, "Dual-clip constant for negative advantages; must be > 1.");
+  b.k("tau_pos", F, "1.0", YES, "SAPO temperature for positive advantages.");
+  b.k("tau_neg", F, "1.05", YES, "SAPO temperature for negative advantages.");
+  b.k("policy_loss.loss_mode", S, "vanilla", YES, "Policy loss.",
+      {"vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "bypass_mode"}, {"vanilla"});
+  b.k("policy_loss.clip_cov_ratio", F, "0.0002", YES, "clip_cov: fraction of tokens clipped.");
+  b.k("policy_loss.clip_cov_lb", F, "1.0", YES, "clip_cov: lower covariance bound.");
+  b.k("policy_loss.clip_cov_ub", F, "5.0", YES, "clip_cov: upper covariance bound.");
+  b.k("policy_loss.kl_cov_ratio", F, "0.0002", YES, "kl_cov: fraction of tokens with the KL penalty.");
+  b.k("policy_loss.ppo_kl_coef", F, "0.1", YES, "kl_cov: KL coefficient.");
+  b.k("loss_agg_mode", S, "token-mean", YES, "How per-token losses are reduced.", kLossAgg);
+  b.k("loss_scale_factor", F, "null", YES, "Divisor for seq-mean-token-sum-norm; null = response length.");
+  b.k("entropy_coeff", F, "0", YES, "Entropy bonus coefficient.");
+  b.k("calculate_entropy", B, "false", YES, "Compute entropy in the update even when entropy_coeff is 0.");
+  b.k("use_kl_loss", B, "false", YES, "Add a KL(actor || ref) loss term (GRPO); builds the reference model.");
+  b.k("kl_loss_coef", F, "0.001", YES, "Coefficient of the KL loss.");
+  b.k("kl_loss_type", S, "low_var_kl", YES, "KL estimator of the KL loss; a '+' suffix uses a straight-through k2 gradient.",
+      {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"},
+      {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
+  b.k("use_torch_compile", B, "true", YES, "torch.compile in verl; no effect in Kestrel.");
+  b.k("use_prefix_grouper", B, "false", NO, "Share the prompt prefix across a group's responses in the update.");
+  b.k("freeze_vision_tower", B, "false", NO, "Freeze the vision encoder (multimodal).");
+  b.k("router_replay.mode", S, "disabled", YES, "MoE routing replay.", {"disabled", "R2", "R3"}, {"disabled"});
+  b.k("router_replay.record_file", S, "null", NO, "Where routing decisions are recorded.");
+  b.k("router_replay.replay_file", S, "null", NO, "Routing decisions to replay.");
+  declare_checkpoint(b, actor);
+  declare_optim(b, actor, "1e-6");
+  declare_megatron(b, actor, false);
+
+  const std::string ref = "actor_rollout_ref.ref";
+  b.scope(ref);
+  b.k("strategy", S, "${actor_rollout_ref.actor.strategy}", YES, "Backend of the reference model.", {"megatron", "fsdp"});
+  b.k("use_torch_compile", B, follow("actor_rollout_ref.actor.use_torch_compile", "true"), YES, "No effect in Kestrel.");
+  b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
+  b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per reference log-prob forward on one rank.");
+  b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), YES,
+      "Token-budget micro-batches for reference log-probs.");
+  b.k("log_prob_max_token_len_per_gpu", I, follow("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"), YES,
+      "Token budget per reference log-prob micro-batch.");
+  declare_megatron(b, ref, true);
+
+  const std::string critic = "critic";
+  b.scope(critic);
+  b.k("enable", B, "null", YES, "Train a value model; null enables it exactly when algorithm.adv_estimator is gae.");
+  b.k("strategy", S, "megatron", YES, "Critic backend name; both names run Kestrel's engine.", {"megatron", "fsdp"});
+  b.k("rollout_n", I, "${oc.select:actor_rollout_ref.rollout.n,1}", YES, "Responses per prompt (follows rollout.n).");
+  b.k("model.path", S, "~/models/deepseek-llm-7b-chat", YES, "HF model directory the value model starts from.");
+  b.k("model.tokenizer_path", S, "${oc.select:actor_rollout_ref.model.path,null}", YES, "Tokenizer directory.");
+  b.k("model.override_config", M, "{}", NO, "Fields overriding the critic's HF config.json.");
+  b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
+  b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
+  b.k("ppo_mini_batch_size", I, follow("actor_rollout_ref.actor.ppo_mini_batch_size", "256"), YES,
+      "Prompts per critic optimizer step (global).");
+  b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
+  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per critic forward/backward on one rank.");
+  b.k("use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), YES, "Token-budget micro-batches.");
+  b.k("ppo_max_token_len_per_gpu", I, "32768", YES, "Token budget per critic micro-batch.");
+  b.k("forward_max_token_len_per_gpu", I, "${.ppo_max_token_len_per_gpu}", YES, "Token budget per value forward micro-batch.");
+  b.k("ppo_epochs", I, follow("actor_rollout_ref.actor.ppo_epochs", "1"), YES, "Passes over each batch.");
+  b.k("shuffle", B, follow("actor_rollout_ref.actor.shuffle", "false"), YES, "Shuffle between epochs.");
+  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.");
+  b.k("cliprange_value", F, "0.5", YES, "Value clip range around the old values.");
+  b.k("loss_agg_mode", S, follow("actor_rollout_ref.actor.loss_agg_mode", "token-mean"), YES,
+      "How per-token value losses are reduced.", kLossAgg);
+  declare_checkpoint(b, critic);
+  declare_optim(b, critic, "1e-5");
+  declare_megatron(b, critic, false);
+}
+
+}  // namespace kestrel::config::schema_detail

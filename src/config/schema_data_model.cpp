@@ -1,0 +1,88 @@
+// data.* (verl data/legacy_data.yaml) and actor_rollout_ref.model.* (hf_model.yaml).
+#include "config/schema.h"
+
+namespace kestrel::config::schema_detail {
+
+namespace {
+constexpr Support YES = Support::Supported;
+constexpr Support NO = Support::NotSupportedYet;
+constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList, M = Type::Map;
+}  // namespace
+
+void declare_data_and_model(Builder& b) {
+  b.scope("data");
+  b.k("tokenizer", S, "null", YES, "Tokenizer path; null uses actor_rollout_ref.model.tokenizer_path or the model path.");
+  b.k("use_shm", B, "false", NO, "Copy the dataset through /dev/shm before loading.");
+  b.k("train_files", SL, "[~/data/rlhf/gsm8k/train.parquet]", YES,
+      "Training data file(s): one path or a list; rows hold data.prompt_key and reward_model.ground_truth.");
+  b.k("val_files", SL, "[~/data/rlhf/gsm8k/test.parquet]", YES, "Validation data file(s): one path or a list.");
+  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 uses all.");
+  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 uses all.");
+  b.k("prompt_key", S, "prompt", YES, "Row field holding the chat messages of the prompt.");
+  b.k("reward_fn_key", S, "data_source", YES, "Row field that selects the rule-based reward function.");
+  b.k("max_prompt_length", I, "512", YES, "Maximum prompt length in tokens (after the chat template).");
+  b.k("max_response_length", I, "512", YES, "Maximum generated response length in tokens.");
+  b.k("train_batch_size", I, "1024", YES,
+      "Prompts per training step; responses per step = train_batch_size * actor_rollout_ref.rollout.n.");
+  b.k("val_batch_size", I, "null", YES, "Prompts per validation batch; null validates the whole set at once.");
+  b.k("return_raw_input_ids", B, "false", NO, "Also return prompt ids before the chat template (for a separate RM tokenizer).");
+  b.k("return_raw_chat", B, "true", NO, "Keep the raw chat messages next to the tokenized prompt (Kestrel always does).");
+  b.k("return_full_prompt", B, "false", NO, "Also return the full templated prompt text.");
+  b.k("shuffle", B, "true", YES, "Shuffle the training set every epoch.");
+  b.k("seed", I, "null", YES, "Shuffle seed; null uses a fixed default seed.");
+  b.k("validation_shuffle", B, "false", YES, "Shuffle the validation set.");
+  b.k("dataloader_num_workers", I, "8", YES, "Python dataloader workers; no effect in Kestrel (loads in-process).");
+  b.k("filter_overlong_prompts", B, "false", NO, "Drop prompts longer than max_prompt_length before training.");
+  b.k("filter_overlong_prompts_workers", I, "1", YES, "Workers for filter_overlong_prompts; no effect in Kestrel.");
+  b.k("truncation", S, "error", YES, "What to do with a prompt longer than max_prompt_length.",
+      {"error", "left", "right", "middle"}, {"error"});
+  b.k("image_key", S, "images", NO, "Row field with images (multimodal).");
+  b.k("video_key", S, "videos", NO, "Row field with videos (multimodal).");
+  b.k("image_patch_size", I, "14", NO, "Vision patch size (multimodal).");
+  b.k("return_multi_modal_inputs", B, "true", NO, "Return processed multimodal inputs.");
+  b.k("custom_cls.path", S, "null", NO, "Python file with a custom dataset class.");
+  b.k("custom_cls.name", S, "null", NO, "Name of the custom dataset class.");
+  b.k("sampler.class_path", S, "null", NO, "Python file with a curriculum sampler.");
+  b.k("sampler.class_name", S, "null", NO, "Name of the curriculum sampler class.");
+  b.k("datagen.path", S, "null", NO, "Python file with a dynamic data generator.");
+  b.k("datagen.name", S, "null", NO, "Name of the data generator class.");
+  b.k("apply_chat_template_kwargs", M, "{}", NO, "Extra keyword arguments for the chat template (e.g. enable_thinking).");
+  b.k("tool_config_path", S, "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path,null}", NO,
+      "Tool definitions for tool-calling prompts.");
+
+  b.scope("actor_rollout_ref");
+  b.k("hybrid_engine", B, "true", NO, "Actor, rollout and reference share devices (Kestrel is always colocated).");
+  b.k("nccl_timeout", I, "600", YES, "Timeout in seconds for collective operations.");
+
+  b.scope("actor_rollout_ref.model");
+  b.k("path", S, "~/models/deepseek-llm-7b-chat", YES, "HuggingFace model directory (config.json + safetensors).");
+  b.k("hf_config_path", S, "null", NO, "Separate directory for config.json.");
+  b.k("tokenizer_path", S, "null", YES, "Tokenizer directory; null uses model.path.");
+  b.k("use_shm", B, "false", NO, "Copy model weights through /dev/shm before loading.");
+  b.k("trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
+  b.k("custom_chat_template", S, "null", NO, "Jinja chat template that replaces the tokenizer's.");
+  b.k("external_lib", S, "null", NO, "Python module imported to register custom models.");
+  b.k("override_config.model_config", M, "{}", NO, "Fields overriding the HF config.json.");
+  b.k("override_config.moe_config.freeze_moe_router", B, "false", NO, "Freeze MoE router weights.");
+  b.k("enable_gradient_checkpointing", B, "true", NO,
+      "FSDP activation recompute; Megatron-style recompute uses megatron.override_transformer_config.recompute_*.");
+  b.k("enable_activation_offload", B, "false", NO, "Offload activations to host memory.");
+  b.k("use_remove_padding", B, "false", NO, "FSDP packed (remove-padding) inputs; the Megatron engine has its own flag.");
+  b.k("use_fused_kernels", B, "false", NO, "Fused logprob/entropy kernels from the output projection.");
+  b.k("fused_kernel_options.impl_backend", S, "torch", NO, "Backend of the fused kernels.", {"torch", "triton"});
+  b.k("use_liger", B, "false", NO, "Use Liger kernels.");
+  b.k("lora_rank", I, "0", NO, "LoRA rank (legacy FSDP form); 0 disables LoRA.");
+  b.k("lora_alpha", I, "16", NO, "LoRA alpha (legacy FSDP form).");
+  b.k("target_modules", S, "all-linear", NO, "LoRA target modules (legacy FSDP form).");
+  b.k("lora.type", S, "lora", NO, "Megatron LoRA type.", {"lora", "canonical_lora", "dora"});
+  b.k("lora.rank", I, "0", NO, "Megatron LoRA rank; 0 disables LoRA.");
+  b.k("lora.alpha", I, "32", NO, "Megatron LoRA alpha.");
+  b.k("lora.dropout", F, "0.0", NO, "Megatron LoRA dropout.");
+  b.k("lora.target_modules", SL, "[linear_qkv, linear_proj, linear_fc1, linear_fc2]", NO, "Megatron LoRA target modules.");
+  b.k("lora.merge", B, "false", NO, "Merge LoRA weights before syncing them to the rollout.");
+  b.k("tiled_mlp.enabled", B, "false", NO, "Tile the MLP over the sequence to save activation memory.");
+  b.k("tiled_mlp.num_shards", I, "4", NO, "Tiles of the tiled MLP.");
+  b.k("mtp.enable", B, "false", NO, "Multi-token prediction heads.");
+}
+
+}  // namespace kestrel::config::schema_detail

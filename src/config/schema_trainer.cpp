@@ -1,0 +1,105 @@
+// reward_model.*, custom_reward_function.*, algorithm.* (AlgoConfig) and
+// trainer.* (verl ppo_megatron_trainer.yaml).
+#include "config/schema.h"
+
+namespace kestrel::config::schema_detail {
+
+namespace {
+constexpr Support YES = Support::Supported;
+constexpr Support NO = Support::NotSupportedYet;
+constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList;
+}  // namespace
+
+void declare_reward_algorithm_trainer(Builder& b) {
+  b.scope("reward_model");
+  b.k("enable", B, "false", NO, "Score responses with a reward model instead of only the rule-based reward.");
+  b.k("enable_resource_pool", B, "false", NO, "Give the reward model its own devices.");
+  b.k("n_gpus_per_node", I, "8", NO, "Devices per node of the reward-model pool.");
+  b.k("nnodes", I, "0", NO, "Nodes of the reward-model pool.");
+  b.k("strategy", S, "megatron", YES, "Reward-model backend name.", {"megatron", "fsdp"});
+  b.k("model.input_tokenizer", S, "${actor_rollout_ref.model.path}", NO, "Tokenizer of the policy's text (for re-tokenizing).");
+  b.k("model.path", S, "~/models/FsfairX-LLaMA3-RM-v0.1", NO, "Reward model directory.");
+  b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
+  b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
+  b.k("micro_batch_size_per_gpu", I, "null", NO, "Sequences per reward-model forward on one rank.");
+  b.k("max_length", I, "null", NO, "Maximum reward-model input length.");
+  b.k("reward_manager", S, "naive", YES, "How rule-based rewards are computed and placed on tokens.",
+      {"naive", "prime", "batch", "dapo"}, {"naive"});
+  b.k("launch_reward_fn_async", B, "false", NO, "Compute rewards in the background during the old-log-prob pass.");
+  b.k("use_reward_loop", B, "true", YES, "Compute rewards in the reward loop; no effect in Kestrel.");
+  b.k("num_workers", I, "1", NO, "Reward-loop workers.");
+  b.k("sandbox_fusion.url", S, "null", NO, "Code-execution sandbox endpoint.");
+  b.k("sandbox_fusion.max_concurrent", I, "64", NO, "Concurrent sandbox requests.");
+  b.k("sandbox_fusion.memory_limit_mb", I, "1024", NO, "Sandbox memory limit.");
+  b.k("overlong_buffer.enable", B, "false", NO, "DAPO overlong penalty.");
+  b.k("overlong_buffer.len", I, "0", NO, "DAPO overlong buffer length L_buf.");
+  b.k("overlong_buffer.penalty_factor", F, "0.0", NO, "DAPO penalty: min(-(L - (L_max - L_buf)) / L_buf * factor, 0).");
+
+  b.scope("custom_reward_function");
+  b.k("path", S, "null", NO, "Python file with fn(data_source, solution_str, ground_truth, extra_info).");
+  b.k("name", S, "compute_score", NO, "Function name in custom_reward_function.path.");
+
+  b.scope("algorithm");
+  b.k("gamma", F, "1.0", YES, "Discount factor (GAE).");
+  b.k("lam", F, "1.0", YES, "GAE lambda.");
+  b.k("adv_estimator", S, "gae", YES, "Advantage estimator: gae (PPO with critic), grpo, rloo, reinforce_plus_plus ...",
+      {"gae", "grpo", "grpo_vectorized", "grpo_passk", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+       "rloo", "rloo_vectorized", "opo", "gpg", "optimal_token_baseline", "tir_optimal_token_baseline"},
+      {"gae", "grpo", "rloo", "reinforce_plus_plus"});
+  b.k("norm_adv_by_std_in_grpo", B, "true", YES, "Divide GRPO advantages by the group std; false gives Dr.GRPO.");
+  b.k("use_kl_in_reward", B, "false", YES, "Subtract kl_coef * KL(actor || ref) from token rewards.");
+  b.k("kl_penalty", S, "kl", YES, "KL estimator of the in-reward penalty.",
+      {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"},
+      {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
+  b.k("kl_ctrl.type", S, "fixed", YES, "KL coefficient controller.", {"fixed", "adaptive"});
+  b.k("kl_ctrl.kl_coef", F, "0.001", YES, "(Initial) in-reward KL coefficient.");
+  b.k("kl_ctrl.horizon", I, "10000", YES, "Adaptive controller horizon.");
+  b.k("kl_ctrl.target_kl", F, "0.1", YES, "Adaptive controller target KL.");
+  b.k("use_pf_ppo", B, "false", NO, "Preference-feedback PPO reweighting.");
+  b.k("pf_ppo.reweight_method", S, "pow", NO, "PF-PPO reweighting.", {"pow", "max_min", "max_random"});
+  b.k("pf_ppo.weight_pow", F, "2.0", NO, "PF-PPO weight power.");
+  b.k("filter_groups.enable", B, "false", NO, "DAPO dynamic sampling: drop groups whose metric is all equal.");
+  b.k("filter_groups.metric", S, "null", NO, "Metric for filter_groups (e.g. acc, score).");
+  b.k("filter_groups.max_num_gen_batches", I, "0", NO, "Generation batches tried per step; 0 = unlimited.");
+  b.k("rollout_correction.rollout_is", S, "null", NO, "Importance weights for rollout/train mismatch.", {"token", "sequence"});
+  b.k("rollout_correction.rollout_is_threshold", F, "2.0", NO, "Importance weight cap.");
+  b.k("rollout_correction.rollout_rs", S, "null", NO, "Rejection sampling for mismatch.", {"token", "sequence", "geometric"});
+  b.k("rollout_correction.rollout_rs_threshold", F, "null", NO, "Rejection threshold.");
+  b.k("rollout_correction.bypass_mode", B, "false", NO, "Use rollout log-probs as old log-probs (skip recompute).");
+  b.k("rollout_correction.loss_type", S, "ppo_clip", NO, "Loss used in bypass mode.", {"ppo_clip", "reinforce"});
+  b.k("rollout_correction.rollout_is_batch_normalize", B, "false", NO, "Normalize importance weights over the batch.");
+
+  b.scope("trainer");
+  b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");
+  b.k("total_epochs", I, "30", YES, "Passes over the training set.");
+  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.");
+  b.k("project_name", S, "verl_examples", YES, "Project name for logging and checkpoint paths.");
+  b.k("experiment_name", S, "gsm8k", YES, "Run name for logging and checkpoint paths.");
+  b.k("logger", SL, "[console]", YES, "Metric sinks. verl default: [console, wandb].",
+      {"console", "wandb", "swanlab", "mlflow", "tensorboard", "trackio", "vemlp_wandb", "clearml", "file"}, {"console"});
+  b.k("log_val_generations", I, "0", YES, "Validation generations printed per validation.");
+  b.k("rollout_data_dir", S, "null", NO, "Dump each step's rollouts as JSONL here.");
+  b.k("validation_data_dir", S, "null", NO, "Dump validation generations as JSONL here.");
+  b.k("nnodes", I, "1", YES, "Nodes.");
+  b.k("n_gpus_per_node", I, "8", YES, "Devices (ranks) per node.");
+  b.k("device", S, "cuda", YES, "Device type.", {"cuda", "npu", "cpu"}, {"cuda", "cpu"});
+  b.k("save_freq", I, "-1", YES, "Save a checkpoint every N steps and at the end; -1 never saves.");
+  b.k("esi_redundant_time", I, "0", NO, "Save before an ESI instance expires (seconds of margin).");
+  b.k("resume_mode", S, "auto", YES, "auto: latest checkpoint in default_local_dir; disable: fresh; resume_path: resume_from_path.",
+      {"auto", "disable", "resume_path"});
+  b.k("resume_from_path", S, "null", YES, "Checkpoint directory (global_step_N) for resume_mode=resume_path.");
+  b.k("del_local_ckpt_after_load", B, "false", YES, "Delete the local checkpoint after resuming from it.");
+  b.k("val_before_train", B, "true", YES, "Validate before the first step.");
+  b.k("val_only", B, "false", YES, "Validate and exit.");
+  b.k("test_freq", I, "-1", YES, "Validate every N steps; -1 never.");
+  b.k("critic_warmup", I, "0", YES, "Steps of critic-only training before actor updates start.");
+  b.k("default_hdfs_dir", S, "null", NO, "Copy checkpoints to HDFS.");
+  b.k("default_local_dir", S, "checkpoints/${trainer.project_name}/${trainer.experiment_name}", YES,
+      "Checkpoint root: {default_local_dir}/global_step_{N}/.");
+  b.k("max_actor_ckpt_to_keep", I, "null", YES, "Keep at most this many actor checkpoints; null keeps all.");
+  b.k("max_critic_ckpt_to_keep", I, "null", YES, "Keep at most this many critic checkpoints; null keeps all.");
+  b.k("ray_wait_register_center_timeout", I, "300", YES, "Ray start-up timeout; no effect in Kestrel (no Ray).");
+  b.k("use_legacy_worker_impl", S, "auto", YES, "verl worker implementation; no effect in Kestrel.", {"auto", "enable", "disable"});
+}
+
+}  // namespace kestrel::config::schema_detail

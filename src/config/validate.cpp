@@ -1,0 +1,189 @@
+// Coercion to declared types and the value checks: allowed values, supported
+// values, and "only the default" for keys that are not supported yet.
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "config/config.h"
+#include "config/internal.h"
+
+namespace kestrel::config::detail {
+
+namespace {
+
+// How a value reads in messages: strings and scalars as written.
+std::string show(const Value& v) {
+  if (v.kind == Value::Kind::String) return v.s;
+  if (v.is_scalar() && !v.s.empty()) return v.s;
+  return to_flow_yaml(v);
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool nullable(const KeyDecl& d) {
+  return d.default_yaml == "null" || d.default_yaml.find("${") != std::string::npos;
+}
+
+Type element_type(Type t) {
+  switch (t) {
+    case Type::IntList: return Type::Int;
+    case Type::FloatList: return Type::Float;
+    default: return Type::String;
+  }
+}
+
+// Scalar coercion; false when the value cannot be read as `t`. Strings that
+// spell a number or bool are accepted for typed keys, as OmegaConf does.
+bool coerce_scalar(Value& v, Type t) {
+  const std::string o = v.origin;
+  switch (t) {
+    case Type::Bool: {
+      if (v.kind == Value::Kind::Bool) return true;
+      if (v.kind != Value::Kind::String) return false;
+      const std::string l = lower(v.s);
+      if (l == "true" || l == "yes" || l == "on") v.kind = Value::Kind::Bool, v.b = true;
+      else if (l == "false" || l == "no" || l == "off") v.kind = Value::Kind::Bool, v.b = false;
+      return v.kind == Value::Kind::Bool;
+    }
+    case Type::Int: {
+      if (v.kind == Value::Kind::String) v = infer_scalar(v.s, o);
+      return v.kind == Value::Kind::Int;
+    }
+    case Type::Float: {
+      if (v.kind == Value::Kind::String) v = infer_scalar(v.s, o);
+      if (v.kind == Value::Kind::Int) {
+        v.kind = Value::Kind::Float;
+        v.f = static_cast<double>(v.i);
+      }
+      return v.kind == Value::Kind::Float;
+    }
+    case Type::String:
+      if (v.kind == Value::Kind::String) return true;
+      if (!v.is_scalar()) return false;
+      if (v.s.empty()) v.s = to_flow_yaml(v);
+      v.kind = Value::Kind::String;
+      return true;
+    default: return false;
+  }
+}
+
+bool coerce(Value& v, const KeyDecl& d) {
+  if (v.is_null()) {
+    if (d.type == Type::Map) v = Value::empty_map(v.origin);
+    return d.type == Type::Map || nullable(d);
+  }
+  switch (d.type) {
+    case Type::Map: return v.is_map();
+    case Type::IntList:
+    case Type::FloatList:
+    case Type::StringList: {
+      if (v.is_scalar()) {  // "data.train_files=x.parquet" is a one-element list
+        Value one = v;
+        v = Value{};
+        v.kind = Value::Kind::List;
+        v.origin = one.origin;
+        v.list.push_back(std::move(one));
+      }
+      if (!v.is_list()) return false;
+      for (auto& e : v.list)
+        if (!coerce_scalar(e, element_type(d.type))) return false;
+      return true;
+    }
+    default: return coerce_scalar(v, d.type);
+  }
+}
+
+bool contains(const std::vector<std::string>& set, const std::string& s) {
+  return std::find(set.begin(), set.end(), s) != set.end();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+// The string values a membership check looks at: the value, or each list element.
+std::vector<std::string> members(const Value& v) {
+  std::vector<std::string> out;
+  if (v.kind == Value::Kind::String) out.push_back(v.s);
+  for (const auto& e : v.list)
+    if (e.kind == Value::Kind::String) out.push_back(e.s);
+  return out;
+}
+
+}  // namespace
+
+namespace {
+// The key a value copies when it is exactly "${key}" or "${oc.select:key,...}".
+std::string copied_key(const Value* raw, const std::string& path) {
+  if (!raw || raw->kind != Value::Kind::String || raw->s.rfind("${", 0) != 0 || raw->s.back() != '}') return "";
+  std::string key = raw->s.substr(2, raw->s.size() - 3);
+  if (key.rfind("oc.select:", 0) == 0) key = key.substr(10, key.find(',') == std::string::npos ? std::string::npos
+                                                                                                  : key.find(',') - 10);
+  if (key.find_first_of("${}:") != std::string::npos) return "";
+  if (key[0] != '.') return key;
+  size_t dots = 0;
+  while (dots < key.size() && key[dots] == '.') ++dots;
+  auto parts = split_path(path);
+  for (size_t i = 0; i < dots && !parts.empty(); ++i) parts.pop_back();
+  std::string base;
+  for (const auto& p : parts) base += (base.empty() ? "" : ".") + p;
+  return base.empty() ? key.substr(dots) : base + "." + key.substr(dots);
+}
+}  // namespace
+
+void validate(Value& resolved, const Value& raw, std::vector<std::string>& all_errors) {
+  // One message per mistake: a key that only copies a rejected key is not reported again.
+  std::vector<std::pair<std::string, std::string>> found;
+  for (const auto& d : schema()) {
+    auto report = [&](std::string msg) { found.emplace_back(d.path, std::move(msg)); };
+    Value* v = lookup(resolved, d.path);
+    KS_CHECK(v, "config key missing after merge: ", d.path);
+    const Value before = *v;
+    if (!coerce(*v, d)) {
+      report("config key '" + d.path + "' expects " + type_name(d.type) +
+                       (before.is_null() ? ", got null" : ", got '" + show(before) + "'") + from(before.origin));
+      continue;
+    }
+    const auto ms = members(*v);
+    bool bad_value = false;
+    for (const auto& m : ms) {
+      if (!d.allowed.empty() && !contains(d.allowed, m)) {
+        report("config key '" + d.path + "' must be one of [" + join(d.allowed) + "], got '" + m + "'" +
+                         from(v->origin));
+        bad_value = true;
+        break;
+      }
+    }
+    if (bad_value) continue;
+    const std::string shown = d.path + "=" + to_flow_yaml(*v);
+    bool unsupported = false;
+    for (const auto& m : ms) unsupported |= !d.supported.empty() && !contains(d.supported, m);
+    if (unsupported) {
+      report("not supported yet: " + shown + " (from " + v->origin + "; supported: " + join(d.supported) + ")");
+      continue;
+    }
+    if (d.status == Support::NotSupportedYet) {
+      // Compared with the default resolved in this config: a ref key that
+      // follows the actor's value is still "the default".
+      auto def = resolve_as(raw, parse_default(d), d.path);
+      Value dv = def.is_ok() ? std::move(def).value() : Value::null();
+      if (!coerce(dv, d) || !(dv == *v))
+        report("not supported yet: " + shown + " (from " + v->origin + "; only the default " +
+                         to_flow_yaml(dv) + " works)");
+    }
+  }
+  std::set<std::string> failed;
+  for (const auto& [p, m] : found) failed.insert(p);
+  for (const auto& [p, m] : found) {
+    const std::string src = copied_key(lookup(raw, p), p);
+    if (!src.empty() && failed.count(src)) continue;
+    all_errors.push_back(m);
+  }
+}
+
+}  // namespace kestrel::config::detail
