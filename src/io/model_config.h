@@ -2,6 +2,7 @@
 // names the file and the key, and says what would fix it.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "ops/rope.h"
@@ -25,6 +26,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have bias (Qwen2: always)
+  bool o_proj_bias = false;     // o_proj has bias: Llama/Qwen3 follow attention_bias, Qwen2/Mistral never
   bool mlp_bias = false;
   bool qk_norm = false;         // Qwen3: RMSNorm on q and k per head
   std::string hidden_act = "silu";
@@ -36,6 +38,7 @@ struct ModelConfig {
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  // Parameter count of the HF model (embeddings, lm_head when untied, biases, norms).
   int64_t num_parameters() const;
 };
 

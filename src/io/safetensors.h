@@ -1,6 +1,11 @@
 // safetensors: the Hugging Face weight format, read by mmap with a
 // bounds-checked header, written atomically. Single files and sharded
 // folders (model.safetensors.index.json) are both handled.
+//
+// File layout: u64 little-endian N, then N bytes of JSON header (padded with
+// spaces to a multiple of 8 by writers), then the data section. Each header
+// entry is {"dtype", "shape", "data_offsets": [begin, end)} with offsets
+// relative to the data section; "__metadata__" is a string -> string map.
 #pragma once
 #include <map>
 #include <memory>
@@ -19,20 +24,32 @@ struct TensorInfo {
   size_t begin = 0, end = 0;  // byte offsets into the data section
 };
 
+// The safetensors dtype string ("F32", "BF16", ...) for a DType.
+const char* safetensors_dtype_name(DType t);
+
 // One mmap'd .safetensors file. Tensors returned by get() borrow the mapping
 // (zero copy) and keep it alive.
 class SafetensorsFile {
  public:
+  // Every header field is validated here (lengths, JSON, dtypes, shapes vs
+  // byte ranges, offsets inside the data section, no overlaps), so get()
+  // never reads outside the mapping.
   static Result<std::shared_ptr<SafetensorsFile>> open(const std::string& path);
   const std::string& path() const { return path_; }
+  // In data-section order.
   const std::vector<TensorInfo>& tensors() const { return infos_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const;
   Result<TensorInfo> info(const std::string& name) const;
-  // Zero-copy view of a tensor as stored (dtype as on disk).
+  // Zero-copy view of a tensor as stored (dtype as on disk). The mapping is
+  // read-only: never write through the returned tensor. A tensor whose bytes
+  // are not aligned to its element size (possible in foreign files) is copied
+  // into an owned tensor instead.
   Result<Tensor> get(const std::string& name) const;
 
   ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
  private:
   SafetensorsFile() = default;
@@ -47,17 +64,21 @@ class SafetensorsFile {
 };
 
 // A model folder's weights: model.safetensors, or the shards listed in
-// model.safetensors.index.json.
+// model.safetensors.index.json. open_dir also accepts the path of a single
+// .safetensors file.
 class WeightSource {
  public:
   static Result<WeightSource> open_dir(const std::string& dir);
-  std::vector<std::string> names() const;
+  std::vector<std::string> names() const;  // sorted
   bool contains(const std::string& name) const;
+  // Where a tensor is stored (for messages and tools); empty when absent.
+  std::string file_of(const std::string& name) const;
   // The stored tensor, checked against the expected shape; converted to `dtype`
   // into a fresh tensor of category `cat` (never borrowed, safe to update).
   Result<Tensor> load(const std::string& name, const Shape& expect_shape, DType dtype,
                       MemCategory cat = MemCategory::Params) const;
   bool sharded() const { return files_.size() > 1 || has_index_; }
+  const std::string& dir() const { return dir_; }
 
  private:
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
@@ -71,14 +92,20 @@ struct NamedTensor {
   Tensor tensor;
 };
 
-// Writes one .safetensors file atomically (temp file, fsync, rename), tensors
-// in the given order, stored in `dtype` when set or each tensor's own dtype.
+// Writes one .safetensors file atomically (temp file `<path>.tmp.<pid>`,
+// fsync, rename, fsync of the folder), stored in `dtype` when set or each
+// tensor's own dtype. Data is in the given order, except that tensors with
+// larger elements come first (stable), as the reference writer does, so every
+// tensor stays aligned for zero-copy reads.
 Status save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}},
                         const DType* dtype = nullptr);
-// Writes a folder's weights: one model.safetensors when the total is below
-// max_shard_bytes, else model-0000i-of-0000n.safetensors shards plus
-// model.safetensors.index.json, as transformers' save_pretrained does.
+// Writes a folder's weights: one model.safetensors when everything fits in one
+// shard of max_shard_bytes, else model-0000i-of-0000n.safetensors shards plus
+// model.safetensors.index.json, split as transformers' save_pretrained does
+// (in order; a new shard starts when the next tensor would overflow; a tensor
+// larger than the limit gets a shard of its own). Stale weight files of the
+// other layout in `dir` are removed so the folder stays unambiguous.
 Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors, DType dtype,
                         size_t max_shard_bytes = size_t(5) << 30);
 
