@@ -1,0 +1,104 @@
+// ops::logprob_entropy / cross_entropy: argument checks and device dispatch.
+#include "ops/loss.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/dense_ops.h"
+#include "ops/op_checks.h"
+
+namespace kestrel::ops {
+
+using namespace detail;
+
+namespace {
+
+// logits [T, V] (f32/bf16), targets i32 [T] each < V; returns T.
+int64_t check_logits_targets(const char* op, const Tensor& logits, const Tensor& targets) {
+  check_float(op, "logits", logits);
+  check_shape(op, "logits", logits, {-1, -1});
+  const int64_t T = logits.size(0), V = logits.size(1);
+  if (V < 1) KS_FAIL("ops::", op, ": logits need at least one vocabulary column, got ", logits.describe());
+  check_dtype(op, "targets", targets, DType::I32);
+  check_shape(op, "targets", targets, {T});
+  if (targets.device() == Device::CPU) {
+    const int32_t* tp = static_cast<const int32_t*>(targets.raw());
+    for (int64_t t = 0; t < T; ++t)
+      if (tp[t] >= V)
+        KS_FAIL("ops::", op, ": targets[", t, "] = ", tp[t], " is outside the vocabulary [0, ", V,
+                "); a negative target (e.g. -100) marks a position to ignore");
+  }
+  return T;
+}
+
+void check_row_f32(const char* op, const char* name, const Tensor& t, int64_t T) {
+  check_dtype(op, name, t, DType::F32);
+  check_shape(op, name, t, {T});
+}
+
+void check_dlogits(const char* op, const Tensor& logits, const Tensor& dlogits) {
+  check_float(op, "dlogits", dlogits);
+  check_shape(op, "dlogits", dlogits, {logits.size(0), logits.size(1)});
+  check_no_partial_alias(op, "dlogits", dlogits, "logits", logits);
+}
+
+}  // namespace
+
+void logprob_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& logprob, Tensor* entropy, Tensor& lse) {
+  const char* op = "logprob_entropy_fwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "logprob", logprob, T);
+  if (entropy) check_row_f32(op, "entropy", *entropy, T);
+  check_row_f32(op, "lse", lse, T);
+  if (on_cpu(op, {&logits, &targets, &logprob, entropy, &lse}))
+    cpu::logprob_entropy_fwd(logits, targets, logprob, entropy, lse);
+}
+
+void logprob_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogprob,
+                         const Tensor* dentropy, Tensor& dlogits) {
+  const char* op = "logprob_entropy_bwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  check_row_f32(op, "dlogprob", dlogprob, T);
+  if (dentropy) check_row_f32(op, "dentropy", *dentropy, T);
+  check_dlogits(op, logits, dlogits);
+  if (on_cpu(op, {&logits, &targets, &lse, &dlogprob, dentropy, &dlogits}))
+    cpu::logprob_entropy_bwd(logits, targets, lse, static_cast<const float*>(dlogprob.raw()),
+                             dentropy ? static_cast<const float*>(dentropy->raw()) : nullptr, dlogits);
+}
+
+double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& lse) {
+  const char* op = "cross_entropy_fwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  on_cpu(op, {&logits, &targets, &lse});
+  Tensor logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  cpu::logprob_entropy_fwd(logits, targets, logprob, nullptr, lse);
+  const int32_t* tp = static_cast<const int32_t*>(targets.raw());
+  const float* lp = static_cast<const float*>(logprob.raw());
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (tp[t] < 0) continue;
+    sum -= double(lp[t]);
+    ++count;
+  }
+  return sum / double(std::max<int64_t>(1, count));
+}
+
+void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss, Tensor& dlogits) {
+  const char* op = "cross_entropy_bwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  check_dlogits(op, logits, dlogits);
+  on_cpu(op, {&logits, &targets, &lse, &dlogits});
+  const int32_t* tp = static_cast<const int32_t*>(targets.raw());
+  int64_t count = 0;
+  for (int64_t t = 0; t < T; ++t) count += tp[t] >= 0;
+  // loss = -sum logprob / count, so d loss / d logprob[t] = -1 / count on counted rows.
+  const float c = float(-dloss / double(std::max<int64_t>(1, count)));
+  std::vector<float> coef(size_t(T), c);
+  cpu::logprob_entropy_bwd(logits, targets, lse, coef.data(), nullptr, dlogits);
+}
+
+}  // namespace kestrel::ops
