@@ -10,7 +10,11 @@
 #include "cli/commands.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
+#include "comm/world.h"
+#include "io/model_config.h"
+#include "model/parallel_setup.h"
 #include "model/scoring.h"
+#include "parallel/setup.h"
 
 namespace kestrel::cli {
 
@@ -21,7 +25,9 @@ int cmd_logprobs(const Args& argv) {
                    {"output", "JSONL written atomically, one line per input line"},
                    {"dtype", "compute dtype: f32 or bf16", true, "f32"},
                    {"threads", "CPU threads (0 = all cores)", true, "0"},
-                   {"max-batch-tokens", "tokens packed into one forward pass", true, "4096"}},
+                   {"max-batch-tokens", "tokens packed into one forward pass", true, "4096"},
+                   {"tp", "tensor-parallel size (run under mpirun -np N with N a multiple of it)", true, "1"},
+                   {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""}},
                   argv);
   if (args.help()) {
     std::printf("%s", args.usage().c_str());
@@ -37,6 +43,22 @@ int cmd_logprobs(const Args& argv) {
 
   model::ModelOptions opts;
   opts.dtype = dtype;
+  // Under mpirun every rank scores every batch (the forward is collective over
+  // the tp group); only world rank 0 writes the output and the summary.
+  std::unique_ptr<parallel::ProcessGrid> grid;
+  const int64_t tp = args.get_int("tp");
+  const comm::World* world = comm::World::current();
+  const bool writer = !world || world->rank() == 0;
+  if (tp > 1 || (world && world->size() > 1)) {
+    KS_CHECK(world, "no comm::World: main() constructs it");
+    auto cfg = io::load_model_config(model_dir);
+    if (!cfg.is_ok()) KS_FAIL(cfg.status().message());
+    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), args.has("sequence-parallel")),
+                                         model::model_facts(cfg.value()));
+    if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
+    grid = std::move(g).value();
+    opts.parallel = model::model_parallel_for(*grid);
+  }
   auto loaded = model::CausalLM::load(model_dir, opts);
   if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
   const model::CausalLM& m = *loaded.value();
@@ -61,7 +83,7 @@ int cmd_logprobs(const Args& argv) {
   });
   if (!st.is_ok()) KS_FAIL(st.message());
 
-  AtomicFile f(out);
+  std::unique_ptr<AtomicFile> f = writer ? std::make_unique<AtomicFile>(out) : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   for (size_t i = 0; i < seqs.size();) {
@@ -82,13 +104,15 @@ int cmd_logprobs(const Args& argv) {
       nlohmann::json o;
       o["logprobs"] = std::vector<float>(lp + cu[g], lp + cu[g + 1] - 1);
       o["entropy"] = std::vector<float>(en + cu[g], en + cu[g + 1] - 1);
-      Status ws = f.write(o.dump() + "\n");
+      if (!f) continue;
+      Status ws = f->write(o.dump() + "\n");
       if (!ws.is_ok()) KS_FAIL(ws.message());
     }
     tokens += n;
     i = j;
   }
-  Status cs = f.commit();
+  if (!f) return 0;
+  Status cs = f->commit();
   if (!cs.is_ok()) KS_FAIL(cs.message());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "kestrel logprobs: %zu sequences, %lld tokens in %.2f s (%.0f tokens/s) -> %s\n",

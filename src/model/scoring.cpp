@@ -1,17 +1,28 @@
 #include "model/scoring.h"
 
-#include "ops/loss.h"
+#include "parallel/vocab_loss.h"
 
 namespace kestrel::model {
 
+void logprob_entropy_fwd(const CausalLM& m, const Tensor& logits, const Tensor& targets, Tensor& logprob,
+                         Tensor* entropy, Tensor& lse) {
+  parallel::vocab_logprob_entropy_fwd(m.tp(), logits, targets, m.vocab_start(), logprob, entropy, lse);
+}
+
+void logprob_entropy_bwd(const CausalLM& m, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                         const Tensor& dlogprob, const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits) {
+  parallel::vocab_logprob_entropy_bwd(m.tp(), logits, targets, m.vocab_start(), lse, dlogprob, dentropy, entropy,
+                                      dlogits);
+}
+
 TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch) {
-  Tensor logits = model.forward_inference(batch);  // [T, V]
+  Tensor logits = model.forward_inference(batch);  // [T, V] ([T, V/tp] under tp)
   TokenScores s;
   const int64_t T = batch.num_tokens;
   s.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   s.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  ops::logprob_entropy_fwd(logits, batch.targets, s.logprob, &s.entropy, lse);
+  logprob_entropy_fwd(model, logits, batch.targets, s.logprob, &s.entropy, lse);
   return s;
 }
 

@@ -11,7 +11,18 @@ struct TokenScores {
   Tensor entropy;  // f32 [T]: entropy of the next-token distribution at row t
 };
 
-// Inference only: nothing is kept for backward.
+// Inference only: nothing is kept for backward. Under tp it is collective over
+// the tp group and every rank gets the full [T] results.
 TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch);
+
+// The logprob/entropy of model.forward()'s logits for any layout: at tp = 1
+// exactly ops::logprob_entropy_fwd/bwd; under tp the vocab-parallel versions
+// (parallel/vocab_loss.h) over this rank's [T, V/tp] logits. lse: f32 [T],
+// kept for the backward; entropy is needed by the backward when dentropy is
+// given. Trainers call these instead of ops:: so they work under tp.
+void logprob_entropy_fwd(const CausalLM& model, const Tensor& logits, const Tensor& targets, Tensor& logprob,
+                         Tensor* entropy, Tensor& lse);
+void logprob_entropy_bwd(const CausalLM& model, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                         const Tensor& dlogprob, const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits);
 
 }  // namespace kestrel::model

@@ -10,11 +10,17 @@ namespace kestrel::model {
 
 namespace {
 
-Param make_param(std::string name, Shape shape, DType dt, bool decay) {
+// The shard of a full HF tensor this tp rank keeps (the full tensor at tp = 1).
+Param make_param(std::string name, Shape shape, DType dt, bool decay, const comm::ProcessGroup& tp,
+                 const parallel::TpHeads& heads, int64_t n_kv_heads) {
   Param p;
-  p.name = std::move(name);
-  p.weight = Tensor::zeros(std::move(shape), dt, MemCategory::Params);
+  p.shard = parallel::hf_shard_spec(name, n_kv_heads);
+  p.full_shape = shape;
+  p.weight = Tensor::zeros(parallel::shard_shape(shape, p.shard, tp.size(), name), dt, MemCategory::Params);
   p.weight_decay = decay;
+  if (p.shard.kind == parallel::ShardKind::Replicated) p.norm_counted = tp.rank() == 0;
+  if (p.shard.kind == parallel::ShardKind::KvHeads) p.norm_counted = heads.kv_owner;
+  p.name = std::move(name);
   return p;
 }
 
@@ -25,8 +31,13 @@ bool has_o_bias(const io::ModelConfig& c) { return c.attention_bias && c.arch !=
 CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   KS_CHECK(opts_.dtype == DType::F32 || opts_.dtype == DType::BF16, "model dtype must be f32 or bf16, got ",
            dtype_name(opts_.dtype));
-  if (opts_.parallel.tp->size() > 1)
-    KS_FAIL("not supported yet: tensor_model_parallel_size=", opts_.parallel.tp->size(), " in the model layer");
+  KS_CHECK(opts_.parallel.tp != nullptr, "ModelParallel.tp must be a process group (size 1 for no tp)");
+  const int n = opts_.parallel.tp->size(), r = opts_.parallel.tp->rank();
+  heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
+  vocab_ = parallel::vocab_range(cfg_.vocab_size, r, n);
+  if (cfg_.intermediate_size % n != 0)
+    KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
+            "; choose a tp size dividing it");
   allocate_params();
   build_rope();
 }
@@ -35,6 +46,10 @@ void CausalLM::allocate_params() {
   const auto& c = cfg_;
   const DType dt = opts_.dtype;
   const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const auto make_param = [&](std::string name, Shape shape, DType t, bool decay) {
+    return model::make_param(std::move(name), std::move(shape), t, decay, *opts_.parallel.tp, heads_,
+                             c.num_key_value_heads);
+  };
   embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
   layers_.resize(size_t(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -88,6 +103,17 @@ std::vector<Param*> CausalLM::params() {
   return out;
 }
 
+Tensor CausalLM::full_tensor(const Param& p) const {
+  return parallel::gather_tensor(tp(), p.weight, p.shard, p.full_shape);
+}
+
+int64_t CausalLM::grad_stage(const Param& p) const {
+  static const std::string kLayers = "model.layers.";
+  if (p.name.compare(0, kLayers.size(), kLayers) == 0) return std::stoll(p.name.substr(kLayers.size()));
+  if (&p == &embed_) return -1;  // also the tied lm_head
+  return cfg_.num_hidden_layers;   // final norm, untied lm_head
+}
+
 Param* CausalLM::find_param(const std::string& name) {
   for (Param* p : params())
     if (p->name == name) return p;
@@ -114,6 +140,7 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
                                                 double init_std) {
   std::unique_ptr<CausalLM> m(new CausalLM(cfg, opts));
   uint64_t stream = 0;
+  comm::ProcessGroup& tp = m->tp();
   for (Param* p : m->params()) {
     ++stream;
     const bool is_norm = p->name.find("norm") != std::string::npos;
@@ -123,8 +150,11 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
     } else if (is_bias) {
       p->weight.zero_();
     } else {
+      // Under tp the full tensor is drawn (same values as one process) and cut.
+      Tensor full = tp.size() == 1 ? p->weight : Tensor::empty(p->full_shape, p->weight.dtype(), MemCategory::Other);
       Philox rng{seed, stream};
-      for (int64_t i = 0; i < p->weight.numel(); ++i) p->weight.set(i, float(init_std * rng.normal(uint64_t(i))));
+      for (int64_t i = 0; i < full.numel(); ++i) full.set(i, float(init_std * rng.normal(uint64_t(i))));
+      if (tp.size() > 1) p->weight = parallel::shard_tensor(full, p->shard, tp.rank(), tp.size(), p->name);
     }
   }
   return m;
@@ -134,20 +164,26 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
   KS_ASSIGN(io::ModelConfig cfg, io::load_model_config(dir));
   KS_ASSIGN(io::WeightSource src, io::WeightSource::open_dir(dir));
   std::unique_ptr<CausalLM> m(new CausalLM(cfg, opts));
+  comm::ProcessGroup& tp = m->tp();
   for (Param* p : m->params()) {
-    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), opts.dtype, MemCategory::Params));
-    p->weight = std::move(t);
+    // Every rank reads the full tensor and keeps its shard (mmap'd files: only
+    // the shard's pages stay hot).
+    KS_ASSIGN(Tensor t, src.load(p->name, p->full_shape, opts.dtype,
+                                 tp.size() == 1 ? MemCategory::Params : MemCategory::Other));
+    p->weight = tp.size() == 1 ? std::move(t) : parallel::shard_tensor(t, p->shard, tp.rank(), tp.size(), p->name);
   }
   return m;
 }
 
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
+  std::vector<io::NamedTensor> tensors;
+  for (Param* p : const_cast<CausalLM*>(this)->params())
+    tensors.push_back({p->name, tp().size() == 1 ? p->weight : full_tensor(*p)});
+  if (tp().rank() != 0) return Status::ok();  // tp rank 0 writes the gathered model
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return KS_ERR("cannot create model folder ", dir, ": ", ec.message());
-  std::vector<io::NamedTensor> tensors;
-  for (Param* p : const_cast<CausalLM*>(this)->params()) tensors.push_back({p->name, p->weight});
   KS_TRY(io::save_weights_dir(dir, tensors, disk_dtype));
   io::ModelConfig cfg = cfg_;
   cfg.torch_dtype = disk_dtype == DType::BF16 ? "bfloat16" : disk_dtype == DType::F16 ? "float16" : "float32";

@@ -8,7 +8,20 @@
 //
 // Parallelism enters through the process groups in ModelParallel (size 1 is
 // the plain case); model code is written once for every layout.
+//
+// Tensor parallelism (tp > 1, Megatron-style): each rank keeps its shard of
+// every parameter, cut from the full HF tensor (parallel/sharding.h): q/k/v,
+// gate/up column-parallel, o/down row-parallel, embedding and lm_head
+// vocab-parallel, norms and row biases replicated. Param::weight and
+// Param::grad hold the shard; Param::full_shape and Param::shard say how to
+// reassemble it. forward() then returns this rank's vocab slice of the logits,
+// [T, V/tp] starting at vocab_start(): score them with the vocab-parallel
+// functions of model/scoring.h (parallel/vocab_loss.h), never by gathering.
+// With sequence_parallel the activations between the TP regions are split
+// along the tokens; batches whose token count does not divide by tp are padded
+// internally (padding rows never reach attention, the logits or the grads).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,12 +31,14 @@
 #include "model/activations.h"
 #include "model/batch.h"
 #include "ops/rope.h"
+#include "parallel/sharding.h"
+#include "parallel/tp_layers.h"
 
 namespace kestrel::model {
 
 struct ModelParallel {
   std::shared_ptr<comm::ProcessGroup> tp = comm::local_group("tp");
-  bool sequence_parallel = false;
+  bool sequence_parallel = false;  // ignored at tp = 1, as Megatron does
 };
 
 struct ModelOptions {
@@ -38,6 +53,12 @@ struct Param {
   Tensor weight;
   Tensor grad;             // f32, same shape; undefined until enable_grads()
   bool weight_decay = true;  // false for norms and biases, as Megatron/verl do
+  Shape full_shape;          // the HF tensor's shape (== weight's shape at tp = 1)
+  parallel::ShardSpec shard; // how weight is cut from it over the tp group
+  // False on all but one tp rank for parameters every tp rank holds in full
+  // (norms, row-linear biases, replicated kv heads), so the global grad norm
+  // counts each element once.
+  bool norm_counted = true;
 };
 
 struct LayerParams {
@@ -70,16 +91,37 @@ class CausalLM {
   void enable_grads();
   void zero_grads();
 
-  // Writes config.json + safetensors (dtype on disk; single file or shards) atomically.
+  // Writes config.json + safetensors (dtype on disk; single file or shards)
+  // atomically, HF-shaped. Under tp > 1 it is collective over the tp group:
+  // every rank calls it, the full tensors are gathered, and only tp rank 0
+  // writes (the others return ok without touching dir).
   Status save(const std::string& dir, DType disk_dtype) const;
+  // The full HF tensor of a parameter (collective over tp; a copy at tp = 1).
+  Tensor full_tensor(const Param& p) const;
 
   // Forward through the final norm and lm_head: fills acts (everything
-  // backward needs) and returns logits [T, V] (compute dtype).
+  // backward needs) and returns logits [T, V] (compute dtype); under tp > 1
+  // this rank's vocab columns [T, V/tp].
   Tensor forward(const PackedBatch& batch, Activations& acts) const;
   // Logits only, keeping nothing for backward (scoring, generation prefill).
   Tensor forward_inference(const PackedBatch& batch) const;
-  // Backward from dlogits [T, V] (f32); accumulates into every Param::grad.
+  // Backward from dlogits [T, V] (f32; [T, V/tp] under tp); accumulates into every Param::grad.
   void backward(const PackedBatch& batch, Activations& acts, const Tensor& dlogits);
+
+  // Called during backward each time a group of gradients is final (for
+  // data-parallel buckets, parallel/data_parallel.h): stage n_layers after the
+  // lm_head and final norm, stage i after layer i, stage -1 after the
+  // embedding (which a tied lm_head shares). grad_stage() gives a param's stage.
+  void set_grad_ready_hook(std::function<void(int64_t stage)> hook) { grad_hook_ = std::move(hook); }
+  int64_t grad_stage(const Param& p) const;
+
+  // Tensor parallelism.
+  comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
+  bool sequence_parallel() const { return opts_.parallel.sequence_parallel && tp().size() > 1; }
+  int64_t vocab_start() const { return vocab_.start; }
+  int64_t local_vocab() const { return vocab_.size(); }  // V / tp
+  int64_t local_ffn() const { return cfg_.intermediate_size / tp().size(); }
+  const parallel::TpHeads& heads() const { return heads_; }  // this rank's query / kv heads
 
   const ops::RopeTable& rope() const { return rope_; }
   const Param& embedding() const { return embed_; }
@@ -91,6 +133,9 @@ class CausalLM {
   CausalLM(io::ModelConfig cfg, ModelOptions opts);
   void allocate_params();
   void build_rope();
+  void ready(int64_t stage) const {
+    if (grad_hook_) grad_hook_(stage);
+  }
 
   io::ModelConfig cfg_;
   ModelOptions opts_;
@@ -99,6 +144,9 @@ class CausalLM {
   Param final_norm_;  // [D]
   Param lm_head_;     // [V, D], undefined when tied
   ops::RopeTable rope_;
+  parallel::TpHeads heads_;
+  parallel::VocabRange vocab_;
+  std::function<void(int64_t)> grad_hook_;
 };
 
 }  // namespace kestrel::model

@@ -28,10 +28,13 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& 
   check_float(op, "gate", gate);
   check_shape(op, "gate", gate, {-1, -1});
   const int64_t T = gate.size(0), F = gate.size(1);
-  for (auto [name, t] :
-       {std::pair<const char*, const Tensor*>{"up", &up}, {"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}}) {
+  check_float(op, "up", up);
+  check_same_dtype(op, "up", up, "gate", gate);
+  check_shape(op, "up", up, {T, F});
+  // Gradients share one dtype, which may be f32 under bf16 activations.
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dh", &dh}, {"dgate", &dgate}, {"dup", &dup}}) {
     check_float(op, name, *t);
-    check_same_dtype(op, name, *t, "gate", gate);
+    check_same_dtype(op, name, *t, "dh", dh);
     check_shape(op, name, *t, {T, F});
   }
   if (same_buffer(dgate, dup)) KS_FAIL("ops::", op, ": dgate and dup must be different buffers");

@@ -71,10 +71,12 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    Tensor& dv) {
   const int64_t n = check_common("attention_bwd", q, k, v, cu_seqlens, s);
   check_2d("attention_bwd", "out", out, q.size(0), q.size(1), q.dtype());
-  check_2d("attention_bwd", "dout", dout, q.size(0), q.size(1), q.dtype());
-  check_2d("attention_bwd", "dq", dq, q.size(0), q.size(1), q.dtype());
-  check_2d("attention_bwd", "dk", dk, k.size(0), k.size(1), q.dtype());
-  check_2d("attention_bwd", "dv", dv, v.size(0), v.size(1), q.dtype());
+  // Gradients may be f32 while q/k/v are bf16 (bf16 mode keeps activation grads in f32).
+  check_2d("attention_bwd", "dout", dout, q.size(0), q.size(1), dout.dtype());
+  check_2d("attention_bwd", "dq", dq, q.size(0), q.size(1), dout.dtype());
+  check_2d("attention_bwd", "dk", dk, k.size(0), k.size(1), dout.dtype());
+  check_2d("attention_bwd", "dv", dv, v.size(0), v.size(1), dout.dtype());
+  if (!is_float(dout)) KS_FAIL("ops::attention_bwd: dout must be f32 or bf16, got ", dout.describe());
   check_lse("attention_bwd", lse, s, q.size(0));
   cpu::attention_bwd(q, k, v, out, lse, dout, cu_seqlens.data<int32_t>(), n, params(s), dq, dk, dv);
 }

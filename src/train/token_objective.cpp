@@ -1,6 +1,6 @@
 #include "train/token_objective.h"
 
-#include "ops/loss.h"
+#include "model/scoring.h"
 
 namespace kestrel::train {
 
@@ -13,7 +13,7 @@ ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBa
   r.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   r.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  ops::logprob_entropy_fwd(logits, b.targets, r.logprob, &r.entropy, lse);
+  model::logprob_entropy_fwd(m, logits, b.targets, r.logprob, &r.entropy, lse);
 
   Tensor dlogprob = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
   Tensor dentropy = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
@@ -25,10 +25,12 @@ ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBa
     const float* de = dentropy.data<float>();
     for (int64_t t = 0; t < T && !any_entropy; ++t) any_entropy = de[t] != 0.f;
   }
-  // f32 logits are overwritten by their gradient: the single [T, V] buffer.
+  // f32 logits are overwritten by their gradient: the single [T, V] buffer
+  // (under tensor parallelism, this rank's [T, V/tp] shard).
   Tensor dlogits = logits.dtype() == DType::F32 ? logits
                                                 : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations);
-  ops::logprob_entropy_bwd(logits, b.targets, lse, dlogprob, any_entropy ? &dentropy : nullptr, dlogits);
+  model::logprob_entropy_bwd(m, logits, b.targets, lse, dlogprob, any_entropy ? &dentropy : nullptr, &r.entropy,
+                             dlogits);
   m.backward(b, acts, dlogits);
   return r;
 }

@@ -42,7 +42,7 @@ model::PackedBatch batch_from(const Golden& g) {
   return model::pack_sequences(seqs);
 }
 
-std::string golden_dir(const std::string& c) { return testing::source_path("tests/golden/models/" + c); }
+std::string golden_dir(const std::string& c) { return kestrel::testing::source_path("tests/golden/models/" + c); }
 
 // fp32: the criterion of the issue, 1e-4 relative to each tensor's scale.
 // bf16: both sides round every op output to 8 mantissa bits but accumulate in
@@ -72,15 +72,15 @@ void check_case(const std::string& name, DType dt) {
   model::PackedBatch b = batch_from(g);
   model::Activations acts;
   Tensor logits = m.forward(b, acts);
-  EXPECT_LE(testing::rel_to_scale(testing::to_double(logits), testing::to_double(g.get("logits"))), tol.fwd)
+  EXPECT_LE(kestrel::testing::rel_to_scale(kestrel::testing::to_double(logits), kestrel::testing::to_double(g.get("logits"))), tol.fwd)
       << name << " logits";
 
   Tensor lp = Tensor::empty({b.num_tokens}, DType::F32), ent = Tensor::empty({b.num_tokens}, DType::F32);
   Tensor lse = Tensor::empty({b.num_tokens}, DType::F32);
   ops::logprob_entropy_fwd(logits, b.targets, lp, &ent, lse);
-  EXPECT_LE(testing::rel_to_scale(testing::to_double(lp), testing::to_double(g.get("logprobs"))), tol.fwd)
+  EXPECT_LE(kestrel::testing::rel_to_scale(kestrel::testing::to_double(lp), kestrel::testing::to_double(g.get("logprobs"))), tol.fwd)
       << name << " logprobs";
-  EXPECT_LE(testing::rel_to_scale(testing::to_double(ent), testing::to_double(g.get("entropy"))), tol.fwd)
+  EXPECT_LE(kestrel::testing::rel_to_scale(kestrel::testing::to_double(ent), kestrel::testing::to_double(g.get("entropy"))), tol.fwd)
       << name << " entropy";
 
   Tensor logits32 = logits.to(DType::F32, MemCategory::Activations);
@@ -92,7 +92,7 @@ void check_case(const std::string& name, DType dt) {
   for (model::Param* p : m.params()) {
     const std::string key = "grad." + p->name;
     ASSERT_TRUE(g.has(key)) << name << ": golden has no " << key;
-    EXPECT_LE(testing::rel_to_scale(testing::to_double(p->grad), testing::to_double(g.get(key))), tol.grad)
+    EXPECT_LE(kestrel::testing::rel_to_scale(kestrel::testing::to_double(p->grad), kestrel::testing::to_double(g.get(key))), tol.grad)
         << name << " " << key;
     ++checked;
   }

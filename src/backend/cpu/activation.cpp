@@ -31,12 +31,14 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, Tensor& h) {
 
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& dgate, Tensor& dup) {
   dispatch_float(gate.dtype(), [&](auto tag) {
+   dispatch_float(dh.dtype(), [&](auto gtag) {
     using T = decltype(tag);
+    using G = decltype(gtag);  // gradient storage: f32, or T
     const T* g = ptr<const T>(gate);
     const T* u = ptr<const T>(up);
-    const T* dhp = ptr<const T>(dh);
-    T* dg = ptr<T>(dgate);
-    T* du = ptr<T>(dup);
+    const G* dhp = ptr<const G>(dh);
+    G* dg = ptr<G>(dgate);
+    G* du = ptr<G>(dup);
     parallel_blocks(gate.numel(), 8, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
       for (int64_t i = i0; i < i1; ++i) {
@@ -48,6 +50,7 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& 
         store_f32(du, i, d * round_to<T>(x / e1));
       }
     });
+   });
   });
 }
 

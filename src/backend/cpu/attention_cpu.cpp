@@ -147,9 +147,11 @@ void fwd_impl(const T* q, const T* k, const T* v, const int32_t* cu, int64_t n_s
   }
 }
 
-template <class T>
-void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse, const T* dout, const int32_t* cu,
-              int64_t n_seqs, const AttnParams& p, T* dq, T* dk, T* dv, const Geometry& g) {
+// T: storage of q, k, v, out; G: storage of the gradients (f32 in bf16 mode,
+// where activation gradients stay f32).
+template <class T, class G>
+void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse, const G* dout, const int32_t* cu,
+              int64_t n_seqs, const AttnParams& p, G* dq, G* dk, G* dv, const Geometry& g) {
   const Tensor kt = pack_cols(k, g), kr = pack_rows(k, g), vt = pack_cols(v, g);
   const float* KT = kt.data<float>();
   const float* KR = kr.data<float>();
@@ -221,8 +223,8 @@ void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse
         std::copy(dV.begin(), dV.begin() + nk * g.dp, dVp + (h * g.T + k0) * g.dp);
       }
       for (int64_t r = 0; r < L; ++r) {
-        T* o = dq + (s0 + r) * g.ldq + h * g.d;
-        for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<T>(dQ[r * g.dp + c]);
+        G* o = dq + (s0 + r) * g.ldq + h * g.d;
+        for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<G>(dQ[r * g.dp + c]);
       }
     }
   }
@@ -237,8 +239,8 @@ void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse
           sk += dKp[at];
           sv += dVp[at];
         }
-        dk[i * g.ldk + kvh * g.d + c] = from_f<T>(sk);
-        dv[i * g.ldk + kvh * g.d + c] = from_f<T>(sv);
+        dk[i * g.ldk + kvh * g.d + c] = from_f<G>(sk);
+        dv[i * g.ldk + kvh * g.d + c] = from_f<G>(sv);
       }
 }
 
@@ -259,12 +261,19 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& dout, const int32_t* cu_seqlens, int64_t n_seqs, const AttnParams& p, Tensor& dq,
                    Tensor& dk, Tensor& dv) {
   const Geometry g(q.size(0), p);
-  if (q.dtype() == DType::F32)
-    bwd_impl(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(),
-             dout.data<float>(), cu_seqlens, n_seqs, p, dq.data<float>(), dk.data<float>(), dv.data<float>(), g);
+  auto run = [&](auto* grad_tag) {
+    using G = std::remove_pointer_t<decltype(grad_tag)>;
+    if (q.dtype() == DType::F32)
+      bwd_impl(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(),
+               dout.data<G>(), cu_seqlens, n_seqs, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
+    else
+      bwd_impl(q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(),
+               dout.data<G>(), cu_seqlens, n_seqs, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
+  };
+  if (dout.dtype() == DType::F32)
+    run(static_cast<float*>(nullptr));
   else
-    bwd_impl(q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(),
-             dout.data<bf16>(), cu_seqlens, n_seqs, p, dq.data<bf16>(), dk.data<bf16>(), dv.data<bf16>(), g);
+    run(static_cast<bf16*>(nullptr));
 }
 
 }  // namespace kestrel::cpu

@@ -50,11 +50,12 @@ void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Ten
   const float* rp = ptr<const float>(rstd);
   float* dwp = ptr<float>(dw);
   dispatch_float(x.dtype(), [&](auto tx) {
+   dispatch_float(dy.dtype(), [&](auto tg) {
     dispatch_float(w.dtype(), [&](auto tw) {
       using TX = decltype(tx);
       using TW = decltype(tw);
-      using TG = TX;  // activations and their grads share one dtype (checked by the caller)
-      using TDX = TX;
+      using TG = decltype(tg);  // gradients share one dtype, f32 or the activations' (checked by the caller)
+      using TDX = TG;
       const TX* xp = ptr<const TX>(x);
       const TW* wp = ptr<const TW>(w);
       const TG* gp = ptr<const TG>(dy);
@@ -89,6 +90,7 @@ void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Ten
         }
       });
     });
+   });
   });
 }
 

@@ -30,7 +30,7 @@ model::PackedBatch golden_batch(const io::SafetensorsFile& g) {
 class GoldenAdamW : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GoldenAdamW, ThreeStepsMatchTorch) {
-  const std::string dir = testing::source_path("tests/golden/models/" + GetParam());
+  const std::string dir = kestrel::testing::source_path("tests/golden/models/" + GetParam());
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");
   ASSERT_TRUE(g.is_ok()) << g.status().message();
   auto loaded = model::CausalLM::load(dir);
@@ -59,7 +59,7 @@ TEST_P(GoldenAdamW, ThreeStepsMatchTorch) {
   // independent AdamW), so parameters compare at 1e-3 absolute.
   for (model::Param* p : m.params()) {
     Tensor want = g.value()->get("adamw_final." + p->name).value();
-    EXPECT_TRUE(testing::all_close(testing::to_double(p->weight), testing::to_double(want), {1e-3, 0}, p->name));
+    EXPECT_TRUE(kestrel::testing::all_close(kestrel::testing::to_double(p->weight), kestrel::testing::to_double(want), {1e-3, 0}, p->name));
   }
 }
 

@@ -1,0 +1,28 @@
+#include "model/parallel_setup.h"
+
+namespace kestrel::model {
+
+ModelParallel model_parallel_for(const parallel::ProcessGrid& grid) {
+  ModelParallel p;
+  p.tp = grid.group(parallel::GroupKind::Tp);
+  p.sequence_parallel = grid.layout().dims().sequence_parallel && p.tp->size() > 1;
+  return p;
+}
+
+std::vector<parallel::DpParam> dp_params(CausalLM& m) {
+  std::vector<parallel::DpParam> out;
+  for (Param* p : m.params()) out.push_back({p->name, &p->weight, &p->grad, m.grad_stage(*p), p->norm_counted});
+  return out;
+}
+
+parallel::ModelFacts model_facts(const io::ModelConfig& c) {
+  parallel::ModelFacts f;
+  f.n_heads = c.num_attention_heads;
+  f.n_kv_heads = c.num_key_value_heads;
+  f.n_layers = c.num_hidden_layers;
+  f.vocab = c.vocab_size;
+  f.ffn = c.intermediate_size;
+  return f;
+}
+
+}  // namespace kestrel::model

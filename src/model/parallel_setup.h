@@ -1,0 +1,23 @@
+// Glue between the process grid (parallel/) and the model: the ModelParallel
+// a grid implies, and the model's parameters as the data-parallel layer sees
+// them (flat gradient buckets, backward stages, grad-norm counting).
+#pragma once
+#include <vector>
+
+#include "model/transformer.h"
+#include "parallel/data_parallel.h"
+#include "parallel/grid.h"
+
+namespace kestrel::model {
+
+// tp group and sequence parallelism of the grid.
+ModelParallel model_parallel_for(const parallel::ProcessGrid& grid);
+
+// Every parameter with its backward stage (CausalLM::grad_stage) and whether it
+// counts in the global grad norm on this rank (Param::norm_counted).
+std::vector<parallel::DpParam> dp_params(CausalLM& model);
+
+// What validate() needs to know about the model.
+parallel::ModelFacts model_facts(const io::ModelConfig& cfg);
+
+}  // namespace kestrel::model

@@ -1,0 +1,146 @@
+#include "parallel/sharding.h"
+
+#include <cstring>
+#include <vector>
+
+namespace kestrel::parallel {
+
+const char* shard_kind_name(ShardKind k) {
+  switch (k) {
+    case ShardKind::Replicated: return "replicated";
+    case ShardKind::Column: return "column";
+    case ShardKind::Row: return "row";
+    case ShardKind::Vocab: return "vocab";
+    case ShardKind::KvHeads: return "kv-heads";
+  }
+  return "?";
+}
+
+TpHeads tp_heads(int64_t H, int64_t Hkv, int rank, int n) {
+  KS_CHECK(n >= 1 && rank >= 0 && rank < n, "tp_heads: rank ", rank, " of ", n);
+  if (H % n != 0)
+    KS_FAIL("num_attention_heads ", H, " does not divide by tensor_model_parallel_size ", n,
+            "; choose a tp size dividing ", H);
+  if (Hkv <= 0 || H % Hkv != 0) KS_FAIL("num_attention_heads ", H, " is not a multiple of num_key_value_heads ", Hkv);
+  if (Hkv % n != 0 && n % Hkv != 0)
+    KS_FAIL("num_key_value_heads ", Hkv, " and tensor_model_parallel_size ", n,
+            " must divide one another (kv heads are split, or replicated when fewer than the tp ranks)");
+  TpHeads h;
+  h.n_heads = H / n;
+  h.head_begin = rank * h.n_heads;
+  if (Hkv % n == 0) {
+    h.n_kv_heads = Hkv / n;
+    h.kv_head_begin = rank * h.n_kv_heads;
+  } else {
+    h.n_kv_heads = 1;
+    h.kv_replicas = n / Hkv;
+    h.kv_head_begin = rank / h.kv_replicas;
+    h.kv_owner = rank % h.kv_replicas == 0;
+  }
+  return h;
+}
+
+namespace {
+
+// Block of dim `d` owned by `rank` for kind (Column/Vocab/Row/KvHeads): [begin, end).
+std::pair<int64_t, int64_t> block_of(const Shape& full, const ShardSpec& spec, int rank, int n,
+                                     const std::string& name) {
+  const int dim = spec.kind == ShardKind::Row ? 1 : 0;
+  KS_CHECK(int64_t(full.size()) > dim, "tensor '", name, "' of shape ", shape_str(full), " cannot be split ",
+           shard_kind_name(spec.kind), "-wise");
+  const int64_t len = full[size_t(dim)];
+  if (spec.kind == ShardKind::KvHeads) {
+    KS_CHECK(spec.n_kv_heads > 0 && len % spec.n_kv_heads == 0, "tensor '", name, "' dim 0 of ", len,
+             " is not a multiple of num_key_value_heads ", spec.n_kv_heads);
+    const int64_t hd = len / spec.n_kv_heads, Hkv = spec.n_kv_heads;
+    if (Hkv % n == 0) return {rank * (Hkv / n) * hd, (rank + 1) * (Hkv / n) * hd};
+    if (n % Hkv != 0)
+      KS_FAIL("tensor '", name, "': num_key_value_heads ", Hkv, " and tensor_model_parallel_size ", n,
+              " must divide one another");
+    const int64_t head = rank / (n / Hkv);
+    return {head * hd, (head + 1) * hd};
+  }
+  if (len % n != 0)
+    KS_FAIL("tensor '", name, "' of shape ", shape_str(full), ": dim ", dim, " (", len,
+            ") does not divide by tensor_model_parallel_size ", n, " for a ", shard_kind_name(spec.kind), " split");
+  const int64_t b = len / n;
+  return {rank * b, (rank + 1) * b};
+}
+
+int64_t inner_of(const Shape& s, int from) {
+  int64_t k = 1;
+  for (size_t i = size_t(from); i < s.size(); ++i) k *= s[i];
+  return k;
+}
+
+}  // namespace
+
+Shape shard_shape(const Shape& full, const ShardSpec& spec, int n, const std::string& name) {
+  if (spec.kind == ShardKind::Replicated || n == 1) return full;
+  auto [b, e] = block_of(full, spec, 0, n, name);
+  Shape s = full;
+  s[spec.kind == ShardKind::Row ? 1 : 0] = e - b;
+  return s;
+}
+
+Tensor shard_tensor(const Tensor& full, const ShardSpec& spec, int rank, int n, const std::string& name,
+                    MemCategory cat) {
+  if (spec.kind == ShardKind::Replicated || n == 1) return full.clone(cat);
+  const Shape& fs = full.shape();
+  auto [b, e] = block_of(fs, spec, rank, n, name);
+  Tensor out = Tensor::empty(shard_shape(fs, spec, n, name), full.dtype(), cat);
+  const size_t es = dtype_size(full.dtype());
+  const char* src = static_cast<const char*>(full.raw());
+  char* dst = static_cast<char*>(out.raw());
+  if (spec.kind != ShardKind::Row) {
+    const int64_t inner = inner_of(fs, 1);
+    std::memcpy(dst, src + size_t(b * inner) * es, size_t((e - b) * inner) * es);
+  } else {
+    const int64_t rows = fs[0], cols = fs[1], inner = inner_of(fs, 2), w = (e - b) * inner;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + size_t(r * w) * es, src + size_t(r * cols * inner + b * inner) * es, size_t(w) * es);
+  }
+  return out;
+}
+
+Tensor gather_tensor(comm::ProcessGroup& tp, const Tensor& shard, const ShardSpec& spec, const Shape& full_shape,
+                     MemCategory cat) {
+  const int n = tp.size();
+  if (spec.kind == ShardKind::Replicated || n == 1) return shard.clone(cat);
+  KS_CHECK(shard.shape() == shard_shape(full_shape, spec, n), "gather_tensor: shard ", shard.describe(),
+           " does not match full shape ", shape_str(full_shape), " split ", shard_kind_name(spec.kind), " ", n, " ways");
+  const size_t es = dtype_size(shard.dtype());
+  std::vector<char> all(size_t(n) * shard.nbytes());
+  tp.all_gather(shard.raw(), all.data(), shard.numel(), shard.dtype());
+  Tensor out = Tensor::empty(full_shape, shard.dtype(), cat);
+  char* dst = static_cast<char*>(out.raw());
+  for (int r = 0; r < n; ++r) {
+    auto [b, e] = block_of(full_shape, spec, r, n, "");
+    const char* src = all.data() + size_t(r) * shard.nbytes();
+    if (spec.kind != ShardKind::Row) {
+      // Replicated kv heads arrive from every replica; each copy is identical.
+      const int64_t inner = inner_of(full_shape, 1);
+      std::memcpy(dst + size_t(b * inner) * es, src, size_t((e - b) * inner) * es);
+    } else {
+      const int64_t rows = full_shape[0], cols = full_shape[1], inner = inner_of(full_shape, 2), w = (e - b) * inner;
+      for (int64_t row = 0; row < rows; ++row)
+        std::memcpy(dst + size_t(row * cols * inner + b * inner) * es, src + size_t(row * w) * es, size_t(w) * es);
+    }
+  }
+  return out;
+}
+
+ShardSpec hf_shard_spec(const std::string& name, int64_t n_kv_heads) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  auto ends = [&](const char* s) {
+    const size_t k = std::strlen(s);
+    return name.size() >= k && name.compare(name.size() - k, k, s) == 0;
+  };
+  if (has("embed_tokens") || has("lm_head")) return {ShardKind::Vocab, 0};
+  if (has("q_proj") || has("gate_proj") || has("up_proj")) return {ShardKind::Column, 0};
+  if (has("k_proj") || has("v_proj")) return {ShardKind::KvHeads, n_kv_heads};
+  if ((has("o_proj") || has("down_proj")) && ends(".weight")) return {ShardKind::Row, 0};
+  return {ShardKind::Replicated, 0};
+}
+
+}  // namespace kestrel::parallel
