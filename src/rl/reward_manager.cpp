@@ -1,0 +1,204 @@
+#include "rl/reward_manager.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "config/schema.h"
+#include "rl/reward_rules.h"
+
+namespace kestrel::rl {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool declared(const char* path) { return config::find_key(path) != nullptr; }
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string join_command(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + shell_quote(a);
+  return s;
+}
+
+}  // namespace
+
+RewardManagerOptions reward_options_from_config(const config::Config& cfg) {
+  RewardManagerOptions o;
+  o.custom_path = cfg.get_string_or("custom_reward_function.path", "");
+  o.custom_name = cfg.get_string_or("custom_reward_function.name", "compute_score");
+  // Keys that a later schema may add; read only when declared.
+  if (declared("custom_reward_function.timeout_s"))
+    o.timeout_s = cfg.get_float_or("custom_reward_function.timeout_s", o.timeout_s);
+  if (declared("custom_reward_function.stderr_log"))
+    o.stderr_log = cfg.get_string_or("custom_reward_function.stderr_log", "");
+  if (declared("custom_reward_function.reward_kwargs") && !cfg.is_null("custom_reward_function.reward_kwargs"))
+    o.reward_kwargs = cfg.get_map("custom_reward_function.reward_kwargs");
+  if (const config::KeyDecl* k = config::find_key("reward_model.reward_command");
+      k && !cfg.is_null("reward_model.reward_command")) {
+    if (k->type == config::Type::StringList)
+      o.command_argv = cfg.get_string_list("reward_model.reward_command");
+    else
+      o.command_shell = cfg.get_string("reward_model.reward_command");
+  }
+  return o;
+}
+
+Result<std::string> locate_reward_adapter() {
+  std::vector<fs::path> tried;
+  if (const char* home = std::getenv("KESTREL_HOME"); home && *home) {
+    tried.push_back(fs::path(home) / "scripts" / "reward_adapter.py");
+    tried.push_back(fs::path(home) / "share" / "kestrel" / "reward_adapter.py");
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    tried.push_back(exe.parent_path().parent_path() / "share" / "kestrel" / "reward_adapter.py");
+    // build/<name>/kestrel (or a test binary) inside the source tree.
+    for (fs::path d = exe.parent_path(); !d.empty() && d != d.root_path(); d = d.parent_path())
+      tried.push_back(d / "scripts" / "reward_adapter.py");
+  }
+#ifdef KESTREL_SOURCE_DIR
+  tried.push_back(fs::path(KESTREL_SOURCE_DIR) / "scripts" / "reward_adapter.py");
+#endif
+  std::string list;
+  for (const auto& p : tried) {
+    if (fs::is_regular_file(p, ec)) return p.string();
+    list += "\n  " + p.string();
+  }
+  return KS_ERR("cannot find scripts/reward_adapter.py (needed for custom_reward_function.path); set KESTREL_HOME "
+                "to the Kestrel source or install folder. Tried:",
+                list.empty() ? std::string("\n  (nothing: KESTREL_HOME unset, no executable path)") : list);
+}
+
+Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOptions opt) {
+  std::unique_ptr<RewardManager> m(new RewardManager());
+  const bool has_custom = !opt.custom_path.empty();
+  const bool has_command = !opt.command_argv.empty() || !opt.command_shell.empty();
+  if (has_custom && has_command)
+    return KS_ERR("both custom_reward_function.path ('", opt.custom_path,
+                  "') and reward_model.reward_command are set; set only one of them");
+  if (!opt.command_argv.empty() && !opt.command_shell.empty())
+    return KS_ERR("reward_model.reward_command: give a list (argv) or a string (shell command), not both");
+  if (!(opt.timeout_s > 0))
+    return KS_ERR("custom_reward_function.timeout_s must be > 0 seconds, got ", opt.timeout_s);
+
+  RewardProgramOptions po;
+  po.timeout_s = opt.timeout_s;
+  po.stderr_log = opt.stderr_log;
+  po.stderr_sink = opt.stderr_sink;
+  if (has_custom) {
+    std::error_code ec;
+    if (!fs::is_regular_file(opt.custom_path, ec))
+      return KS_ERR("custom_reward_function.path: no such file '", opt.custom_path,
+                    "' (give the path of a .py file defining ", opt.custom_name, ")");
+    if (fs::path(opt.custom_path).extension() != ".py")
+      return KS_ERR("custom_reward_function.path: '", opt.custom_path,
+                    "' is not a .py file (for another language set reward_model.reward_command to a program that "
+                    "speaks the JSON-lines reward protocol)");
+    std::string adapter = opt.adapter_path;
+    if (adapter.empty()) {
+      KS_ASSIGN(adapter, locate_reward_adapter());
+    }
+    po.argv = {opt.python, adapter, "--path", opt.custom_path, "--name", opt.custom_name};
+    if (!opt.reward_kwargs.empty()) {
+      po.argv.push_back("--kwargs");
+      po.argv.push_back(opt.reward_kwargs.dump());
+    }
+    // A check run loads the file first, so that an import error or a missing
+    // function stops the run here with Python's message, not mid-run as zeros.
+    std::vector<std::string> check = po.argv;
+    check.push_back("--check");
+    KS_ASSIGN(CommandResult cr, run_command(check, std::max(opt.timeout_s, 60.0)));
+    if (cr.exit_code != 0)
+      return KS_ERR("custom_reward_function: cannot load ", opt.custom_name, " from '", opt.custom_path, "' (",
+                    join_command(check), cr.timed_out ? " timed out" : " failed", "):\n", cr.output);
+    po.name = "custom_reward_function " + opt.custom_path + ":" + opt.custom_name;
+    m->description_ = po.name + " (" + join_command(po.argv) + ")";
+  } else if (has_command) {
+    po.argv = opt.command_argv;
+    po.shell_command = opt.command_shell;
+    po.name = "reward_model.reward_command";
+    m->description_ = "reward_model.reward_command (" +
+                      (po.shell_command.empty() ? join_command(po.argv) : "/bin/sh -c " + shell_quote(po.shell_command)) +
+                      ")";
+  } else {
+    m->description_ = "rule-based rewards by data_source";
+  }
+  if (has_custom || has_command) {
+    KS_ASSIGN(m->program_, RewardProgram::start(std::move(po)));
+  }
+  m->opt_ = std::move(opt);
+  return m;
+}
+
+Status RewardManager::validate_data_sources(const std::vector<std::string>& data_sources) const {
+  if (program_) return Status::ok();
+  for (const auto& ds : data_sources) {
+    if (!rule_score(ds, "", "").has_value())
+      return KS_ERR("no reward function for data_source '", ds,
+                    "' (set custom_reward_function.path or reward_model.reward_command)");
+  }
+  return Status::ok();
+}
+
+RewardBatchResult RewardManager::score(const std::vector<RewardRequest>& batch) {
+  RewardBatchResult r;
+  if (program_) {
+    RewardProgramBatch b = program_->score(batch);
+    r.scores = std::move(b.scores);
+    r.extra = std::move(b.extra);
+    r.failures = b.failures;
+  } else {
+    r.scores.assign(batch.size(), 0.0);
+    r.extra.assign(batch.size(), nlohmann::ordered_json::object());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      // A rule never sees user code, but stay inside the no-throw promise.
+      std::optional<double> s;
+      try {
+        s = rule_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
+      } catch (const std::exception&) {
+        s = std::nullopt;
+      }
+      if (s) r.scores[i] = *s;
+      else ++r.failures.no_rule;
+    }
+  }
+  total_.add(r.failures);
+  return r;
+}
+
+std::map<std::string, double> RewardManager::metrics(const RewardFailureCounts& c) {
+  return {{"reward/failures/crash", static_cast<double>(c.crash)},
+          {"reward/failures/timeout", static_cast<double>(c.timeout)},
+          {"reward/failures/garbage", static_cast<double>(c.garbage)},
+          {"reward/failures/no_rule", static_cast<double>(c.no_rule)},
+          {"reward/restarts", static_cast<double>(c.restarts)}};
+}
+
+std::vector<std::pair<std::string, std::vector<nlohmann::ordered_json>>> reward_extra_columns(
+    const std::vector<nlohmann::ordered_json>& extra) {
+  std::vector<std::pair<std::string, std::vector<nlohmann::ordered_json>>> cols;
+  for (size_t i = 0; i < extra.size(); ++i) {
+    if (!extra[i].is_object()) continue;
+    for (auto it = extra[i].begin(); it != extra[i].end(); ++it) {
+      auto c = std::find_if(cols.begin(), cols.end(), [&](const auto& p) { return p.first == it.key(); });
+      if (c == cols.end()) {
+        cols.emplace_back(it.key(), std::vector<nlohmann::ordered_json>(extra.size()));
+        c = cols.end() - 1;
+      }
+      c->second[i] = it.value();
+    }
+  }
+  return cols;
+}
+
+}  // namespace kestrel::rl

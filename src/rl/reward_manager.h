@@ -1,0 +1,95 @@
+// Reward manager with verl's NaiveRewardManager semantics: each response is
+// scored on its own by compute_score(data_source, solution_str, ground_truth,
+// extra_info); a dict result gives the score and reward_extra_info.
+//
+// Scoring source, in verl's order of precedence:
+//   1. custom_reward_function.path (a .py file): run through
+//      scripts/reward_adapter.py with python3 from PATH, as an external
+//      reward program (rl/reward_program.h);
+//   2. reward_model.reward_command: any program speaking the JSON-lines
+//      protocol (a string runs via /bin/sh -c, a list as argv);
+//   3. otherwise the built-in rules by data_source (rl/reward_rules.h).
+// Setting both 1 and 2 is an error. A data_source with no rule and no external
+// program is an error at startup (validate_data_sources), never mid-run; if
+// one appears mid-run anyway it scores 0 and counts as no_rule.
+//
+// The adapter is found, in order: RewardManagerOptions::adapter_path;
+// $KESTREL_HOME/scripts/reward_adapter.py or $KESTREL_HOME/share/kestrel/
+// reward_adapter.py; relative to the running executable (<exe dir>/../share/
+// kestrel/, or a scripts/ folder in an ancestor of the executable's folder,
+// which covers build/<name>/kestrel in the source tree); the source tree the
+// library was compiled from (when KESTREL_SOURCE_DIR is defined for it).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "rl/reward_program.h"
+
+namespace kestrel::rl {
+
+struct RewardManagerOptions {
+  std::string custom_path;                  // custom_reward_function.path ("" = none)
+  std::string custom_name = "compute_score";  // custom_reward_function.name
+  nlohmann::ordered_json reward_kwargs = nlohmann::ordered_json::object();  // custom_reward_function.reward_kwargs
+  std::vector<std::string> command_argv;    // reward_model.reward_command as a list
+  std::string command_shell;                // reward_model.reward_command as a string
+  double timeout_s = 30.0;                  // custom_reward_function.timeout_s
+  std::string stderr_log;                   // custom_reward_function.stderr_log ("" = our stderr)
+  std::function<void(const std::string&)> stderr_sink;  // overrides stderr_log (tests, embedding)
+  std::string python = "python3";
+  std::string adapter_path;                 // "" = locate (see above)
+};
+
+// Reads custom_reward_function.{path,name} and, where the schema declares
+// them, custom_reward_function.{timeout_s,stderr_log,reward_kwargs} and
+// reward_model.reward_command. A relative path is taken as given (relative
+// to the working directory), as verl does.
+RewardManagerOptions reward_options_from_config(const config::Config& cfg);
+
+// Where scripts/reward_adapter.py is; an error lists the places tried.
+Result<std::string> locate_reward_adapter();
+
+struct RewardBatchResult {
+  std::vector<double> scores;                  // [B]
+  std::vector<nlohmann::ordered_json> extra;   // [B] reward_extra_info of each response (object)
+  RewardFailureCounts failures;                // this batch
+};
+
+class RewardManager {
+ public:
+  // Startup: checks the options, and for an external program starts it (for
+  // custom_reward_function.path the adapter first loads the file in a check
+  // run, so a syntax error or a missing function fails here with its message).
+  static Result<std::unique_ptr<RewardManager>> create(RewardManagerOptions opt);
+
+  // Startup check that every data_source can be scored.
+  Status validate_data_sources(const std::vector<std::string>& data_sources) const;
+
+  // Never throws because of the reward code: failures score 0 and are counted.
+  RewardBatchResult score(const std::vector<RewardRequest>& batch);
+
+  bool external() const { return program_ != nullptr; }
+  // For the startup log: "rules by data_source", "custom_reward_function f.py:fn (python3 ...)", ...
+  const std::string& describe() const { return description_; }
+  const RewardFailureCounts& total_failures() const { return total_; }
+  // reward/failures/{crash,timeout,garbage,no_rule} of one batch's counts,
+  // plus reward/restarts; for the step's metrics.
+  static std::map<std::string, double> metrics(const RewardFailureCounts& c);
+
+ private:
+  RewardManager() = default;
+  RewardManagerOptions opt_;
+  std::unique_ptr<RewardProgram> program_;
+  std::string description_;
+  RewardFailureCounts total_;
+};
+
+// verl's reward_extra_info layout: key -> one value per response (null where a
+// response lacks the key), keys in first-seen order.
+std::vector<std::pair<std::string, std::vector<nlohmann::ordered_json>>> reward_extra_columns(
+    const std::vector<nlohmann::ordered_json>& extra);
+
+}  // namespace kestrel::rl
