@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   Philox rng{42, 0};
   uint64_t k = 0;
   for (int64_t r = 0; r < batch_tokens / seq; ++r) {
-    std::vector<int32_t> s(size_t(seq));
+    std::vector<int32_t> s(static_cast<size_t>(seq));
     for (auto& t : s) t = int32_t(rng.uniform(k++) * float(cfg->vocab_size)) % int32_t(cfg->vocab_size);
     rows.push_back(s);
   }
