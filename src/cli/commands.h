@@ -20,5 +20,9 @@ int run_main(int argc, char** argv);
 // Subcommand entry points, one file each.
 int cmd_logprobs(const Args& args);
 int cmd_config(const Args& args);
+int cmd_sft(const Args& args);
+int cmd_tokenize(const Args& args);
+int cmd_builtin(const Args& args);
+int cmd_generate(const Args& args);
 
 }  // namespace kestrel::cli

@@ -32,10 +32,12 @@ void declare_data_and_model(Builder& b) {
   b.k("seed", I, "null", YES, "Shuffle seed; null uses a fixed default seed.");
   b.k("validation_shuffle", B, "false", YES, "Shuffle the validation set.");
   b.k("dataloader_num_workers", I, "8", YES, "Python dataloader workers; no effect in Kestrel (loads in-process).");
-  b.k("filter_overlong_prompts", B, "false", NO, "Drop prompts longer than max_prompt_length before training.");
+  b.k("filter_overlong_prompts", B, "false", YES, "Drop prompts longer than max_prompt_length before training.");
+  b.k("skip_malformed", B, "false", YES,
+      "Skip (and count) dataset lines that fail to parse instead of stopping with file:line (Kestrel).");
   b.k("filter_overlong_prompts_workers", I, "1", YES, "Workers for filter_overlong_prompts; no effect in Kestrel.");
   b.k("truncation", S, "error", YES, "What to do with a prompt longer than max_prompt_length.",
-      {"error", "left", "right", "middle"}, {"error"});
+      {"error", "left", "right", "middle"});
   b.k("image_key", S, "images", NO, "Row field with images (multimodal).");
   b.k("video_key", S, "videos", NO, "Row field with videos (multimodal).");
   b.k("image_patch_size", I, "14", NO, "Vision patch size (multimodal).");

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -46,8 +47,13 @@ struct EngineConfig {
 struct CompletionOutput {
   int64_t index = 0;                // sample index within its request
   std::vector<int32_t> token_ids;
+  // log p(token) under the model's unmodified distribution (temperature 1,
+  // no top-k/top-p/min-p), the quantity a trainer recomputes; see sampler.h.
   std::vector<float> logprobs;      // of each sampled token
   std::string finish_reason;        // "stop" (EOS/stop token/stop string) or "length"
+  // With SamplingParams::logprobs = k > 0: per sampled token, the k most
+  // likely (token, logprob) pairs of the same unmodified distribution.
+  std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
 };
 
 struct RequestOutput {
@@ -62,10 +68,15 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
   int64_t preemptions = 0, swapped_out_blocks = 0, swapped_in_blocks = 0;
   int64_t steps = 0;
+  int64_t computed_tokens = 0;        // rows forwarded (prefill chunks, recomputes, decodes)
+  int64_t num_blocks = 0, free_blocks = 0;  // KV blocks (null block included in num_blocks)
+  int64_t weights_version = 0;
 };
 
 class Engine {
  public:
+  // The model must outlive the engine: its weights are read in place, so a
+  // trainer's update is visible to the next step (call update_weights_version).
   static Result<std::unique_ptr<Engine>> create(const model::CausalLM& model, const EngineConfig& cfg);
   virtual ~Engine() = default;
 
@@ -84,6 +95,8 @@ class Engine {
   virtual void wake_up() = 0;
 
   virtual EngineStats stats() const = 0;
+  virtual bool is_sleeping() const = 0;
+  virtual const EngineConfig& config() const = 0;
 };
 
 }  // namespace kestrel::rollout

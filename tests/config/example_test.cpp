@@ -68,7 +68,6 @@ TEST(GsmExample, EachOverrideLoadsOrIsNotSupportedYet) {
 
   // What Kestrel cannot do yet. Shrink this list as features land.
   const std::set<std::string> expected_unsupported = {
-      "data.filter_overlong_prompts",
       "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
       "actor_rollout_ref.rollout.name",
       "actor_rollout_ref.rollout.mode",

@@ -1,1 +1,0 @@
-// Placeholder so the layer's library exists before its first source lands.

@@ -1,0 +1,367 @@
+// The rollout engine: requests in, scheduler step, packed forward, sampling,
+// stop checks, outputs. See engine.h for the API and scheduler.h /
+// sampler.h / block_pool.h for the policies.
+#include "rollout/engine.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <unordered_set>
+
+#include "ops/loss.h"
+#include "rollout/kv_cache.h"
+#include "rollout/model_runner.h"
+#include "rollout/sampler.h"
+#include "rollout/scheduler.h"
+
+namespace kestrel::rollout {
+
+namespace {
+
+class KVSwapSpace final : public SwapSpace {
+ public:
+  explicit KVSwapSpace(KVCache& kv) : kv_(kv) {}
+  std::vector<int32_t> reserve(int64_t n) override { return kv_.swap_reserve(n); }
+  void release(const std::vector<int32_t>& ids) override { kv_.swap_release(ids); }
+
+ private:
+  KVCache& kv_;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const model::CausalLM& m, const EngineConfig& cfg, const KVGeometry& g, int64_t max_model_len)
+      : model_(m), cfg_(cfg), max_model_len_(max_model_len), kv_(g), pool_(g.num_blocks, cfg.enable_prefix_caching),
+        swap_(kv_), sched_(SchedulerConfig{cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                           cfg.enable_chunked_prefill, cfg.preemption_mode == "swap"},
+                           pool_, &swap_),
+        runner_(m, kv_) {
+    for (int64_t e : m.config().eos_token_ids) eos_.insert(int32_t(e));
+    const double swap_bytes = cfg.swap_space_gib * double(int64_t(1) << 30);
+    kv_.set_swap_capacity(std::min<int64_t>(int64_t(swap_bytes / double(g.bytes_per_block())), g.num_blocks));
+    kv_.allocate();
+  }
+
+  Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& p) override;
+  std::vector<RequestOutput> step() override;
+  bool has_unfinished() const override { return sched_.has_unfinished(); }
+  std::vector<RequestOutput> run_to_completion() override;
+  void update_weights_version() override;
+  void sleep() override;
+  void wake_up() override;
+  EngineStats stats() const override;
+  bool is_sleeping() const override { return asleep_; }
+  const EngineConfig& config() const override { return cfg_; }
+
+ private:
+  // Appends a sampled token and its logprobs; true when the sequence stops.
+  bool append_token(Sequence* s, int32_t tok, float logprob, std::vector<std::pair<int32_t, float>> top);
+  bool hits_stop_string(const Sequence* s) const;
+  RequestOutput make_output(Request& r) const;
+
+  const model::CausalLM& model_;
+  EngineConfig cfg_;
+  int64_t max_model_len_;
+  KVCache kv_;
+  BlockPool pool_;
+  KVSwapSpace swap_;
+  Scheduler sched_;
+  ModelRunner runner_;
+  std::unordered_set<int32_t> eos_;
+  std::map<std::string, std::unique_ptr<Request>> requests_;  // unfinished
+  int64_t next_order_ = 0, next_seq_id_ = 0;
+  uint64_t weights_version_ = 0;
+  bool asleep_ = false;
+  EngineStats stats_;
+  std::vector<SamplerScratch> scratch_;  // per OpenMP thread
+};
+
+Status EngineImpl::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& p) {
+  const std::string where = "request '" + id + "'";
+  if (requests_.count(id)) return KS_ERR(where, ": a request with this id is still running (ids must be unique)");
+  if (prompt.empty()) return KS_ERR(where, ": empty prompt (give at least one token id)");
+  const int64_t V = model_.config().vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= V)
+      return KS_ERR(where, ": token id ", prompt[i], " at prompt position ", i, " is outside the vocabulary [0, ", V, ")");
+  if (p.n < 1) return KS_ERR(where, ": n must be >= 1, got ", p.n);
+  if (p.max_tokens < 1) return KS_ERR(where, ": max_tokens must be >= 1, got ", p.max_tokens);
+  if (!(p.temperature >= 0) || std::isinf(p.temperature))
+    return KS_ERR(where, ": temperature must be finite and >= 0 (0 = greedy), got ", p.temperature);
+  if (!(p.top_p > 0 && p.top_p <= 1)) return KS_ERR(where, ": top_p must be in (0, 1], got ", p.top_p);
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return KS_ERR(where, ": min_p must be in [0, 1], got ", p.min_p);
+  if (p.top_k < -1) return KS_ERR(where, ": top_k must be -1 or 0 (off) or a positive count, got ", p.top_k);
+  if (p.logprobs < 0) return KS_ERR(where, ": logprobs must be >= 0, got ", p.logprobs);
+  if (!p.stop.empty() && !cfg_.detokenize)
+    return KS_ERR(where, ": stop strings need EngineConfig::detokenize (a tokenizer); use stop_token_ids instead");
+  for (const auto& s : p.stop)
+    if (s.empty()) return KS_ERR(where, ": empty stop string");
+  const int64_t L = int64_t(prompt.size());
+  if (L >= max_model_len_)
+    return KS_ERR(where, ": prompt of ", L, " tokens leaves no room to generate within max_model_len ", max_model_len_,
+                  " (shorten the prompt or raise max_model_len)");
+  const int64_t longest = std::min(L + p.max_tokens, max_model_len_);
+  const int64_t need = sched_.blocks_for(longest), have = pool_.num_blocks() - 1;
+  if (need > have)
+    return KS_ERR(where, ": a sequence of up to ", longest, " tokens needs ", need, " KV blocks of ", cfg_.block_size,
+                  " tokens but the cache has ", have, " (raise kv_cache_bytes / num_blocks or lower max_tokens)");
+
+  auto r = std::make_unique<Request>();
+  r->id = id;
+  r->order = next_order_++;
+  r->prompt = std::move(prompt);
+  r->params = p;
+  if (r->params.top_k == 0) r->params.top_k = -1;
+  for (const auto& s : p.stop) r->max_stop_len = std::max(r->max_stop_len, s.size());
+  auto s = std::make_unique<Sequence>();
+  s->id = next_seq_id_++;
+  s->req = r.get();
+  s->tokens = r->prompt;
+  s->prompt_len = L;
+  s->hash_key = weights_version_;
+  s->pending_fork = p.n > 1;
+  sched_.add(s.get());
+  r->seqs.push_back(std::move(s));
+  stats_.prompt_tokens += L;
+  requests_.emplace(id, std::move(r));
+  return Status::ok();
+}
+
+bool EngineImpl::hits_stop_string(const Sequence* s) const {
+  const Request& r = *s->req;
+  if (r.params.stop.empty()) return false;
+  // A stop string of k bytes spans at most k tokens (+ a few for split UTF-8);
+  // it counts only if it was not already in the text before this token.
+  const int64_t gen = s->num_generated();
+  const int64_t window = std::min<int64_t>(gen, int64_t(r.max_stop_len) + 4);
+  const std::vector<int32_t> now(s->tokens.end() - window, s->tokens.end());
+  const std::vector<int32_t> before(now.begin(), now.end() - 1);
+  const std::string t_now = cfg_.detokenize(now), t_before = before.empty() ? "" : cfg_.detokenize(before);
+  for (const auto& st : r.params.stop)
+    if (t_now.find(st) != std::string::npos && t_before.find(st) == std::string::npos) return true;
+  return false;
+}
+
+bool EngineImpl::append_token(Sequence* s, int32_t tok, float logprob, std::vector<std::pair<int32_t, float>> top) {
+  s->tokens.push_back(tok);
+  s->logprobs.push_back(logprob);
+  if (s->req->params.logprobs > 0) s->top_logprobs.push_back(std::move(top));
+  ++stats_.generated_tokens;
+  const SamplingParams& p = s->req->params;
+  const auto& st = p.stop_token_ids;
+  if (!p.ignore_eos && eos_.count(tok)) s->finish_reason = "stop";
+  else if (std::find(st.begin(), st.end(), tok) != st.end()) s->finish_reason = "stop";
+  else if (hits_stop_string(s)) s->finish_reason = "stop";
+  else if (s->num_generated() >= p.max_tokens || s->num_tokens() >= max_model_len_) s->finish_reason = "length";
+  return !s->finish_reason.empty();
+}
+
+RequestOutput EngineImpl::make_output(Request& r) const {
+  RequestOutput o;
+  o.request_id = r.id;
+  o.prompt_token_ids = r.prompt;
+  o.num_cached_prompt_tokens = r.num_cached_prompt_tokens;
+  for (auto& s : r.seqs) {
+    CompletionOutput c;
+    c.index = s->sample;
+    c.token_ids.assign(s->tokens.begin() + s->prompt_len, s->tokens.end());
+    c.logprobs = std::move(s->logprobs);
+    c.finish_reason = s->finish_reason;
+    c.top_logprobs = std::move(s->top_logprobs);
+    o.outputs.push_back(std::move(c));
+  }
+  return o;
+}
+
+std::vector<RequestOutput> EngineImpl::step() {
+  if (asleep_) KS_FAIL("rollout engine: step() while asleep; call wake_up() first");
+  std::vector<RequestOutput> finished;
+  if (!sched_.has_unfinished()) return finished;
+  SchedulerOutput so = sched_.schedule();
+  KS_CHECK(!so.empty(), "the scheduler made no progress with ", sched_.running().size(), " running, ",
+           sched_.waiting().size(), " waiting and ", sched_.swapped().size(), " swapped sequences");
+  ++stats_.steps;
+  stats_.computed_tokens += so.num_tokens;
+  kv_.swap_out(so.swap_out);
+  kv_.swap_in(so.swap_in);
+
+  const StepBatch batch = build_step_batch(so, cfg_.block_size);
+  const Tensor logits = runner_.execute(batch);  // [S, V], model dtype
+  const int64_t S = int64_t(batch.sample_rows.size()), V = model_.config().vocab_size;
+  if (S == 0) return finished;
+
+  // log-sum-exp of every sampled row with the trainer's own op, so
+  // logprob = logit - lse is computed exactly as in scoring.
+  Tensor lse = Tensor::empty({S}, DType::F32, MemCategory::Activations);
+  {
+    Tensor none = Tensor::empty({S}, DType::I32, MemCategory::Activations);
+    for (int64_t i = 0; i < S; ++i) none.data<int32_t>()[i] = -1;
+    Tensor lp = Tensor::empty({S}, DType::F32, MemCategory::Activations);
+    ops::logprob_entropy_fwd(logits, none, lp, nullptr, lse);
+  }
+  const Tensor lf = logits.dtype() == DType::F32 ? logits : logits.to(DType::F32, MemCategory::Activations);
+  const float* L = lf.data<float>();
+  const float* lse_p = lse.data<float>();
+
+  // Which scheduled sequences sample, and how many samples each row feeds.
+  std::vector<Sequence*> row_seq;
+  for (const auto& ss : so.seqs)
+    if (ss.samples) row_seq.push_back(ss.seq);
+  struct Draw {
+    int32_t token;
+    float logprob;
+    std::vector<std::pair<int32_t, float>> top;
+  };
+  std::vector<std::vector<Draw>> draws(static_cast<size_t>(S));
+  const int nt = omp_get_max_threads();
+  if (int64_t(scratch_.size()) < nt) scratch_.resize(size_t(nt));
+  // Rows are independent and every draw is keyed by (seed, sample, position):
+  // the split over threads cannot change any token.
+#pragma omp parallel for schedule(dynamic, 4) if (S > 4)
+  for (int64_t r = 0; r < S; ++r) {
+    Sequence* s = row_seq[size_t(r)];
+    const SamplingParams& p = s->req->params;
+    const float* z = L + r * V;
+    const int64_t n_draw = s->pending_fork ? p.n : 1;
+    const int64_t position = s->num_tokens();  // where the new token goes
+    SamplerScratch& sc = scratch_[size_t(omp_get_thread_num())];
+    std::vector<std::pair<int32_t, float>> top;
+    if (p.logprobs > 0) top = top_logprobs(z, V, lse_p[r], p.logprobs);
+    for (int64_t k = 0; k < n_draw; ++k) {
+      const uint64_t sample = uint64_t(s->pending_fork ? k : s->sample);
+      const int32_t tok = sample_token(z, V, p, sample, position, sc);
+      draws[size_t(r)].push_back({tok, z[tok] - lse_p[r], top});
+    }
+  }
+
+  std::vector<Request*> done;
+  std::vector<std::pair<int32_t, int32_t>> fork_copies;
+  for (int64_t r = 0; r < S; ++r) {
+    Sequence* s = row_seq[size_t(r)];
+    Request& req = *s->req;
+    std::vector<Sequence*> stopped;
+    if (s->pending_fork) {
+      std::vector<Sequence*> children;
+      for (int64_t k = 1; k < req.params.n; ++k) {
+        auto c = std::make_unique<Sequence>();
+        c->id = next_seq_id_++;
+        c->req = &req;
+        c->sample = k;
+        c->tokens = req.prompt;
+        c->prompt_len = s->prompt_len;
+        c->hash_key = s->hash_key;
+        children.push_back(c.get());
+        req.seqs.push_back(std::move(c));
+      }
+      // The children reference the prompt's blocks before anything can finish and free them.
+      auto copies = sched_.fork(s, children);
+      fork_copies.insert(fork_copies.end(), copies.begin(), copies.end());
+      for (int64_t k = 1; k < req.params.n; ++k) {
+        Draw& d = draws[size_t(r)][size_t(k)];
+        Sequence* c = children[size_t(k - 1)];
+        if (append_token(c, d.token, d.logprob, std::move(d.top))) stopped.push_back(c);
+      }
+    }
+    Draw& d = draws[size_t(r)][0];
+    if (append_token(s, d.token, d.logprob, std::move(d.top))) stopped.push_back(s);
+    // Copy the forked tail blocks before a finishing parent frees its own.
+    kv_.copy_blocks(fork_copies);
+    fork_copies.clear();
+    for (Sequence* f : stopped) {
+      sched_.finish(f);
+      if (++req.num_finished == int64_t(req.params.n)) done.push_back(&req);
+    }
+  }
+  for (Request* rq : done) {
+    finished.push_back(make_output(*rq));
+    requests_.erase(rq->id);
+  }
+  return finished;
+}
+
+std::vector<RequestOutput> EngineImpl::run_to_completion() {
+  std::vector<std::pair<int64_t, RequestOutput>> all;
+  std::map<std::string, int64_t> order;
+  for (const auto& [id, r] : requests_) order[id] = r->order;
+  while (has_unfinished())
+    for (auto& o : step()) all.emplace_back(order.count(o.request_id) ? order[o.request_id] : 0, std::move(o));
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<RequestOutput> out;
+  for (auto& [k, o] : all) out.push_back(std::move(o));
+  return out;
+}
+
+void EngineImpl::update_weights_version() {
+  ++weights_version_;
+  // New sequences hash under the new version, so stale blocks can never hit;
+  // dropping the map also frees the memory of the index. In-flight sequences
+  // keep their version (their K/V predates the update: a partial rollout).
+  pool_.reset_prefix_cache();
+}
+
+void EngineImpl::sleep() {
+  if (asleep_) return;
+  // In-flight sequences lose their K/V and recompute after wake_up().
+  sched_.preempt_all();
+  KS_CHECK(pool_.reset_prefix_cache(), "blocks still referenced after preempting everything");
+  kv_.release();
+  asleep_ = true;
+}
+
+void EngineImpl::wake_up() {
+  if (!asleep_) return;
+  kv_.allocate();
+  asleep_ = false;
+}
+
+EngineStats EngineImpl::stats() const {
+  EngineStats s = stats_;
+  const auto& c = sched_.counters();
+  s.prefix_cache_queries = c.prefix_queries;
+  s.prefix_cache_hits = c.prefix_hits;
+  s.preemptions = c.preemptions;
+  s.swapped_out_blocks = c.swapped_out_blocks;
+  s.swapped_in_blocks = c.swapped_in_blocks;
+  s.num_blocks = pool_.num_blocks();
+  s.free_blocks = pool_.num_free();
+  s.weights_version = int64_t(weights_version_);
+  return s;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::create(const model::CausalLM& model, const EngineConfig& cfg) {
+  const auto& c = model.config();
+  const char* w = "rollout engine config";
+  if (cfg.block_size <= 0) return KS_ERR(w, ": block_size must be > 0, got ", cfg.block_size);
+  if (cfg.max_num_batched_tokens <= 0)
+    return KS_ERR(w, ": max_num_batched_tokens must be > 0, got ", cfg.max_num_batched_tokens);
+  if (cfg.max_num_seqs <= 0) return KS_ERR(w, ": max_num_seqs must be > 0, got ", cfg.max_num_seqs);
+  if (cfg.preemption_mode != "recompute" && cfg.preemption_mode != "swap")
+    return KS_ERR(w, ": preemption_mode must be 'recompute' or 'swap', got '", cfg.preemption_mode, "'");
+  if (!(cfg.swap_space_gib >= 0)) return KS_ERR(w, ": swap_space must be >= 0 GiB, got ", cfg.swap_space_gib);
+  if (cfg.num_blocks < 0 || (cfg.num_blocks == 0 && cfg.kv_cache_bytes <= 0))
+    return KS_ERR(w, ": give num_blocks > 0 or kv_cache_bytes > 0");
+  if (c.sliding_window > 0) return KS_ERR("not supported yet: sliding-window attention in the rollout engine");
+  KVGeometry g;
+  g.n_layers = c.num_hidden_layers;
+  g.block_size = cfg.block_size;
+  g.n_kv_heads = c.num_key_value_heads;
+  g.head_dim = c.head_dim;
+  g.dtype = model.dtype();
+  g.num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / g.bytes_per_block();
+  if (g.num_blocks < 2)
+    return KS_ERR(w, ": kv_cache_bytes ", cfg.kv_cache_bytes, " holds fewer than 2 blocks of ", g.bytes_per_block(),
+                  " bytes (raise kv_cache_bytes or lower block_size)");
+  int64_t max_len = cfg.max_model_len > 0 ? cfg.max_model_len : c.max_position_embeddings;
+  const int64_t rope_len = model.rope().cos.defined() ? model.rope().cos.size(0) : max_len;
+  if (max_len <= 0) max_len = rope_len;
+  if (max_len > rope_len)
+    return KS_ERR(w, ": max_model_len ", max_len, " exceeds the model's RoPE table (", rope_len,
+                  " positions; raise ModelOptions::max_positions or lower max_model_len)");
+  return std::unique_ptr<Engine>(new EngineImpl(model, cfg, g, max_len));
+}
+
+}  // namespace kestrel::rollout

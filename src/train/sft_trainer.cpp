@@ -1,0 +1,248 @@
+#include "train/sft_trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "core/files.h"
+#include "io/safetensors.h"
+#include "model/batch.h"
+#include "ops/loss.h"
+#include "optim/grad_clip.h"
+#include "train/checkpoint.h"
+#include "train/micro_batch.h"
+#include "train/token_objective.h"
+
+namespace kestrel::train {
+
+namespace {
+
+constexpr const char* kMasterPrefix = "master.";
+
+std::vector<std::vector<int32_t>> gather_ids(const std::vector<SftExample>& ex, const std::vector<int64_t>& idx) {
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t i : idx) out.push_back(ex[size_t(i)].ids);
+  return out;
+}
+
+}  // namespace
+
+SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, std::vector<SftExample> val,
+                       std::unique_ptr<BatchSource> source, SftOptions opt, MetricsLogger* logger, SftHooks hooks)
+    : model_(model), train_(std::move(train)), val_(std::move(val)), source_(std::move(source)), opt_(std::move(opt)),
+      logger_(logger), hooks_(std::move(hooks)) {
+  KS_CHECK(opt_.total_steps > 0, "SFT: total steps must be positive");
+  KS_CHECK(!train_.empty(), "SFT: no training examples");
+  model_.enable_grads();
+  std::vector<optim::ParamSlot> slots;
+  for (model::Param* p : model_.params()) {
+    optim::ParamSlot s;
+    s.name = p->name;
+    s.grad = p->grad;
+    s.decay = p->weight_decay;
+    if (p->weight.dtype() == DType::F32) {
+      s.master = p->weight;  // the optimizer updates the model's weights in place
+    } else {
+      s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
+      s.model_copy = p->weight;
+      masters_.push_back(s.master);
+    }
+    slots.push_back(std::move(s));
+  }
+  opt_state_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw);
+  if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
+  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+}
+
+std::map<std::string, double> SftTrainer::train_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> idx = source_->next_batch();
+  int64_t n_resp = 0, n_tok = 0;
+  std::vector<int64_t> lens;
+  for (int64_t i : idx) {
+    const auto& e = train_[size_t(i)];
+    lens.push_back(int64_t(e.ids.size()));
+    n_tok += int64_t(e.ids.size());
+    // Rows predicting a trained token: every masked token but a sequence's first.
+    for (size_t t = 1; t < e.loss_mask.size(); ++t) n_resp += e.loss_mask[t];
+  }
+  model_.zero_grads();
+  const float scale = n_resp > 0 ? 1.f / float(n_resp) : 0.f;
+  double loss = 0;
+  const auto groups = split_micro_batches(lens, opt_.max_token_len_per_micro,
+                                          opt_.max_token_len_per_micro > 0 ? 0 : opt_.micro_batch_size);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<int64_t> rows;
+    std::vector<const std::vector<uint8_t>*> masks;
+    for (int64_t k : groups[g]) {
+      rows.push_back(idx[size_t(k)]);
+      masks.push_back(&train_[size_t(idx[size_t(k)])].loss_mask);
+    }
+    const model::PackedBatch b = model::pack_sequences(gather_ids(train_, rows));
+    loss += forward_backward(model_, b, cross_entropy_objective(sft_token_weights(masks, scale)), false).loss;
+    if (g == 0) maybe_crash("train_step", step_ + 1);
+  }
+  const optim::ClipResult clip = optim::clip_grad_norm(opt_state_->params(), opt_.clip_grad);
+  const double lr = sched_->lr(step_);
+  if (clip.finite) opt_state_->step(lr);
+  ++step_;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {{"train/loss", loss},
+          {"train/lr", lr},
+          {"train/grad_norm", clip.norm},
+          {"train/step_skipped", clip.finite ? 0.0 : 1.0},
+          {"train/epoch", double(source_->epoch())},
+          {"train/num_tokens", double(n_tok)},
+          {"train/num_response_tokens", double(n_resp)},
+          {"train/micro_batches", double(groups.size())},
+          {"perf/tokens_per_s", secs > 0 ? double(n_tok) / secs : 0.0},
+          {"perf/step_time_s", secs}};
+}
+
+std::map<std::string, double> SftTrainer::validate() {
+  std::map<std::string, double> out;
+  if (!val_.empty()) {
+    std::vector<int64_t> lens;
+    for (const auto& e : val_) lens.push_back(int64_t(e.ids.size()));
+    double nll = 0;
+    int64_t count = 0;
+    for (const auto& grp : split_micro_batches(lens, opt_.val_micro_tokens, 0)) {
+      const model::PackedBatch b = model::pack_sequences(gather_ids(val_, grp));
+      Tensor logits = model_.forward_inference(b);  // [T, V]
+      Tensor lp = Tensor::empty({b.num_tokens}, DType::F32);
+      Tensor lse = Tensor::empty({b.num_tokens}, DType::F32);
+      ops::logprob_entropy_fwd(logits, b.targets, lp, nullptr, lse);
+      const float* l = lp.data<float>();
+      int64_t t = 0;
+      for (int64_t i : grp) {
+        const auto& m = val_[size_t(i)].loss_mask;
+        for (size_t j = 0; j < m.size(); ++j, ++t)
+          if (j + 1 < m.size() && m[j + 1]) { nll -= l[t]; ++count; }
+      }
+    }
+    out["val/loss"] = count > 0 ? nll / double(count) : 0.0;
+  }
+  if (hooks_.generate_eval) {
+    for (const auto& [k, v] : hooks_.generate_eval(model_)) out[k] = v;
+  }
+  return out;
+}
+
+Status SftTrainer::export_hf(const std::string& dir) const {
+  KS_TRY(model_.save(dir, DType::F32));
+  for (const auto& [name, content] : opt_.model_extra_files) KS_TRY(write_file_atomic(dir + "/" + name, content));
+  return Status::ok();
+}
+
+Status SftTrainer::save_checkpoint() {
+  return write_checkpoint(
+      opt_.ckpt_root, step_,
+      [&](const std::string& dir) -> Status {
+        // Weights in the compute dtype; bf16 runs keep their f32 masters with the optimizer.
+        KS_TRY(model_.save(dir + "/model", model_.dtype()));
+        for (const auto& [name, content] : opt_.model_extra_files)
+          KS_TRY(write_file_atomic(dir + "/model/" + name, content));
+        optim::OptimizerState st = opt_state_->state();
+        std::vector<io::NamedTensor> tensors;
+        for (auto& [name, t] : st.tensors) tensors.push_back({name, t});
+        for (const auto& s : opt_state_->params())
+          if (s.model_copy.defined()) tensors.push_back({kMasterPrefix + s.name, s.master});
+        KS_TRY(io::save_safetensors(dir + "/optimizer.safetensors", tensors, st.metadata));
+        nlohmann::ordered_json ts;
+        ts["global_step"] = step_;
+        ts["total_steps"] = opt_.total_steps;
+        ts["lr_scheduler"] = {{"last_step", step_},
+                              {"style", optim::lr_style_name(opt_.lr.style)},
+                              {"base_lr", opt_.lr.lr},
+                              {"warmup_steps", opt_.lr.warmup_steps},
+                              {"total_steps", opt_.lr.total_steps}};
+        ts["data_loader"] = source_->state();
+        // No sampling in SFT: the only randomness is the loader's seeded shuffle,
+        // fully described by its (seed, epoch, index).
+        ts["rng"] = {{"kind", "philox"}, {"seed", source_->state().value("seed", uint64_t(0))}};
+        KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
+        return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
+      },
+      opt_.max_ckpt_to_keep);
+}
+
+Status SftTrainer::load_checkpoint(const std::string& dir) {
+  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir + "/model"));
+  for (model::Param* p : model_.params()) {
+    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
+    p->weight.copy_from(t);
+  }
+  const std::string opath = dir + "/optimizer.safetensors";
+  KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
+  std::map<std::string, Tensor> tensors;
+  for (const auto& info : of->tensors()) {
+    KS_ASSIGN(Tensor t, of->get(info.name));
+    if (info.name.rfind(kMasterPrefix, 0) == 0) {
+      bool found = false;
+      for (auto& s : opt_state_->params()) {
+        if (s.model_copy.defined() && kMasterPrefix + s.name == info.name) { s.master.copy_from(t); found = true; }
+      }
+      if (!found) return KS_ERR(opath, ": master weight ", info.name, " matches no parameter of this model");
+    } else {
+      tensors.emplace(info.name, t);
+    }
+  }
+  KS_TRY(opt_state_->load_state(tensors, of->metadata(), opath));
+  if (!masters_.empty()) opt_state_->refresh_model_copies(0, opt_state_->numel());
+  const std::string tpath = dir + "/trainer_state.json";
+  KS_ASSIGN(std::string text, read_file(tpath));
+  nlohmann::json ts;
+  try {
+    ts = nlohmann::json::parse(text);
+    step_ = ts.at("global_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return KS_ERR(tpath, ": ", e.what());
+  }
+  if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
+  return source_->restore(ts["data_loader"], tpath);
+}
+
+Status SftTrainer::fit() {
+  if (!opt_.ckpt_root.empty()) remove_stale_checkpoint_temps(opt_.ckpt_root);
+  std::string resume_dir;
+  if (opt_.resume_mode == "auto") {
+    if (!opt_.ckpt_root.empty()) {
+      KS_ASSIGN(auto latest, latest_checkpoint_step(opt_.ckpt_root));
+      if (latest) resume_dir = checkpoint_dir(opt_.ckpt_root, *latest);
+    }
+  } else if (opt_.resume_mode == "resume_path") {
+    if (opt_.resume_from_path.empty())
+      return KS_ERR("trainer.resume_mode=resume_path needs trainer.resume_from_path (a global_step_N folder)");
+    KS_TRY(checkpoint_step_of(opt_.resume_from_path).status());
+    resume_dir = opt_.resume_from_path;
+  } else if (opt_.resume_mode != "disable") {
+    return KS_ERR("trainer.resume_mode: '", opt_.resume_mode, "' is not one of auto, disable, resume_path");
+  }
+  if (!resume_dir.empty()) {
+    KS_TRY(load_checkpoint(resume_dir).with_context("resuming from " + resume_dir));
+    std::fprintf(stderr, "resumed from %s (step %lld)\n", resume_dir.c_str(), (long long)step_);
+  }
+  if (step_ == 0 && opt_.val_before_train && logger_) logger_->log(0, validate());
+  ProgressBar bar(opt_.total_steps, step_);
+  while (step_ < opt_.total_steps) {
+    auto m = train_step();
+    const bool last = step_ == opt_.total_steps;
+    if (opt_.progress) {
+      char status[64];
+      std::snprintf(status, sizeof status, "loss %.4f", m["train/loss"]);
+      bar.update(step_, int64_t(m["train/num_tokens"]), status);
+    }
+    if (opt_.test_freq > 0 && (step_ % opt_.test_freq == 0 || last)) {
+      if (opt_.progress) bar.finish();
+      for (const auto& [k, v] : validate()) m[k] = v;
+    }
+    if (logger_) logger_->log(step_, m);
+    if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && (step_ % opt_.save_freq == 0 || last))
+      KS_TRY(save_checkpoint());
+  }
+  if (opt_.progress) bar.finish();
+  if (!opt_.export_dir.empty()) KS_TRY(export_hf(opt_.export_dir));
+  return Status::ok();
+}
+
+}  // namespace kestrel::train

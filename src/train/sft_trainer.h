@@ -1,0 +1,109 @@
+// Supervised fine-tuning: packed sequences (no padding), loss on response
+// tokens only (token-mean over the whole mini-batch: each trained token
+// weighs 1/num_response_tokens of its optimizer step), micro-batches by token
+// budget with gradient accumulation, AdamW with warmup + cosine/constant/linear
+// schedule and global-norm clipping, periodic validation, atomic checkpoints
+// and resume that reproduces an uninterrupted run bit for bit.
+//
+// train/ does not link data/ or rollout/: the batch order comes through
+// BatchSource and generation-based evaluation through SftHooks, both wired
+// by the CLI (cli/sft.cpp).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/logging.h"
+
+namespace kestrel::train {
+
+struct SftExample {
+  std::vector<int32_t> ids;        // [L]
+  std::vector<uint8_t> loss_mask;  // [L], 1 on trained tokens
+};
+
+// The order in which training rows are visited; its state goes into checkpoints.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual std::vector<int64_t> next_batch() = 0;  // indices into the training examples
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual int64_t epoch() const = 0;
+  virtual nlohmann::json state() const = 0;
+  virtual Status restore(const nlohmann::json& state, const std::string& origin) = 0;
+};
+
+struct SftOptions {
+  // Batching (verl sft names: data.train_batch_size, micro_batch_size_per_gpu,
+  // use_dynamic_bsz / max_token_len_per_gpu).
+  int64_t micro_batch_size = 4;
+  int64_t max_token_len_per_micro = 0;  // > 0: dynamic micro-batches by token budget
+  int64_t total_steps = 0;              // resolved by the caller (> 0)
+  // Optimizer (optim.*).
+  optim::AdamWConfig adamw;
+  optim::LrScheduleConfig lr;  // total_steps filled from total_steps when 0
+  double clip_grad = 1.0;      // <= 0: no clipping
+  // Trainer (trainer.*).
+  int64_t save_freq = -1;      // also saves at the last step when > 0
+  int64_t test_freq = -1;      // also validates at the last step when > 0
+  bool val_before_train = false;
+  int64_t max_ckpt_to_keep = 0;  // 0: keep all
+  std::string ckpt_root;         // trainer.default_local_dir
+  std::string resume_mode = "auto";  // auto | disable | resume_path
+  std::string resume_from_path;
+  std::string export_dir;        // HF folder written at the end; "" = none
+  int64_t val_micro_tokens = 8192;  // validation forward budget per micro-batch
+  bool progress = true;
+  // Saved into each checkpoint and export.
+  std::string resolved_config_yaml;
+  std::map<std::string, std::string> model_extra_files;  // tokenizer files
+};
+
+struct SftHooks {
+  // Evaluation by generation (greedy decoding + reward rule) on the model as
+  // trained so far; returns metrics such as "val/acc". Optional.
+  std::function<std::map<std::string, double>(const model::CausalLM&)> generate_eval;
+};
+
+class SftTrainer {
+ public:
+  SftTrainer(model::CausalLM& model, std::vector<SftExample> train, std::vector<SftExample> val,
+             std::unique_ptr<BatchSource> source, SftOptions opt, MetricsLogger* logger, SftHooks hooks = {});
+
+  // Resumes per resume_mode, trains to total_steps, saves and exports.
+  Status fit();
+  // One optimizer step on the next mini-batch; returns its metrics.
+  std::map<std::string, double> train_step();
+  // Validation loss (token-mean NLL over response tokens) plus hook metrics.
+  std::map<std::string, double> validate();
+
+  Status save_checkpoint();
+  // Loads a global_step_N folder: weights, optimizer, schedule and data position.
+  Status load_checkpoint(const std::string& dir);
+  Status export_hf(const std::string& dir) const;
+
+  int64_t global_step() const { return step_; }
+  const optim::AdamW& optimizer() const { return *opt_state_; }
+
+ private:
+  model::CausalLM& model_;
+  std::vector<SftExample> train_, val_;
+  std::unique_ptr<BatchSource> source_;
+  SftOptions opt_;
+  MetricsLogger* logger_;
+  SftHooks hooks_;
+  std::unique_ptr<optim::AdamW> opt_state_;
+  std::unique_ptr<optim::LrSchedule> sched_;
+  std::vector<Tensor> masters_;  // f32 masters when the model computes in bf16/f16
+  int64_t step_ = 0;             // optimizer steps taken
+};
+
+}  // namespace kestrel::train
