@@ -9,6 +9,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"logprobs", "score token sequences: per-token logprob and entropy", cmd_logprobs},
       {"config", "show the resolved config (verl syntax) or document every key", cmd_config},
+      {"train", "RL post-training: GRPO/RLOO/REINFORCE++ with verl's ppo_trainer keys", cmd_train},
       {"generate", "generate completions with the rollout engine (verl rollout keys)", cmd_generate},
       {"sft", "supervised fine-tuning (verl sft_trainer keys)", cmd_sft},
       {"tokenize", "text or chats to token ids with an HF tokenizer", cmd_tokenize},

@@ -24,5 +24,6 @@ int cmd_sft(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_builtin(const Args& args);
 int cmd_generate(const Args& args);
+int cmd_train(const Args& args);
 
 }  // namespace kestrel::cli

@@ -76,7 +76,8 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("project_name", S, "verl_examples", YES, "Project name for logging and checkpoint paths.");
   b.k("experiment_name", S, "gsm8k", YES, "Run name for logging and checkpoint paths.");
   b.k("logger", SL, "[console]", YES, "Metric sinks. verl default: [console, wandb].",
-      {"console", "wandb", "swanlab", "mlflow", "tensorboard", "trackio", "vemlp_wandb", "clearml", "file"}, {"console"});
+      {"console", "wandb", "swanlab", "mlflow", "tensorboard", "trackio", "vemlp_wandb", "clearml", "file"},
+      {"console", "tensorboard", "file"});
   b.k("log_val_generations", I, "0", YES, "Validation generations printed per validation.");
   b.k("rollout_data_dir", S, "null", NO, "Dump each step's rollouts as JSONL here.");
   b.k("validation_data_dir", S, "null", NO, "Dump validation generations as JSONL here.");

@@ -83,7 +83,7 @@ TEST(ConfigErrors, UnsupportedValueOfSupportedKey) {
             "not supported yet: algorithm.adv_estimator=remax (from command line; supported: gae, grpo, rloo, "
             "reinforce_plus_plus)");
   EXPECT_EQ(load_error({"trainer.logger=[console,wandb]"}),
-            "not supported yet: trainer.logger=[console, wandb] (from command line; supported: console)");
+            "not supported yet: trainer.logger=[console, wandb] (from command line; supported: console, tensorboard, file)");
 }
 
 TEST(ConfigErrors, UnsupportedKeyAtNonDefault) {

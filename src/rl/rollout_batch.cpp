@@ -1,0 +1,130 @@
+#include "rl/rollout_batch.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "train/micro_batch.h"
+
+namespace kestrel::rl {
+
+void RolloutBatch::finalize_layout() {
+  KS_CHECK(prompts.size() == responses.size(), "rollout batch: ", prompts.size(), " prompts but ", responses.size(),
+           " responses");
+  std::vector<int64_t> lens;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    KS_CHECK(!prompts[i].empty(), "rollout batch: sequence ", i, " has an empty prompt");
+    lens.push_back(int64_t(responses[i].size()));
+  }
+  layout = Ragged::from_lengths(lens);
+}
+
+std::vector<int32_t> RolloutBatch::sequence(int64_t i) const {
+  std::vector<int32_t> s = prompts[size_t(i)];
+  s.insert(s.end(), responses[size_t(i)].begin(), responses[size_t(i)].end());
+  return s;
+}
+
+std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int64_t>& seqs) {
+  std::vector<int64_t> rows;
+  int64_t start = 0;  // first packed row of the current sequence
+  for (int64_t i : seqs) {
+    const int64_t P = int64_t(b.prompts[size_t(i)].size()), R = int64_t(b.responses[size_t(i)].size());
+    for (int64_t j = 0; j < R; ++j) rows.push_back(start + P - 1 + j);
+    start += P + R;
+  }
+  return rows;
+}
+
+AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seqs, AggMode mode,
+                          double scale_factor) {
+  AggScope s;
+  s.mode = mode;
+  for (int64_t i : seqs) s.global_tokens += double(b.layout.length(i));
+  s.global_seqs = double(seqs.size());
+  s.scale_factor = scale_factor;
+  return s;
+}
+
+std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                                   int64_t max_tokens, int64_t max_seqs) {
+  std::vector<int64_t> lens;
+  for (int64_t i : seqs) lens.push_back(int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size()));
+  auto groups = train::split_micro_batches(lens, max_tokens, max_tokens > 0 ? 0 : std::max<int64_t>(1, max_seqs));
+  for (auto& g : groups)
+    for (auto& k : g) k = seqs[size_t(k)];
+  return groups;
+}
+
+std::map<std::string, double> LossTotals::metrics() const {
+  const double d = tokens > 0 ? tokens : 1.0;
+  return {{"actor/pg_loss", pg_loss},
+          {"actor/pg_clipfrac", clipfrac_tokens / d},
+          {"actor/pg_clipfrac_lower", clipfrac_lower_tokens / d},
+          {"actor/ppo_kl", ppo_kl_tokens / d},
+          {"actor/entropy", entropy_tokens / d},
+          {"actor/kl_loss", kl_loss},
+          {"actor/loss", loss}};
+}
+
+train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                            const PolicyLossConfig& cfg, LossTotals* totals) {
+  return [&b, seqs, cfg, totals](const train::TokenView& v, float* dlogprob, float* dentropy) -> double {
+    const std::vector<int64_t> rows = response_rows(b, seqs);
+    std::vector<int64_t> lens;
+    std::vector<double> logp, old, adv, ent, ref;
+    logp.reserve(rows.size());
+    for (int64_t i : seqs) {
+      lens.push_back(b.layout.length(i));
+      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) {
+        adv.push_back(b.advantages[size_t(t)]);
+        if (!b.old_logp.empty()) old.push_back(b.old_logp[size_t(t)]);
+        if (!b.ref_logp.empty()) ref.push_back(b.ref_logp[size_t(t)]);
+      }
+    }
+    for (int64_t r : rows) {
+      KS_CHECK(r >= 0 && r < v.num_tokens, "micro-batch objective: row ", r, " outside the packed batch");
+      logp.push_back(double(v.logprob[r]));
+      ent.push_back(double(v.entropy[r]));
+    }
+    // On-policy: the ratio is exactly 1 but its gradient is d logp (old is detached).
+    if (b.old_logp.empty()) old = logp;
+    const Ragged L = Ragged::from_lengths(lens);
+    PolicyLossInput in;
+    in.layout = &L;
+    in.logp = &logp;
+    in.old_logp = &old;
+    in.advantages = &adv;
+    in.entropy = &ent;
+    in.ref_logp = ref.empty() ? nullptr : &ref;
+    const PolicyLossOutput out = policy_loss_vanilla(cfg, in);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      dlogprob[rows[k]] = float(out.dloss_dlogp[k]);
+      dentropy[rows[k]] = float(out.dloss_dentropy[k]);
+    }
+    const double n = double(rows.size());
+    totals->loss += out.loss;
+    totals->pg_loss += out.pg_loss;
+    totals->kl_loss += out.kl_loss;
+    totals->clipfrac_tokens += out.pg_clipfrac * n;
+    totals->clipfrac_lower_tokens += out.pg_clipfrac_lower * n;
+    totals->ppo_kl_tokens += out.ppo_kl * n;
+    for (double e : ent) totals->entropy_tokens += e;
+    totals->tokens += n;
+    return out.loss;
+  };
+}
+
+void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x) {
+  if (x.empty()) return;
+  double s = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (double v : x) {
+    s += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  m[prefix + "/mean"] = s / double(x.size());
+  m[prefix + "/max"] = hi;
+  m[prefix + "/min"] = lo;
+}
+
+}  // namespace kestrel::rl

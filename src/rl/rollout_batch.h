@@ -1,0 +1,69 @@
+// One RL step's batch of (prompt, response) pairs and the pieces of the actor
+// update that depend only on its layout: which packed rows carry response
+// tokens, how a mini-batch is split into micro-batches, the global loss
+// denominators, and the per-micro-batch objective. Kept free of the model and
+// the engine so the split-invariance of the loss is unit-testable.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rl/policy_loss.h"
+#include "rl/ragged.h"
+#include "train/token_objective.h"
+
+namespace kestrel::rl {
+
+struct RolloutBatch {
+  std::vector<std::vector<int32_t>> prompts;    // [B] prompt ids (chat template applied)
+  std::vector<std::vector<int32_t>> responses;  // [B] generated ids, EOS included when generated
+  std::vector<int64_t> group;                   // [B] prompt index within the step (GRPO group)
+  std::vector<double> scores;                   // [B] outcome reward of each response
+  // Flat per-response-token arrays over `layout` (response tokens only).
+  Ragged layout;
+  std::vector<double> old_logp;  // [N] empty = on-policy (old = current, detached)
+  std::vector<double> ref_logp;  // [N] empty = no reference model
+  std::vector<double> advantages, returns, token_rewards;  // [N]
+
+  int64_t size() const { return int64_t(responses.size()); }
+  // Builds layout from the responses; call after filling prompts/responses.
+  void finalize_layout();
+  // prompt + response of sequence i, as the actor scores it.
+  std::vector<int32_t> sequence(int64_t i) const;
+};
+
+// Packed rows of the response tokens of `seqs` (in that order, packed
+// back to back): response token j of a sequence with prompt length P is
+// predicted by row P - 1 + j of that sequence. Returns [sum of response lengths].
+std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int64_t>& seqs);
+
+// Denominators of one mini-batch (verl's global_batch_info): every
+// micro-batch's loss is a share of the mini-batch's loss, so the sum over
+// micro-batches, and hence the gradient, does not depend on the split.
+AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seqs, AggMode mode,
+                          double scale_factor);
+
+// Micro-batches of a mini-batch: by token budget (max_tokens > 0, verl's
+// use_dynamic_bsz + ppo_max_token_len_per_gpu) or max_seqs sequences each.
+std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                                   int64_t max_tokens, int64_t max_seqs);
+
+// Sums of the policy-loss outputs over the micro-batches of one mini-batch.
+struct LossTotals {
+  double loss = 0, pg_loss = 0, kl_loss = 0;  // agg'd with the mini-batch scope: sums are the mini-batch values
+  // Token-weighted sums; divided by tokens for the mini-batch value.
+  double clipfrac_tokens = 0, clipfrac_lower_tokens = 0, ppo_kl_tokens = 0, entropy_tokens = 0, tokens = 0;
+  std::map<std::string, double> metrics() const;  // actor/pg_loss, actor/pg_clipfrac, ...
+};
+
+// The objective of one micro-batch `seqs` of `b`: the vanilla PPO loss on its
+// response tokens with `cfg` (whose agg scope carries the mini-batch
+// denominators); adds its outputs to *totals.
+train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                            const PolicyLossConfig& cfg, LossTotals* totals);
+
+// min/mean/max of x into m["<prefix>/mean"] etc.; nothing when x is empty.
+void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x);
+
+}  // namespace kestrel::rl

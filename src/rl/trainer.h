@@ -1,0 +1,149 @@
+// The RL trainer (verl's RayPPOTrainer.fit, in one process): each step takes
+// data.train_batch_size prompts, generates rollout.n responses each with the
+// in-process rollout engine on the actor's weights (read in place), scores
+// them with the RewardManager, computes old / reference log-probs when
+// needed, advantages (GRPO, RLOO, REINFORCE++), and updates the actor over
+// ppo_mini_batch_size mini-batches x ppo_epochs with micro-batched gradient
+// accumulation (global denominators), gradient clipping and AdamW. The loss
+// is on response tokens only: the packed sequence is prompt + response and
+// prompt rows carry no weight.
+//
+// Randomness is a pure function of (seeds, global step): sampling seeds and
+// the mini-batch shuffle are derived from the step, so a run resumed from a
+// checkpoint (weights, optimizer, step, data-loader position) continues bit
+// for bit like an uninterrupted one.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "rl/advantages.h"
+#include "rl/policy_loss.h"
+#include "rl/reward_manager.h"
+#include "rl/rollout_batch.h"
+#include "rollout/engine.h"
+#include "train/logging.h"
+#include "train/sft_trainer.h"
+
+namespace kestrel::rl {
+
+struct RlPrompt {
+  std::vector<int32_t> ids;  // chat template with the generation prompt, tokenized
+  std::string data_source, ground_truth;
+  nlohmann::ordered_json extra_info;
+};
+
+struct RlOptions {
+  // Data / rollout (data.*, actor_rollout_ref.rollout.*).
+  int64_t train_batch_size = 8;  // prompts per step
+  int64_t n = 4;                 // responses per prompt
+  double temperature = 1.0;
+  int64_t top_k = -1;
+  double top_p = 1.0;
+  int64_t response_length = 64;
+  int64_t max_prompt_length = 512;  // for prompt_length/clip_ratio
+  uint64_t rollout_seed = 0;
+  rollout::EngineConfig engine;
+  // Validation (actor_rollout_ref.rollout.val_kwargs.*).
+  int64_t val_n = 1;
+  double val_temperature = 0.0;  // 0 = greedy
+  int64_t val_top_k = -1;
+  double val_top_p = 1.0;
+  // Actor update (actor_rollout_ref.actor.*).
+  int64_t ppo_mini_batch_size = 8;  // prompts; x n sequences
+  int64_t ppo_epochs = 1;
+  bool shuffle = false;
+  uint64_t data_loader_seed = 42;
+  int64_t micro_batch_size = 0;    // sequences per micro-batch (0 = whole mini-batch)
+  int64_t max_token_len = 0;       // > 0: dynamic micro-batches by token budget
+  int64_t log_prob_max_token_len = 16384;  // budget of old/ref log-prob forwards
+  PolicyLossConfig loss;           // agg.mode set; denominators filled per mini-batch
+  double loss_scale_factor = 0;    // seq-mean-token-sum-norm divisor; 0 = response_length
+  AdvEstimator adv_estimator = AdvEstimator::GRPO;
+  bool norm_adv_by_std_in_grpo = true;
+  double gamma = 1.0, lam = 1.0;
+  optim::AdamWConfig adamw;
+  optim::LrScheduleConfig lr;      // total_steps filled from total_steps when 0
+  double clip_grad = 1.0;          // <= 0: no clipping
+  // Trainer (trainer.*).
+  int64_t total_steps = 1;
+  int64_t save_freq = -1;
+  int64_t test_freq = -1;
+  bool val_before_train = true;
+  int64_t max_ckpt_to_keep = 0;
+  std::string ckpt_root;
+  std::string resume_mode = "auto";
+  std::string resume_from_path;
+  bool progress = true;
+  std::string resolved_config_yaml;
+  std::map<std::string, std::string> model_extra_files;  // tokenizer files saved with the weights
+};
+
+class RlTrainer {
+ public:
+  // `ref` (may be null): frozen reference policy, needed when loss.use_kl_loss.
+  // `decode`: response ids -> text for the reward (special tokens skipped).
+  RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> ref, std::vector<RlPrompt> train,
+            std::vector<RlPrompt> val, std::unique_ptr<train::BatchSource> source, RewardManager& rewards,
+            std::function<std::string(const std::vector<int32_t>&)> decode, RlOptions opt,
+            train::MetricsLogger* logger);
+  ~RlTrainer();
+
+  // Resumes per resume_mode, validates before training when asked, runs to
+  // total_steps with periodic validation and checkpoints.
+  Status fit();
+  // One RL step (generate, reward, log-probs, advantages, update); its metrics.
+  std::map<std::string, double> train_step();
+  // Generation on the validation prompts; val-core/<data_source>/acc/mean@N ...
+  std::map<std::string, double> validate();
+
+  Status save_checkpoint();
+  Status load_checkpoint(const std::string& dir);
+
+  // An in-process reward function used instead of the RewardManager (tests,
+  // embedding programs); score of one response.
+  void set_reward_function(std::function<double(const RewardRequest&)> fn) { reward_fn_ = std::move(fn); }
+
+  int64_t global_step() const { return step_; }
+  // Metrics of the first and the latest validation (for the CLI summary).
+  const std::map<std::string, double>& first_validation() const { return first_val_; }
+  const std::map<std::string, double>& last_validation() const { return last_val_; }
+
+  // Pieces of a step, public for tests.
+  RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
+  void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m);
+  void compute_log_probs(RolloutBatch& b, bool old, bool ref);
+  void compute_advantage(RolloutBatch& b);
+  std::map<std::string, double> update_actor(const RolloutBatch& b);
+
+ private:
+  void wake_engine();
+
+  model::CausalLM& actor_;
+  std::unique_ptr<model::CausalLM> ref_;
+  std::vector<RlPrompt> train_, val_;
+  std::unique_ptr<train::BatchSource> source_;
+  RewardManager& rewards_;
+  std::function<std::string(const std::vector<int32_t>&)> decode_;
+  RlOptions opt_;
+  train::MetricsLogger* logger_;
+  std::function<double(const RewardRequest&)> reward_fn_;
+  std::unique_ptr<rollout::Engine> engine_;
+  std::unique_ptr<optim::AdamW> optim_;
+  std::unique_ptr<optim::LrSchedule> sched_;
+  int64_t step_ = 0;
+  std::map<std::string, double> first_val_, last_val_;
+};
+
+// Sampling seed of prompt `index` of step `step` (its n samples differ by sample index).
+uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index);
+
+}  // namespace kestrel::rl

@@ -1,0 +1,253 @@
+// The RL trainer: response-token bookkeeping, the split-invariance of the
+// actor loss and gradient (global denominators), and a short deterministic
+// GRPO run against committed golden metrics (tests/golden/rl/).
+//
+// Regenerate the golden file after an intended change:
+//   KESTREL_UPDATE_GOLDEN=1 ./build/<dir>/test_rl --gtest_filter='RlTrainer.Golden*'
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "data/loader.h"
+#include "rl/trainer.h"
+#include "rollout/tiny_model.h"
+
+namespace kestrel::rl {
+namespace {
+
+using rollout::testing::tiny_model;
+
+RolloutBatch synthetic_batch(uint64_t seed) {
+  RolloutBatch b;
+  uint64_t x = seed;
+  auto next = [&x]() {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return uint32_t(x >> 33);
+  };
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(size_t(3 + next() % 5)), r(size_t(2 + next() % 7));
+    for (auto& t : p) t = int32_t(next() % 128);
+    for (auto& t : r) t = int32_t(next() % 128);
+    b.prompts.push_back(p);
+    b.responses.push_back(r);
+    b.group.push_back(i / 3);
+  }
+  b.finalize_layout();
+  for (int64_t t = 0; t < b.layout.num_tokens(); ++t) {
+    b.advantages.push_back(double(int(next() % 2001) - 1000) / 500.0);
+    b.old_logp.push_back(-5.0 + double(next() % 1000) / 1000.0);  // off-policy: ratios away from 1, some clipped
+    b.ref_logp.push_back(-5.0 + double(next() % 1000) / 1000.0);
+  }
+  b.returns = b.advantages;
+  return b;
+}
+
+TEST(RlTrainer, ResponseRowsSkipPromptPositions) {
+  RolloutBatch b;
+  b.prompts = {{1, 2, 3}, {4}};
+  b.responses = {{5, 6}, {7, 8, 9}};
+  b.finalize_layout();
+  // seq 0 packed at rows 0..4 (P=3): response tokens predicted by rows 2, 3;
+  // seq 1 at rows 5..8 (P=1): rows 5, 6, 7.
+  EXPECT_EQ(response_rows(b, {0, 1}), (std::vector<int64_t>{2, 3, 5, 6, 7}));
+  EXPECT_EQ(response_rows(b, {1}), (std::vector<int64_t>{0, 1, 2}));
+  const AggScope s = mini_batch_scope(b, {0, 1}, AggMode::TokenMean, 10);
+  EXPECT_EQ(s.global_tokens, 5);
+  EXPECT_EQ(s.global_seqs, 2);
+}
+
+// Loss and parameter gradients of one mini-batch for a given micro-batch split.
+std::pair<double, std::vector<float>> loss_and_grads(const RolloutBatch& b, AggMode mode, int64_t max_tokens,
+                                                     int64_t max_seqs) {
+  auto m = tiny_model();
+  m->enable_grads();
+  m->zero_grads();
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < b.size(); ++i) all.push_back(i);
+  PolicyLossConfig cfg;
+  cfg.entropy_coeff = 0.01;
+  cfg.use_kl_loss = true;
+  cfg.kl_loss_coef = 0.1;
+  cfg.agg = mini_batch_scope(b, all, mode, 8.0);
+  LossTotals t;
+  double loss = 0;
+  for (const auto& g : split_mini_batch(b, all, max_tokens, max_seqs)) {
+    std::vector<std::vector<int32_t>> seqs;
+    for (int64_t i : g) seqs.push_back(b.sequence(i));
+    loss += train::forward_backward(*m, model::pack_sequences(seqs), micro_batch_objective(b, g, cfg, &t), true).loss;
+  }
+  EXPECT_NEAR(loss, t.loss, 1e-12);
+  std::vector<float> grads;
+  for (model::Param* p : m->params()) {
+    const float* g = p->grad.data<float>();
+    grads.insert(grads.end(), g, g + p->grad.numel());
+  }
+  return {loss, grads};
+}
+
+TEST(RlTrainer, LossAndGradientDoNotDependOnTheMicroBatchSplit) {
+  const RolloutBatch b = synthetic_batch(3);
+  for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenMean, AggMode::SeqMeanTokenSum,
+                       AggMode::SeqMeanTokenSumNorm}) {
+    const auto whole = loss_and_grads(b, mode, 0, 6);
+    const auto ones = loss_and_grads(b, mode, 0, 1);
+    const auto dyn = loss_and_grads(b, mode, 20, 0);  // token budget: groups of 1-3 sequences
+    double gmax = 0;
+    for (float g : whole.second) gmax = std::max(gmax, double(std::fabs(g)));
+    ASSERT_GT(gmax, 0.0);
+    EXPECT_NEAR(whole.first, ones.first, 1e-6);
+    EXPECT_NEAR(whole.first, dyn.first, 1e-6);
+    // Gradients are accumulated in f32 across micro-batches, so their
+    // summation order (not their value) changes with the split.
+    const double tol = 1e-5 * std::max(1.0, gmax);
+    for (size_t i = 0; i < whole.second.size(); ++i) {
+      ASSERT_NEAR(whole.second[i], ones.second[i], tol) << "param element " << i;
+      ASSERT_NEAR(whole.second[i], dyn.second[i], tol) << "param element " << i;
+    }
+  }
+}
+
+TEST(RlTrainer, OnPolicyObjectiveHasRatioOneAndAdvantageWeightedGradient) {
+  // old = current: pg_loss = -token-mean(A), d loss / d logp_t = -A_t / N.
+  RolloutBatch b;
+  b.prompts = {{1, 2}, {3, 4}};
+  b.responses = {{5, 6, 7}, {8}};
+  b.finalize_layout();
+  b.advantages = {1.0, -2.0, 0.5, 3.0};
+  PolicyLossConfig cfg;
+  cfg.agg = mini_batch_scope(b, {0, 1}, AggMode::TokenMean, 4);
+  LossTotals t;
+  auto obj = micro_batch_objective(b, {0, 1}, cfg, &t);
+  std::vector<float> lp(7, -1.0f), ent(7, 2.0f), dlp(7, 0.f), dent(7, 0.f);
+  train::TokenView v{lp.data(), ent.data(), 7};
+  const double loss = obj(v, dlp.data(), dent.data());
+  EXPECT_NEAR(loss, -(1.0 - 2.0 + 0.5 + 3.0) / 4, 1e-12);
+  // rows: seq 0 (P=2) -> 1, 2, 3; seq 1 (P=2, at row 5) -> 6.
+  const std::vector<float> want = {0, -0.25f, 0.5f, -0.125f, 0, 0, -0.75f};
+  for (int i = 0; i < 7; ++i) EXPECT_NEAR(dlp[size_t(i)], want[size_t(i)], 1e-7) << i;
+  EXPECT_NEAR(t.metrics()["actor/entropy"], 2.0, 1e-12);
+  EXPECT_EQ(t.metrics()["actor/pg_clipfrac"], 0.0);
+}
+
+class FixedSource final : public train::BatchSource {
+ public:
+  FixedSource(int64_t n, int64_t batch) : l_(n, batch, true, 5) {}
+  std::vector<int64_t> next_batch() override { return l_.next_batch(); }
+  int64_t batches_per_epoch() const override { return l_.batches_per_epoch(); }
+  int64_t epoch() const override { return l_.epoch(); }
+  nlohmann::json state() const override { return l_.state().to_json(); }
+  Status restore(const nlohmann::json& s, const std::string& origin) override {
+    KS_ASSIGN(auto st, data::LoaderState::from_json(s, origin));
+    return l_.restore(st, origin);
+  }
+
+ private:
+  data::EpochLoader l_;
+};
+
+std::string letters(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t t : ids) s += char('a' + t % 26);
+  return s;
+}
+
+// Reward in [0, 1]: the fraction of response "letters" in a..m.
+double toy_reward(const RewardRequest& r) {
+  if (r.solution_str.empty()) return 0.0;
+  double k = 0;
+  for (char ch : r.solution_str) k += ch <= 'm' ? 1 : 0;
+  return k / double(r.solution_str.size());
+}
+
+std::map<std::string, double> run_short_grpo(int64_t steps, int64_t ppo_epochs) {
+  auto m = tiny_model(false, DType::F32, 11);
+  auto ref = tiny_model(false, DType::F32, 11);
+  std::vector<RlPrompt> train, val;
+  for (int i = 0; i < 8; ++i) {
+    RlPrompt p;
+    for (int j = 0; j < 4 + i % 3; ++j) p.ids.push_back(int32_t((i * 37 + j * 11) % 128));
+    p.data_source = "toy";
+    (i < 6 ? train : val).push_back(p);
+  }
+  RlOptions o;
+  o.train_batch_size = 2;
+  o.n = 4;
+  o.response_length = 6;
+  o.rollout_seed = 9;
+  o.engine.kv_cache_bytes = int64_t(8) << 20;
+  o.engine.max_model_len = 64;
+  o.ppo_mini_batch_size = 1;  // two updates per step: old log-probs are recomputed
+  o.ppo_epochs = ppo_epochs;
+  o.shuffle = true;
+  o.micro_batch_size = 3;
+  o.loss.use_kl_loss = true;
+  o.loss.kl_loss_coef = 0.01;
+  o.loss.entropy_coeff = 0.001;
+  o.lr.lr = 1e-2;
+  o.total_steps = steps;
+  o.val_before_train = false;
+  o.test_freq = steps;
+  o.progress = false;
+  auto rm = RewardManager::create({}).value();
+  RlTrainer t(*m, std::move(ref), train, val, std::make_unique<FixedSource>(6, 2), *rm, letters, o, nullptr);
+  t.set_reward_function(toy_reward);
+  std::map<std::string, double> last;
+  for (int64_t s = 0; s < steps; ++s) {
+    for (const auto& [k, v] : t.train_step()) last["step" + std::to_string(s + 1) + "/" + k] = v;
+  }
+  for (const auto& [k, v] : t.validate()) last[k] = v;
+  // Drop wall-clock values: only deterministic quantities are compared.
+  for (auto it = last.begin(); it != last.end();) {
+    const std::string& k = it->first;
+    if (k.find("timing_s/") != std::string::npos || k.find("perf/time") != std::string::npos ||
+        k.find("perf/throughput") != std::string::npos)
+      it = last.erase(it);
+    else
+      ++it;
+  }
+  return last;
+}
+
+TEST(RlTrainer, GoldenShortGrpoRun) {
+  const auto got = run_short_grpo(3, 2);
+  EXPECT_GT(got.at("step1/critic/score/max"), got.at("step1/critic/score/min"));
+  EXPECT_GT(got.at("step1/actor/grad_norm"), 0.0);
+  EXPECT_EQ(got.at("step1/actor/num_updates"), 4.0);  // 2 mini-batches x 2 epochs
+  const std::string path = std::string(KESTREL_SOURCE_DIR) + "/tests/golden/rl/grpo_tiny_3steps.json";
+  if (std::getenv("KESTREL_UPDATE_GOLDEN")) {
+    nlohmann::ordered_json j;
+    for (const auto& [k, v] : got) j[k] = v;
+    std::ofstream(path) << j.dump(1) << "\n";
+    GTEST_SKIP() << "wrote " << path;
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path << " missing; run with KESTREL_UPDATE_GOLDEN=1";
+  const nlohmann::json want = nlohmann::json::parse(in);
+  EXPECT_EQ(want.size(), got.size());
+  for (const auto& [k, v] : want.items()) {
+    auto it = got.find(k);
+    ASSERT_NE(it, got.end()) << "metric " << k << " missing";
+    EXPECT_EQ(it->second, v.get<double>()) << k;  // bit-exact: same seeds, same arithmetic
+  }
+}
+
+TEST(RlTrainer, RejectsGaeWithoutCritic) {
+  auto m = tiny_model();
+  RlOptions o;
+  o.adv_estimator = AdvEstimator::GAE;
+  auto rm = RewardManager::create({}).value();
+  std::vector<RlPrompt> train(2, RlPrompt{{1, 2, 3}, "toy", "", nullptr});
+  try {
+    RlTrainer t(*m, nullptr, train, {}, std::make_unique<FixedSource>(2, 1), *rm, letters, o, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not supported yet: algorithm.adv_estimator=gae"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kestrel::rl
