@@ -1,6 +1,7 @@
 #include "rl/rollout_batch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "train/micro_batch.h"
@@ -109,6 +110,16 @@ train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::ve
     totals->clipfrac_lower_tokens += out.pg_clipfrac_lower * n;
     totals->ppo_kl_tokens += out.ppo_kl * n;
     for (double e : ent) totals->entropy_tokens += e;
+    if (!b.rollout_logp.empty()) {
+      size_t k = 0;
+      for (int64_t i : seqs)
+        for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t, ++k) {
+          const double d = std::abs(std::exp(logp[k]) - std::exp(b.rollout_logp[size_t(t)]));
+          totals->rollout_diff_sum += d;
+          totals->rollout_diff_max = std::max(totals->rollout_diff_max, d);
+          totals->rollout_diff_tokens += 1;
+        }
+    }
     totals->tokens += n;
     return out.loss;
   };

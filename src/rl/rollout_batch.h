@@ -22,6 +22,7 @@ struct RolloutBatch {
   std::vector<double> scores;                   // [B] outcome reward of each response
   // Flat per-response-token arrays over `layout` (response tokens only).
   Ragged layout;
+  std::vector<double> rollout_logp;  // [N] the engine's log p of each sampled token (empty = not recorded)
   std::vector<double> old_logp;  // [N] empty = on-policy (old = current, detached)
   std::vector<double> ref_logp;  // [N] empty = no reference model
   std::vector<double> advantages, returns, token_rewards;  // [N]
@@ -54,6 +55,9 @@ struct LossTotals {
   double loss = 0, pg_loss = 0, kl_loss = 0;  // agg'd with the mini-batch scope: sums are the mini-batch values
   // Token-weighted sums; divided by tokens for the mini-batch value.
   double clipfrac_tokens = 0, clipfrac_lower_tokens = 0, ppo_kl_tokens = 0, entropy_tokens = 0, tokens = 0;
+  // |p_actor - p_rollout| of the sampled tokens (when b.rollout_logp is set):
+  // the sampler and the trainer must see one policy; a gap means off-policy data.
+  double rollout_diff_sum = 0, rollout_diff_max = 0, rollout_diff_tokens = 0;
   std::map<std::string, double> metrics() const;  // actor/pg_loss, actor/pg_clipfrac, ...
 };
 

@@ -111,9 +111,11 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
       b.prompts.push_back(train_[size_t(prompt_idx[k])].ids);
       b.responses.push_back(c.token_ids);
       b.group.push_back(int64_t(k));
+      b.rollout_logp.insert(b.rollout_logp.end(), c.logprobs.begin(), c.logprobs.end());
     }
   }
   b.finalize_layout();
+  if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
   return b;
 }
 
@@ -178,7 +180,8 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n);
   const double scale = opt_.loss_scale_factor > 0 ? opt_.loss_scale_factor : double(opt_.response_length);
   const double lr = sched_->lr(step_);
-  LossTotals sum;  // over all mini-batches of all epochs
+  LossTotals sum;    // over all mini-batches of all epochs
+  LossTotals first;  // the first mini-batch: trained on the policy that sampled it
   double grad_norm = 0, skipped = 0;
   int64_t n_updates = 0, n_micro = 0;
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
@@ -201,6 +204,7 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
         if (g == 0) train::maybe_crash("train_step", step_ + 1);
       }
       n_micro += int64_t(micro.size());
+      if (n_updates == 0) first = t;
       const optim::ClipResult clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
       if (clip.finite) optim_->step(lr);
       else skipped += 1;
@@ -228,6 +232,11 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   m["actor/num_updates"] = double(n_updates);
   m["actor/num_micro_batches"] = double(n_micro);
   m["actor/step_skipped"] = skipped;
+  if (first.rollout_diff_tokens > 0) {
+    // verl's rollout_probs_diff: the engine and the actor must agree on the policy.
+    m["training/rollout_probs_diff_mean"] = first.rollout_diff_sum / first.rollout_diff_tokens;
+    m["training/rollout_probs_diff_max"] = first.rollout_diff_max;
+  }
   return m;
 }
 

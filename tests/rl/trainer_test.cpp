@@ -217,6 +217,11 @@ TEST(RlTrainer, GoldenShortGrpoRun) {
   EXPECT_GT(got.at("step1/critic/score/max"), got.at("step1/critic/score/min"));
   EXPECT_GT(got.at("step1/actor/grad_norm"), 0.0);
   EXPECT_EQ(got.at("step1/actor/num_updates"), 4.0);  // 2 mini-batches x 2 epochs
+  // The engine samples from the weights being trained: after each update its
+  // log-probs of the sampled tokens match the actor's (a stale engine would be
+  // off by the lr 1e-2 updates).
+  for (const char* s : {"step1", "step2", "step3"})
+    EXPECT_LT(got.at(std::string(s) + "/training/rollout_probs_diff_max"), 1e-4) << s;
   const std::string path = std::string(KESTREL_SOURCE_DIR) + "/tests/golden/rl/grpo_tiny_3steps.json";
   if (std::getenv("KESTREL_UPDATE_GOLDEN")) {
     nlohmann::ordered_json j;
@@ -233,6 +238,44 @@ TEST(RlTrainer, GoldenShortGrpoRun) {
     ASSERT_NE(it, got.end()) << "metric " << k << " missing";
     EXPECT_EQ(it->second, v.get<double>()) << k;  // bit-exact: same seeds, same arithmetic
   }
+}
+
+TEST(RlTrainer, OneUpdateRaisesTheAdvantageWeightedLogProb) {
+  // The policy-gradient step's direction: after one on-policy update,
+  // sum_t A_t * (logp_after - logp_before) > 0 on the batch it trained on.
+  auto m = tiny_model(false, DType::F32, 11);
+  std::vector<RlPrompt> train;
+  for (int i = 0; i < 4; ++i) train.push_back(RlPrompt{{int32_t(3 + i), int32_t(40 + 7 * i), 9}, "toy", "", nullptr});
+  RlOptions o;
+  o.train_batch_size = 2;
+  o.n = 4;
+  o.response_length = 6;
+  o.rollout_seed = 3;
+  o.engine.kv_cache_bytes = int64_t(8) << 20;
+  o.engine.max_model_len = 64;
+  o.ppo_mini_batch_size = 2;
+  o.lr.lr = 1e-3;
+  o.progress = false;
+  auto rm = RewardManager::create({}).value();
+  RlTrainer t(*m, nullptr, train, {}, std::make_unique<FixedSource>(4, 2), *rm, letters, o, nullptr);
+  t.set_reward_function(toy_reward);
+  const std::vector<int64_t> idx = {0, 1};
+  RolloutBatch b = t.generate(idx);
+  std::map<std::string, double> metrics;
+  t.compute_rewards(b, idx, metrics);
+  t.compute_advantage(b);
+  t.compute_log_probs(b, true, false);
+  const std::vector<double> before = b.old_logp;
+  b.old_logp.clear();  // on-policy, as train_step runs it
+  t.update_actor(b);
+  t.compute_log_probs(b, true, false);
+  double gain = 0, amax = 0;
+  for (size_t k = 0; k < before.size(); ++k) {
+    gain += b.advantages[k] * (b.old_logp[k] - before[k]);
+    amax = std::max(amax, std::fabs(b.advantages[k]));
+  }
+  ASSERT_GT(amax, 0.0);
+  EXPECT_GT(gain, 0.0);
 }
 
 TEST(RlTrainer, RejectsGaeWithoutCritic) {
