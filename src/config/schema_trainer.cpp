@@ -7,7 +7,7 @@ namespace kestrel::config::schema_detail {
 namespace {
 constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
-constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList;
+constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList, M = Type::Map;
 }  // namespace
 
 void declare_reward_algorithm_trainer(Builder& b) {
@@ -17,6 +17,8 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("n_gpus_per_node", I, "8", NO, "Devices per node of the reward-model pool.");
   b.k("nnodes", I, "0", NO, "Nodes of the reward-model pool.");
   b.k("strategy", S, "megatron", YES, "Reward-model backend name.", {"megatron", "fsdp"});
+  b.k("reward_command", S, "null", YES,
+      "External reward program (run via /bin/sh -c) speaking JSON lines on stdin/stdout (Kestrel).");
   b.k("model.input_tokenizer", S, "${actor_rollout_ref.model.path}", NO, "Tokenizer of the policy's text (for re-tokenizing).");
   b.k("model.path", S, "~/models/FsfairX-LLaMA3-RM-v0.1", NO, "Reward model directory.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
@@ -36,8 +38,12 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("overlong_buffer.penalty_factor", F, "0.0", NO, "DAPO penalty: min(-(L - (L_max - L_buf)) / L_buf * factor, 0).");
 
   b.scope("custom_reward_function");
-  b.k("path", S, "null", NO, "Python file with fn(data_source, solution_str, ground_truth, extra_info).");
-  b.k("name", S, "compute_score", NO, "Function name in custom_reward_function.path.");
+  b.k("path", S, "null", YES, "Python file with fn(data_source, solution_str, ground_truth, extra_info).");
+  b.k("name", S, "compute_score", YES, "Function name in custom_reward_function.path.");
+  b.k("timeout_s", F, "30.0", YES,
+      "Seconds to wait for each reward answer; a hang scores 0, is counted, and the program restarts (Kestrel).");
+  b.k("stderr_log", S, "null", YES, "File for the reward program's stderr; null forwards it to Kestrel's (Kestrel).");
+  b.k("reward_kwargs", M, "{}", YES, "Extra keyword arguments passed to the reward function.");
 
   b.scope("algorithm");
   b.k("gamma", F, "1.0", YES, "Discount factor (GAE).");
