@@ -16,6 +16,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/loader_source.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
 #include "data/arith.h"
@@ -321,22 +322,6 @@ std::string resolve_model(const std::string& spec, const std::string& builtin_ro
       .throw_if_error();
   return dir;
 }
-
-class LoaderSource final : public train::BatchSource {
- public:
-  LoaderSource(int64_t n, int64_t batch, bool shuffle, uint64_t seed) : l_(n, batch, shuffle, seed) {}
-  std::vector<int64_t> next_batch() override { return l_.next_batch(); }
-  int64_t batches_per_epoch() const override { return l_.batches_per_epoch(); }
-  int64_t epoch() const override { return l_.epoch(); }
-  nlohmann::json state() const override { return l_.state().to_json(); }
-  Status restore(const nlohmann::json& s, const std::string& origin) override {
-    KS_ASSIGN(auto st, data::LoaderState::from_json(s, origin));
-    return l_.restore(st, origin);
-  }
-
- private:
-  data::EpochLoader l_;
-};
 
 // Greedy decoding of validation prompts through the rollout engine, scored
 // with the rule of each row's data_source (arith / gsm8k / MATH).

@@ -400,11 +400,7 @@ Status RlTrainer::save_checkpoint() {
 }
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
-  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir + "/actor/model"));
-  for (model::Param* p : actor_.params()) {
-    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
-    p->weight.copy_from(t);
-  }
+  KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
   const std::string opath = dir + "/actor/optimizer.safetensors";
   KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
   std::map<std::string, Tensor> tensors;

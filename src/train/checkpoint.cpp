@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/files.h"
+#include "io/safetensors.h"
 
 namespace kestrel::train {
 
@@ -135,6 +136,15 @@ Result<int64_t> checkpoint_step_of(const std::string& path) {
   if (name.empty()) name = fs::path(path).parent_path().filename().string();
   if (auto n = parse_step(name)) return *n;
   return KS_ERR("trainer.resume_from_path: '", path, "' must be a global_step_N folder");
+}
+
+Status load_weights_into(model::CausalLM& model, const std::string& dir) {
+  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
+  for (model::Param* p : model.params()) {
+    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
+    p->weight.copy_from(t);
+  }
+  return Status::ok();
 }
 
 }  // namespace kestrel::train

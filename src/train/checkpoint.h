@@ -13,10 +13,15 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/transformer.h"
 
 namespace kestrel::train {
 
 inline constexpr const char* kLatestCheckpointFile = "latest_checkpointed_iteration.txt";
+
+// Copies a saved model folder's weights into the model's existing parameters
+// (shapes checked, converted to each parameter's dtype), for resume.
+Status load_weights_into(model::CausalLM& model, const std::string& dir);
 
 std::string checkpoint_dir(const std::string& root, int64_t step);  // {root}/global_step_{step}
 

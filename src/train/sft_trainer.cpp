@@ -167,11 +167,7 @@ Status SftTrainer::save_checkpoint() {
 }
 
 Status SftTrainer::load_checkpoint(const std::string& dir) {
-  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir + "/model"));
-  for (model::Param* p : model_.params()) {
-    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
-    p->weight.copy_from(t);
-  }
+  KS_TRY(train::load_weights_into(model_, dir + "/model"));
   const std::string opath = dir + "/optimizer.safetensors";
   KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
   std::map<std::string, Tensor> tensors;
