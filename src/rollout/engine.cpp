@@ -1,12 +1,21 @@
 // The rollout engine: requests in, scheduler step, packed forward, sampling,
 // stop checks, outputs. See engine.h for the API and scheduler.h /
 // sampler.h / block_pool.h for the policies.
+//
+// Under tensor parallelism (the model's tp group has size > 1) one engine runs
+// on every tp rank, SPMD: each rank's KV cache holds its own kv heads, the
+// runner's collectives combine the ranks, and every rank samples from the same
+// gathered logits with the same (seed, sample, position) keys, so all ranks
+// pick the same tokens and their schedulers make the same decisions. The
+// caller adds the same requests, in the same order, on every rank; each step
+// checks that the ranks agree (one 8-byte all-gather) and fails loudly if not.
 #include "rollout/engine.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <unordered_set>
 
@@ -29,6 +38,23 @@ class KVSwapSpace final : public SwapSpace {
  private:
   KVCache& kv_;
 };
+
+// Every tp rank must run the same step; a rank that diverged (different
+// requests, a different config) would otherwise deadlock in or corrupt the
+// runner's collectives. All ranks see the same gathered digests, so all of
+// them throw together.
+void check_lockstep(comm::ProcessGroup& tp, const StepBatch& b, int64_t step) {
+  const uint64_t h = step_fingerprint(b);
+  int64_t mine;
+  std::memcpy(&mine, &h, sizeof mine);
+  std::vector<int64_t> all(size_t(tp.size()));
+  tp.all_gather(&mine, all.data(), 1, DType::I64);
+  for (int r = 1; r < tp.size(); ++r)
+    if (all[size_t(r)] != all[0])
+      KS_FAIL("rollout engine: tensor-parallel ranks 0 and ", r, " of group '", tp.name(), "' scheduled different ",
+              "batches at step ", step, "; every tp rank must create its engine with the same EngineConfig and add ",
+              "the same requests (ids, prompts, sampling params) in the same order");
+}
 
 class EngineImpl final : public Engine {
  public:
@@ -188,7 +214,8 @@ std::vector<RequestOutput> EngineImpl::step() {
   kv_.swap_in(so.swap_in);
 
   const StepBatch batch = build_step_batch(so, cfg_.block_size);
-  const Tensor logits = runner_.execute(batch);  // [S, V], model dtype
+  if (model_.tp().size() > 1) check_lockstep(model_.tp(), batch, stats_.steps);
+  const Tensor logits = runner_.execute(batch);  // [S, V], model dtype, identical on every tp rank
   const int64_t S = int64_t(batch.sample_rows.size()), V = model_.config().vocab_size;
   if (S == 0) return finished;
 
@@ -348,7 +375,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::CausalLM& model, con
   KVGeometry g;
   g.n_layers = c.num_hidden_layers;
   g.block_size = cfg.block_size;
-  g.n_kv_heads = c.num_key_value_heads;
+  g.n_kv_heads = model.heads().n_kv_heads;  // this tp rank's kv heads (all of them at tp = 1)
   g.head_dim = c.head_dim;
   g.dtype = model.dtype();
   g.num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / g.bytes_per_block();

@@ -1,7 +1,10 @@
 // K/V storage of the paged cache: per layer, K and V arrays
 // [num_blocks, block_size, n_kv_heads, head_dim] in the model dtype
 // (MemCategory::KVCache), plus the host swap area preemption copies blocks
-// into. Sleep frees both; wake re-allocates the device arrays.
+// into. Sleep frees both; wake re-allocates the device arrays. Under tensor
+// parallelism each rank's cache holds only its own kv heads
+// (CausalLM::heads().n_kv_heads: Hkv/tp, or 1 replicated head when Hkv < tp),
+// with the same block ids on every rank (the schedulers run in lockstep).
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -12,7 +15,7 @@
 namespace kestrel::rollout {
 
 struct KVGeometry {
-  int64_t n_layers = 0, num_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t n_layers = 0, num_blocks = 0, block_size = 0, n_kv_heads = 0, head_dim = 0;  // n_kv_heads: per tp rank
   DType dtype = DType::F32;
   // K and V of one block over all layers.
   int64_t bytes_per_block() const {

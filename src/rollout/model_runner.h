@@ -2,6 +2,16 @@
 // decodes mixed, no padding), reading weights in place from the CausalLM and
 // K/V through block tables. Same ops as model/forward_backward.cpp in the same
 // order, so the rollout's logprobs match the trainer's.
+//
+// Tensor parallelism (the model's tp group, size 1 = the plain case): every
+// rank runs the step on its local query/kv heads (m.heads()), its F/tp MLP
+// columns and its V/tp vocabulary rows, Megatron-style. The vocab-parallel
+// embedding and the row-parallel o_proj / down_proj outputs are all-reduced
+// over tp, as training's parallel/tp_layers do (no sequence parallelism: an
+// inference step has no backward to save memory for). The lm_head's [S, V/tp]
+// slices are all-gathered to the full [S, V] on every rank (S is small; vLLM
+// gathers too), so every rank samples the same tokens from the same logits and
+// the schedulers stay in lockstep.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,14 +38,28 @@ struct StepBatch {
 
 StepBatch build_step_batch(const SchedulerOutput& so, int64_t block_size);
 
+// A 64-bit digest of everything that decides a step's collectives and outputs
+// (token ids, positions, slots, block tables, sample rows). Equal on every tp
+// rank exactly when the schedulers agree.
+uint64_t step_fingerprint(const StepBatch& b);
+
 class ModelRunner {
  public:
+  // kv holds this rank's kv heads (m.heads().n_kv_heads per layer).
   ModelRunner(const model::CausalLM& model, KVCache& kv);
-  // Writes the step's K/V into the cache and returns the logits [S, V]
-  // (model dtype) of the sample rows; final norm and lm_head run on those rows only.
+  // Writes the step's K/V into the cache and returns the logits [S, V] (model
+  // dtype, the full vocabulary on every tp rank) of the sample rows; final
+  // norm and lm_head run on those rows only. Collective over the model's tp
+  // group: every rank calls it with the same batch.
   Tensor execute(const StepBatch& b);
 
  private:
+  // y[T, out] = x @ w^T + b for a row-parallel weight w [out, in/tp]: the
+  // partial sums are all-reduced over tp, the bias added once.
+  void row_parallel(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
+  // [S, V/tp] on every rank -> [S, V] on every rank.
+  Tensor gather_vocab(const Tensor& local);
+
   const model::CausalLM& m_;
   KVCache& kv_;
 };
