@@ -2,27 +2,48 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
 namespace kestrel::optim {
 
+namespace {
+int64_t slot_numel(const ParamSlot& p) { return p.master.defined() ? p.master.numel() : p.model_copy.numel(); }
+}  // namespace
+
+std::string OptimizerMemory::to_string() const {
+  const double n = params ? double(params) : 1.0;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%.3f B/param (m %.3f, v %.3f, master %.3f) over %lld params, %lld owned",
+                bytes_per_param(), double(exp_avg_bytes) / n, double(exp_avg_sq_bytes) / n, double(master_bytes) / n,
+                (long long)params, (long long)owned);
+  return buf;
+}
+
 AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin, int64_t state_end)
     : params_(std::move(params)), cfg_(cfg) {
   offsets_.reserve(params_.size() + 1);
   offsets_.push_back(0);
-  for (const auto& p : params_) {
-    KS_CHECK(p.master.defined() && p.master.dtype() == DType::F32 && p.master.device() == Device::CPU,
-             "AdamW: master of '", p.name, "' must be a host f32 tensor, got ", p.master.describe());
-    KS_CHECK(p.grad.defined() && p.grad.dtype() == DType::F32 && p.grad.numel() == p.master.numel(),
-             "AdamW: grad of '", p.name, "' must be f32 with ", p.master.numel(), " elements, got ", p.grad.describe());
+  for (auto& p : params_) {
+    if (!p.master.defined()) {
+      KS_CHECK(p.model_copy.defined(), "AdamW: '", p.name, "' has neither a master nor a model copy");
+      // An f32 model copy needs no separate master: step it in place.
+      if (p.model_copy.dtype() == DType::F32) std::swap(p.master, p.model_copy);
+    }
+    const int64_t n = slot_numel(p);
+    if (p.master.defined())
+      KS_CHECK(p.master.dtype() == DType::F32 && p.master.device() == Device::CPU, "AdamW: master of '", p.name,
+               "' must be a host f32 tensor, got ", p.master.describe());
+    KS_CHECK(p.grad.defined() && p.grad.dtype() == DType::F32 && p.grad.numel() == n, "AdamW: grad of '", p.name,
+             "' must be f32 with ", n, " elements, got ", p.grad.describe());
     if (p.model_copy.defined())
-      KS_CHECK(p.model_copy.numel() == p.master.numel() &&
+      KS_CHECK(p.model_copy.numel() == n && p.model_copy.device() == Device::CPU &&
                    (p.model_copy.dtype() == DType::BF16 || p.model_copy.dtype() == DType::F16 ||
                     p.model_copy.dtype() == DType::F32),
-               "AdamW: model copy of '", p.name, "' must be a float tensor with ", p.master.numel(),
-               " elements, got ", p.model_copy.describe());
-    offsets_.push_back(offsets_.back() + p.master.numel());
+               "AdamW: model copy of '", p.name, "' must be a host float tensor with ", n, " elements, got ",
+               p.model_copy.describe());
+    offsets_.push_back(offsets_.back() + n);
   }
   KS_CHECK(cfg_.beta1 >= 0 && cfg_.beta1 < 1 && cfg_.beta2 >= 0 && cfg_.beta2 < 1 && cfg_.eps >= 0 &&
                cfg_.weight_decay >= 0,
@@ -34,6 +55,63 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
            state_begin_, ", ", state_end_, ") outside the flat space of ", numel(), " elements");
   m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState);
   v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState);
+
+  // Held masters: the owned elements of every master-less slot, end to end in
+  // flat order (one contiguous buffer when all slots are held).
+  held_off_.assign(params_.size(), -1);
+  int64_t held_n = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].master.defined()) continue;
+    held_any_ = true;
+    held_off_[i] = held_n;
+    auto [lo, hi] = owned_of(i);
+    held_n += hi - lo;
+  }
+  if (!held_any_) return;
+  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (held_off_[i] < 0) continue;
+    auto [lo, hi] = owned_of(i);
+    if (lo == hi) continue;
+    // bf16/f16 -> f32 is exact: the held master starts equal to a full master
+    // made with model_copy.to(F32).
+    Tensor src = params_[i].model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+    held_.slice_rows(held_off_[i], held_off_[i] + (hi - lo)).copy_from(src);
+  }
+}
+
+std::pair<int64_t, int64_t> AdamW::owned_of(size_t i) const {
+  KS_CHECK(i < params_.size(), "AdamW: parameter index ", i, " out of ", params_.size());
+  const int64_t lo = std::max(state_begin_, offsets_[i]), hi = std::min(state_end_, offsets_[i + 1]);
+  return lo < hi ? std::make_pair(lo, hi) : std::make_pair(offsets_[i], offsets_[i]);
+}
+
+float* AdamW::master_at(size_t i, int64_t flat) const {
+  if (held_off_[i] < 0) return params_[i].master.data<float>() + (flat - offsets_[i]);
+  return held_.data<float>() + held_off_[i] + (flat - std::max(state_begin_, offsets_[i]));
+}
+
+Tensor AdamW::master_view(size_t i) const {
+  auto [lo, hi] = owned_of(i);
+  if (held_off_[i] >= 0) return held_.slice_rows(held_off_[i], held_off_[i] + (hi - lo));
+  return params_[i].master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+}
+
+void AdamW::set_master(size_t i, const Tensor& full) {
+  KS_CHECK(i < params_.size(), "AdamW: parameter index ", i, " out of ", params_.size());
+  ParamSlot& p = params_[i];
+  const int64_t n = offsets_[i + 1] - offsets_[i];
+  KS_CHECK(full.defined() && full.dtype() == DType::F32 && full.numel() == n, "AdamW: master for '", p.name,
+           "' must be f32 with ", n, " elements, got ", full.describe());
+  if (held_off_[i] < 0) {
+    if (p.master.raw() != full.raw()) p.master.copy_from(full);
+    refresh_model_copies(offsets_[i], offsets_[i + 1]);
+    return;
+  }
+  auto [lo, hi] = owned_of(i);
+  if (lo == hi) return;
+  std::memcpy(master_at(i, lo), full.data<float>() + (lo - offsets_[i]), size_t(hi - lo) * 4);
+  refresh_model_copies(lo, hi);
 }
 
 void AdamW::step_range(int64_t begin, int64_t end, double lr) { step_ranges({{begin, end}}, lr); }
@@ -66,7 +144,7 @@ void AdamW::step_one(int64_t begin, int64_t end, float decay_keep, float beta1, 
     const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
     if (lo >= hi) continue;
     ParamSlot& p = params_[i];
-    float* w = p.master.data<float>() + (lo - offsets_[i]);
+    float* w = master_at(i, lo);
     const float* g = p.grad.data<float>() + (lo - offsets_[i]);
     float* m = m_.data<float>() + (lo - state_begin_);
     float* v = v_.data<float>() + (lo - state_begin_);
@@ -93,38 +171,72 @@ void AdamW::step_one(int64_t begin, int64_t end, float decay_keep, float beta1, 
 void AdamW::refresh_model_copies(int64_t begin, int64_t end) {
   KS_CHECK(0 <= begin && begin <= end && end <= numel(), "AdamW: refresh range [", begin, ", ", end,
            ") outside the flat space of ", numel(), " elements");
+  if (begin == end) return;
   size_t i = size_t(std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin()) - 1;
   for (; i < params_.size() && offsets_[i] < end; ++i) {
     ParamSlot& p = params_[i];
     if (!p.model_copy.defined()) continue;
-    const int64_t lo = std::max(begin, offsets_[i]) - offsets_[i], hi = std::min(end, offsets_[i + 1]) - offsets_[i];
-    const float* src = p.master.data<float>();
+    int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
+    if (held_off_[i] >= 0) {  // only the owned elements have a master here
+      auto [olo, ohi] = owned_of(i);
+      lo = std::max(lo, olo), hi = std::min(hi, ohi);
+    }
+    if (lo >= hi) continue;
+    const int64_t n = hi - lo;
+    const float* src = master_at(i, lo);
+    const int64_t at = lo - offsets_[i];  // first element in the parameter
     switch (p.model_copy.dtype()) {
       case DType::BF16: {
-        auto* d = static_cast<uint16_t*>(p.model_copy.raw());
-#pragma omp parallel for schedule(static) if (hi - lo > (1 << 15))
-        for (int64_t k = lo; k < hi; ++k) d[k] = float_to_bf16(src[k]);
+        auto* d = static_cast<uint16_t*>(p.model_copy.raw()) + at;
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+        for (int64_t k = 0; k < n; ++k) d[k] = float_to_bf16(src[k]);
         break;
       }
       case DType::F16: {
-        auto* d = static_cast<uint16_t*>(p.model_copy.raw());
-#pragma omp parallel for schedule(static) if (hi - lo > (1 << 15))
-        for (int64_t k = lo; k < hi; ++k) d[k] = float_to_f16(src[k]);
+        auto* d = static_cast<uint16_t*>(p.model_copy.raw()) + at;
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+        for (int64_t k = 0; k < n; ++k) d[k] = float_to_f16(src[k]);
         break;
       }
       case DType::F32:
-        if (p.model_copy.raw() != p.master.raw())
-          std::memcpy(static_cast<float*>(p.model_copy.raw()) + lo, src + lo, size_t(hi - lo) * 4);
+        if (static_cast<const void*>(static_cast<float*>(p.model_copy.raw()) + at) != src)
+          std::memcpy(static_cast<float*>(p.model_copy.raw()) + at, src, size_t(n) * 4);
         break;
       default: KS_FAIL("AdamW: model copy of '", p.name, "' has non-float dtype ", dtype_name(p.model_copy.dtype()));
     }
   }
 }
 
+OptimizerMemory AdamW::memory() const {
+  OptimizerMemory mem;
+  mem.params = numel();
+  mem.owned = state_end_ - state_begin_;
+  mem.exp_avg_bytes = int64_t(m_.nbytes());
+  mem.exp_avg_sq_bytes = int64_t(v_.nbytes());
+  mem.master_bytes = held_any_ ? int64_t(held_.nbytes()) : 0;
+  for (const auto& p : params_)
+    if (p.master.defined() && p.model_copy.defined() && p.master.raw() != p.model_copy.raw())
+      mem.master_bytes += int64_t(p.master.nbytes());
+  return mem;
+}
+
 std::string AdamW::layout_string() const {
   std::ostringstream os;
   for (size_t i = 0; i < params_.size(); ++i)
-    os << (i ? ";" : "") << params_[i].name << ":" << params_[i].master.numel() << (params_[i].decay ? "" : ":nodecay");
+    os << (i ? ";" : "") << params_[i].name << ":" << offsets_[i + 1] - offsets_[i]
+       << (params_[i].decay ? "" : ":nodecay");
+  return os.str();
+}
+
+std::string AdamW::held_string() const {
+  if (std::all_of(held_off_.begin(), held_off_.end(), [](int64_t o) { return o >= 0; })) return "all";
+  std::ostringstream os;
+  bool first = true;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (held_off_[i] >= 0) {
+      os << (first ? "" : ";") << params_[i].name;
+      first = false;
+    }
   return os.str();
 }
 
@@ -147,6 +259,11 @@ OptimizerState AdamW::state() const {
                 {"beta2", num(cfg_.beta2)},
                 {"eps", num(cfg_.eps)},
                 {"weight_decay", num(cfg_.weight_decay)}};
+  if (held_any_) {
+    s.tensors.push_back({"master", held_});
+    s.metadata["master"] = "held";
+    s.metadata["held_params"] = held_string();
+  }
   return s;
 }
 
@@ -165,8 +282,21 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
     return KS_ERR(origin, ": optimizer state covers [", meta("state_begin"), ", ", meta("state_end"),
                   ") of the flat space but this rank owns [", state_begin_, ", ", state_end_,
                   "); not supported yet: resharding optimizer state across a different data-parallel size");
+  const bool saved_held = meta("master") == "held";
+  if (saved_held && !held_any_)
+    return KS_ERR(origin, ": optimizer state holds sharded f32 masters (a distributed-optimizer run in bf16/f16) but "
+                          "this optimizer keeps full masters; resume with the same use_distributed_optimizer setting");
+  if (!saved_held && held_any_)
+    return KS_ERR(origin, ": optimizer state has no f32 master slice (it was saved with full masters, "
+                          "\"master.<name>\") but this optimizer holds sharded masters; resume with the same "
+                          "use_distributed_optimizer setting");
+  if (held_any_ && meta("held_params") != held_string())
+    return KS_ERR(origin, ": optimizer state holds masters for parameters '", meta("held_params"),
+                  "' but this optimizer holds them for '", held_string(),
+                  "'; resume with the same model dtype per parameter");
   for (const char* k : {"exp_avg", "exp_avg_sq", "step"})
     if (!tensors.count(k)) return KS_ERR(origin, ": optimizer state has no tensor '", k, "'");
+  if (held_any_ && !tensors.count("master")) return KS_ERR(origin, ": optimizer state has no tensor 'master'");
   const Tensor& m = tensors.at("exp_avg");
   const Tensor& v = tensors.at("exp_avg_sq");
   const Tensor& st = tensors.at("step");
@@ -174,9 +304,20 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
     if (t->dtype() != DType::F32 || t->numel() != m_.numel())
       return KS_ERR(origin, ": optimizer moment is ", t->describe(), ", expected f32[", m_.numel(), "]");
   if (st.dtype() != DType::I64 || st.numel() != 1) return KS_ERR(origin, ": 'step' must be i64[1], got ", st.describe());
+  if (held_any_) {
+    const Tensor& w = tensors.at("master");
+    if (w.dtype() != DType::F32 || w.numel() != held_.numel())
+      return KS_ERR(origin, ": master slice is ", w.describe(), ", expected f32[", held_.numel(), "]");
+    std::memcpy(held_.raw(), w.raw(), held_.nbytes());
+  }
   std::memcpy(m_.raw(), m.raw(), m_.nbytes());
   std::memcpy(v_.raw(), v.raw(), v_.nbytes());
   step_ = static_cast<const int64_t*>(st.raw())[0];
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (held_off_[i] >= 0) {
+      auto [lo, hi] = owned_of(i);
+      refresh_model_copies(lo, hi);
+    }
   return Status::ok();
 }
 

@@ -4,6 +4,20 @@
 // [state_begin, state_end) range of the flat space, allocates m and v only
 // for that range, and steps only it.
 //
+// Masters. In f32 training the model's weights are the masters (stepped in
+// place). In bf16/f16 mixed precision a slot carries a model_copy and an f32
+// master either
+//   - full, in ParamSlot::master (the single-process trainers: 4 + 4 + 4 =
+//     12 bytes of optimizer state per parameter), or
+//   - held by the optimizer (ParamSlot::master left undefined): one flat f32
+//     buffer over the owned range only, initialised from the model copies (or
+//     from full masters through set_master()). With the distributed optimizer
+//     this cuts the state to 12/dp bytes per parameter (Megatron's
+//     DistributedOptimizer: fp32 main params, exp_avg, exp_avg_sq all sharded).
+//     After a step only the owned elements of the model copy are refreshed;
+//     the others arrive through parallel::DataParallel::gather_params().
+// memory() reports the resulting bytes per parameter.
+//
 // Update, per element, exactly as torch.optim.AdamW (foreach=False,
 // capturable=False), with t the step count after increment:
 //   p <- p * (1 - lr * wd)                       (decoupled decay, if enabled)
@@ -11,10 +25,12 @@
 //   v <- beta2 * v + (1 - beta2) * g * g
 //   p <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // Scalars (bias corrections, step size) are computed in double and applied in
-// f32, as torch does for f32 tensors.
+// f32, as torch does for f32 tensors. Where the master lives does not change
+// any number: a held master steps bit-identically to a full one.
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -25,8 +41,9 @@ namespace kestrel::optim {
 // One trainable parameter as the optimizer sees it.
 struct ParamSlot {
   std::string name;
-  Tensor master;      // f32, updated in place
-  Tensor grad;        // f32, same numel as master
+  Tensor master;      // f32, updated in place; undefined (with a model_copy) = the optimizer holds the
+                      // master for the owned elements only (see the file comment)
+  Tensor grad;        // f32, same numel as the parameter
   Tensor model_copy;  // the copy the model computes with (bf16/f16/f32), refreshed from master
                       // by round-to-nearest-even after each step; undefined = the model uses master
   bool decay = true;  // weight decay on (false for norms and biases, by convention)
@@ -46,9 +63,27 @@ struct OptimizerState {
   std::map<std::string, std::string> metadata;
 };
 
+// Bytes of optimizer state this optimizer keeps, against the parameters of
+// the flat space (this rank's model shard). Mixed precision, one process:
+// 12 bytes/param; with held masters over an owned range of 1/dp: 12/dp (plus
+// the rounding of the padded flat space). f32: 8 and 8/dp.
+struct OptimizerMemory {
+  int64_t params = 0;            // elements of the flat space
+  int64_t owned = 0;             // elements this rank steps (state_end - state_begin)
+  int64_t exp_avg_bytes = 0;     // f32 m over the owned range
+  int64_t exp_avg_sq_bytes = 0;  // f32 v over the owned range
+  int64_t master_bytes = 0;      // f32 masters apart from the model weights: the held owned slice plus the
+                                 // full masters of slots that carry both a master and a model copy
+  int64_t total_bytes() const { return exp_avg_bytes + exp_avg_sq_bytes + master_bytes; }
+  double bytes_per_param() const { return params ? double(total_bytes()) / double(params) : 0.0; }
+  std::string to_string() const;  // "12.000 B/param (m 4.000, v 4.000, master 4.000) over N params, M owned"
+};
+
 class AdamW {
  public:
   // state_begin/state_end: the owned slice of the flat space; -1 = everything.
+  // Slots without a master get one held by the optimizer for the owned range
+  // (an f32 model copy is simply used as the master).
   AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin = 0, int64_t state_end = -1);
 
   // The flat space: params end to end in construction order; param i covers
@@ -72,31 +107,60 @@ class AdamW {
 
   // Rounds master into model_copy for the elements of [begin, end) (done by
   // step_range for the stepped range; exposed for loads and DP all-gathers).
+  // Slots with a held master refresh only the owned part of the range.
   void refresh_model_copies(int64_t begin, int64_t end);
 
   // m and v over the owned range: f32 [state_end - state_begin], OptimizerState category.
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
 
+  // Held masters: true when some slot's master is held by the optimizer.
+  bool holds_masters() const { return held_any_; }
+  // The held masters end to end: f32 [owned elements of the held slots]
+  // (= [state_end - state_begin] when every slot is held), OptimizerState category.
+  const Tensor& held_masters() const { return held_; }
+  // The flat range [lo, hi) of param i this rank steps (empty: lo == hi).
+  std::pair<int64_t, int64_t> owned_of(size_t i) const;
+  // Param i's f32 master over owned_of(i), as a view (the slot's master or
+  // the held buffer): what this rank can read or save of the master.
+  Tensor master_view(size_t i) const;
+  // Seeds param i's master from a full f32 tensor of its numel (a checkpoint's
+  // "master.<name>", or a master kept elsewhere): copies the whole tensor into
+  // a full master, or the owned slice into the held one, and refreshes the
+  // model copy over it.
+  void set_master(size_t i, const Tensor& full);
+
+  OptimizerMemory memory() const;
+
   // Checkpoint state: "exp_avg", "exp_avg_sq" (f32 [owned numel], borrowed, not
-  // copied) and "step" (i64 [1]); metadata records the layout (parameter
-  // names and sizes, owned range) and hyperparameters so a load into a
-  // different layout fails clearly.
+  // copied), "step" (i64 [1]) and, with held masters, "master" (f32
+  // [held_masters().numel()], borrowed: the owned master slice; full masters
+  // are saved by the caller as "master.<name>"). Metadata records the layout
+  // (parameter names and sizes, owned range, "master": "held" with the held
+  // parameter set) and hyperparameters so a load into a different layout
+  // (another dp size, or with/without the distributed optimizer) fails clearly.
   OptimizerState state() const;
-  // Copies a saved state in; `origin` (a path) prefixes error messages.
+  // Copies a saved state in (held masters included, refreshing the owned
+  // model copy elements); `origin` (a path) prefixes error messages.
   Status load_state(const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata,
                     const std::string& origin);
 
  private:
   void step_one(int64_t begin, int64_t end, float lr_wd_keep, float beta1, float beta2, float step_size,
                 float bc2_sqrt, float eps, double lr);
+  // f32 master of param i at flat index `flat` (inside owned_of(i) for held slots).
+  float* master_at(size_t i, int64_t flat) const;
   std::string layout_string() const;
+  std::string held_string() const;
 
   std::vector<ParamSlot> params_;
   AdamWConfig cfg_;
   std::vector<int64_t> offsets_;
   int64_t state_begin_ = 0, state_end_ = 0;
-  Tensor m_, v_;  // [state_end - state_begin]
+  Tensor m_, v_;                   // [state_end - state_begin]
+  Tensor held_;                    // [sum of owned elements of held slots]
+  std::vector<int64_t> held_off_;  // per param: offset in held_ of owned_of(i).first; -1 = not held
+  bool held_any_ = false;          // some slot is held (possibly with no owned elements on this rank)
   int64_t step_ = 0;
 };
 

@@ -21,6 +21,14 @@
 // range (optim::AdamW's state_begin/state_end), and gather_params() all-gathers
 // the updated parameters from their owners. Ownership is contiguous (not
 // Megatron's per-bucket shards) because AdamW's m/v are one contiguous range.
+//
+// Mixed precision (bf16/f16 weights): the flat parameter buffer is in the
+// model dtype, so gather_params() moves 2 bytes per parameter. Build the
+// AdamW slots with model_copy = *weight and no master: the optimizer then
+// holds the f32 master for the owned range only (optim/adamw.h), and the
+// optimizer state is 12/dp bytes per parameter instead of 4 + 8/dp
+// (AdamW::memory() reports it). Without the distributed optimizer every rank
+// keeps full masters (12 bytes per parameter).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -96,9 +104,10 @@ class DataParallel {
   // applied when < 1. Returns the pre-clip norm (non-finite: grads untouched).
   double clip_grad_norm(double max_norm, comm::ProcessGroup* tp);
 
-  // Distributed optimizer: after the optimizer stepped the owned range, sends
-  // every rank the updated parameters (all-gather of the flat parameter buffer).
-  // A no-op without the distributed optimizer.
+  // Distributed optimizer: after the optimizer stepped the owned range (and
+  // rounded its held masters into the owned model-copy elements), sends every
+  // rank the updated parameters (all-gather of the flat parameter buffer, in
+  // the model dtype). A no-op without the distributed optimizer.
   void gather_params();
   // Checking/saving: all-gathers the owned gradient shards so every rank holds
   // the full reduced gradient. A no-op without the distributed optimizer.
