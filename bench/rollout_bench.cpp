@@ -3,14 +3,20 @@
 // weights, f32:
 //  1. Throughput: P prompts x n samples, 128 prompt tokens, 256 new tokens,
 //     temperature 1, ignore_eos (vLLM's benchmark_throughput setup); output tokens/s.
-//  2. Batch-1 decode tokens/s against the memory-bandwidth bound
-//     (STREAM-like triad bandwidth / bytes of weights read per token).
+//  2. Batch-1 decode tokens/s against the memory-bandwidth bound: bytes read
+//     per token (every weight matrix once + the KV cache of the context)
+//     over the STREAM-like triad bandwidth at the same thread count. A
+//     read-only bandwidth is printed too: decode only reads, and on this
+//     machine one thread reads faster than it runs a triad. The machine is
+//     shared, so the table also gives the rate in CPU time (1 thread only)
+//     and uses the median step time.
 //  3. Time to first token of a request whose 512-token system prompt is
 //     shared with an earlier request, with vs without prefix caching.
 // Usage: bench_rollout_bench [--threads 2] [--prompts 64] [--n 8] [--new 256]
-//                            [--only throughput|decode|ttft] [--save-model DIR]
+//                            [--only throughput|decode|ttft] [--save-model DIR] [--dtype f32|bf16]
 // --save-model writes the random weights (HF format) for bench/peers/hf_generate.py.
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,6 +62,48 @@ double triad_gbs(int threads) {
   return best;
 }
 
+double cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Sum of a 256 MiB array: read-only bandwidth, the pattern of streaming
+// weights. 32 partial sums per thread keep the adds off the critical path.
+// Best of 5, GB/s by wall time; *cpu_gbs gets the same in process CPU time.
+double read_gbs(int threads, double* cpu_gbs) {
+  const int64_t n = int64_t(1) << 26;
+  std::vector<float> a(static_cast<size_t>(n), 1.0f);
+  double best = 0, best_cpu = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
+    float total = 0.f;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t b = n * id / nt / 32 * 32, e = id + 1 == nt ? n : n * (id + 1) / nt / 32 * 32;
+      float acc[32] = {};
+      for (int64_t i = b; i < e; i += 32) {
+#pragma omp simd
+        for (int j = 0; j < 32; ++j) acc[j] += a[size_t(i + j)];
+      }
+      for (float v : acc) total += v;
+    }
+    const double s = secs_since(t0), c = cpu_seconds() - c0;
+    if (total != float(n)) std::fprintf(stderr, "read check failed\n");
+    best = std::max(best, 4.0 * double(n) / s / 1e9);
+    best_cpu = std::max(best_cpu, 4.0 * double(n) / (c / threads) / 1e9);
+  }
+  *cpu_gbs = best_cpu;
+  return best;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 io::ModelConfig small_config() {
   // Run from the repository root (or from build/<name>/).
   for (const char* path : {"bench/configs/small.json", "../../bench/configs/small.json"}) {
@@ -85,6 +133,7 @@ int main(int argc, char** argv) {
   int threads = 2;
   int64_t prompts = 64, n = 8, new_tokens = 256, prompt_len = 128;
   std::string only, save_dir;
+  DType dtype = DType::F32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -94,15 +143,17 @@ int main(int argc, char** argv) {
     else if (a == "--new") new_tokens = std::stoll(next());
     else if (a == "--only") only = next();
     else if (a == "--save-model") save_dir = next();
+    else if (a == "--dtype") dtype = next() == "bf16" ? DType::BF16 : DType::F32;
     else {
       std::fprintf(stderr, "usage: %s [--threads T] [--prompts P] [--n N] [--new K] [--only throughput|decode|ttft] "
-                   "[--save-model DIR]\n", argv[0]);
+                   "[--save-model DIR] [--dtype f32|bf16]\n", argv[0]);
       return 2;
     }
   }
   set_num_threads(threads);
   const io::ModelConfig cfg = small_config();
   model::ModelOptions mo;
+  mo.dtype = dtype;
   auto m = model::CausalLM::init_random(cfg, mo, 1234, 0.02);
   if (!save_dir.empty()) {
     Status s = m->save(save_dir, DType::F32);
@@ -112,8 +163,8 @@ int main(int argc, char** argv) {
     }
     std::printf("saved the random model to %s\n", save_dir.c_str());
   }
-  std::printf("# rollout bench: small config (%lld params), f32, %d threads\n\n", (long long)m->num_parameters(),
-              threads);
+  std::printf("# rollout bench: small config (%lld params), %s, %d threads\n\n", (long long)m->num_parameters(),
+              dtype_name(dtype), threads);
 
   if (only.empty() || only == "throughput") {
     rollout::EngineConfig ec;  // 8192-token steps
@@ -145,12 +196,18 @@ int main(int argc, char** argv) {
 
   if (only.empty() || only == "decode") {
     const double bw = triad_gbs(threads);
-    // Weights read per decode step: every matrix once (the tied embedding as
-    // lm_head); the embedding lookup itself reads one row.
+    double read_cpu = 0;
+    const double read_bw = read_gbs(threads, &read_cpu);
+    // Bytes read per decode step: every matrix once (the tied embedding as
+    // lm_head; an untied input table only one row), plus K and V of every
+    // cached position in every layer, at the mean context of the timed steps.
     int64_t weight_bytes = 0;
     for (model::Param* p : m->params()) weight_bytes += int64_t(p->weight.nbytes());
-    if (!cfg.tie_word_embeddings) weight_bytes -= cfg.vocab_size * cfg.hidden_size * 4;  // untied input table: one row
-    const double bound = bw * 1e9 / double(weight_bytes);
+    const int64_t es = int64_t(dtype_size(m->dtype()));
+    if (!cfg.tie_word_embeddings) weight_bytes -= cfg.vocab_size * cfg.hidden_size * es;
+    const double mean_ctx = double(prompt_len) + 0.5 * double(new_tokens);
+    const double kv_bytes = mean_ctx * double(2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * es);
+    const double token_bytes = double(weight_bytes) + kv_bytes;
     rollout::EngineConfig ec;
     auto e = rollout::Engine::create(*m, ec).value();
     rollout::SamplingParams sp;
@@ -159,17 +216,34 @@ int main(int argc, char** argv) {
     sp.ignore_eos = true;
     e->add_request("d", random_tokens(999, prompt_len, cfg.vocab_size), sp).throw_if_error();
     e->step();  // prefill + first token, not timed
+    std::vector<double> wall, cpu;
     const auto t0 = Clock::now();
-    int64_t steps = 0;
     while (e->has_unfinished()) {
+      const auto s0 = Clock::now();
+      const double c0 = cpu_seconds();
       e->step();
-      ++steps;
+      wall.push_back(secs_since(s0));
+      cpu.push_back(cpu_seconds() - c0);
     }
     const double s = secs_since(t0);
+    const double steps = double(wall.size());
+    const double bound = bw * 1e9 / token_bytes, read_bound = read_bw * 1e9 / token_bytes;
+    const double mean_tps = steps / s, med_tps = 1.0 / median(wall);
     std::printf("## batch-1 decode (context %lld..%lld)\n", (long long)prompt_len, (long long)(prompt_len + new_tokens));
-    std::printf("| triad GB/s | weight MB/token | bound tok/s | measured tok/s | fraction of bound |\n|---|---|---|---|---|\n");
-    std::printf("| %.1f | %.1f | %.1f | %.1f | %.2f |\n\n", bw, double(weight_bytes) / 1e6, bound, double(steps) / s,
-                double(steps) / s / bound);
+    std::printf("bytes per token: %.1f MB weights + %.2f MB KV (mean context %.0f)\n", double(weight_bytes) / 1e6,
+                kv_bytes / 1e6, mean_ctx);
+    std::printf("| triad GB/s | read GB/s | bound tok/s (triad) | bound tok/s (read) | measured tok/s (mean) | "
+                "measured tok/s (median step) | fraction of triad bound | fraction of read bound |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+    std::printf("| %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n", bw, read_bw, bound, read_bound, mean_tps,
+                med_tps, med_tps / bound, med_tps / read_bound);
+    if (threads == 1) {
+      // CPU time leaves out the time this thread waited for a core.
+      const double cpu_tps = 1.0 / median(cpu), cpu_bound = read_cpu * 1e9 / token_bytes;
+      std::printf("in CPU time: read %.1f GB/s, bound %.1f tok/s, measured %.1f tok/s (median step), %.2f of the read bound\n",
+                  read_cpu, cpu_bound, cpu_tps, cpu_tps / cpu_bound);
+    }
+    std::printf("\n");
   }
 
   if (only.empty() || only == "ttft") {

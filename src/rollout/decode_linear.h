@@ -1,18 +1,18 @@
-// The linear layer for steps with only a few rows (batch-1 .. batch-8
-// decode). The BLAS packs the whole weight matrix into a scratch panel on
-// every call, which for a handful of rows costs more than the product and
-// doubles the memory traffic of a memory-bound step; this path streams each
-// weight row once and dots it with every input row (f32 accumulation, like
-// the BLAS). Anything else goes to ops::linear_fwd.
+// The linear layer of a rollout step. Steps with few rows (decode of a small
+// batch) go to the CPU skinny kernel (backend/cpu/skinny_gemm.h), which reads
+// each weight row once, in its stored dtype, instead of letting the BLAS pack
+// the whole matrix on every call; every other case goes to ops::linear_fwd.
 //
-// TODO(ops): this belongs in backend/cpu/linear.cpp as a small-M path of
-// linear_fwd; it lives here until the ops layer takes it.
+// TODO(ops): this belongs in ops::linear_fwd as its small-M path; it lives
+// here until the ops layer takes it.
 #pragma once
+#include "backend/cpu/skinny_gemm.h"
 #include "core/tensor.h"
 
 namespace kestrel::rollout {
 
-constexpr int64_t kSkinnyRows = 8;
+// Steps with at most this many rows take the skinny kernel.
+constexpr int64_t kSkinnyRows = cpu::kSkinnyMaxRows;
 
 // y[T, out] = x[T, in] @ w[out, in]^T (+ b[out]), same contract as ops::linear_fwd.
 void decode_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
