@@ -142,6 +142,13 @@ static Tensor run_forward(const CausalLM& m, const PackedBatch& b, Activations& 
   acts.rstdf = act_tensor({Tl}, DType::F32);
   ops::rmsnorm_fwd(x, m.final_norm().weight, eps, normf, acts.rstdf);
   acts.normf = parallel::tp_enter_fwd(tp, sp, normf);  // [Tp, D] lm_head input
+  if (m.is_value_model()) {
+    // [Tp, 1]: the replicated score head gives every tp rank the full values.
+    Tensor values = act_tensor({Tp, 1}, dt);
+    ops::linear_fwd(acts.normf, m.value_head().weight, bias_of(m.value_head_bias()), values);
+    if (!keep) acts.clear();
+    return rows(values, T);
+  }
   Tensor logits = act_tensor({Tp, m.local_vocab()}, dt);  // [Tp, V/tp]
   ops::linear_fwd(acts.normf, m.lm_head().weight, nullptr, logits);
   if (!keep) acts.clear();
@@ -167,8 +174,9 @@ void CausalLM::backward(const PackedBatch& b, Activations& acts, const Tensor& d
   const int64_t H = heads_.n_heads, Hkv = heads_.n_kv_heads;
   KS_CHECK(acts.layers.size() == layers_.size(), "backward without a kept forward");
   KS_CHECK(embed_.grad.defined(), "backward before enable_grads()");
-  KS_CHECK(dlogits.dtype() == DType::F32 && dlogits.numel() == T * local_vocab(), "dlogits must be f32 [T, ",
-           local_vocab(), "] (this rank's vocab columns), got ", dlogits.describe());
+  KS_CHECK(dlogits.dtype() == DType::F32 && dlogits.numel() == T * output_dim(),
+           opts_.value_head ? "dvalues must be f32 [T, " : "dlogits must be f32 [T, ", output_dim(),
+           opts_.value_head ? "]" : "] (this rank's vocab columns)", ", got ", dlogits.describe());
   const auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); };
   // Norm weights see only this rank's tokens under SP: their grads are summed over tp.
   const auto norm_bwd = [&](const Tensor& x, Param& w, const Tensor& rstd, const Tensor& dy, Tensor& dx) {
@@ -182,14 +190,22 @@ void CausalLM::backward(const PackedBatch& b, Activations& acts, const Tensor& d
   };
 
   // Activation gradients stay f32 in both precisions; only parameters are bf16.
-  Param& head = cfg_.tie_word_embeddings ? embed_ : lm_head_;
-  Tensor dlog = dlogits;  // [Tp, V/tp]: padding rows get zero gradient
+  Tensor dlog = dlogits;  // [Tp, V/tp] ([Tp, 1] for values): padding rows get zero gradient
   if (Tp != T) {
-    dlog = Tensor::zeros({Tp, local_vocab()}, DType::F32, MemCategory::Activations);
+    dlog = Tensor::zeros({Tp, output_dim()}, DType::F32, MemCategory::Activations);
     std::memcpy(dlog.raw(), dlogits.raw(), dlogits.nbytes());
   }
   Tensor dnorm = f32({Tp, D});  // [Tp, D] gradient of a column-parallel region's input (partial under tp)
-  ops::linear_bwd(acts.normf, head.weight, dlog, &dnorm, &head.grad, nullptr);
+  if (opts_.value_head) {
+    // Every tp rank holds the whole head and the same dvalues, so each has
+    // the full input gradient and the same head grads; the tp reduction of
+    // tp_enter_bwd sums the ranks' dnorm, so only rank 0 contributes.
+    ops::linear_bwd(acts.normf, score_.weight, dlog, &dnorm, &score_.grad, grad_of(score_bias_));
+    if (tp_on && tp.rank() != 0) dnorm.zero_();
+  } else {
+    Param& head = cfg_.tie_word_embeddings ? embed_ : lm_head_;
+    ops::linear_bwd(acts.normf, head.weight, dlog, &dnorm, &head.grad, nullptr);
+  }
   Tensor dx = f32({Tl, D});  // gradient of the residual stream
   norm_bwd(acts.x_final, final_norm_, acts.rstdf, parallel::tp_enter_bwd(tp, sp, dnorm), dx);
   ready(c.num_hidden_layers);

@@ -3,6 +3,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "core/files.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 
@@ -26,12 +29,82 @@ Param make_param(std::string name, Shape shape, DType dt, bool decay, const comm
 
 bool has_o_bias(const io::ModelConfig& c) { return c.attention_bias && c.arch != io::Arch::Qwen2; }
 
+constexpr std::string_view kCausalLM = "ForCausalLM", kTokenCls = "ForTokenClassification";
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+struct FolderConfig {
+  io::ModelConfig cfg;
+  std::string file;                 // the config.json read, for messages
+  std::string class_name;           // architectures[0] as written
+  bool token_classification = false;
+  double initializer_range = 0.02;  // transformers' PretrainedConfig default
+};
+
+// config.json of a causal LM or of its <Arch>ForTokenClassification value
+// model. io/ parses causal LMs only; the backbone of both is the same, so a
+// value model's class name is mapped to its causal LM's before parsing.
+Result<FolderConfig> read_folder_config(const std::string& dir) {
+  namespace fs = std::filesystem;
+  FolderConfig fc;
+  std::error_code ec;
+  fc.file = fs::is_directory(dir, ec) ? (fs::path(dir) / "config.json").string() : dir;
+  auto text = read_file(fc.file);
+  nlohmann::json j;
+  if (text.is_ok()) j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!text.is_ok() || j.is_discarded() || !j.is_object()) {  // io's messages for unreadable or malformed files
+    KS_ASSIGN(fc.cfg, io::load_model_config(dir));
+    return fc;
+  }
+  if (j.contains("initializer_range") && j["initializer_range"].is_number())
+    fc.initializer_range = j["initializer_range"].get<double>();
+  auto arch = j.find("architectures");
+  if (arch != j.end() && arch->is_array() && !arch->empty() && (*arch)[0].is_string()) {
+    fc.class_name = (*arch)[0].get<std::string>();
+    if (ends_with(fc.class_name, kTokenCls)) {
+      fc.token_classification = true;
+      // transformers: num_labels, else the size of id2label, else PretrainedConfig's default of 2.
+      int64_t n = 2;
+      if (j.contains("num_labels") && j["num_labels"].is_number_integer()) n = j["num_labels"].get<int64_t>();
+      else if (j.contains("id2label") && j["id2label"].is_object()) n = int64_t(j["id2label"].size());
+      if (n != 1)
+        return KS_ERR(fc.file, ": key 'num_labels' is ", n, " for ", fc.class_name,
+                      "; a value model (PPO critic) has num_labels 1, one value per token: set \"num_labels\": 1");
+      (*arch)[0] = fc.class_name.substr(0, fc.class_name.size() - kTokenCls.size()) + std::string(kCausalLM);
+    }
+  }
+  // A causal LM's text is parsed as written (exactly io::load_model_config).
+  auto cfg = io::parse_model_config(fc.token_classification ? j.dump() : *text, fc.file);
+  if (!cfg.is_ok() && fc.token_classification)
+    return KS_ERR(cfg.status().message(), " (", fc.class_name, " is read as the value head on its causal LM's backbone)");
+  KS_ASSIGN(fc.cfg, std::move(cfg));
+  return fc;
+}
+
+// What transformers writes for <Arch>ForTokenClassification with one label;
+// classifier_dropout 0 as verl's critic sets it (Kestrel applies no dropout).
+std::string value_model_config_json(const io::ModelConfig& cfg, bool bias) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(io::model_config_to_json(cfg));
+  std::string name = io::arch_name(cfg.arch);
+  if (ends_with(name, kCausalLM)) name = name.substr(0, name.size() - kCausalLM.size());
+  j["architectures"] = {name + std::string(kTokenCls)};
+  j["num_labels"] = 1;
+  j["id2label"] = {{"0", "LABEL_0"}};
+  j["label2id"] = {{"LABEL_0", 0}};
+  j["classifier_dropout"] = 0.0;
+  j["token_classification_bias"] = bias;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace
 
 CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
   KS_CHECK(opts_.dtype == DType::F32 || opts_.dtype == DType::BF16, "model dtype must be f32 or bf16, got ",
            dtype_name(opts_.dtype));
   KS_CHECK(opts_.parallel.tp != nullptr, "ModelParallel.tp must be a process group (size 1 for no tp)");
+  KS_CHECK(opts_.value_head || !opts_.value_head_bias, "value_head_bias needs value_head");
   const int n = opts_.parallel.tp->size(), r = opts_.parallel.tp->rank();
   heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
   vocab_ = parallel::vocab_range(cfg_.vocab_size, r, n);
@@ -81,7 +154,13 @@ void CausalLM::allocate_params() {
     }
   }
   final_norm_ = make_param("model.norm.weight", {D}, dt, false);
-  if (!c.tie_word_embeddings) lm_head_ = make_param("lm_head.weight", {V, D}, dt, true);
+  if (opts_.value_head) {
+    // Replicated under tp (hf_shard_spec: any name not sharded), decayed like any linear weight.
+    score_ = make_param("score.weight", {1, D}, dt, true);
+    if (opts_.value_head_bias) score_bias_ = make_param("score.bias", {1}, dt, false);
+  } else if (!c.tie_word_embeddings) {
+    lm_head_ = make_param("lm_head.weight", {V, D}, dt, true);
+  }
 }
 
 void CausalLM::build_rope() {
@@ -99,7 +178,8 @@ std::vector<Param*> CausalLM::params() {
       if (p->weight.defined()) out.push_back(p);
   }
   out.push_back(&final_norm_);
-  if (lm_head_.weight.defined()) out.push_back(&lm_head_);
+  for (Param* p : {&lm_head_, &score_, &score_bias_})
+    if (p->weight.defined()) out.push_back(p);
   return out;
 }
 
@@ -161,11 +241,27 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
 }
 
 Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const ModelOptions& opts) {
-  KS_ASSIGN(io::ModelConfig cfg, io::load_model_config(dir));
+  KS_ASSIGN(FolderConfig fc, read_folder_config(dir));
+  if (fc.token_classification && !opts.value_head)
+    return KS_ERR(fc.file, ": architectures[0] is \"", fc.class_name,
+                  "\", a value model (score head, no lm_head); load it as a critic (ModelOptions::value_head) "
+                  "or point at a causal LM folder");
   KS_ASSIGN(io::WeightSource src, io::WeightSource::open_dir(dir));
-  std::unique_ptr<CausalLM> m(new CausalLM(cfg, opts));
+  ModelOptions o = opts;
+  if (o.value_head && src.contains("score.bias")) o.value_head_bias = true;
+  std::unique_ptr<CausalLM> m(new CausalLM(fc.cfg, o));
   comm::ProcessGroup& tp = m->tp();
   for (Param* p : m->params()) {
+    const bool head = p == &m->score_ || p == &m->score_bias_;
+    if (head && !src.contains(p->name)) {
+      // An actor checkpoint: a fresh head, as HF's _init_weights (normal
+      // weight, zero bias). Replicated: every tp rank draws the same values.
+      if (p == &m->score_bias_) continue;  // zeros already
+      Philox rng{o.value_head_seed, 0};
+      for (int64_t i = 0; i < p->weight.numel(); ++i)
+        p->weight.set(i, float(fc.initializer_range * rng.normal(uint64_t(i))));
+      continue;
+    }
     // Every rank reads the full tensor and keeps its shard (mmap'd files: only
     // the shard's pages stay hot).
     KS_ASSIGN(Tensor t, src.load(p->name, p->full_shape, opts.dtype,
@@ -190,7 +286,7 @@ Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << io::model_config_to_json(cfg);
+    f << (opts_.value_head ? value_model_config_json(cfg, score_bias_.weight.defined()) : io::model_config_to_json(cfg));
     f.flush();
     if (!f) return KS_ERR("cannot write ", tmp);
   }

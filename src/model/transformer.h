@@ -20,6 +20,15 @@
 // With sequence_parallel the activations between the TP regions are split
 // along the tokens; batches whose token count does not divide by tp are padded
 // internally (padding rows never reach attention, the logits or the grads).
+//
+// Value model (ModelOptions::value_head, the PPO critic): the same backbone
+// with HF's *ForTokenClassification head, num_labels = 1: "score.weight"
+// [1, D] (and "score.bias" [1] when the loaded folder has one) in place of
+// lm_head, untied even when the config ties embeddings. forward() then
+// returns values [T, 1] and backward() takes dvalues [T, 1]. Under tp the
+// head is replicated: every rank computes the full [T, 1] values from the
+// (full) final hidden state, and only tp rank 0 feeds the head's input
+// gradient into the tp reduction, so the sum over ranks is exact.
 #pragma once
 #include <functional>
 #include <memory>
@@ -45,6 +54,14 @@ struct ModelOptions {
   DType dtype = DType::F32;  // compute/storage dtype of weights and activations
   ModelParallel parallel;
   int64_t max_positions = 0;  // RoPE table length; 0 = config's max_position_embeddings
+  // Value model: score head [1, D] instead of lm_head (see the file comment).
+  bool value_head = false;
+  bool value_head_bias = false;  // a "score.bias" [1]; load() sets it when the folder has one
+  // A score head missing from a loaded folder (an actor checkpoint, as verl
+  // initialises its critic) is drawn normal(0, initializer_range of
+  // config.json, default 0.02) from Philox(value_head_seed); HF draws it
+  // from torch's global RNG, so the values differ from HF's but the law is the same.
+  uint64_t value_head_seed = 0;
 };
 
 // One trainable tensor: its HF name, the weight (compute dtype) and its f32 gradient.
@@ -82,7 +99,8 @@ class CausalLM {
   const ModelOptions& options() const { return opts_; }
   DType dtype() const { return opts_.dtype; }
 
-  // Every parameter in HF order (embedding, layers, final norm, lm_head when untied).
+  // Every parameter in HF order (embedding, layers, final norm, lm_head when
+  // untied; score.weight and score.bias instead of lm_head in a value model).
   std::vector<Param*> params();
   Param* find_param(const std::string& name);
   int64_t num_parameters() const;
@@ -92,7 +110,8 @@ class CausalLM {
   void zero_grads();
 
   // Writes config.json + safetensors (dtype on disk; single file or shards)
-  // atomically, HF-shaped. Under tp > 1 it is collective over the tp group:
+  // atomically, HF-shaped (a value model as <Arch>ForTokenClassification with
+  // num_labels 1 and classifier_dropout 0, as verl's critic). Under tp > 1 it is collective over the tp group:
   // every rank calls it, the full tensors are gathered, and only tp rank 0
   // writes (the others return ok without touching dir).
   Status save(const std::string& dir, DType disk_dtype) const;
@@ -101,11 +120,13 @@ class CausalLM {
 
   // Forward through the final norm and lm_head: fills acts (everything
   // backward needs) and returns logits [T, V] (compute dtype); under tp > 1
-  // this rank's vocab columns [T, V/tp].
+  // this rank's vocab columns [T, V/tp]. A value model returns values [T, 1]
+  // (compute dtype; the full values on every tp rank).
   Tensor forward(const PackedBatch& batch, Activations& acts) const;
   // Logits only, keeping nothing for backward (scoring, generation prefill).
   Tensor forward_inference(const PackedBatch& batch) const;
-  // Backward from dlogits [T, V] (f32; [T, V/tp] under tp); accumulates into every Param::grad.
+  // Backward from dlogits [T, V] (f32; [T, V/tp] under tp); accumulates into
+  // every Param::grad. A value model takes dvalues [T, 1] f32 (the same on every tp rank).
   void backward(const PackedBatch& batch, Activations& acts, const Tensor& dlogits);
 
   // Called during backward each time a group of gradients is final (for
@@ -125,7 +146,14 @@ class CausalLM {
 
   const ops::RopeTable& rope() const { return rope_; }
   const Param& embedding() const { return embed_; }
-  const Param& lm_head() const { return cfg_.tie_word_embeddings ? embed_ : lm_head_; }
+  const Param& lm_head() const {
+    KS_CHECK(!opts_.value_head, "a value model (value_head) has no lm_head: it scores states, not tokens");
+    return cfg_.tie_word_embeddings ? embed_ : lm_head_;
+  }
+  bool is_value_model() const { return opts_.value_head; }
+  int64_t output_dim() const { return opts_.value_head ? 1 : local_vocab(); }  // columns of forward()'s result
+  const Param& value_head() const { return score_; }          // [1, D]; undefined unless value_head
+  const Param& value_head_bias() const { return score_bias_; }  // [1]; undefined unless value_head_bias
   const Param& final_norm() const { return final_norm_; }
   const std::vector<LayerParams>& layers() const { return layers_; }
 
@@ -142,7 +170,9 @@ class CausalLM {
   Param embed_;       // [V, D]
   std::vector<LayerParams> layers_;
   Param final_norm_;  // [D]
-  Param lm_head_;     // [V, D], undefined when tied
+  Param lm_head_;     // [V, D], undefined when tied or in a value model
+  Param score_;       // [1, D] value head, value models only
+  Param score_bias_;  // [1], value models with value_head_bias only
   ops::RopeTable rope_;
   parallel::TpHeads heads_;
   parallel::VocabRange vocab_;
