@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/loader_source.h"
+#include "comm/world.h"
 #include "config/config.h"
 #include "core/files.h"
 #include "data/arith.h"
@@ -18,6 +19,9 @@
 #include "data/config_options.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "io/model_config.h"
+#include "model/parallel_setup.h"
+#include "parallel/setup.h"
 #include "rl/reward_manager.h"
 #include "rl/trainer.h"
 #include "train/checkpoint.h"
@@ -142,17 +146,69 @@ void reject_unbuilt(const config::Config& c) {
   auto fail_if = [&](bool bad, const std::string& what) {
     if (bad) KS_FAIL("not supported yet: ", what);
   };
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"})
-    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) KS_FAIL("not supported yet: kestrel train under mpirun");
-  const std::string est = c.get_string("algorithm.adv_estimator");
-  fail_if(est == "gae", "algorithm.adv_estimator=gae (no critic model yet)");
-  fail_if(c.get_bool("algorithm.use_kl_in_reward"), "algorithm.use_kl_in_reward=true (use actor.use_kl_loss)");
+  fail_if(c.get_string("algorithm.kl_penalty") == "full", "algorithm.kl_penalty=full (use kl, abs, mse or low_var_kl)");
   const std::string lm = c.get_string("actor_rollout_ref.actor.policy_loss.loss_mode");
   fail_if(lm != "vanilla", "actor_rollout_ref.actor.policy_loss.loss_mode=" + lm);
-  for (const char* k : {"actor_rollout_ref.rollout.tensor_model_parallel_size",
-                        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
-                        "actor_rollout_ref.rollout.data_parallel_size"})
-    fail_if(c.get_int(k) != 1, std::string(k) + "=" + std::to_string(c.get_int(k)) + " in kestrel train (set it to 1)");
+  fail_if(c.get_int("actor_rollout_ref.rollout.data_parallel_size") != 1,
+          "actor_rollout_ref.rollout.data_parallel_size (the rollout's data parallelism is world size / rollout "
+          "tensor_model_parallel_size)");
+}
+
+// The learning-rate schedule of `<prefix>optim.*` (actor or critic).
+optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::string& prefix, int64_t total_steps) {
+  const std::string P = prefix + "optim.";
+  optim::LrScheduleConfig lr;
+  lr.lr = c.get_float(P + "lr");
+  const std::string style = c.is_null(P + "warmup_style") ? c.get_string(P + "lr_decay_style")
+                                                          : c.get_string(P + "warmup_style");
+  lr.style = optim::parse_lr_style(style, P + "lr_decay_style").value();
+  lr.total_steps = c.get_int(P + "total_training_steps") > 0 ? c.get_int(P + "total_training_steps") : total_steps;
+  lr.warmup_steps = optim::resolve_warmup_steps(c.get_int(P + "lr_warmup_steps"), c.get_float(P + "lr_warmup_steps_ratio"),
+                                                lr.total_steps);
+  lr.min_lr_ratio = c.is_null(P + "min_lr_ratio") ? (lr.lr > 0 ? c.get_float(P + "min_lr") / lr.lr : 0)
+                                                  : c.get_float(P + "min_lr_ratio");
+  lr.init_lr_ratio = lr.lr > 0 ? c.get_float(P + "lr_warmup_init") / lr.lr : 0;
+  return lr;
+}
+
+// The PPO critic (critic.*): on when critic.enable says so, or (null) exactly
+// for adv_estimator=gae. Its value model starts from critic.model.path, an
+// actor folder (lm_head dropped, a seeded score head) or a critic checkpoint.
+std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const rl::RlOptions& o, const std::string& actor_dir,
+                                        const model::ModelOptions& actor_opts) {
+  const bool gae = o.adv_estimator == rl::AdvEstimator::GAE;
+  const bool on = c.is_null("critic.enable") ? gae : c.get_bool("critic.enable");
+  if (!on) {
+    if (gae) KS_FAIL(c.origin("critic.enable"), ": algorithm.adv_estimator=gae needs the critic (critic.enable=true)");
+    return nullptr;
+  }
+  const std::string C = "critic.";
+  const std::string path = c.get_string(C + "model.path");
+  const std::string dir = path == c.get_string("actor_rollout_ref.model.path") ? actor_dir : resolve_model(path);
+  model::ModelOptions mo = actor_opts;
+  mo.value_head = true;
+  mo.value_head_seed = uint64_t(c.get_int(C + "megatron.seed"));
+  auto m = model::CausalLM::load(dir, mo);
+  if (!m) KS_FAIL(c.origin(C + "model.path"), ": ", m.status().message());
+  rl::CriticOptions co;
+  co.ppo_mini_batch_size = c.get_int(C + "ppo_mini_batch_size");
+  co.n = o.n;
+  co.ppo_epochs = c.get_int(C + "ppo_epochs");
+  co.shuffle = c.get_bool(C + "shuffle");
+  co.data_loader_seed = uint64_t(c.get_int(C + "data_loader_seed"));
+  co.micro_batch_size = c.get_int_or(C + "ppo_micro_batch_size_per_gpu", 0);
+  co.max_token_len = c.get_bool(C + "use_dynamic_bsz") ? c.get_int(C + "ppo_max_token_len_per_gpu") : 0;
+  co.forward_max_token_len = c.get_int(C + "forward_max_token_len_per_gpu");
+  co.cliprange_value = c.get_float(C + "cliprange_value");
+  co.loss_agg_mode = rl::parse_agg_mode(c.get_string(C + "loss_agg_mode")).value();
+  co.loss_scale_factor = o.loss_scale_factor;
+  co.response_length = o.response_length;
+  const auto betas = c.get_float_list(C + "optim.betas");
+  if (betas.size() != 2) KS_FAIL(c.origin(C + "optim.betas"), ": ", C, "optim.betas must hold two numbers");
+  co.adamw = {betas[0], betas[1], c.get_float(C + "optim.eps"), c.get_float(C + "optim.weight_decay")};
+  co.lr = lr_schedule_config(c, C, o.total_steps);
+  co.clip_grad = c.get_float(C + "optim.clip_grad");
+  return std::make_unique<rl::Critic>(std::move(m).value(), co);
 }
 
 }  // namespace
@@ -177,7 +233,24 @@ int cmd_train(const std::vector<std::string>& argv) {
   reject_unbuilt(c);
 
   const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+  // Under mpirun/srun: tp from the actor's megatron config, dp = world / tp,
+  // the rollout's tp from rollout.tensor_model_parallel_size (rl/distributed.h).
+  const comm::World* world = comm::World::current();
+  const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
+  const bool leader = world_rank == 0;
+  const int64_t tp = c.get_int(A + "megatron.tensor_model_parallel_size");
+  const int64_t rtp = c.get_int(R + "tensor_model_parallel_size");
+  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", tp},
+                                  std::pair{R + "tensor_model_parallel_size", rtp}})
+    if (size < 1 || world_size % size != 0)
+      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
+              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
+  // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
+  if (world_size > 1 && !leader) world->group()->barrier();
   const std::string model_dir = resolve_model(c.get_string("actor_rollout_ref.model.path"));
+  for (const char* k : {"data.train_files", "data.val_files"})
+    if (!c.is_null(k)) (void)resolve_files(c.get_string_list(k), true);
+  if (world_size > 1 && leader) world->group()->barrier();
   const std::string tok_dir =
       c.is_null("actor_rollout_ref.model.tokenizer_path") ? model_dir : c.get_string("actor_rollout_ref.model.tokenizer_path");
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
@@ -197,7 +270,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     if (!v) KS_FAIL(v.status().message());
     val_rows = std::move(v).value();
   }
-  std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+  if (leader) std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
 
   auto ropt = rl::reward_options_from_config(c);
   auto rm = rl::RewardManager::create(ropt);
@@ -212,6 +285,21 @@ int cmd_train(const std::vector<std::string>& argv) {
   model::ModelOptions mopt;
   const std::string dt = c.get_string(A + "megatron.dtype");
   mopt.dtype = dt == "bfloat16" ? DType::BF16 : DType::F32;
+  std::unique_ptr<parallel::ProcessGrid> grid;
+  rl::RlParallel par;
+  if (world_size > 1) {
+    auto mc = io::load_model_config(model_dir);
+    if (!mc) KS_FAIL(mc.status().message());
+    const bool sp = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
+    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), sp), model::model_facts(*mc));
+    if (!g) KS_FAIL("kestrel train: ", g.status().message());
+    grid = std::move(g).value();
+    mopt.parallel = model::model_parallel_for(*grid);
+    par.world = world->group();
+    par.dp = grid->group(parallel::GroupKind::Dp);
+    par.distributed_optimizer = c.get_bool(A + "megatron.use_distributed_optimizer");
+    if (rtp != tp) par.rollout_tp = world->split(world_rank / int(rtp), world_rank, "rollout_tp");
+  }
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& actor = **loaded;
@@ -271,17 +359,15 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.total_steps = c.is_null("trainer.total_training_steps")
                       ? source->batches_per_epoch() * c.get_int("trainer.total_epochs")
                       : c.get_int("trainer.total_training_steps");
-  o.lr.lr = c.get_float(A + "optim.lr");
-  const std::string style = c.is_null(A + "optim.warmup_style") ? c.get_string(A + "optim.lr_decay_style")
-                                                                 : c.get_string(A + "optim.warmup_style");
-  o.lr.style = optim::parse_lr_style(style, A + "optim.lr_decay_style").value();
-  o.lr.total_steps = c.get_int(A + "optim.total_training_steps") > 0 ? c.get_int(A + "optim.total_training_steps")
-                                                                      : o.total_steps;
-  o.lr.warmup_steps = optim::resolve_warmup_steps(c.get_int(A + "optim.lr_warmup_steps"),
-                                                  c.get_float(A + "optim.lr_warmup_steps_ratio"), o.lr.total_steps);
-  o.lr.min_lr_ratio = c.is_null(A + "optim.min_lr_ratio") ? (o.lr.lr > 0 ? c.get_float(A + "optim.min_lr") / o.lr.lr : 0)
-                                                          : c.get_float(A + "optim.min_lr_ratio");
-  o.lr.init_lr_ratio = o.lr.lr > 0 ? c.get_float(A + "optim.lr_warmup_init") / o.lr.lr : 0;
+  o.lr = lr_schedule_config(c, A, o.total_steps);
+  o.use_kl_in_reward = c.get_bool("algorithm.use_kl_in_reward");
+  o.kl_penalty = c.get_string("algorithm.kl_penalty");
+  o.kl_ctrl.type = c.get_string("algorithm.kl_ctrl.type");
+  o.kl_ctrl.value = c.get_float("algorithm.kl_ctrl.kl_coef");
+  o.kl_ctrl.horizon = c.get_int("algorithm.kl_ctrl.horizon");
+  o.kl_ctrl.target_kl = c.get_float("algorithm.kl_ctrl.target_kl");
+  o.critic_warmup = c.get_int("trainer.critic_warmup");
+  o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");
   o.test_freq = c.get_int("trainer.test_freq");
   o.val_before_train = c.get_bool("trainer.val_before_train");
@@ -289,17 +375,20 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.ckpt_root = c.get_string("trainer.default_local_dir");
   o.resume_mode = c.get_string("trainer.resume_mode");
   o.resume_from_path = c.get_string_or("trainer.resume_from_path", "");
-  o.progress = std::getenv("KESTREL_NO_PROGRESS") == nullptr;
+  o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;
+  o.parallel = par;
   o.resolved_config_yaml = c.to_yaml();
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
     if (fs::exists(tok_dir + "/" + f)) o.model_extra_files[f] = read_file(tok_dir + "/" + f).value();
 
   std::unique_ptr<model::CausalLM> ref;
-  if (o.loss.use_kl_loss) {
+  if (o.loss.use_kl_loss || o.use_kl_in_reward) {
     auto r = model::CausalLM::load(model_dir, mopt);  // the frozen initial policy
     if (!r) KS_FAIL(r.status().message());
     ref = std::move(r).value();
   }
+
+  std::unique_ptr<rl::Critic> critic = make_critic(c, o, model_dir, mopt);
 
   // metrics.jsonl and TensorBoard events always go next to the checkpoints
   // (the config layer accepts only trainer.logger=[console] so far).
@@ -318,23 +407,30 @@ int cmd_train(const std::vector<std::string>& argv) {
     auto s = train::checkpoint_step_of(o.resume_from_path);
     if (s) resume_step = *s;
   }
-  auto logger = train::MetricsLogger::open(mo, resume_step);
-  if (!logger) KS_FAIL(logger.status().message());
+  // Only world rank 0 logs (every rank computes the same metrics).
+  std::unique_ptr<train::MetricsLogger> logger;
+  if (leader) {
+    auto l = train::MetricsLogger::open(mo, resume_step);
+    if (!l) KS_FAIL(l.status().message());
+    logger = std::move(l).value();
+  }
 
-  std::fprintf(stderr,
+  if (leader)
+    std::fprintf(stderr,
                "train: %s on %s (%lld params); %lld steps of %lld prompts x %lld responses; rewards: %s\n",
                rl::adv_estimator_name(o.adv_estimator), model_dir.c_str(), (long long)actor.num_parameters(),
                (long long)o.total_steps, (long long)o.train_batch_size, (long long)o.n, (*rm)->describe().c_str());
   const bool val_only = c.get_bool("trainer.val_only");
   rl::RlTrainer trainer(actor, std::move(ref), to_prompts(*train_rows), to_prompts(val_rows), std::move(source), **rm,
                         [&tok](const std::vector<int32_t>& ids) { return tok.tokenizer().decode(ids, true); }, o,
-                        logger->get());
+                        logger.get(), std::move(critic));
   if (val_only) {
     auto v = trainer.validate();
-    (*logger)->log(0, v);
+    if (logger) logger->log(0, v);
     return 0;
   }
   trainer.fit().throw_if_error();
+  if (!leader) return 0;
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::fprintf(stderr, "\ntrain: done, %lld steps, wall time %s\n", (long long)trainer.global_step(),

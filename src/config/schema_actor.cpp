@@ -84,7 +84,7 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("use_fused_swiglu", B, "false", NO, "MindSpeed fused SwiGLU kernel.");
   add_own("sequence_parallel", YES,
       "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
-  add_own("use_distributed_optimizer", NO,
+  add_own("use_distributed_optimizer", YES,
       "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
   add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
   add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
@@ -134,7 +134,7 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
   b.k("sequence_parallel", B, d("sequence_parallel", "true"), YES,
       "Sequence parallelism: shard norm/dropout activations over TP ranks.");
-  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), NO,
+  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), YES,
       "Shard optimizer state over DP ranks (ZeRO-1). verl default: true.");
   b.k("use_dist_checkpointing", B, d("use_dist_checkpointing", "false"), NO, "Load Megatron dist checkpoints instead of HF weights.");
   b.k("dist_checkpointing_path", S, d("dist_checkpointing_path", "null"), NO, "Megatron dist checkpoint directory.");
@@ -224,7 +224,8 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("enable", B, "null", YES, "Train a value model; null enables it exactly when algorithm.adv_estimator is gae.");
   b.k("strategy", S, "megatron", YES, "Critic backend name; both names run Kestrel's engine.", {"megatron", "fsdp"});
   b.k("rollout_n", I, "${oc.select:actor_rollout_ref.rollout.n,1}", YES, "Responses per prompt (follows rollout.n).");
-  b.k("model.path", S, "~/models/deepseek-llm-7b-chat", YES, "HF model directory the value model starts from.");
+  b.k("model.path", S, "${actor_rollout_ref.model.path}", YES,
+      "HF model directory the value model starts from (verl: ~/models/deepseek-llm-7b-chat; Kestrel: the actor's).");
   b.k("model.tokenizer_path", S, "${oc.select:actor_rollout_ref.model.path,null}", YES, "Tokenizer directory.");
   b.k("model.override_config", M, "{}", NO, "Fields overriding the critic's HF config.json.");
   b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");

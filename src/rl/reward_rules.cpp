@@ -179,17 +179,27 @@ double math_score(const std::string& text, const std::string& truth) {
   return math_strip_string(*boxed) == math_strip_string(truth) ? 1.0 : 0.0;
 }
 
-double arith_score(const std::string& text, const std::string& truth) {
+namespace {
+
+// The integer after the last "####" (an optional '-' then digits).
+std::optional<std::string> arith_extract(const std::string& text) {
   auto p = text.rfind("####");
-  if (p == std::string::npos) return 0.0;
+  if (p == std::string::npos) return std::nullopt;
   size_t i = p + 4;
   while (i < text.size() && text[i] == ' ') ++i;
   size_t j = i;
   if (j < text.size() && text[j] == '-') ++j;
   size_t digits_start = j;
   while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
-  if (j == digits_start) return 0.0;
-  return text.substr(i, j - i) == truth ? 1.0 : 0.0;
+  if (j == digits_start) return std::nullopt;
+  return text.substr(i, j - i);
+}
+
+}  // namespace
+
+double arith_score(const std::string& text, const std::string& truth) {
+  const auto a = arith_extract(text);
+  return a && *a == truth ? 1.0 : 0.0;
 }
 
 std::optional<double> rule_score(const std::string& src, const std::string& text, const std::string& truth) {
@@ -197,6 +207,16 @@ std::optional<double> rule_score(const std::string& src, const std::string& text
   if (src == "lighteval/MATH" || src == "DigitalLearningGmbH/MATH-lighteval" || src == "math")
     return math_score(text, truth);
   if (src == "arith" || src == "kestrel/arith") return arith_score(text, truth);
+  return std::nullopt;
+}
+
+std::optional<std::string> rule_prediction(const std::string& src, const std::string& text) {
+  if (src == "openai/gsm8k" || src == "gsm8k") return gsm8k_extract(text);
+  if (src == "arith" || src == "kestrel/arith") return arith_extract(text);
+  if (src == "lighteval/MATH" || src == "DigitalLearningGmbH/MATH-lighteval" || src == "math") {
+    auto b = last_boxed_content(text);
+    if (b) return math_strip_string(*b);
+  }
   return std::nullopt;
 }
 

@@ -28,4 +28,9 @@ double arith_score(const std::string& text, const std::string& ground_truth);
 std::optional<double> rule_score(const std::string& data_source, const std::string& text,
                                  const std::string& ground_truth);
 
+// The answer a rule extracts from a response (the "pred" of verl's
+// reward_extra_info that maj@N votes on); std::nullopt when the data source
+// has no rule or no answer was found.
+std::optional<std::string> rule_prediction(const std::string& data_source, const std::string& text);
+
 }  // namespace kestrel::rl

@@ -125,6 +125,18 @@ train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::ve
   };
 }
 
+std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                             const PolicyLossConfig& cfg) {
+  if (cfg.entropy_coeff != 0 || cfg.use_kl_loss) return seqs;
+  std::vector<int64_t> out;
+  for (int64_t i : seqs) {
+    bool any = false;
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i) && !any; ++t) any = b.advantages[size_t(t)] != 0.0;
+    if (any) out.push_back(i);
+  }
+  return out;
+}
+
 void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x) {
   if (x.empty()) return;
   double s = 0, lo = std::numeric_limits<double>::infinity(), hi = -lo;

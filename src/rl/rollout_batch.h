@@ -45,6 +45,15 @@ std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int6
 AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seqs, AggMode mode,
                           double scale_factor);
 
+// The sequences of `seqs` whose loss has a gradient. Under the vanilla PPO
+// loss a response whose every advantage is 0 (a GRPO group with equal scores)
+// contributes exactly zero gradient when neither the entropy bonus nor the KL
+// loss is on, so the actor update skips its forward and backward; the
+// mini-batch denominators (mini_batch_scope) still count it, so the update is
+// the one the whole mini-batch gives, at the cost of the rest.
+std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                             const PolicyLossConfig& cfg);
+
 // Micro-batches of a mini-batch: by token budget (max_tokens > 0, verl's
 // use_dynamic_bsz + ppo_max_token_len_per_gpu) or max_seqs sequences each.
 std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,

@@ -4,13 +4,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/files.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/batch.h"
+#include "model/parallel_setup.h"
 #include "model/scoring.h"
+#include "parallel/balance.h"
+#include "parallel/data_parallel.h"
+#include "rl/distributed.h"
+#include "rollout/reshard.h"
+#include "optim/checkpoint_io.h"
 #include "optim/grad_clip.h"
+#include "rl/reward_rules.h"
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
 #include "train/token_objective.h"
@@ -41,9 +49,22 @@ std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
   return order;
 }
 
-constexpr const char* kMasterPrefix = "master.";
 
 }  // namespace
+
+double majority_vote_accuracy(const std::vector<std::pair<std::string, double>>& samples) {
+  KS_CHECK(!samples.empty(), "majority vote over no samples");
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> votes;  // pred -> (count, first acc)
+  for (const auto& [pred, acc] : samples) {
+    auto it = std::find_if(votes.begin(), votes.end(), [&](const auto& e) { return e.first == pred; });
+    if (it == votes.end()) votes.push_back({pred, {1, acc}});
+    else ++it->second.first;
+  }
+  auto top = votes.begin();
+  for (auto it = votes.begin(); it != votes.end(); ++it)
+    if (it->second.first > top->second.first) top = it;
+  return top->second.second;
+}
 
 uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index) {
   return splitmix64(splitmix64(seed) ^ splitmix64(uint64_t(step) * 0x100000001B3ull + uint64_t(index)));
@@ -52,19 +73,43 @@ uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index) {
 RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> ref, std::vector<RlPrompt> train,
                      std::vector<RlPrompt> val, std::unique_ptr<train::BatchSource> source, RewardManager& rewards,
                      std::function<std::string(const std::vector<int32_t>&)> decode, RlOptions opt,
-                     train::MetricsLogger* logger)
+                     train::MetricsLogger* logger, std::unique_ptr<Critic> critic)
     : actor_(actor), ref_(std::move(ref)), train_(std::move(train)), val_(std::move(val)), source_(std::move(source)),
-      rewards_(rewards), decode_(std::move(decode)), opt_(std::move(opt)), logger_(logger) {
+      rewards_(rewards), decode_(std::move(decode)), opt_(std::move(opt)), logger_(logger), critic_(std::move(critic)) {
   KS_CHECK(!train_.empty(), "RL: no training prompts");
   KS_CHECK(opt_.total_steps > 0, "RL: total steps must be positive");
   KS_CHECK(opt_.n >= 1 && opt_.train_batch_size >= 1, "RL: train_batch_size and rollout.n must be >= 1");
   KS_CHECK(opt_.ppo_mini_batch_size >= 1 && opt_.ppo_epochs >= 1, "RL: ppo_mini_batch_size and ppo_epochs must be >= 1");
   KS_CHECK(!opt_.loss.use_kl_loss || ref_, "RL: use_kl_loss needs a reference model");
-  if (opt_.adv_estimator == AdvEstimator::GAE)
-    KS_FAIL("not supported yet: algorithm.adv_estimator=gae (no critic model yet); use grpo, rloo or reinforce_plus_plus");
+  KS_CHECK(!opt_.use_kl_in_reward || ref_, "RL: algorithm.use_kl_in_reward needs a reference model");
+  if (opt_.use_kl_in_reward) parse_kl_type(opt_.kl_penalty).value();
+  KS_CHECK(opt_.adv_estimator != AdvEstimator::GAE || critic_,
+           "RL: algorithm.adv_estimator=gae needs a critic (critic.enable, critic.model.path)");
+  const int world = opt_.parallel.world->size(), dp = opt_.parallel.dp->size();
+  KS_CHECK(opt_.train_batch_size % dp == 0, "data.train_batch_size=", opt_.train_batch_size,
+           " must divide by the data-parallel size ", dp);
+  KS_CHECK(opt_.ppo_mini_batch_size % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size=", opt_.ppo_mini_batch_size,
+           " must divide by the data-parallel size ", dp);
+  if (world > 1 && critic_) KS_FAIL("not supported yet: the PPO critic (adv_estimator=gae) under mpirun");
   actor_.enable_grads();
+  // Under mpirun the gradients live in DataParallel's flat buffer (summed over
+  // dp: every rank's loss already carries the global denominators) and the
+  // optimizer steps the owned range; one process keeps today's plain path.
+  std::vector<model::Param*> order = actor_.params();
+  int64_t lo = 0, hi = -1;
+  bool held_masters = false;
+  if (world > 1) {
+    parallel::DpOptions dpo;
+    dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
+    dpo.average = false;
+    dp_ = std::make_unique<parallel::DataParallel>(model::dp_params(actor_), *opt_.parallel.dp, dpo);
+    order.clear();
+    for (const auto& d : dp_->flat_params()) order.push_back(actor_.find_param(d.name));
+    std::tie(lo, hi) = dp_->owned_range();
+    held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
+  }
   std::vector<optim::ParamSlot> slots;
-  for (model::Param* p : actor_.params()) {
+  for (model::Param* p : order) {
     optim::ParamSlot s;
     s.name = p->name;
     s.grad = p->grad;
@@ -72,17 +117,46 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
     if (p->weight.dtype() == DType::F32) {
       s.master = p->weight;  // updated in place: the rollout engine reads these weights
     } else {
-      s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
+      if (!held_masters) s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
       s.model_copy = p->weight;
     }
     slots.push_back(std::move(s));
   }
-  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw);
+  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw, lo, hi);
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
   sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
-  auto eng = rollout::Engine::create(actor_, opt_.engine);
+  rollout::RolloutWeightsOptions ro;
+  ro.tp = opt_.parallel.rollout_tp;
+  rollout_weights_ = rollout::RolloutWeights::create(actor_, ro);
+  const int rtp = ro.tp ? ro.tp->size() : actor_.tp().size();
+  KS_CHECK(world % rtp == 0, "rollout tensor-parallel size ", rtp, " must divide the world size ", world);
+  rollout_groups_ = world / rtp;
+  rollout_group_ = opt_.parallel.world->rank() / rtp;
+  rollout_leader_ = opt_.parallel.world->rank() % rtp == 0;
+  auto eng = rollout::Engine::create(rollout_weights_->model(), opt_.engine);
   if (!eng) KS_FAIL("RL: cannot start the rollout engine: ", eng.status().message());
   engine_ = std::move(eng).value();
+}
+
+std::vector<int64_t> RlTrainer::dp_share(const RolloutBatch& b) const {
+  const int dp = opt_.parallel.dp->size();
+  if (dp > 1 && opt_.balance_batch) {
+    std::vector<int64_t> lens;
+    for (int64_t i = 0; i < b.size(); ++i) lens.push_back(int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size()));
+    return parallel::seqlen_balanced_partitions(lens, dp, true)[size_t(opt_.parallel.dp->rank())];
+  }
+  const int64_t groups = b.size() == 0 ? 0 : b.group.back() + 1;
+  const auto [g0, g1] = share_range(groups, opt_.parallel.dp->rank(), opt_.parallel.dp->size());
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < b.size(); ++i)
+    if (b.group[size_t(i)] >= g0 && b.group[size_t(i)] < g1) out.push_back(i);
+  return out;
+}
+
+std::string RlTrainer::optimizer_file() const {
+  if (opt_.parallel.world->size() == 1) return "optimizer.safetensors";
+  return "optimizer_tp" + std::to_string(actor_.tp().rank()) + "_dp" + std::to_string(opt_.parallel.dp->rank()) +
+         ".safetensors";
 }
 
 RlTrainer::~RlTrainer() = default;
@@ -99,20 +173,29 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
   sp.top_p = opt_.top_p;
   sp.max_tokens = opt_.response_length;
   sp.n = opt_.n;
-  for (size_t k = 0; k < prompt_idx.size(); ++k) {
-    sp.seed = rollout_request_seed(opt_.rollout_seed, step_, int64_t(k));
-    engine_->add_request(std::to_string(k), train_[size_t(prompt_idx[k])].ids, sp).throw_if_error();
+  // This rollout group's share of the prompts; the seeds use the step-wide
+  // index, so the samples do not depend on the layout.
+  const auto [p0, p1] = share_range(int64_t(prompt_idx.size()), rollout_group_, rollout_groups_);
+  for (int64_t k = p0; k < p1; ++k) {
+    sp.seed = rollout_request_seed(opt_.rollout_seed, step_, k);
+    engine_->add_request(std::to_string(k), train_[size_t(prompt_idx[size_t(k)])].ids, sp).throw_if_error();
   }
   const auto outs = engine_->run_to_completion();
-  KS_CHECK(outs.size() == prompt_idx.size(), "rollout: ", outs.size(), " outputs for ", prompt_idx.size(), " prompts");
+  KS_CHECK(int64_t(outs.size()) == p1 - p0, "rollout: ", outs.size(), " outputs for ", p1 - p0, " prompts");
+  std::vector<WireResponse> mine;
+  for (size_t k = 0; k < outs.size(); ++k)
+    for (const auto& c : outs[k].outputs) mine.push_back({p0 + int64_t(k), c.index, c.token_ids, c.logprobs});
+  const std::vector<WireResponse> all = opt_.parallel.world->size() > 1
+                                            ? all_gather_responses(*opt_.parallel.world, mine, rollout_leader_)
+                                            : mine;
+  KS_CHECK(int64_t(all.size()) == int64_t(prompt_idx.size()) * opt_.n, "rollout: ", all.size(), " responses for ",
+           prompt_idx.size(), " prompts x n=", opt_.n);
   RolloutBatch b;
-  for (size_t k = 0; k < outs.size(); ++k) {
-    for (const auto& c : outs[k].outputs) {
-      b.prompts.push_back(train_[size_t(prompt_idx[k])].ids);
-      b.responses.push_back(c.token_ids);
-      b.group.push_back(int64_t(k));
-      b.rollout_logp.insert(b.rollout_logp.end(), c.logprobs.begin(), c.logprobs.end());
-    }
+  for (const WireResponse& r : all) {
+    b.prompts.push_back(train_[size_t(prompt_idx[size_t(r.prompt)])].ids);
+    b.responses.push_back(r.tokens);
+    b.group.push_back(r.prompt);
+    b.rollout_logp.insert(b.rollout_logp.end(), r.logprobs.begin(), r.logprobs.end());
   }
   b.finalize_layout();
   if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
@@ -126,12 +209,17 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
     const RlPrompt& p = train_[size_t(prompt_idx[size_t(b.group[size_t(i)])])];
     reqs.push_back({p.data_source, decode_(b.responses[size_t(i)]), p.ground_truth, p.extra_info});
   }
+  // Scored once, on world rank 0 (a reward program runs once per response);
+  // every rank gets the scores.
   RewardBatchResult r;
-  if (reward_fn_) {
-    for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
-  } else {
-    r = rewards_.score(reqs);
+  if (is_world_leader()) {
+    if (reward_fn_) {
+      for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
+    } else {
+      r = rewards_.score(reqs);
+    }
   }
+  broadcast_doubles(*opt_.parallel.world, r.scores);
   b.scores = r.scores;
   // verl's token_level_scores: the outcome score on the last response token.
   b.token_rewards.assign(size_t(b.layout.num_tokens()), 0.0);
@@ -141,8 +229,8 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
 }
 
 void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
-  std::vector<int64_t> all(static_cast<size_t>(b.size()), 0);
-  for (int64_t i = 0; i < b.size(); ++i) all[size_t(i)] = i;
+  // Each dp rank scores its share; every rank then holds all of them.
+  const std::vector<int64_t> all = dp_share(b);
   auto score = [&](const model::CausalLM& m, std::vector<double>& out) {
     out.assign(size_t(b.layout.num_tokens()), 0.0);
     for (const auto& grp : split_mini_batch(b, all, opt_.log_prob_max_token_len, 0)) {
@@ -156,13 +244,36 @@ void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
       for (int64_t i : grp)
         for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(lp[rows[k++]]);
     }
+    all_gather_token_values(*opt_.parallel.dp, b, all, out);
   };
   if (old) score(actor_, b.old_logp);
   if (ref) score(*ref_, b.ref_logp);
 }
 
-void RlTrainer::compute_advantage(RolloutBatch& b) {
+void RlTrainer::apply_kl_penalty(RolloutBatch& b, std::map<std::string, double>& m) {
+  KS_CHECK(!b.ref_logp.empty(), "RL: the in-reward KL needs reference log-probs");
+  const std::vector<double>& cur = b.old_logp.empty() ? b.rollout_logp : b.old_logp;
+  KS_CHECK(!cur.empty(), "RL: the in-reward KL needs the actor's log-probs");
+  const double beta = opt_.kl_ctrl.value;
+  double current_kl = 0;  // mean over sequences of the per-sequence token mean
+  for (int64_t i = 0; i < b.size(); ++i) {
+    double s = 0;
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) {
+      const double kl = kl_estimate(opt_.kl_penalty, cur[size_t(t)], b.ref_logp[size_t(t)]).value;
+      b.token_rewards[size_t(t)] -= beta * kl;
+      s += kl;
+    }
+    current_kl += s / (double(b.layout.length(i)) + 1e-8);  // verl's masked_mean
+  }
+  current_kl /= double(std::max<int64_t>(1, b.size()));
+  opt_.kl_ctrl.update(current_kl, b.size());
+  m["actor/reward_kl_penalty"] = current_kl;
+  m["actor/reward_kl_penalty_coeff"] = beta;
+}
+
+void RlTrainer::compute_advantage(RolloutBatch& b, const std::vector<double>* values) {
   AdvantageInput in;
+  in.values = values;
   in.layout = &b.layout;
   in.token_rewards = &b.token_rewards;
   in.group = &b.group;
@@ -176,38 +287,68 @@ void RlTrainer::compute_advantage(RolloutBatch& b) {
 
 std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   engine_->sleep();  // colocated: the KV cache is released while training
-  const int64_t B = b.size();
-  const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n);
+  rollout_weights_->release();  // a resharded rollout copy too (no-op in place)
+  // This dp rank's sequences; mini-batches are this rank's part of the global ones.
+  const std::vector<int64_t> local = dp_share(b);
+  const int dp = opt_.parallel.dp->size();
+  const int64_t B = int64_t(local.size());
+  const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n / dp);
   const double scale = opt_.loss_scale_factor > 0 ? opt_.loss_scale_factor : double(opt_.response_length);
   const double lr = sched_->lr(step_);
   LossTotals sum;    // over all mini-batches of all epochs
   LossTotals first;  // the first mini-batch: trained on the policy that sampled it
-  double grad_norm = 0, skipped = 0;
+  double grad_norm = 0, skipped = 0, zero_adv_seqs = 0;
   int64_t n_updates = 0, n_micro = 0;
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
-    std::vector<int64_t> order(static_cast<size_t>(B), 0);
-    for (int64_t i = 0; i < B; ++i) order[size_t(i)] = i;
-    if (opt_.shuffle) order = shuffled(B, opt_.data_loader_seed, uint64_t(step_) * 1024 + uint64_t(e));
+    std::vector<int64_t> order = local;
+    if (opt_.shuffle) {
+      const std::vector<int64_t> perm = shuffled(B, opt_.data_loader_seed, uint64_t(step_) * 1024 + uint64_t(e));
+      for (int64_t i = 0; i < B; ++i) order[size_t(i)] = local[size_t(perm[size_t(i)])];
+    }
     for (int64_t s0 = 0; s0 < B; s0 += mini) {
       const std::vector<int64_t> mb(order.begin() + s0, order.begin() + std::min(B, s0 + mini));
-      actor_.zero_grads();
+      if (dp_) dp_->zero_grads();
+      else actor_.zero_grads();
       PolicyLossConfig cfg = opt_.loss;
       cfg.agg = mini_batch_scope(b, mb, opt_.loss.agg.mode, scale);
+      if (dp > 1) {  // the mini-batch's denominators span every dp rank's part
+        std::vector<double> d = {cfg.agg.global_tokens, cfg.agg.global_seqs};
+        sum_doubles(*opt_.parallel.dp, d);
+        cfg.agg.global_tokens = d[0], cfg.agg.global_seqs = d[1];
+      }
       LossTotals t;
-      const auto micro = split_mini_batch(b, mb, opt_.max_token_len,
-                                          opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()));
+      const std::vector<int64_t> active = sequences_with_gradient(b, mb, cfg);
+      zero_adv_seqs += double(mb.size() - active.size());
+      const auto micro =
+          active.empty() ? std::vector<std::vector<int64_t>>{}
+                         : split_mini_batch(b, active, opt_.max_token_len,
+                                            opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()));
       for (size_t g = 0; g < micro.size(); ++g) {
         std::vector<std::vector<int32_t>> seqs;
         for (int64_t i : micro[g]) seqs.push_back(b.sequence(i));
         const model::PackedBatch pb = model::pack_sequences(seqs);
         train::forward_backward(actor_, pb, micro_batch_objective(b, micro[g], cfg, &t), cfg.entropy_coeff != 0);
-        if (g == 0) train::maybe_crash("train_step", step_ + 1);
       }
+      train::maybe_crash("train_step", step_ + 1);
       n_micro += int64_t(micro.size());
+      all_reduce_totals(*opt_.parallel.dp, t);
       if (n_updates == 0) first = t;
-      const optim::ClipResult clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
-      if (clip.finite) optim_->step(lr);
-      else skipped += 1;
+      optim::ClipResult clip;
+      if (dp_) {
+        dp_->start_grad_sync();
+        dp_->finish_grad_sync();
+        comm::ProcessGroup* tp = actor_.tp().size() > 1 ? &actor_.tp() : nullptr;
+        clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp) : dp_->grad_norm(tp);
+        clip.finite = std::isfinite(clip.norm);  // global: every rank takes the same branch
+      } else {
+        clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
+      }
+      if (clip.finite) {
+        optim_->step(lr);
+        if (dp_) dp_->gather_params();
+      } else {
+        skipped += 1;
+      }
       grad_norm += clip.norm;
       ++n_updates;
       sum.loss += t.loss;
@@ -232,6 +373,13 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   m["actor/num_updates"] = double(n_updates);
   m["actor/num_micro_batches"] = double(n_micro);
   m["actor/step_skipped"] = skipped;
+  // Sequences left out of the forward/backward because their gradient is zero
+  // (sequences_with_gradient); token metrics above are over the trained ones.
+  {
+    std::vector<double> z = {zero_adv_seqs, double(B)};
+    sum_doubles(*opt_.parallel.dp, z);
+    m["actor/zero_adv_seq_frac"] = z[0] / (z[1] * double(opt_.ppo_epochs));
+  }
   if (first.rollout_diff_tokens > 0) {
     // verl's rollout_probs_diff: the engine and the actor must agree on the policy.
     m["training/rollout_probs_diff_mean"] = first.rollout_diff_sum / first.rollout_diff_tokens;
@@ -254,32 +402,63 @@ std::map<std::string, double> RlTrainer::train_step() {
   m["timing_s/reward"] = seconds_since(t0);
 
   // Old log-probs are needed when the policy moves before a sequence is
-  // trained on (several epochs or mini-batches); else old = current, detached.
-  const bool need_old = opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size();
+  // trained on (several epochs or mini-batches) and by the in-reward KL; else
+  // old = current, detached.
+  const bool need_old =
+      opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() || opt_.use_kl_in_reward;
   t0 = Clock::now();
   compute_log_probs(b, need_old, false);
   m["timing_s/old_log_prob"] = seconds_since(t0);
   t0 = Clock::now();
-  compute_log_probs(b, false, opt_.loss.use_kl_loss);
+  compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
   m["timing_s/ref"] = seconds_since(t0);
 
-  t0 = Clock::now();
-  compute_advantage(b);
-  m["timing_s/adv"] = seconds_since(t0);
+  std::vector<double> values;
+  if (critic_) {
+    engine_->sleep();  // colocated: the KV cache is released while the critic runs
+    t0 = Clock::now();
+    values = critic_->values(b);
+    m["timing_s/values"] = seconds_since(t0);
+  }
 
   t0 = Clock::now();
-  for (const auto& [k, v] : update_actor(b)) m[k] = v;
-  m["timing_s/update_actor"] = seconds_since(t0);
+  if (opt_.use_kl_in_reward) apply_kl_penalty(b, m);
+  compute_advantage(b, critic_ ? &values : nullptr);
+  m["timing_s/adv"] = seconds_since(t0);
+
+  if (critic_) {
+    t0 = Clock::now();
+    for (const auto& [k, v] : critic_->update(b, b.returns, values, step_)) m[k] = v;
+    m["timing_s/update_critic"] = seconds_since(t0);
+    for (const auto& [k, v] : critic_data_metrics(values, b.returns)) m[k] = v;
+  }
+
+  // verl: the actor is updated once global_steps (1-based) reaches critic_warmup.
+  if (opt_.critic_warmup <= step_ + 1) {
+    t0 = Clock::now();
+    for (const auto& [k, v] : update_actor(b)) m[k] = v;
+    m["timing_s/update_actor"] = seconds_since(t0);
+  }
   ++step_;
 
   t0 = Clock::now();
+  const rollout::ReshardStats& rs = rollout_weights_->refresh();  // train -> rollout layout (no-op in place)
   engine_->wake_up();
   engine_->update_weights_version();
   m["timing_s/update_weights"] = seconds_since(t0);
+  if (!rollout_weights_->in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
 
   // Data metrics (verl's compute_data_metrics), over response tokens.
   add_stats(m, "critic/score", b.scores);
-  add_stats(m, "critic/rewards", b.scores);  // no KL in reward: rewards == scores
+  {
+    std::vector<double> seq_rewards;  // verl's sequence_reward: token rewards summed
+    for (int64_t i = 0; i < b.size(); ++i) {
+      double s = 0;
+      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) s += b.token_rewards[size_t(t)];
+      seq_rewards.push_back(b.layout.length(i) > 0 ? s : b.scores[size_t(i)]);
+    }
+    add_stats(m, "critic/rewards", seq_rewards);
+  }
   add_stats(m, "critic/advantages", b.advantages);
   add_stats(m, "critic/returns", b.returns);
   std::vector<double> rlen, plen;
@@ -318,20 +497,34 @@ std::map<std::string, double> RlTrainer::validate() {
   sp.top_p = opt_.val_top_p;
   sp.max_tokens = opt_.response_length;
   sp.n = opt_.val_n;
-  for (size_t k = 0; k < val_.size(); ++k) {
-    sp.seed = rollout_request_seed(opt_.rollout_seed ^ 0x76616c69ull, 0, int64_t(k));  // fixed: comparable across steps
-    engine_->add_request(std::to_string(k), val_[k].ids, sp).throw_if_error();
+  // Each rollout group generates a share; world rank 0 scores everything
+  // (the other ranks return no metrics: only rank 0 logs).
+  const auto [p0, p1] = share_range(int64_t(val_.size()), rollout_group_, rollout_groups_);
+  for (int64_t k = p0; k < p1; ++k) {
+    sp.seed = rollout_request_seed(opt_.rollout_seed ^ 0x76616c69ull, 0, k);  // fixed: comparable across steps
+    engine_->add_request(std::to_string(k), val_[size_t(k)].ids, sp).throw_if_error();
   }
   const auto outs = engine_->run_to_completion();
+  // Training rollouts never reuse validation KV: prefix-cached blocks are not
+  // bit-identical to recomputed ones, so a step after a validation would
+  // otherwise depend on whether the run was resumed in between.
+  engine_->update_weights_version();
+  std::vector<WireResponse> mine;
+  for (size_t k = 0; k < outs.size(); ++k)
+    for (const auto& c : outs[k].outputs) mine.push_back({p0 + int64_t(k), c.index, c.token_ids, {}});
+  const std::vector<WireResponse> all = opt_.parallel.world->size() > 1
+                                            ? all_gather_responses(*opt_.parallel.world, mine, rollout_leader_)
+                                            : mine;
+  if (!is_world_leader()) return out;
   std::vector<RewardRequest> reqs;
   std::vector<size_t> owner;
   double len = 0;
-  for (size_t k = 0; k < outs.size(); ++k)
-    for (const auto& c : outs[k].outputs) {
-      reqs.push_back({val_[k].data_source, decode_(c.token_ids), val_[k].ground_truth, val_[k].extra_info});
-      owner.push_back(k);
-      len += double(c.token_ids.size());
-    }
+  for (const WireResponse& w : all) {
+    const RlPrompt& v = val_[size_t(w.prompt)];
+    reqs.push_back({v.data_source, decode_(w.tokens), v.ground_truth, v.extra_info});
+    owner.push_back(size_t(w.prompt));
+    len += double(w.tokens.size());
+  }
   RewardBatchResult r;
   if (reward_fn_) {
     for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
@@ -339,27 +532,49 @@ std::map<std::string, double> RlTrainer::validate() {
   } else {
     r = rewards_.score(reqs);
   }
-  // Per data source: the accuracy of every sample, grouped by prompt.
-  std::map<std::string, std::map<size_t, std::vector<double>>> acc;
+  // Per data source: the accuracy and the extracted answer ("pred", the
+  // majority-vote key) of every sample, grouped by prompt.
+  struct Sample {
+    double acc;
+    std::string pred;
+  };
+  std::map<std::string, std::map<size_t, std::vector<Sample>>> acc;
   for (size_t j = 0; j < reqs.size(); ++j) {
     double a = r.scores[j];
+    std::string pred;
     if (r.extra[j].is_object() && r.extra[j].contains("acc") && r.extra[j]["acc"].is_number())
       a = r.extra[j]["acc"].get<double>();
-    acc[reqs[j].data_source][owner[j]].push_back(a);
+    if (r.extra[j].is_object() && r.extra[j].contains("pred"))
+      pred = r.extra[j]["pred"].is_string() ? r.extra[j]["pred"].get<std::string>() : r.extra[j]["pred"].dump();
+    else if (auto p = rule_prediction(reqs[j].data_source, reqs[j].solution_str))
+      pred = *p;
+    acc[reqs[j].data_source][owner[j]].push_back({a, pred});
   }
   const std::string N = std::to_string(opt_.val_n);
   for (const auto& [src, groups] : acc) {
-    double mean = 0, best = 0, worst = 0, count = 0;
+    double mean = 0, best = 0, worst = 0, maj = 0, std_sum = 0, count = 0;
     for (const auto& [k, v] : groups) {
-      for (double a : v) mean += a, count += 1;
-      best += *std::max_element(v.begin(), v.end());
-      worst += *std::min_element(v.begin(), v.end());
+      double lo = v[0].acc, hi = v[0].acc, m1 = 0, m2 = 0;
+      for (const Sample& x : v) {
+        mean += x.acc, count += 1, m1 += x.acc, m2 += x.acc * x.acc;
+        lo = std::min(lo, x.acc), hi = std::max(hi, x.acc);
+      }
+      best += hi;
+      worst += lo;
+      m1 /= double(v.size());
+      std_sum += std::sqrt(std::max(0.0, m2 / double(v.size()) - m1 * m1));  // np.std (population)
+      std::vector<std::pair<std::string, double>> pv;
+      for (const Sample& x : v) pv.push_back({x.pred, x.acc});
+      maj += majority_vote_accuracy(pv);
     }
     const std::string p = "val-core/" + src + "/acc/";
+    const double G = double(groups.size());
     out[p + "mean@" + N] = mean / count;
     if (opt_.val_n > 1) {
-      out[p + "best@" + N + "/mean"] = best / double(groups.size());
-      out["val-aux/" + src + "/acc/worst@" + N + "/mean"] = worst / double(groups.size());
+      out[p + "best@" + N + "/mean"] = best / G;
+      out[p + "maj@" + N + "/mean"] = maj / G;
+      out["val-aux/" + src + "/acc/worst@" + N + "/mean"] = worst / G;
+      out["val-aux/" + src + "/acc/std@" + N] = std_sum / G;
     }
   }
   out["val-aux/response_length/mean"] = reqs.empty() ? 0.0 : len / double(reqs.size());
@@ -371,18 +586,24 @@ std::map<std::string, double> RlTrainer::validate() {
 }
 
 Status RlTrainer::save_checkpoint() {
+  // Under mpirun every rank writes its part into one folder (collective):
+  // the weights by the tp ranks of dp rank 0 (gathered, tp rank 0 writes),
+  // one optimizer file per rank, the trainer state by world rank 0.
+  const bool leader = is_world_leader();
   return train::write_checkpoint(
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {
-        KS_TRY(actor_.save(dir + "/actor/model", actor_.dtype()));
-        for (const auto& [name, content] : opt_.model_extra_files)
-          KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
-        optim::OptimizerState st = optim_->state();
-        std::vector<io::NamedTensor> tensors;
-        for (auto& [name, t] : st.tensors) tensors.push_back({name, t});
-        for (const auto& s : optim_->params())
-          if (s.model_copy.defined()) tensors.push_back({kMasterPrefix + s.name, s.master});
-        KS_TRY(io::save_safetensors(dir + "/actor/optimizer.safetensors", tensors, st.metadata));
+        if (opt_.parallel.dp->rank() == 0) {
+          KS_TRY(actor_.save(dir + "/actor/model", actor_.dtype()));
+          if (leader)
+            for (const auto& [name, content] : opt_.model_extra_files)
+              KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
+        }
+        std::error_code ec;
+        std::filesystem::create_directories(dir + "/actor", ec);
+        KS_TRY(optim::save_optimizer_state(dir + "/actor/" + optimizer_file(), *optim_));
+        if (critic_) KS_TRY(critic_->save(dir + "/critic"));
+        if (!leader) return Status::ok();
         nlohmann::ordered_json ts;
         ts["global_step"] = step_;
         ts["total_steps"] = opt_.total_steps;
@@ -393,34 +614,26 @@ Status RlTrainer::save_checkpoint() {
         ts["rng"] = {{"kind", "philox/splitmix64 by step"},
                      {"rollout_seed", opt_.rollout_seed},
                      {"data_loader_seed", opt_.data_loader_seed}};
+        ts["kl_ctrl"] = {{"type", opt_.kl_ctrl.type}, {"value", opt_.kl_ctrl.value}};
+        ts["parallel"] = {{"world", opt_.parallel.world->size()},
+                          {"tp", actor_.tp().size()},
+                          {"dp", opt_.parallel.dp->size()},
+                          {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
         KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
         return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
       },
-      opt_.max_ckpt_to_keep);
+      opt_.max_ckpt_to_keep, opt_.parallel.world.get());
 }
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
-  const std::string opath = dir + "/actor/optimizer.safetensors";
-  KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
-  std::map<std::string, Tensor> tensors;
-  bool masters = false;
-  for (const auto& info : of->tensors()) {
-    KS_ASSIGN(Tensor t, of->get(info.name));
-    if (info.name.rfind(kMasterPrefix, 0) == 0) {
-      bool found = false;
-      for (auto& s : optim_->params())
-        if (s.model_copy.defined() && kMasterPrefix + s.name == info.name) {
-          s.master.copy_from(t);
-          found = masters = true;
-        }
-      if (!found) return KS_ERR(opath, ": master weight ", info.name, " matches no parameter of this model");
-    } else {
-      tensors.emplace(info.name, t);
-    }
-  }
-  KS_TRY(optim_->load_state(tensors, of->metadata(), opath));
-  if (masters) optim_->refresh_model_copies(0, optim_->numel());
+  const std::string opath = dir + "/actor/" + optimizer_file();
+  if (!std::filesystem::exists(opath))
+    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
+                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
+                  "use_distributed_optimizer");
+  KS_TRY(optim::load_optimizer_state(opath, *optim_));
+  if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;
@@ -431,13 +644,18 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
     return KS_ERR(tpath, ": ", e.what());
   }
   if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
+  if (ts.contains("kl_ctrl") && ts["kl_ctrl"].contains("value") && ts["kl_ctrl"]["value"].is_number())
+    opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
+  if (critic_) KS_TRY(critic_->load(dir + "/critic"));
   KS_TRY(source_->restore(ts["data_loader"], tpath));
+  rollout_weights_->refresh();
   engine_->update_weights_version();  // the prefix cache holds KV of the old weights
   return Status::ok();
 }
 
 Status RlTrainer::fit() {
-  if (!opt_.ckpt_root.empty()) train::remove_stale_checkpoint_temps(opt_.ckpt_root);
+  if (!opt_.ckpt_root.empty() && is_world_leader()) train::remove_stale_checkpoint_temps(opt_.ckpt_root);
+  opt_.parallel.world->barrier();
   std::string resume_dir;
   if (opt_.resume_mode == "auto") {
     if (!opt_.ckpt_root.empty()) {

@@ -22,10 +22,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comm/process_group.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "rl/advantages.h"
+#include "rl/critic.h"
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
 #include "rl/rollout_batch.h"
@@ -33,7 +35,24 @@
 #include "train/logging.h"
 #include "train/sft_trainer.h"
 
+namespace kestrel::parallel {
+class DataParallel;
+}
+namespace kestrel::rollout {
+class RolloutWeights;
+}
+
 namespace kestrel::rl {
+
+// The trainer's process layout (rl/distributed.h); size-1 groups = one process.
+struct RlParallel {
+  std::shared_ptr<comm::ProcessGroup> world = comm::local_group("world");
+  std::shared_ptr<comm::ProcessGroup> dp = comm::local_group("dp");  // the actor's data-parallel group
+  bool distributed_optimizer = false;  // megatron.use_distributed_optimizer
+  // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
+  // the actor's own tp group, whose weights the engine then reads in place.
+  std::shared_ptr<comm::ProcessGroup> rollout_tp;
+};
 
 struct RlPrompt {
   std::vector<int32_t> ids;  // chat template with the generation prompt, tokenized
@@ -70,6 +89,16 @@ struct RlOptions {
   AdvEstimator adv_estimator = AdvEstimator::GRPO;
   bool norm_adv_by_std_in_grpo = true;
   double gamma = 1.0, lam = 1.0;
+  // KL in the reward (algorithm.use_kl_in_reward, kl_penalty, kl_ctrl.*):
+  // token rewards -= beta * kl(old, ref), beta from the controller.
+  bool use_kl_in_reward = false;
+  std::string kl_penalty = "kl";
+  KlController kl_ctrl;
+  int64_t critic_warmup = 0;       // trainer.critic_warmup: steps before the actor is updated
+  // trainer.balance_batch: under dp > 1 each rank trains a Karmarkar-Karp
+  // partition of the sequences with balanced token counts (parallel/balance.h)
+  // instead of its contiguous share of the prompts.
+  bool balance_batch = true;
   optim::AdamWConfig adamw;
   optim::LrScheduleConfig lr;      // total_steps filled from total_steps when 0
   double clip_grad = 1.0;          // <= 0: no clipping
@@ -85,16 +114,19 @@ struct RlOptions {
   bool progress = true;
   std::string resolved_config_yaml;
   std::map<std::string, std::string> model_extra_files;  // tokenizer files saved with the weights
+  RlParallel parallel;
 };
 
 class RlTrainer {
  public:
-  // `ref` (may be null): frozen reference policy, needed when loss.use_kl_loss.
-  // `decode`: response ids -> text for the reward (special tokens skipped).
+  // `ref` (may be null): frozen reference policy, needed when loss.use_kl_loss
+  // or use_kl_in_reward. `critic` (may be null): the value model, needed by
+  // adv_estimator gae. `decode`: response ids -> text for the reward (special
+  // tokens skipped).
   RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> ref, std::vector<RlPrompt> train,
             std::vector<RlPrompt> val, std::unique_ptr<train::BatchSource> source, RewardManager& rewards,
             std::function<std::string(const std::vector<int32_t>&)> decode, RlOptions opt,
-            train::MetricsLogger* logger);
+            train::MetricsLogger* logger, std::unique_ptr<Critic> critic = nullptr);
   ~RlTrainer();
 
   // Resumes per resume_mode, validates before training when asked, runs to
@@ -121,11 +153,21 @@ class RlTrainer {
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
   void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m);
   void compute_log_probs(RolloutBatch& b, bool old, bool ref);
-  void compute_advantage(RolloutBatch& b);
+  // verl's apply_kl_penalty: token rewards -= beta * kl(old_logp, ref_logp);
+  // metrics actor/reward_kl_penalty{,_coeff}; then the controller updates.
+  void apply_kl_penalty(RolloutBatch& b, std::map<std::string, double>& m);
+  // values: critic values per response token (GAE), or nullptr.
+  void compute_advantage(RolloutBatch& b, const std::vector<double>* values = nullptr);
   std::map<std::string, double> update_actor(const RolloutBatch& b);
 
  private:
   void wake_engine();
+  bool is_world_leader() const { return opt_.parallel.world->rank() == 0; }
+  // This dp rank's sequences of b: a balanced partition (balance_batch) or
+  // those of its contiguous share of the prompts. Every sequence belongs to
+  // exactly one rank; advantages are computed on the whole batch before.
+  std::vector<int64_t> dp_share(const RolloutBatch& b) const;
+  std::string optimizer_file() const;  // within a checkpoint's actor/ folder
 
   model::CausalLM& actor_;
   std::unique_ptr<model::CausalLM> ref_;
@@ -136,12 +178,21 @@ class RlTrainer {
   RlOptions opt_;
   train::MetricsLogger* logger_;
   std::function<double(const RewardRequest&)> reward_fn_;
+  std::unique_ptr<Critic> critic_;
+  std::unique_ptr<parallel::DataParallel> dp_;  // set under mpirun (world size > 1)
+  std::unique_ptr<rollout::RolloutWeights> rollout_weights_;
   std::unique_ptr<rollout::Engine> engine_;
+  int rollout_groups_ = 1, rollout_group_ = 0;  // rollout tp groups, and this rank's
+  bool rollout_leader_ = true;                  // first rank of its rollout group
   std::unique_ptr<optim::AdamW> optim_;
   std::unique_ptr<optim::LrSchedule> sched_;
   int64_t step_ = 0;
   std::map<std::string, double> first_val_, last_val_;
 };
+
+// maj@N of one prompt (verl's calc_maj_val): the answer ("pred") most of its
+// samples gave, the first seen among ties, scores as its first sample did.
+double majority_vote_accuracy(const std::vector<std::pair<std::string, double>>& samples);
 
 // Sampling seed of prompt `index` of step `step` (its n samples differ by sample index).
 uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index);

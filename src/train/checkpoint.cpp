@@ -13,6 +13,7 @@
 
 #include "core/files.h"
 #include "io/safetensors.h"
+#include "parallel/sharding.h"
 
 namespace kestrel::train {
 
@@ -77,20 +78,11 @@ int64_t remove_stale_checkpoint_temps(const std::string& root) {
   return n;
 }
 
-Status write_checkpoint(const std::string& root, int64_t step, const std::function<Status(const std::string&)>& fill,
-                        int64_t keep_last) {
+namespace {
+
+// Publishes a filled temp folder: fsync, rename into place, pointer, pruning.
+Status publish_checkpoint(const std::string& root, int64_t step, const std::string& tmp, int64_t keep_last) {
   std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return KS_ERR(root, ": cannot create the checkpoint folder: ", ec.message());
-  const std::string tmp = (fs::path(root) / (kTempPrefix + std::to_string(step) + "." + std::to_string(::getpid()))).string();
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return KS_ERR(tmp, ": cannot create: ", ec.message());
-  Status s = fill(tmp);
-  if (!s) {
-    fs::remove_all(tmp, ec);
-    return s.with_context("writing checkpoint " + checkpoint_dir(root, step));
-  }
   maybe_crash("ckpt_files", step);
   KS_TRY(fsync_tree(tmp));
   const std::string final_dir = checkpoint_dir(root, step);
@@ -114,6 +106,51 @@ Status write_checkpoint(const std::string& root, int64_t step, const std::functi
       if (steps[i] != step) fs::remove_all(checkpoint_dir(root, steps[i]), ec);
   }
   return Status::ok();
+}
+
+// 1 on every rank when `ok` holds on all of them.
+bool all_ok(comm::ProcessGroup& g, bool ok) {
+  int32_t v = ok ? 1 : 0;
+  g.all_reduce(&v, 1, DType::I32, comm::ReduceOp::Min);
+  return v == 1;
+}
+
+}  // namespace
+
+Status write_checkpoint(const std::string& root, int64_t step, const std::function<Status(const std::string&)>& fill,
+                        int64_t keep_last, comm::ProcessGroup* group) {
+  const bool multi = group && group->size() > 1;
+  const bool lead = !multi || group->rank() == 0;
+  std::error_code ec;
+  // The temp folder is named after rank 0's pid, which every rank learns.
+  int64_t pid = ::getpid();
+  if (multi) group->broadcast(&pid, 1, DType::I64, 0);
+  const std::string tmp = (fs::path(root) / (kTempPrefix + std::to_string(step) + "." + std::to_string(pid))).string();
+  Status made = Status::ok();
+  if (lead) {
+    fs::create_directories(root, ec);
+    if (ec) made = KS_ERR(root, ": cannot create the checkpoint folder: ", ec.message());
+    if (made) {
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) made = KS_ERR(tmp, ": cannot create: ", ec.message());
+    }
+  }
+  if (multi && !all_ok(*group, made.is_ok()))
+    return made.is_ok() ? KS_ERR("writing checkpoint ", checkpoint_dir(root, step), ": rank 0 could not create ", tmp)
+                        : made;
+  KS_TRY(made);
+  Status s = fill(tmp);
+  if (multi && !all_ok(*group, s.is_ok()) && s.is_ok())
+    s = KS_ERR("another rank failed to write its part (its message is in its log)");
+  if (!s) {
+    if (lead) fs::remove_all(tmp, ec);
+    return s.with_context("writing checkpoint " + checkpoint_dir(root, step));
+  }
+  Status pub = lead ? publish_checkpoint(root, step, tmp, keep_last) : Status::ok();
+  if (multi && !all_ok(*group, pub.is_ok()) && pub.is_ok())
+    pub = KS_ERR("rank 0 could not publish checkpoint ", checkpoint_dir(root, step));
+  return pub;
 }
 
 Result<std::optional<int64_t>> latest_checkpoint_step(const std::string& root) {
@@ -140,9 +177,15 @@ Result<int64_t> checkpoint_step_of(const std::string& path) {
 
 Status load_weights_into(model::CausalLM& model, const std::string& dir) {
   KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
+  const int tp = model.tp().size(), rank = model.tp().rank();
   for (model::Param* p : model.params()) {
-    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
-    p->weight.copy_from(t);
+    if (tp == 1) {
+      KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
+      p->weight.copy_from(t);
+    } else {
+      KS_ASSIGN(Tensor full, src.load(p->name, p->full_shape, p->weight.dtype(), MemCategory::Other));
+      p->weight.copy_from(parallel::shard_tensor(full, p->shard, rank, tp, p->name, MemCategory::Other));
+    }
   }
   return Status::ok();
 }

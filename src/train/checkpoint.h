@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/process_group.h"
 #include "core/status.h"
 #include "model/transformer.h"
 
@@ -20,15 +21,20 @@ namespace kestrel::train {
 inline constexpr const char* kLatestCheckpointFile = "latest_checkpointed_iteration.txt";
 
 // Copies a saved model folder's weights into the model's existing parameters
-// (shapes checked, converted to each parameter's dtype), for resume.
+// (shapes checked, converted to each parameter's dtype), for resume. Under
+// tensor parallelism each rank reads the full tensors and keeps its shard.
 Status load_weights_into(model::CausalLM& model, const std::string& dir);
 
 std::string checkpoint_dir(const std::string& root, int64_t step);  // {root}/global_step_{step}
 
 // fill(dir) writes the checkpoint's files into dir (a fresh, empty folder).
 // keep_last > 0 then removes all but the newest keep_last global_step_* folders.
+// With a group of several ranks it is collective: rank 0 makes the temp
+// folder, every rank's fill writes its own files into it, and only when all
+// succeeded does rank 0 publish it (fsync, rename, pointer); every rank
+// returns the same status.
 Status write_checkpoint(const std::string& root, int64_t step, const std::function<Status(const std::string& dir)>& fill,
-                        int64_t keep_last = 0);
+                        int64_t keep_last = 0, comm::ProcessGroup* group = nullptr);
 
 // The step the pointer names; nullopt when the root or the pointer does not
 // exist. A pointer naming a missing folder, or unreadable, is an error.

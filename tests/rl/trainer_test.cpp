@@ -6,6 +6,7 @@
 //   KESTREL_UPDATE_GOLDEN=1 ./build/<dir>/test_rl --gtest_filter='RlTrainer.Golden*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -61,21 +62,25 @@ TEST(RlTrainer, ResponseRowsSkipPromptPositions) {
 }
 
 // Loss and parameter gradients of one mini-batch for a given micro-batch split.
+// With pg_only, no entropy bonus and no KL loss, and `trained` (default: all)
+// the sequences that go through forward/backward.
 std::pair<double, std::vector<float>> loss_and_grads(const RolloutBatch& b, AggMode mode, int64_t max_tokens,
-                                                     int64_t max_seqs) {
+                                                     int64_t max_seqs, bool pg_only = false,
+                                                     std::vector<int64_t> trained = {}) {
   auto m = tiny_model();
   m->enable_grads();
   m->zero_grads();
   std::vector<int64_t> all;
   for (int64_t i = 0; i < b.size(); ++i) all.push_back(i);
+  if (trained.empty()) trained = all;
   PolicyLossConfig cfg;
-  cfg.entropy_coeff = 0.01;
-  cfg.use_kl_loss = true;
+  cfg.entropy_coeff = pg_only ? 0.0 : 0.01;
+  cfg.use_kl_loss = !pg_only;
   cfg.kl_loss_coef = 0.1;
   cfg.agg = mini_batch_scope(b, all, mode, 8.0);
   LossTotals t;
   double loss = 0;
-  for (const auto& g : split_mini_batch(b, all, max_tokens, max_seqs)) {
+  for (const auto& g : split_mini_batch(b, trained, max_tokens, max_seqs)) {
     std::vector<std::vector<int32_t>> seqs;
     for (int64_t i : g) seqs.push_back(b.sequence(i));
     loss += train::forward_backward(*m, model::pack_sequences(seqs), micro_batch_objective(b, g, cfg, &t), true).loss;
@@ -108,6 +113,32 @@ TEST(RlTrainer, LossAndGradientDoNotDependOnTheMicroBatchSplit) {
       ASSERT_NEAR(whole.second[i], ones.second[i], tol) << "param element " << i;
       ASSERT_NEAR(whole.second[i], dyn.second[i], tol) << "param element " << i;
     }
+  }
+}
+
+TEST(RlTrainer, ZeroAdvantageSequencesAreSkippedWithoutChangingTheGradient) {
+  RolloutBatch b = synthetic_batch(5);
+  // Group 0 (sequences 0-2) scored alike: GRPO gives every token advantage 0.
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) b.advantages[size_t(t)] = 0.0;
+  const std::vector<int64_t> all = {0, 1, 2, 3, 4, 5};
+  PolicyLossConfig pg;
+  EXPECT_EQ(sequences_with_gradient(b, all, pg), (std::vector<int64_t>{3, 4, 5}));
+  PolicyLossConfig with_entropy = pg;
+  with_entropy.entropy_coeff = 0.01;
+  EXPECT_EQ(sequences_with_gradient(b, all, with_entropy), all);  // the entropy bonus has a gradient everywhere
+  PolicyLossConfig with_kl = pg;
+  with_kl.use_kl_loss = true;
+  EXPECT_EQ(sequences_with_gradient(b, all, with_kl), all);
+  for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenMean, AggMode::SeqMeanTokenSumNorm}) {
+    const auto whole = loss_and_grads(b, mode, 0, 6, true);
+    const auto skipped = loss_and_grads(b, mode, 0, 6, true, {3, 4, 5});
+    double gmax = 0;
+    for (float g : whole.second) gmax = std::max(gmax, double(std::fabs(g)));
+    ASSERT_GT(gmax, 0.0);
+    EXPECT_NEAR(whole.first, skipped.first, 1e-6);  // f32 logprobs of a differently packed batch
+    for (size_t i = 0; i < whole.second.size(); ++i)
+      ASSERT_NEAR(whole.second[i], skipped.second[i], 1e-6 * std::max(1.0, gmax)) << "param element " << i;
   }
 }
 
@@ -288,8 +319,117 @@ TEST(RlTrainer, RejectsGaeWithoutCritic) {
     RlTrainer t(*m, nullptr, train, {}, std::make_unique<FixedSource>(2, 1), *rm, letters, o, nullptr);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not supported yet: algorithm.adv_estimator=gae"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("algorithm.adv_estimator=gae needs a critic"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace kestrel::rl
+
+namespace kestrel::rl {
+namespace {
+
+TEST(RlTrainer, MajorityVoteTakesTheMostCommonAnswer) {
+  EXPECT_EQ(majority_vote_accuracy({{"7", 0.0}, {"12", 1.0}, {"12", 1.0}}), 1.0);
+  EXPECT_EQ(majority_vote_accuracy({{"7", 0.0}, {"12", 1.0}, {"7", 0.0}}), 0.0);
+  EXPECT_EQ(majority_vote_accuracy({{"3", 0.0}, {"4", 1.0}}), 0.0);  // a tie: the first answer seen
+  EXPECT_EQ(majority_vote_accuracy({{"", 0.0}, {"5", 1.0}, {"", 0.0}}), 0.0);  // no answer is an answer too
+}
+
+// A short GRPO-shaped run of `o` on the toy task with optional critic; returns each step's metrics.
+std::vector<std::map<std::string, double>> run_toy(RlOptions o, std::unique_ptr<model::CausalLM> ref,
+                                                   std::unique_ptr<Critic> critic, int steps) {
+  auto m = tiny_model(false, DType::F32, 11);
+  std::vector<RlPrompt> train;
+  for (int i = 0; i < 6; ++i) {
+    RlPrompt p;
+    for (int j = 0; j < 4 + i % 3; ++j) p.ids.push_back(int32_t((i * 37 + j * 11) % 128));
+    p.data_source = "toy";
+    train.push_back(p);
+  }
+  o.train_batch_size = 2;
+  o.n = 4;
+  o.response_length = 6;
+  o.rollout_seed = 9;
+  o.engine.kv_cache_bytes = int64_t(8) << 20;
+  o.engine.max_model_len = 64;
+  o.ppo_mini_batch_size = 2;
+  o.lr.lr = 1e-2;
+  o.total_steps = steps;
+  o.val_before_train = false;
+  o.progress = false;
+  auto rm = RewardManager::create({}).value();
+  RlTrainer t(*m, std::move(ref), train, {}, std::make_unique<FixedSource>(6, 2), *rm, letters, o, nullptr,
+              std::move(critic));
+  t.set_reward_function(toy_reward);
+  std::vector<std::map<std::string, double>> out;
+  for (int s = 0; s < steps; ++s) out.push_back(t.train_step());
+  return out;
+}
+
+TEST(RlTrainer, PpoWithCriticTrainsActorAndCritic) {
+  RlOptions o;
+  o.adv_estimator = AdvEstimator::GAE;
+  o.lam = 0.95;
+  model::ModelOptions vo;
+  vo.value_head = true;
+  auto vm = model::CausalLM::init_random(tiny_model(false, DType::F32, 11)->config(), vo, 5);
+  CriticOptions co;
+  co.n = 4;
+  co.ppo_mini_batch_size = 2;
+  co.response_length = 6;
+  co.lr.lr = 1e-2;
+  co.lr.total_steps = 3;
+  const auto steps = run_toy(o, nullptr, std::make_unique<Critic>(std::move(vm), co), 3);
+  for (const auto& m : steps) {
+    for (const char* k : {"critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "critic/vf_explained_var",
+                          "actor/pg_loss", "critic/advantages/mean", "timing_s/update_critic"})
+      ASSERT_TRUE(m.count(k)) << k;
+    EXPECT_TRUE(std::isfinite(m.at("critic/vf_loss")));
+    EXPECT_GT(m.at("critic/grad_norm"), 0.0);
+  }
+  // GAE with whitened advantages: mean 0 over the batch's tokens.
+  EXPECT_NEAR(steps[0].at("critic/advantages/mean"), 0.0, 1e-6);
+}
+
+TEST(RlTrainer, CriticWarmupHoldsTheActor) {
+  RlOptions o;
+  o.adv_estimator = AdvEstimator::GAE;
+  o.critic_warmup = 3;  // actor updates start at (1-based) step 3
+  model::ModelOptions vo;
+  vo.value_head = true;
+  CriticOptions co;
+  co.n = 4;
+  co.ppo_mini_batch_size = 2;
+  co.response_length = 6;
+  co.lr.total_steps = 3;
+  auto vm = model::CausalLM::init_random(tiny_model(false, DType::F32, 11)->config(), vo, 5);
+  const auto steps = run_toy(o, nullptr, std::make_unique<Critic>(std::move(vm), co), 3);
+  EXPECT_FALSE(steps[0].count("actor/pg_loss"));
+  EXPECT_FALSE(steps[1].count("actor/pg_loss"));
+  EXPECT_TRUE(steps[2].count("actor/pg_loss"));
+}
+
+TEST(RlTrainer, KlInRewardSubtractsBetaTimesKl) {
+  RlOptions o;
+  o.use_kl_in_reward = true;
+  o.kl_penalty = "kl";
+  o.kl_ctrl.type = "adaptive";
+  o.kl_ctrl.value = 0.5;
+  o.kl_ctrl.target_kl = 0.1;
+  o.kl_ctrl.horizon = 100;
+  // The reference differs from the actor: a fresh init with another seed.
+  const auto steps = run_toy(o, tiny_model(false, DType::F32, 12), nullptr, 2);
+  const auto& m = steps[0];
+  ASSERT_TRUE(m.count("actor/reward_kl_penalty"));
+  EXPECT_EQ(m.at("actor/reward_kl_penalty_coeff"), 0.5);
+  const double kl = m.at("actor/reward_kl_penalty");
+  EXPECT_GT(std::fabs(kl), 0.0);
+  // rewards = score - beta * sum_t kl_t: their means differ by beta * E[sum kl].
+  EXPECT_LT(m.at("critic/rewards/mean"), m.at("critic/score/mean") + 1e-12 + (kl < 0 ? 1e9 : 0));
+  // The adaptive controller moved beta toward the target: value *= 1 + clip(kl/target - 1, +-0.2) * n / horizon.
+  const double e = std::clamp(kl / 0.1 - 1.0, -0.2, 0.2);
+  EXPECT_NEAR(steps[1].at("actor/reward_kl_penalty_coeff"), 0.5 * (1.0 + e * 8.0 / 100.0), 1e-12);
 }
 
 }  // namespace

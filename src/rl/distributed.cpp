@@ -1,0 +1,141 @@
+#include "rl/distributed.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/status.h"
+
+namespace kestrel::rl {
+
+std::pair<int64_t, int64_t> share_range(int64_t n, int part, int parts) {
+  KS_CHECK(parts >= 1 && part >= 0 && part < parts, "share_range: part ", part, " of ", parts);
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t begin = int64_t(part) * base + std::min<int64_t>(part, extra);
+  return {begin, begin + base + (part < extra ? 1 : 0)};
+}
+
+namespace {
+
+// Variable-length all-gather of int32 words: every rank gets all ranks' words
+// in rank order, and each rank's count.
+std::vector<int32_t> all_gather_words(comm::ProcessGroup& g, const std::vector<int32_t>& mine,
+                                      std::vector<int64_t>& counts) {
+  const int n = g.size();
+  int64_t my = int64_t(mine.size());
+  counts.assign(size_t(n), 0);
+  g.all_gather(&my, counts.data(), 1, DType::I64);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int32_t> out(static_cast<size_t>(total));
+  // all-gather-v as an all-to-all-v that sends the same words to every rank.
+  std::vector<int32_t> send;
+  send.reserve(size_t(my) * size_t(n));
+  for (int r = 0; r < n; ++r) send.insert(send.end(), mine.begin(), mine.end());
+  g.all_to_allv(send.data(), std::vector<int64_t>(size_t(n), my), out.data(), counts, DType::I32);
+  return out;
+}
+
+// Element-wise sum (or max) over the group of each rank's doubles, combined in
+// rank order so every rank gets bit-identical results (the doubles travel as
+// raw 8-byte patterns: there is no f64 dtype in the comm layer).
+void combine_doubles(comm::ProcessGroup& g, std::vector<double>& v, bool max) {
+  const size_t n = v.size(), R = size_t(g.size());
+  std::vector<double> all(n * R);
+  g.all_gather(v.data(), all.data(), int64_t(n), DType::I64);
+  for (size_t i = 0; i < n; ++i) {
+    double acc = all[i];
+    for (size_t r = 1; r < R; ++r) acc = max ? std::max(acc, all[r * n + i]) : acc + all[r * n + i];
+    v[i] = acc;
+  }
+}
+
+}  // namespace
+
+std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const std::vector<WireResponse>& mine,
+                                               bool leader) {
+  // [prompt, sample, n_tokens, has_logprobs, tokens..., logprob bits...] per response.
+  std::vector<int32_t> words;
+  if (leader)
+    for (const WireResponse& r : mine) {
+      words.push_back(int32_t(r.prompt));
+      words.push_back(int32_t(r.sample));
+      words.push_back(int32_t(r.tokens.size()));
+      const bool lp = !r.logprobs.empty();
+      KS_CHECK(!lp || r.logprobs.size() == r.tokens.size(), "response of prompt ", r.prompt, ": ",
+               r.logprobs.size(), " logprobs for ", r.tokens.size(), " tokens");
+      words.push_back(lp ? 1 : 0);
+      words.insert(words.end(), r.tokens.begin(), r.tokens.end());
+      for (float f : r.logprobs) {
+        int32_t w;
+        std::memcpy(&w, &f, 4);
+        words.push_back(w);
+      }
+    }
+  std::vector<int64_t> counts;
+  const std::vector<int32_t> all = all_gather_words(world, words, counts);
+  std::vector<WireResponse> out;
+  size_t i = 0;
+  while (i < all.size()) {
+    KS_CHECK(i + 4 <= all.size(), "all_gather_responses: truncated record");
+    WireResponse r;
+    r.prompt = all[i];
+    r.sample = all[i + 1];
+    const size_t len = size_t(all[i + 2]);
+    const bool lp = all[i + 3] != 0;
+    i += 4;
+    KS_CHECK(i + len * (lp ? 2 : 1) <= all.size(), "all_gather_responses: truncated record");
+    r.tokens.assign(all.begin() + int64_t(i), all.begin() + int64_t(i + len));
+    i += len;
+    if (lp) {
+      r.logprobs.resize(len);
+      std::memcpy(r.logprobs.data(), all.data() + i, len * 4);
+      i += len;
+    }
+    out.push_back(std::move(r));
+  }
+  std::sort(out.begin(), out.end(), [](const WireResponse& a, const WireResponse& b) {
+    return a.prompt != b.prompt ? a.prompt < b.prompt : a.sample < b.sample;
+  });
+  return out;
+}
+
+void all_gather_token_values(comm::ProcessGroup& dp, const RolloutBatch& b, const std::vector<int64_t>& mine,
+                             std::vector<double>& values) {
+  if (dp.size() == 1) return;
+  KS_CHECK(int64_t(values.size()) == b.layout.num_tokens(), "all_gather_token_values: ", values.size(),
+           " values for ", b.layout.num_tokens(), " tokens");
+  // The shares are disjoint and the other ranks' tokens are zero here: a sum
+  // is the gather (x + 0 is exact).
+  std::vector<double> local(values.size(), 0.0);
+  for (int64_t i : mine)
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) local[size_t(t)] = values[size_t(t)];
+  combine_doubles(dp, local, false);
+  values = std::move(local);
+}
+
+void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t) {
+  if (dp.size() == 1) return;
+  std::vector<double> sums = {t.loss, t.pg_loss, t.kl_loss, t.clipfrac_tokens, t.clipfrac_lower_tokens,
+                              t.ppo_kl_tokens, t.entropy_tokens, t.tokens, t.rollout_diff_sum, t.rollout_diff_tokens};
+  combine_doubles(dp, sums, false);
+  std::vector<double> mxv = {t.rollout_diff_max};
+  combine_doubles(dp, mxv, true);
+  const double mx = mxv[0];
+  t.loss = sums[0], t.pg_loss = sums[1], t.kl_loss = sums[2], t.clipfrac_tokens = sums[3];
+  t.clipfrac_lower_tokens = sums[4], t.ppo_kl_tokens = sums[5], t.entropy_tokens = sums[6], t.tokens = sums[7];
+  t.rollout_diff_sum = sums[8], t.rollout_diff_tokens = sums[9], t.rollout_diff_max = mx;
+}
+
+void sum_doubles(comm::ProcessGroup& g, std::vector<double>& v) {
+  if (g.size() > 1) combine_doubles(g, v, false);
+}
+
+void broadcast_doubles(comm::ProcessGroup& world, std::vector<double>& v) {
+  if (world.size() == 1) return;
+  int64_t n = int64_t(v.size());
+  world.broadcast(&n, 1, DType::I64, 0);
+  v.resize(size_t(n));
+  world.broadcast(v.data(), n, DType::I64, 0);  // raw 8-byte patterns
+}
+
+}  // namespace kestrel::rl

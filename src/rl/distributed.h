@@ -1,0 +1,58 @@
+// The RL trainer over several processes (mpirun): how a step's data moves.
+//
+// Layout (verl's, in one program): the world is cut into rollout groups of
+// rollout.tensor_model_parallel_size consecutive ranks; each generates a
+// contiguous share of the step's prompts. Every rank then receives every
+// response (token ids are small), so rewards, advantages and the data metrics
+// are computed once on identical data and equal the single-process values.
+// The actor update is data parallel: dp rank d trains the sequences of its
+// contiguous share of the prompts (the GRPO groups stay whole) with the
+// mini-batch loss denominators summed over dp, and the gradients are summed
+// (parallel/data_parallel.h), so the update equals one process's.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "rl/rollout_batch.h"
+
+namespace kestrel::rl {
+
+// [begin, end) of part `part` of `parts` contiguous parts of n items (the
+// first n % parts parts one longer).
+std::pair<int64_t, int64_t> share_range(int64_t n, int part, int parts);
+
+// One generated response as it travels between ranks.
+struct WireResponse {
+  int64_t prompt = 0;  // index of its prompt within the step
+  int64_t sample = 0;  // sample index within the prompt
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;  // empty or one per token
+};
+
+// Every rank's responses to every rank: `mine` is what this rank produced
+// (ranks of one rollout group hold the same responses: only its first rank,
+// leader = true, contributes). Result sorted by (prompt, sample). Collective
+// over `world`.
+std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const std::vector<WireResponse>& mine,
+                                               bool leader);
+
+// Per-token values of b computed by dp shares (this rank filled the tokens of
+// `mine`, the rest are zero) -> every rank holds all of them. Collective over dp
+// (the shares are disjoint and together cover b).
+void all_gather_token_values(comm::ProcessGroup& dp, const RolloutBatch& b, const std::vector<int64_t>& mine,
+                             std::vector<double>& values);
+
+// Sums LossTotals over dp (the max stays a max): each field is already a share
+// of the mini-batch value, so the sums are the mini-batch values.
+void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t);
+
+// Element-wise sums over the group, in rank order (bit-identical on every rank).
+void sum_doubles(comm::ProcessGroup& g, std::vector<double>& v);
+
+// Every rank's copy of rank 0's doubles (rewards are scored on rank 0 only, so a
+// reward program runs once per response).
+void broadcast_doubles(comm::ProcessGroup& world, std::vector<double>& v);
+
+}  // namespace kestrel::rl

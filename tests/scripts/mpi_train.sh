@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# `kestrel train` under mpirun equals one process: a short GRPO run (tiny
+# random-init model, KL loss against a reference, two updates per step) on
+# one process, then under `mpirun -np 2` as DP2, DP2 with the distributed
+# optimizer, TP2 (rollout TP2, weights in place) and TP1 training with a TP2
+# rollout (weights resharded at every switch). The first step's rollout
+# metrics must be identical (same samples), and the final weights must give the
+# single-process logprobs within 1e-4 of each line's scale. A DP2 +
+# distributed-optimizer run stopped after a checkpoint and resumed must end
+# bit-identical to an uninterrupted one (per-rank optimizer files).
+# usage: bash tests/scripts/mpi_train.sh <kestrel-binary> <build-dir>
+set -euo pipefail
+KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
+BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
+  echo "mpi_train: skipped, built without MPI (-DKESTREL_MPI=OFF)"
+  exit 0
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export KESTREL_CACHE="$W/cache" KESTREL_NO_PROGRESS=1
+fail() { echo "mpi_train: FAILED: $*" >&2; [[ -f "$W/log.txt" ]] && tail -30 "$W/log.txt" >&2; exit 1; }
+
+# The reward program scores a response by the length of its request line
+# (without the "id", which differs after a resume) mod 5,
+# so groups differ and the policy gradient is not zero (the random model never
+# solves arith). Adam's eps 1e-5 keeps summation-order noise in near-zero gradients from
+# becoming lr-sized steps (the distributed tests of tests/mpi do the same).
+COMMON=(actor_rollout_ref.model.path=builtin:tiny data.train_batch_size=4 actor_rollout_ref.rollout.n=2
+        data.max_response_length=8 data.val_max_samples=4 data.train_max_samples=64
+        actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.use_kl_loss=true
+        actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-5
+        trainer.test_freq=2 "trainer.logger=[]" trainer.resume_mode=disable
+        'reward_model.reward_command=while read -r l; do expr length "$(echo "$l" | cut -d, -f2-)" % 5; done')
+single() { "$KESTREL" train "${COMMON[@]}" "$@" >"$W/log.txt" 2>&1 || fail "single process: $*"; }
+multi() { timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${COMMON[@]}" "$@" \
+            >"$W/log.txt" 2>&1 || fail "mpirun -np 2: $*"; }
+
+# Step 1's rollout (before any update): the same responses, so the same scores and lengths.
+step1() { head -n 2 "$1/metrics.jsonl" | tail -n 1 | tr ',' '\n' |
+          grep -E '"(critic/score|response_length|prompt_length)/(mean|max|min)"'; }
+cat >"$W/ids.jsonl" <<'JSONL'
+{"input_ids": [1, 5, 9, 33, 70, 2, 95, 200, 311, 17]}
+{"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
+JSONL
+nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
+same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what>
+  "$KESTREL" logprobs --model "$1/global_step_2/actor/model" --input "$W/ids.jsonl" --output "$W/a.jsonl" >/dev/null 2>&1
+  "$KESTREL" logprobs --model "$2/global_step_2/actor/model" --input "$W/ids.jsonl" --output "$W/b.jsonl" >/dev/null 2>&1
+  paste -d '|' <(nums "$W/a.jsonl") <(nums "$W/b.jsonl") | awk -F'|' -v what="$3" '
+    { na = split($1, a, " "); nb = split($2, b, " ");
+      if (na != nb) { printf "%s: line %d: %d vs %d numbers\n", what, NR, na, nb; bad = 1; next }
+      scale = 1e-30; err = 0;
+      for (i = 1; i <= na; i++) { v = a[i] + 0; if (v < 0) v = -v; if (v > scale) scale = v;
+                                  d = a[i] - b[i]; if (d < 0) d = -d; if (d > err) err = d }
+      if (err > 1e-4 * scale) { printf "%s: line %d: max error %g, scale %g\n", what, NR, err, scale; bad = 1 } }
+    END { exit bad }' || fail "$3: final weights differ from one process"
+}
+
+single trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/one"
+for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2; do
+  case $layout in
+    dp2) extra=() ;;
+    dp2_distopt) extra=(actor_rollout_ref.actor.megatron.use_distributed_optimizer=true) ;;
+    tp2) extra=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+                actor_rollout_ref.rollout.tensor_model_parallel_size=2) ;;
+    tp1_rollout_tp2) extra=(actor_rollout_ref.rollout.tensor_model_parallel_size=2) ;;
+  esac
+  multi trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/$layout" "${extra[@]}"
+  [[ -f "$W/$layout/global_step_2/actor/model/model.safetensors" ]] || fail "$layout: no checkpoint"
+  diff <(step1 "$W/one") <(step1 "$W/$layout") >/dev/null || fail "$layout: step 1 rollout metrics differ"
+  same_weights "$W/one" "$W/$layout" "$layout"
+  echo "mpi_train: $layout equals one process"
+done
+# Both ranks wrote their optimizer shard; world rank 0 the trainer state.
+ls "$W/dp2_distopt/global_step_2/actor/" | grep -q optimizer_tp0_dp1 || fail "dp2_distopt: rank 1's optimizer file missing"
+
+# Resume under the distributed optimizer: 2 steps + 1 resumed == 3 steps.
+D=(actor_rollout_ref.actor.megatron.use_distributed_optimizer=true)
+multi trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$W/full" "${D[@]}"
+multi trainer.total_training_steps=2 trainer.save_freq=1 trainer.default_local_dir="$W/resumed" "${D[@]}"
+timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${COMMON[@]/trainer.resume_mode=disable/trainer.resume_mode=auto}" \
+  trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$W/resumed" "${D[@]}" >"$W/log.txt" 2>&1 \
+  || fail "resume under mpirun"
+grep -q "resumed from" "$W/log.txt" || fail "the second run did not resume"
+cmp "$W/full/global_step_3/actor/model/model.safetensors" "$W/resumed/global_step_3/actor/model/model.safetensors" \
+  || fail "resumed weights differ from the uninterrupted run"
+for r in 0 1; do
+  cmp "$W/full/global_step_3/actor/optimizer_tp0_dp$r.safetensors" \
+      "$W/resumed/global_step_3/actor/optimizer_tp0_dp$r.safetensors" || fail "resumed optimizer shard $r differs"
+done
+echo "mpi_train: OK"
