@@ -19,6 +19,9 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("strategy", S, "megatron", YES, "Reward-model backend name.", {"megatron", "fsdp"});
   b.k("reward_command", S, "null", YES,
       "External reward program (run via /bin/sh -c) speaking JSON lines on stdin/stdout (Kestrel).");
+  b.k("arith_step_credit", F, "0.0", YES,
+      "Built-in arith task: a wrong answer scores this times the fraction of its equations with right "
+      "arithmetic; validation accuracy stays exact match (Kestrel).");
   b.k("model.input_tokenizer", S, "${actor_rollout_ref.model.path}", NO, "Tokenizer of the policy's text (for re-tokenizing).");
   b.k("model.path", S, "~/models/FsfairX-LLaMA3-RM-v0.1", NO, "Reward model directory.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");

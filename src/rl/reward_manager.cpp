@@ -42,6 +42,8 @@ RewardManagerOptions reward_options_from_config(const config::Config& cfg) {
     o.stderr_log = cfg.get_string_or("custom_reward_function.stderr_log", "");
   if (declared("custom_reward_function.reward_kwargs") && !cfg.is_null("custom_reward_function.reward_kwargs"))
     o.reward_kwargs = cfg.get_map("custom_reward_function.reward_kwargs");
+  if (declared("reward_model.arith_step_credit"))
+    o.arith_step_credit = cfg.get_float_or("reward_model.arith_step_credit", 0.0);
   if (const config::KeyDecl* k = config::find_key("reward_model.reward_command");
       k && !cfg.is_null("reward_model.reward_command")) {
     if (k->type == config::Type::StringList)
@@ -163,8 +165,13 @@ RewardBatchResult RewardManager::score(const std::vector<RewardRequest>& batch) 
     for (size_t i = 0; i < batch.size(); ++i) {
       // A rule never sees user code, but stay inside the no-throw promise.
       std::optional<double> s;
+      const bool arith = batch[i].data_source == "arith" || batch[i].data_source == "kestrel/arith";
       try {
         s = rule_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
+        if (s && arith && opt_.arith_step_credit > 0) {
+          r.extra[i]["acc"] = *s;  // validation accuracy: exact match
+          s = arith_step_credit_score(batch[i].solution_str, batch[i].ground_truth, opt_.arith_step_credit);
+        }
       } catch (const std::exception&) {
         s = std::nullopt;
       }

@@ -41,6 +41,9 @@ struct RewardManagerOptions {
   std::function<void(const std::string&)> stderr_sink;  // overrides stderr_log (tests, embedding)
   std::string python = "python3";
   std::string adapter_path;                 // "" = locate (see above)
+  // reward_model.arith_step_credit (Kestrel): > 0 scores the built-in arith
+  // task with arith_step_credit_score (acc stays exact match); 0 = exact match.
+  double arith_step_credit = 0.0;
 };
 
 // Reads custom_reward_function.{path,name} and, where the schema declares

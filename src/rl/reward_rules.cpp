@@ -202,6 +202,22 @@ double arith_score(const std::string& text, const std::string& truth) {
   return a && *a == truth ? 1.0 : 0.0;
 }
 
+double arith_step_credit_score(const std::string& text, const std::string& truth, double credit) {
+  if (arith_score(text, truth) == 1.0) return 1.0;
+  static const std::regex eq(R"((\d+) *([-+*]) *(\d+) *= *(-?\d+))");
+  int64_t total = 0, right = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), eq); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    if (m[1].length() > 9 || m[3].length() > 9 || m[4].length() > 18) continue;  // not this task's numbers
+    const int64_t a = std::stoll(m[1].str()), b = std::stoll(m[3].str()), c = std::stoll(m[4].str());
+    const char op = m[2].str()[0];
+    const int64_t want = op == '+' ? a + b : op == '-' ? a - b : a * b;
+    ++total;
+    right += want == c ? 1 : 0;
+  }
+  return total == 0 ? 0.0 : credit * double(right) / double(total);
+}
+
 std::optional<double> rule_score(const std::string& src, const std::string& text, const std::string& truth) {
   if (src == "openai/gsm8k" || src == "gsm8k") return gsm8k_score(text, truth);
   if (src == "lighteval/MATH" || src == "DigitalLearningGmbH/MATH-lighteval" || src == "math")

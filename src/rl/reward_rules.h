@@ -23,6 +23,14 @@ double math_score(const std::string& text, const std::string& ground_truth);
 // Built-in arith task: the integer after the last "####" must equal the truth.
 double arith_score(const std::string& text, const std::string& ground_truth);
 
+// Built-in arith with step credit (Kestrel): 1.0 for the right final answer;
+// otherwise `credit` times the fraction of the response's equations
+// "a + b = c", "a - b = c", "a * b = c" whose arithmetic is right (0 when it
+// has none). A wrong answer reached by right arithmetic from a misread number
+// then outranks one with arithmetic errors, so GRPO stops pushing down
+// correct arithmetic. Validation accuracy stays arith_score (exact match).
+double arith_step_credit_score(const std::string& text, const std::string& ground_truth, double credit);
+
 // Dispatch by data_source (openai/gsm8k, lighteval/MATH and DigitalLearningGmbH/MATH-lighteval,
 // arith); std::nullopt when no rule is registered for it.
 std::optional<double> rule_score(const std::string& data_source, const std::string& text,

@@ -65,6 +65,19 @@ TEST(RewardManager, RulesByDataSource) {
   EXPECT_EQ((*m)->total_failures().no_rule, 1);
 }
 
+TEST(RewardManager, ArithStepCreditScoresPartlyAndKeepsExactAcc) {
+  RewardManagerOptions o;
+  o.arith_step_credit = 0.5;
+  auto m = RewardManager::create(o).value();
+  const auto r = m->score({{"arith", "3 * 3 = 9\n3 + 9 = 13\n#### 13", "12", nullptr},
+                           {"arith", "3 * 3 = 9\n3 + 9 = 12\n#### 12", "12", nullptr},
+                           {"openai/gsm8k", "#### 5", "5", nullptr}});
+  EXPECT_EQ(r.scores, (std::vector<double>{0.25, 1.0, 1.0}));
+  EXPECT_EQ(r.extra[0]["acc"].get<double>(), 0.0);
+  EXPECT_EQ(r.extra[1]["acc"].get<double>(), 1.0);
+  EXPECT_FALSE(r.extra[2].contains("acc"));  // only arith gets step credit
+}
+
 TEST(RewardManager, ExternalCommandTakesPrecedenceOverRules) {
   RewardManagerOptions o;
   o.command_argv = {"bash", source_path("tests/rl/fixtures/echo_scores.sh")};

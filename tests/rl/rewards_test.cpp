@@ -39,3 +39,17 @@ TEST(ArithReward, IntegerAfterLastMarker) {
   EXPECT_EQ(*rule_score("openai/gsm8k", "#### 5", "5"), 1.0);
   EXPECT_FALSE(rule_score("unknown/source", "x", "y").has_value());
 }
+
+TEST(ArithReward, StepCreditForRightArithmetic) {
+  const std::string right = "Ruth starts with 3.\n3 boxes hold 3 * 3 = 9.\nSo 3 + 9 = 12.\n#### 12";
+  EXPECT_EQ(arith_step_credit_score(right, "12", 0.5), 1.0);
+  // A misread number with right arithmetic: both equations right, answer wrong.
+  EXPECT_EQ(arith_step_credit_score("4 * 3 = 12\n3 + 12 = 15\n#### 15", "12", 0.5), 0.5);
+  // One of two equations wrong.
+  EXPECT_EQ(arith_step_credit_score("3 * 3 = 9\n3 + 9 = 13\n#### 13", "12", 0.5), 0.25);
+  EXPECT_EQ(arith_step_credit_score("17 - 7 = 10 and 10 - 4 = 7\n#### 7", "3", 0.4), 0.2);
+  EXPECT_EQ(arith_step_credit_score("no equations\n#### 3", "4", 0.5), 0.0);
+  EXPECT_EQ(arith_step_credit_score("", "4", 0.5), 0.0);
+  EXPECT_EQ(rule_prediction("arith", "2 + 2 = 4\n#### 4"), std::optional<std::string>("4"));
+  EXPECT_EQ(rule_prediction("arith", "no marker"), std::nullopt);
+}
