@@ -29,6 +29,7 @@ step: generation, reference/old log-probs, reward, backward, optimizer) and then
 """
 import argparse
 import json
+import re
 import os
 import sys
 import time
@@ -64,7 +65,29 @@ def completion_text(c):
     return str(c)
 
 
+EQUATION = re.compile(r"(\d+) *([-+*]) *(\d+) *= *(-?\d+)")
+STEP_CREDIT = 0.0  # --arith-step-credit
+
+
+def arith_step_credit_score(text, truth, credit):
+    """Kestrel's reward_model.arith_step_credit (rl/reward_rules.cpp arith_step_credit_score)."""
+    if arith_score(text, truth) == 1.0:
+        return 1.0
+    total = right = 0
+    for a, op, b, c in EQUATION.findall(text):
+        if len(a) > 9 or len(b) > 9 or len(c) > 18:
+            continue
+        a, b, c = int(a), int(b), int(c)
+        want = a + b if op == "+" else a - b if op == "-" else a * b
+        total += 1
+        right += want == c
+    return 0.0 if total == 0 else credit * right / total
+
+
 def arith_reward(prompts, completions, ground_truth, **kwargs):
+    if STEP_CREDIT > 0:
+        return [arith_step_credit_score(completion_text(c), str(t), STEP_CREDIT)
+                for c, t in zip(completions, ground_truth)]
     return [arith_score(completion_text(c), str(t)) for c, t in zip(completions, ground_truth)]
 
 
@@ -112,10 +135,14 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--clip-grad", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--arith-step-credit", type=float, default=0.0,
+                    help="reward_model.arith_step_credit (0: exact match only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--output-dir", default="/tmp/trl_grpo_peer", help="TRL's output_dir (nothing is saved)")
     args = ap.parse_args()
+    global STEP_CREDIT
+    STEP_CREDIT = args.arith_step_credit
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
