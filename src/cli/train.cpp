@@ -369,6 +369,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.critic_warmup = c.get_int("trainer.critic_warmup");
   o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");
+  o.time_budget_s = c.get_float_or("trainer.time_budget_s", 0.0);
   o.test_freq = c.get_int("trainer.test_freq");
   o.val_before_train = c.get_bool("trainer.val_before_train");
   o.max_ckpt_to_keep = c.get_int_or("trainer.max_actor_ckpt_to_keep", 0);

@@ -103,6 +103,9 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("val_only", B, "false", YES, "Validate and exit.");
   b.k("test_freq", I, "-1", YES, "Validate every N steps; -1 never.");
   b.k("critic_warmup", I, "0", YES, "Steps of critic-only training before actor updates start.");
+  b.k("time_budget_s", F, "null", YES,
+      "Wall-clock budget in seconds (validation included): training stops early, validated and saved, "
+      "so the run ends within it; null = none (Kestrel).");
   b.k("default_hdfs_dir", S, "null", NO, "Copy checkpoints to HDFS.");
   b.k("default_local_dir", S, "checkpoints/${trainer.project_name}/${trainer.experiment_name}", YES,
       "Checkpoint root: {default_local_dir}/global_step_{N}/.");

@@ -673,14 +673,29 @@ Status RlTrainer::fit() {
     KS_TRY(load_checkpoint(resume_dir).with_context("resuming from " + resume_dir));
     std::fprintf(stderr, "resumed from %s (step %lld)\n", resume_dir.c_str(), (long long)step_);
   }
+  const auto t_fit = Clock::now();
   if (step_ == 0 && opt_.val_before_train) {
     auto v = validate();
     if (logger_) logger_->log(0, v);
   }
   train::ProgressBar bar(opt_.total_steps, step_);
+  double val_secs = seconds_since(t_fit);  // the latest validation's duration (the first: all so far)
   while (step_ < opt_.total_steps) {
+    const auto t_step = Clock::now();
     auto m = train_step();
-    const bool last = step_ == opt_.total_steps;
+    // trainer.time_budget_s: stop after this step when another step and the
+    // final validation would overrun the budget (rank 0 decides for all).
+    int32_t out_of_time = 0;
+    if (opt_.time_budget_s > 0) {
+      out_of_time = seconds_since(t_fit) + seconds_since(t_step) + val_secs > opt_.time_budget_s ? 1 : 0;
+      opt_.parallel.world->broadcast(&out_of_time, 1, DType::I32, 0);
+      if (out_of_time && is_world_leader() && step_ < opt_.total_steps) {
+        if (opt_.progress) bar.finish();
+        std::fprintf(stderr, "train: trainer.time_budget_s=%g reached: stopping after step %lld of %lld\n",
+                     opt_.time_budget_s, (long long)step_, (long long)opt_.total_steps);
+      }
+    }
+    const bool last = step_ == opt_.total_steps || out_of_time;
     if (opt_.progress) {
       char status[96];
       std::snprintf(status, sizeof status, "score %.3f len %.1f", m["critic/score/mean"], m["response_length/mean"]);
@@ -688,7 +703,9 @@ Status RlTrainer::fit() {
     }
     if (opt_.test_freq > 0 && (step_ % opt_.test_freq == 0 || last)) {
       if (opt_.progress) bar.finish();
+      const auto t_val = Clock::now();
       for (const auto& [k, v] : validate()) m[k] = v;
+      val_secs = seconds_since(t_val);
     }
     if (logger_) logger_->log(step_, m);
     if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && (step_ % opt_.save_freq == 0 || last)) {
@@ -696,6 +713,7 @@ Status RlTrainer::fit() {
       KS_TRY(save_checkpoint());
       (void)seconds_since(t0);
     }
+    if (out_of_time) break;
   }
   if (opt_.progress) bar.finish();
   return Status::ok();

@@ -104,6 +104,7 @@ struct RlOptions {
   double clip_grad = 1.0;          // <= 0: no clipping
   // Trainer (trainer.*).
   int64_t total_steps = 1;
+  double time_budget_s = 0;  // trainer.time_budget_s: > 0 stops early (validated, saved) to stay within it
   int64_t save_freq = -1;
   int64_t test_freq = -1;
   bool val_before_train = true;

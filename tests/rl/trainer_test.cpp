@@ -434,3 +434,38 @@ TEST(RlTrainer, KlInRewardSubtractsBetaTimesKl) {
 
 }  // namespace
 }  // namespace kestrel::rl
+
+namespace kestrel::rl {
+namespace {
+
+TEST(RlTrainer, TimeBudgetStopsEarlyWithAFinalValidation) {
+  auto m = tiny_model(false, DType::F32, 11);
+  std::vector<RlPrompt> train, val;
+  for (int i = 0; i < 8; ++i) {
+    RlPrompt p;
+    for (int j = 0; j < 4; ++j) p.ids.push_back(int32_t((i * 37 + j * 11) % 128));
+    p.data_source = "toy";
+    (i < 6 ? train : val).push_back(p);
+  }
+  RlOptions o;
+  o.train_batch_size = 2;
+  o.n = 2;
+  o.response_length = 4;
+  o.engine.kv_cache_bytes = int64_t(8) << 20;
+  o.engine.max_model_len = 64;
+  o.ppo_mini_batch_size = 2;
+  o.total_steps = 5;
+  o.test_freq = 100;  // only the final validation
+  o.val_before_train = false;
+  o.time_budget_s = 1e-9;  // over after the first step
+  o.progress = false;
+  auto rm = RewardManager::create({}).value();
+  RlTrainer t(*m, nullptr, train, val, std::make_unique<FixedSource>(6, 2), *rm, letters, o, nullptr);
+  t.set_reward_function(toy_reward);
+  ASSERT_TRUE(t.fit().is_ok());
+  EXPECT_EQ(t.global_step(), 1);
+  EXPECT_TRUE(t.last_validation().count("val-core/toy/acc/mean@1"));
+}
+
+}  // namespace
+}  // namespace kestrel::rl
