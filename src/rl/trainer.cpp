@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "core/files.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/batch.h"
@@ -16,9 +15,7 @@
 #include "parallel/data_parallel.h"
 #include "rl/distributed.h"
 #include "rollout/reshard.h"
-#include "optim/checkpoint_io.h"
 #include "optim/grad_clip.h"
-#include "rl/reward_rules.h"
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
 #include "train/token_objective.h"
@@ -51,20 +48,6 @@ std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
 
 
 }  // namespace
-
-double majority_vote_accuracy(const std::vector<std::pair<std::string, double>>& samples) {
-  KS_CHECK(!samples.empty(), "majority vote over no samples");
-  std::vector<std::pair<std::string, std::pair<int64_t, double>>> votes;  // pred -> (count, first acc)
-  for (const auto& [pred, acc] : samples) {
-    auto it = std::find_if(votes.begin(), votes.end(), [&](const auto& e) { return e.first == pred; });
-    if (it == votes.end()) votes.push_back({pred, {1, acc}});
-    else ++it->second.first;
-  }
-  auto top = votes.begin();
-  for (auto it = votes.begin(); it != votes.end(); ++it)
-    if (it->second.first > top->second.first) top = it;
-  return top->second.second;
-}
 
 uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index) {
   return splitmix64(splitmix64(seed) ^ splitmix64(uint64_t(step) * 0x100000001B3ull + uint64_t(index)));
@@ -484,173 +467,6 @@ std::map<std::string, double> RlTrainer::train_step() {
   m["perf/time_per_step"] = secs;
   m["perf/throughput"] = secs > 0 ? double(tokens) / secs : 0.0;
   return m;
-}
-
-std::map<std::string, double> RlTrainer::validate() {
-  std::map<std::string, double> out;
-  if (val_.empty()) return out;
-  const auto t0 = Clock::now();
-  wake_engine();
-  rollout::SamplingParams sp;
-  sp.temperature = opt_.val_temperature;
-  sp.top_k = opt_.val_top_k;
-  sp.top_p = opt_.val_top_p;
-  sp.max_tokens = opt_.response_length;
-  sp.n = opt_.val_n;
-  // Each rollout group generates a share; world rank 0 scores everything
-  // (the other ranks return no metrics: only rank 0 logs).
-  const auto [p0, p1] = share_range(int64_t(val_.size()), rollout_group_, rollout_groups_);
-  for (int64_t k = p0; k < p1; ++k) {
-    sp.seed = rollout_request_seed(opt_.rollout_seed ^ 0x76616c69ull, 0, k);  // fixed: comparable across steps
-    engine_->add_request(std::to_string(k), val_[size_t(k)].ids, sp).throw_if_error();
-  }
-  const auto outs = engine_->run_to_completion();
-  // Training rollouts never reuse validation KV: prefix-cached blocks are not
-  // bit-identical to recomputed ones, so a step after a validation would
-  // otherwise depend on whether the run was resumed in between.
-  engine_->update_weights_version();
-  std::vector<WireResponse> mine;
-  for (size_t k = 0; k < outs.size(); ++k)
-    for (const auto& c : outs[k].outputs) mine.push_back({p0 + int64_t(k), c.index, c.token_ids, {}});
-  const std::vector<WireResponse> all = opt_.parallel.world->size() > 1
-                                            ? all_gather_responses(*opt_.parallel.world, mine, rollout_leader_)
-                                            : mine;
-  if (!is_world_leader()) return out;
-  std::vector<RewardRequest> reqs;
-  std::vector<size_t> owner;
-  double len = 0;
-  for (const WireResponse& w : all) {
-    const RlPrompt& v = val_[size_t(w.prompt)];
-    reqs.push_back({v.data_source, decode_(w.tokens), v.ground_truth, v.extra_info});
-    owner.push_back(size_t(w.prompt));
-    len += double(w.tokens.size());
-  }
-  RewardBatchResult r;
-  if (reward_fn_) {
-    for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
-    r.extra.resize(reqs.size());
-  } else {
-    r = rewards_.score(reqs);
-  }
-  // Per data source: the accuracy and the extracted answer ("pred", the
-  // majority-vote key) of every sample, grouped by prompt.
-  struct Sample {
-    double acc;
-    std::string pred;
-  };
-  std::map<std::string, std::map<size_t, std::vector<Sample>>> acc;
-  for (size_t j = 0; j < reqs.size(); ++j) {
-    double a = r.scores[j];
-    std::string pred;
-    if (r.extra[j].is_object() && r.extra[j].contains("acc") && r.extra[j]["acc"].is_number())
-      a = r.extra[j]["acc"].get<double>();
-    if (r.extra[j].is_object() && r.extra[j].contains("pred"))
-      pred = r.extra[j]["pred"].is_string() ? r.extra[j]["pred"].get<std::string>() : r.extra[j]["pred"].dump();
-    else if (auto p = rule_prediction(reqs[j].data_source, reqs[j].solution_str))
-      pred = *p;
-    acc[reqs[j].data_source][owner[j]].push_back({a, pred});
-  }
-  const std::string N = std::to_string(opt_.val_n);
-  for (const auto& [src, groups] : acc) {
-    double mean = 0, best = 0, worst = 0, maj = 0, std_sum = 0, count = 0;
-    for (const auto& [k, v] : groups) {
-      double lo = v[0].acc, hi = v[0].acc, m1 = 0, m2 = 0;
-      for (const Sample& x : v) {
-        mean += x.acc, count += 1, m1 += x.acc, m2 += x.acc * x.acc;
-        lo = std::min(lo, x.acc), hi = std::max(hi, x.acc);
-      }
-      best += hi;
-      worst += lo;
-      m1 /= double(v.size());
-      std_sum += std::sqrt(std::max(0.0, m2 / double(v.size()) - m1 * m1));  // np.std (population)
-      std::vector<std::pair<std::string, double>> pv;
-      for (const Sample& x : v) pv.push_back({x.pred, x.acc});
-      maj += majority_vote_accuracy(pv);
-    }
-    const std::string p = "val-core/" + src + "/acc/";
-    const double G = double(groups.size());
-    out[p + "mean@" + N] = mean / count;
-    if (opt_.val_n > 1) {
-      out[p + "best@" + N + "/mean"] = best / G;
-      out[p + "maj@" + N + "/mean"] = maj / G;
-      out["val-aux/" + src + "/acc/worst@" + N + "/mean"] = worst / G;
-      out["val-aux/" + src + "/acc/std@" + N] = std_sum / G;
-    }
-  }
-  out["val-aux/response_length/mean"] = reqs.empty() ? 0.0 : len / double(reqs.size());
-  for (const auto& [k, v] : RewardManager::metrics(r.failures)) out["val-aux/" + k] = v;
-  out["timing_s/testing"] = seconds_since(t0);
-  if (first_val_.empty()) first_val_ = out;
-  last_val_ = out;
-  return out;
-}
-
-Status RlTrainer::save_checkpoint() {
-  // Under mpirun every rank writes its part into one folder (collective):
-  // the weights by the tp ranks of dp rank 0 (gathered, tp rank 0 writes),
-  // one optimizer file per rank, the trainer state by world rank 0.
-  const bool leader = is_world_leader();
-  return train::write_checkpoint(
-      opt_.ckpt_root, step_,
-      [&](const std::string& dir) -> Status {
-        if (opt_.parallel.dp->rank() == 0) {
-          KS_TRY(actor_.save(dir + "/actor/model", actor_.dtype()));
-          if (leader)
-            for (const auto& [name, content] : opt_.model_extra_files)
-              KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
-        }
-        std::error_code ec;
-        std::filesystem::create_directories(dir + "/actor", ec);
-        KS_TRY(optim::save_optimizer_state(dir + "/actor/" + optimizer_file(), *optim_));
-        if (critic_) KS_TRY(critic_->save(dir + "/critic"));
-        if (!leader) return Status::ok();
-        nlohmann::ordered_json ts;
-        ts["global_step"] = step_;
-        ts["total_steps"] = opt_.total_steps;
-        ts["lr_scheduler"] = {{"last_step", step_}, {"base_lr", opt_.lr.lr}, {"total_steps", opt_.lr.total_steps}};
-        ts["data_loader"] = source_->state();
-        // Sampling seeds and the mini-batch shuffle are functions of (seed, step):
-        // these and global_step are the whole random state.
-        ts["rng"] = {{"kind", "philox/splitmix64 by step"},
-                     {"rollout_seed", opt_.rollout_seed},
-                     {"data_loader_seed", opt_.data_loader_seed}};
-        ts["kl_ctrl"] = {{"type", opt_.kl_ctrl.type}, {"value", opt_.kl_ctrl.value}};
-        ts["parallel"] = {{"world", opt_.parallel.world->size()},
-                          {"tp", actor_.tp().size()},
-                          {"dp", opt_.parallel.dp->size()},
-                          {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
-        KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
-        return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
-      },
-      opt_.max_ckpt_to_keep, opt_.parallel.world.get());
-}
-
-Status RlTrainer::load_checkpoint(const std::string& dir) {
-  KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
-  const std::string opath = dir + "/actor/" + optimizer_file();
-  if (!std::filesystem::exists(opath))
-    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
-                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
-                  "use_distributed_optimizer");
-  KS_TRY(optim::load_optimizer_state(opath, *optim_));
-  if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
-  const std::string tpath = dir + "/trainer_state.json";
-  KS_ASSIGN(std::string text, read_file(tpath));
-  nlohmann::json ts;
-  try {
-    ts = nlohmann::json::parse(text);
-    step_ = ts.at("global_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    return KS_ERR(tpath, ": ", e.what());
-  }
-  if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
-  if (ts.contains("kl_ctrl") && ts["kl_ctrl"].contains("value") && ts["kl_ctrl"]["value"].is_number())
-    opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
-  if (critic_) KS_TRY(critic_->load(dir + "/critic"));
-  KS_TRY(source_->restore(ts["data_loader"], tpath));
-  rollout_weights_->refresh();
-  engine_->update_weights_version();  // the prefix cache holds KV of the old weights
-  return Status::ok();
 }
 
 Status RlTrainer::fit() {

@@ -1,0 +1,84 @@
+// RlTrainer's checkpoints: verl's layout (global_step_N/actor/{model,
+// optimizer files}, critic/, trainer_state.json), written collectively under
+// mpirun and resumed bit for bit.
+#include "rl/trainer.h"
+
+#include <filesystem>
+
+#include "core/files.h"
+#include "optim/checkpoint_io.h"
+#include "parallel/data_parallel.h"
+#include "rollout/reshard.h"
+#include "train/checkpoint.h"
+
+namespace kestrel::rl {
+
+Status RlTrainer::save_checkpoint() {
+  // Under mpirun every rank writes its part into one folder (collective):
+  // the weights by the tp ranks of dp rank 0 (gathered, tp rank 0 writes),
+  // one optimizer file per rank, the trainer state by world rank 0.
+  const bool leader = is_world_leader();
+  return train::write_checkpoint(
+      opt_.ckpt_root, step_,
+      [&](const std::string& dir) -> Status {
+        if (opt_.parallel.dp->rank() == 0) {
+          KS_TRY(actor_.save(dir + "/actor/model", actor_.dtype()));
+          if (leader)
+            for (const auto& [name, content] : opt_.model_extra_files)
+              KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
+        }
+        std::error_code ec;
+        std::filesystem::create_directories(dir + "/actor", ec);
+        KS_TRY(optim::save_optimizer_state(dir + "/actor/" + optimizer_file(), *optim_));
+        if (critic_) KS_TRY(critic_->save(dir + "/critic"));
+        if (!leader) return Status::ok();
+        nlohmann::ordered_json ts;
+        ts["global_step"] = step_;
+        ts["total_steps"] = opt_.total_steps;
+        ts["lr_scheduler"] = {{"last_step", step_}, {"base_lr", opt_.lr.lr}, {"total_steps", opt_.lr.total_steps}};
+        ts["data_loader"] = source_->state();
+        // Sampling seeds and the mini-batch shuffle are functions of (seed, step):
+        // these and global_step are the whole random state.
+        ts["rng"] = {{"kind", "philox/splitmix64 by step"},
+                     {"rollout_seed", opt_.rollout_seed},
+                     {"data_loader_seed", opt_.data_loader_seed}};
+        ts["kl_ctrl"] = {{"type", opt_.kl_ctrl.type}, {"value", opt_.kl_ctrl.value}};
+        ts["parallel"] = {{"world", opt_.parallel.world->size()},
+                          {"tp", actor_.tp().size()},
+                          {"dp", opt_.parallel.dp->size()},
+                          {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
+        KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
+        return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
+      },
+      opt_.max_ckpt_to_keep, opt_.parallel.world.get());
+}
+
+Status RlTrainer::load_checkpoint(const std::string& dir) {
+  KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
+  const std::string opath = dir + "/actor/" + optimizer_file();
+  if (!std::filesystem::exists(opath))
+    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
+                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
+                  "use_distributed_optimizer");
+  KS_TRY(optim::load_optimizer_state(opath, *optim_));
+  if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
+  const std::string tpath = dir + "/trainer_state.json";
+  KS_ASSIGN(std::string text, read_file(tpath));
+  nlohmann::json ts;
+  try {
+    ts = nlohmann::json::parse(text);
+    step_ = ts.at("global_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return KS_ERR(tpath, ": ", e.what());
+  }
+  if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
+  if (ts.contains("kl_ctrl") && ts["kl_ctrl"].contains("value") && ts["kl_ctrl"]["value"].is_number())
+    opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
+  if (critic_) KS_TRY(critic_->load(dir + "/critic"));
+  KS_TRY(source_->restore(ts["data_loader"], tpath));
+  rollout_weights_->refresh();
+  engine_->update_weights_version();  // the prefix cache holds KV of the old weights
+  return Status::ok();
+}
+
+}  // namespace kestrel::rl

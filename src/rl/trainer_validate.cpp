@@ -1,0 +1,133 @@
+// RlTrainer::validate (verl's _validate): generation on the validation
+// prompts with val_kwargs, scored on world rank 0, reported per data source as
+// mean@N, best@N, worst@N, maj@N and std@N.
+#include "rl/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "rl/distributed.h"
+#include "rl/reward_rules.h"
+
+namespace kestrel::rl {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
+
+double majority_vote_accuracy(const std::vector<std::pair<std::string, double>>& samples) {
+  KS_CHECK(!samples.empty(), "majority vote over no samples");
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> votes;  // pred -> (count, first acc)
+  for (const auto& [pred, acc] : samples) {
+    auto it = std::find_if(votes.begin(), votes.end(), [&](const auto& e) { return e.first == pred; });
+    if (it == votes.end()) votes.push_back({pred, {1, acc}});
+    else ++it->second.first;
+  }
+  auto top = votes.begin();
+  for (auto it = votes.begin(); it != votes.end(); ++it)
+    if (it->second.first > top->second.first) top = it;
+  return top->second.second;
+}
+
+std::map<std::string, double> RlTrainer::validate() {
+  std::map<std::string, double> out;
+  if (val_.empty()) return out;
+  const auto t0 = Clock::now();
+  wake_engine();
+  rollout::SamplingParams sp;
+  sp.temperature = opt_.val_temperature;
+  sp.top_k = opt_.val_top_k;
+  sp.top_p = opt_.val_top_p;
+  sp.max_tokens = opt_.response_length;
+  sp.n = opt_.val_n;
+  // Each rollout group generates a share; world rank 0 scores everything
+  // (the other ranks return no metrics: only rank 0 logs).
+  const auto [p0, p1] = share_range(int64_t(val_.size()), rollout_group_, rollout_groups_);
+  for (int64_t k = p0; k < p1; ++k) {
+    sp.seed = rollout_request_seed(opt_.rollout_seed ^ 0x76616c69ull, 0, k);  // fixed: comparable across steps
+    engine_->add_request(std::to_string(k), val_[size_t(k)].ids, sp).throw_if_error();
+  }
+  const auto outs = engine_->run_to_completion();
+  // Training rollouts never reuse validation KV: prefix-cached blocks are not
+  // bit-identical to recomputed ones, so a step after a validation would
+  // otherwise depend on whether the run was resumed in between.
+  engine_->update_weights_version();
+  std::vector<WireResponse> mine;
+  for (size_t k = 0; k < outs.size(); ++k)
+    for (const auto& c : outs[k].outputs) mine.push_back({p0 + int64_t(k), c.index, c.token_ids, {}});
+  const std::vector<WireResponse> all = opt_.parallel.world->size() > 1
+                                            ? all_gather_responses(*opt_.parallel.world, mine, rollout_leader_)
+                                            : mine;
+  if (!is_world_leader()) return out;
+  std::vector<RewardRequest> reqs;
+  std::vector<size_t> owner;
+  double len = 0;
+  for (const WireResponse& w : all) {
+    const RlPrompt& v = val_[size_t(w.prompt)];
+    reqs.push_back({v.data_source, decode_(w.tokens), v.ground_truth, v.extra_info});
+    owner.push_back(size_t(w.prompt));
+    len += double(w.tokens.size());
+  }
+  RewardBatchResult r;
+  if (reward_fn_) {
+    for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
+    r.extra.resize(reqs.size());
+  } else {
+    r = rewards_.score(reqs);
+  }
+  // Per data source: the accuracy and the extracted answer ("pred", the
+  // majority-vote key) of every sample, grouped by prompt.
+  struct Sample {
+    double acc;
+    std::string pred;
+  };
+  std::map<std::string, std::map<size_t, std::vector<Sample>>> acc;
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    double a = r.scores[j];
+    std::string pred;
+    if (r.extra[j].is_object() && r.extra[j].contains("acc") && r.extra[j]["acc"].is_number())
+      a = r.extra[j]["acc"].get<double>();
+    if (r.extra[j].is_object() && r.extra[j].contains("pred"))
+      pred = r.extra[j]["pred"].is_string() ? r.extra[j]["pred"].get<std::string>() : r.extra[j]["pred"].dump();
+    else if (auto p = rule_prediction(reqs[j].data_source, reqs[j].solution_str))
+      pred = *p;
+    acc[reqs[j].data_source][owner[j]].push_back({a, pred});
+  }
+  const std::string N = std::to_string(opt_.val_n);
+  for (const auto& [src, groups] : acc) {
+    double mean = 0, best = 0, worst = 0, maj = 0, std_sum = 0, count = 0;
+    for (const auto& [k, v] : groups) {
+      double lo = v[0].acc, hi = v[0].acc, m1 = 0, m2 = 0;
+      for (const Sample& x : v) {
+        mean += x.acc, count += 1, m1 += x.acc, m2 += x.acc * x.acc;
+        lo = std::min(lo, x.acc), hi = std::max(hi, x.acc);
+      }
+      best += hi;
+      worst += lo;
+      m1 /= double(v.size());
+      std_sum += std::sqrt(std::max(0.0, m2 / double(v.size()) - m1 * m1));  // np.std (population)
+      std::vector<std::pair<std::string, double>> pv;
+      for (const Sample& x : v) pv.push_back({x.pred, x.acc});
+      maj += majority_vote_accuracy(pv);
+    }
+    const std::string p = "val-core/" + src + "/acc/";
+    const double G = double(groups.size());
+    out[p + "mean@" + N] = mean / count;
+    if (opt_.val_n > 1) {
+      out[p + "best@" + N + "/mean"] = best / G;
+      out[p + "maj@" + N + "/mean"] = maj / G;
+      out["val-aux/" + src + "/acc/worst@" + N + "/mean"] = worst / G;
+      out["val-aux/" + src + "/acc/std@" + N] = std_sum / G;
+    }
+  }
+  out["val-aux/response_length/mean"] = reqs.empty() ? 0.0 : len / double(reqs.size());
+  for (const auto& [k, v] : RewardManager::metrics(r.failures)) out["val-aux/" + k] = v;
+  out["timing_s/testing"] = seconds_since(t0);
+  if (first_val_.empty()) first_val_ = out;
+  last_val_ = out;
+  return out;
+}
+
+}  // namespace kestrel::rl
