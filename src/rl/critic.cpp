@@ -15,19 +15,6 @@ namespace {
 
 constexpr const char* kMasterPrefix = "master.";
 
-// Fisher-Yates from Philox(seed, stream): the mini-batch order of one PPO
-// epoch; the same draw as the actor's (rl/trainer.cpp), so with one seed both
-// see the same mini-batches, as verl's two workers do.
-std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
-  std::vector<int64_t> order(static_cast<size_t>(n), 0);
-  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
-  for (int64_t i = n - 1; i > 0; --i) {
-    const auto r = philox4x32(uint64_t(i), stream, seed);
-    const int64_t j = int64_t(u32x2_to_unit_double(r[0], r[1]) * double(i + 1));
-    std::swap(order[size_t(i)], order[size_t(std::min(j, i))]);
-  }
-  return order;
-}
 
 model::PackedBatch pack(const RolloutBatch& b, const std::vector<int64_t>& seqs) {
   std::vector<std::vector<int32_t>> toks;
@@ -165,7 +152,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order(static_cast<size_t>(B), 0);
     for (int64_t i = 0; i < B; ++i) order[size_t(i)] = i;
-    if (opt_.shuffle) order = shuffled(B, opt_.data_loader_seed, uint64_t(step) * 1024 + uint64_t(e));
+    if (opt_.shuffle) order = ppo_epoch_order(B, opt_.data_loader_seed, step, e);
     for (int64_t s0 = 0; s0 < B; s0 += mini) {
       const std::vector<int64_t> mb(order.begin() + s0, order.begin() + std::min(B, s0 + mini));
       model_->zero_grads();

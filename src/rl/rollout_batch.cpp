@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/rng.h"
 #include "train/micro_batch.h"
 
 namespace kestrel::rl {
@@ -135,6 +136,18 @@ std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::v
     if (any) out.push_back(i);
   }
   return out;
+}
+
+std::vector<int64_t> ppo_epoch_order(int64_t n, uint64_t seed, int64_t step, int64_t epoch) {
+  const uint64_t stream = uint64_t(step) * 1024 + uint64_t(epoch);
+  std::vector<int64_t> order(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto r = philox4x32(uint64_t(i), stream, seed);
+    const int64_t j = int64_t(u32x2_to_unit_double(r[0], r[1]) * double(i + 1));
+    std::swap(order[size_t(i)], order[size_t(std::min(j, i))]);
+  }
+  return order;
 }
 
 void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x) {

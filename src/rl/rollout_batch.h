@@ -54,6 +54,12 @@ AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seq
 std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::vector<int64_t>& seqs,
                                              const PolicyLossConfig& cfg);
 
+// The order of the n sequences in PPO epoch `epoch` of global step `step`
+// with shuffling on: Fisher-Yates from Philox(seed, step * 1024 + epoch). The
+// actor and the critic draw the same order, so both see the same mini-batches
+// (as verl's two workers do).
+std::vector<int64_t> ppo_epoch_order(int64_t n, uint64_t seed, int64_t step, int64_t epoch);
+
 // Micro-batches of a mini-batch: by token budget (max_tokens > 0, verl's
 // use_dynamic_bsz + ppo_max_token_len_per_gpu) or max_seqs sequences each.
 std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,

@@ -34,17 +34,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Fisher-Yates from Philox(seed, stream): the mini-batch order of one PPO epoch.
-std::vector<int64_t> shuffled(int64_t n, uint64_t seed, uint64_t stream) {
-  std::vector<int64_t> order(static_cast<size_t>(n), 0);
-  for (int64_t i = 0; i < n; ++i) order[size_t(i)] = i;
-  for (int64_t i = n - 1; i > 0; --i) {
-    const auto r = philox4x32(uint64_t(i), stream, seed);
-    const int64_t j = int64_t(u32x2_to_unit_double(r[0], r[1]) * double(i + 1));
-    std::swap(order[size_t(i)], order[size_t(std::min(j, i))]);
-  }
-  return order;
-}
 
 
 }  // namespace
@@ -285,7 +274,7 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
     if (opt_.shuffle) {
-      const std::vector<int64_t> perm = shuffled(B, opt_.data_loader_seed, uint64_t(step_) * 1024 + uint64_t(e));
+      const std::vector<int64_t> perm = ppo_epoch_order(B, opt_.data_loader_seed, step_, e);
       for (int64_t i = 0; i < B; ++i) order[size_t(i)] = local[size_t(perm[size_t(i)])];
     }
     for (int64_t s0 = 0; s0 < B; s0 += mini) {
