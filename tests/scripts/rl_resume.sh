@@ -16,10 +16,11 @@ COMMON=(actor_rollout_ref.model.path=builtin:tiny data.train_batch_size=2 actor_
         actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.optim.lr=1e-3
         trainer.total_training_steps=6 trainer.save_freq=2 trainer.test_freq=3 "trainer.logger=[]")
 
+EXTRA=()
 run() {  # run <dir> [crash point]: prints the exit status
   local dir=$1 crash=${2:-}
   set +e
-  KESTREL_CRASH_AT=$crash "$KESTREL" train "${COMMON[@]}" trainer.default_local_dir="$dir" >"$W/log.txt" 2>&1
+  KESTREL_CRASH_AT=$crash "$KESTREL" train "${COMMON[@]}" "${EXTRA[@]}" trainer.default_local_dir="$dir" >"$W/log.txt" 2>&1
   local rc=$?
   set -e
   echo "$rc"
@@ -47,4 +48,21 @@ for f in actor/model/model.safetensors actor/optimizer.safetensors trainer_state
   cmp "$W/ref/global_step_6/$f" "$W/run/global_step_6/$f" || fail "$f differs from the uninterrupted run"
 done
 diff <(det "$W/ref") <(det "$W/run") || fail "per-step metrics differ from the uninterrupted run"
-echo "rl_resume: OK (bit-identical after 2 kills)"
+echo "rl_resume: GRPO bit-identical after 2 kills"
+
+# PPO with a critic (GAE) and the adaptive in-reward KL: killed mid-update and
+# resumed, the actor, the critic (weights and optimizer) and the KL
+# controller's coefficient continue bit for bit.
+EXTRA=(algorithm.adv_estimator=gae algorithm.lam=0.95 algorithm.use_kl_in_reward=true
+       algorithm.kl_ctrl.type=adaptive critic.optim.lr=1e-3 trainer.total_training_steps=4)
+[ "$(run "$W/ppo_ref")" = 0 ] || fail "uninterrupted PPO run failed"
+[ "$(run "$W/ppo" train_step:3)" = 137 ] || fail "expected SIGKILL in PPO step 3"
+[ "$(run "$W/ppo")" = 0 ] || fail "resumed PPO run failed"
+grep -q 'resumed from .*global_step_2 ' "$W/log.txt" || fail "the PPO run did not resume from step 2"
+for f in actor/model/model.safetensors actor/optimizer.safetensors critic/model/model.safetensors \
+         critic/optimizer.safetensors trainer_state.json; do
+  cmp "$W/ppo_ref/global_step_4/$f" "$W/ppo/global_step_4/$f" || fail "PPO: $f differs from the uninterrupted run"
+done
+diff <(det "$W/ppo_ref") <(det "$W/ppo") || fail "PPO: per-step metrics differ from the uninterrupted run"
+grep -q '"critic/vf_loss"' "$W/ppo/metrics.jsonl" || fail "PPO: no critic metrics"
+echo "rl_resume: OK (GRPO and PPO bit-identical after kills)"
