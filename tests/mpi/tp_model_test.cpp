@@ -5,6 +5,8 @@
 // one process, fp32 within 1e-5 relative. The single-process reference runs
 // on every rank. The layout follows the world size: tp as named, dp = world/tp
 // (so under -np 4 "Tp2" is TP2 x DP2).
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "comm/world.h"
@@ -251,7 +253,12 @@ void run_layout(const Layout& L) {
   }
 
   // save() gathers HF-shaped tensors to tp rank 0 (one dp replica writes).
-  const std::string dir = std::filesystem::temp_directory_path().string() + "/kestrel_tp_save_" + L.config;
+  // Named after rank 0's pid: other mpi_tests runs (ctest runs the scripts in
+  // parallel) must not share the folder.
+  int64_t pid = ::getpid();
+  world.group()->broadcast(&pid, 1, DType::I64, 0);
+  const std::string dir =
+      std::filesystem::temp_directory_path().string() + "/kestrel_tp_save_" + L.config + "_" + std::to_string(pid);
   if (grid.coords().dp == 0) {
     Status st = m.save(dir, DType::F32);
     EXPECT_TRUE(st.is_ok()) << st.message();
