@@ -337,16 +337,21 @@ TEST(RlTrainer, MajorityVoteTakesTheMostCommonAnswer) {
 }
 
 // A short GRPO-shaped run of `o` on the toy task with optional critic; returns each step's metrics.
-std::vector<std::map<std::string, double>> run_toy(RlOptions o, std::unique_ptr<model::CausalLM> ref,
-                                                   std::unique_ptr<Critic> critic, int steps) {
-  auto m = tiny_model(false, DType::F32, 11);
-  std::vector<RlPrompt> train;
-  for (int i = 0; i < 6; ++i) {
+// n toy prompts of 4-6 tokens.
+std::vector<RlPrompt> toy_prompts(int n) {
+  std::vector<RlPrompt> out;
+  for (int i = 0; i < n; ++i) {
     RlPrompt p;
     for (int j = 0; j < 4 + i % 3; ++j) p.ids.push_back(int32_t((i * 37 + j * 11) % 128));
     p.data_source = "toy";
-    train.push_back(p);
+    out.push_back(p);
   }
+  return out;
+}
+
+// 2 prompts x 4 responses of 6 tokens a step, one mini-batch, a small engine.
+RlOptions toy_options() {
+  RlOptions o;
   o.train_batch_size = 2;
   o.n = 4;
   o.response_length = 6;
@@ -355,9 +360,16 @@ std::vector<std::map<std::string, double>> run_toy(RlOptions o, std::unique_ptr<
   o.engine.max_model_len = 64;
   o.ppo_mini_batch_size = 2;
   o.lr.lr = 1e-2;
-  o.total_steps = steps;
   o.val_before_train = false;
   o.progress = false;
+  return o;
+}
+
+std::vector<std::map<std::string, double>> run_toy(RlOptions o, std::unique_ptr<model::CausalLM> ref,
+                                                   std::unique_ptr<Critic> critic, int steps) {
+  auto m = tiny_model(false, DType::F32, 11);
+  const std::vector<RlPrompt> train = toy_prompts(6);
+  o.total_steps = steps;
   auto rm = RewardManager::create({}).value();
   RlTrainer t(*m, std::move(ref), train, {}, std::make_unique<FixedSource>(6, 2), *rm, letters, o, nullptr,
               std::move(critic));
@@ -368,7 +380,7 @@ std::vector<std::map<std::string, double>> run_toy(RlOptions o, std::unique_ptr<
 }
 
 TEST(RlTrainer, PpoWithCriticTrainsActorAndCritic) {
-  RlOptions o;
+  RlOptions o = toy_options();
   o.adv_estimator = AdvEstimator::GAE;
   o.lam = 0.95;
   model::ModelOptions vo;
@@ -393,7 +405,7 @@ TEST(RlTrainer, PpoWithCriticTrainsActorAndCritic) {
 }
 
 TEST(RlTrainer, CriticWarmupHoldsTheActor) {
-  RlOptions o;
+  RlOptions o = toy_options();
   o.adv_estimator = AdvEstimator::GAE;
   o.critic_warmup = 3;  // actor updates start at (1-based) step 3
   model::ModelOptions vo;
@@ -411,7 +423,7 @@ TEST(RlTrainer, CriticWarmupHoldsTheActor) {
 }
 
 TEST(RlTrainer, KlInRewardSubtractsBetaTimesKl) {
-  RlOptions o;
+  RlOptions o = toy_options();
   o.use_kl_in_reward = true;
   o.kl_penalty = "kl";
   o.kl_ctrl.type = "adaptive";
@@ -440,25 +452,12 @@ namespace {
 
 TEST(RlTrainer, TimeBudgetStopsEarlyWithAFinalValidation) {
   auto m = tiny_model(false, DType::F32, 11);
-  std::vector<RlPrompt> train, val;
-  for (int i = 0; i < 8; ++i) {
-    RlPrompt p;
-    for (int j = 0; j < 4; ++j) p.ids.push_back(int32_t((i * 37 + j * 11) % 128));
-    p.data_source = "toy";
-    (i < 6 ? train : val).push_back(p);
-  }
-  RlOptions o;
-  o.train_batch_size = 2;
-  o.n = 2;
-  o.response_length = 4;
-  o.engine.kv_cache_bytes = int64_t(8) << 20;
-  o.engine.max_model_len = 64;
-  o.ppo_mini_batch_size = 2;
+  std::vector<RlPrompt> train = toy_prompts(8), val(train.begin() + 6, train.end());
+  train.resize(6);
+  RlOptions o = toy_options();
   o.total_steps = 5;
   o.test_freq = 100;  // only the final validation
-  o.val_before_train = false;
   o.time_budget_s = 1e-9;  // over after the first step
-  o.progress = false;
   auto rm = RewardManager::create({}).value();
   RlTrainer t(*m, nullptr, train, val, std::make_unique<FixedSource>(6, 2), *rm, letters, o, nullptr);
   t.set_reward_function(toy_reward);
