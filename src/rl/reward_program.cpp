@@ -106,6 +106,19 @@ class SigpipeGuard {
   bool was_pending_ = false;
 };
 
+// Children get their own process group, so a timeout kills the whole group
+// (a shell and the interpreter it started), default signal handling and an
+// empty mask: we may ignore or block SIGPIPE, and both would be inherited.
+void isolate_child(posix_spawnattr_t& attr) {
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+}
+
 }  // namespace
 
 void RewardFailureCounts::add(const RewardFailureCounts& o) {
@@ -229,16 +242,7 @@ Status RewardProgram::spawn() {
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  // Own process group: a timeout kills the whole group (a shell and the
-  // interpreter it started). Default signal handling and an empty mask: we may
-  // ignore or block SIGPIPE, and both would otherwise be inherited.
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  isolate_child(attr);
 
   std::vector<std::string> args = opt_.argv;
   if (!opt_.shell_command.empty()) args = {"/bin/sh", "-c", opt_.shell_command};
@@ -538,13 +542,7 @@ Result<CommandResult> run_command(const std::vector<std::string>& argv, double t
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
   posix_spawn_file_actions_adddup2(&fa, out[1], 2);
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  isolate_child(attr);
   std::vector<std::string> args = argv;
   std::vector<char*> cargv;
   for (auto& a : args) cargv.push_back(a.data());
