@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <vector>
+
 #include "backend/cpu/kernel_util.h"
 #include "op_harness.h"
 #include "ops/ref/activation_ref.h"
@@ -139,6 +142,42 @@ TEST(CpuExp, AccurateAndExactSpecials) {
   EXPECT_EQ(cpu::exp_f32(-200.f), 0.f);
   EXPECT_TRUE(std::isnan(cpu::exp_f32(float(kNaN))));
   EXPECT_TRUE(std::isfinite(cpu::exp_f32(88.72f)));
+}
+
+// The kernels' lane-wise exp and bf16 conversions (kernel_util.h simd::) must
+// give the scalar helpers' bits, specials included: elements in a vector body
+// and in a row's tail then round identically.
+TEST(CpuSimd, LaneWiseHelpersMatchScalarBitwise) {
+  using cpu::simd::kW;
+  auto bits = [](float f) { return std::bit_cast<uint32_t>(f); };
+  std::vector<float> xs = {0.f, -0.f, float(kNaN), -float(kNaN), float(kInf), -float(kInf), 88.72283f, 88.73f,
+                           -86.6f, -86.7f, -87.5f, 1e-40f, -1e-40f, 3.4e38f, -3.4e38f, 1.00390625f, 1.01171875f};
+  for (int i = 0; i < 20000; ++i) xs.push_back(float(randn(1, uint64_t(i) + 7)[0]) * float(1 << (i % 8)) * 4.f);
+  while (xs.size() % size_t(kW)) xs.push_back(0.5f);
+  for (size_t i = 0; i < xs.size(); i += size_t(kW)) {
+    float e[kW], r[kW], back[kW];
+    cpu::bf16_bits h[kW];
+    cpu::simd::store(e, cpu::simd::exp(cpu::simd::load(xs.data() + i)));
+    cpu::simd::store(r, cpu::simd::round_to<cpu::bf16_bits>(cpu::simd::load(xs.data() + i)));
+    cpu::simd::store(h, cpu::simd::load(xs.data() + i));
+    cpu::simd::store(back, cpu::simd::load(h));
+    for (int64_t j = 0; j < kW; ++j) {
+      const float x = xs[i + size_t(j)];
+      ASSERT_EQ(bits(e[j]), bits(cpu::exp_f32(x))) << x;
+      ASSERT_EQ(bits(r[j]), bits(cpu::round_to<cpu::bf16_bits>(x))) << x;
+      ASSERT_EQ(h[j], cpu::f32_to_bf16(x)) << x;
+      ASSERT_EQ(bits(back[j]), bits(cpu::load_f32(h, j))) << x;
+    }
+  }
+  // Partial loads zero the lanes past n; partial stores leave memory past n alone.
+  for (int64_t n = 1; n <= kW; ++n) {
+    std::vector<float> src(size_t(kW), 2.f), dst(size_t(kW) + 1, -1.f);
+    float got[kW];
+    cpu::simd::store(got, cpu::simd::load_part(src.data(), n));
+    for (int64_t j = 0; j < kW; ++j) EXPECT_EQ(got[j], j < n ? 2.f : 0.f);
+    cpu::simd::store_part(dst.data(), n, cpu::simd::splat(3.f));
+    for (int64_t j = 0; j <= kW; ++j) EXPECT_EQ(dst[size_t(j)], j < n ? 3.f : -1.f);
+  }
 }
 
 TEST(CpuBf16, RoundingMatchesCore) {

@@ -32,18 +32,33 @@ struct RowStats {
   float a = 0.f;      // sum exp(z - m) * (z - m): entropy = log s - a / s
 };
 
+using simd::kW;
+using simd::vf;
+using simd::vi;
+
+// Lanes of a row chunk at v with n valid elements (n = kW except at the tail).
+inline vi valid_lanes(int64_t n) { return simd::iota() < int32_t(n); }
+
 template <class T>
 RowStats row_stats(const T* z, int64_t V) {
   constexpr int64_t kBlock = 512;  // 2 KiB of f32: the second look at a block hits L1
+  static_assert(kBlock % kW == 0);
+  const vf neg_inf = simd::splat(kNegInf);
   RowStats st;
   for (int64_t v0 = 0; v0 < V; v0 += kBlock) {
     const int64_t v1 = std::min(V, v0 + kBlock);
-    float bm = kNegInf;
-#pragma omp simd reduction(max : bm)
-    for (int64_t v = v0; v < v1; ++v) {
-      const float x = load_f32(z, v);
-      bm = x > bm ? x : bm;
+    // Block max; NaN never wins a compare, so it is skipped.
+    vf bmv = neg_inf;
+    int64_t v = v0;
+    for (; v + kW <= v1; v += kW) {
+      const vf x = simd::load(z + v);
+      bmv = x > bmv ? x : bmv;
     }
+    if (const int64_t n = v1 - v; n > 0) {
+      const vf x = simd::load_part(z + v, n);
+      bmv = (valid_lanes(n) & (x > bmv)) ? x : bmv;
+    }
+    const float bm = simd::hmax(bmv);
     if (bm > st.m) {
       if (st.s > 0.f) {
         // Re-base the sums on the new max: sum e'(z - m') = c * (sum e (z - m) + (m - m') * sum e).
@@ -54,18 +69,19 @@ RowStats row_stats(const T* z, int64_t V) {
       st.m = bm;
     }
     const float m = st.m;
-    float bs = 0.f, ba = 0.f;
-#pragma omp simd reduction(+ : bs, ba)
-    for (int64_t v = v0; v < v1; ++v) {
-      const float x = load_f32(z, v);
-      const float d = x - m;
-      const float e = exp_f32(d);
-      const bool skip = x == kNegInf;
-      bs += skip ? 0.f : e;
-      ba += (skip || e == 0.f) ? 0.f : e * d;
-    }
-    st.s += bs;
-    st.a += ba;
+    vf bs{}, ba{};
+    // -inf logits (and lanes past the row) add nothing; e == 0 keeps 0 * -inf out of ba.
+    const auto accumulate = [&](vf x, vi valid) {
+      const vf d = x - m;
+      const vf e = simd::exp(d);
+      const vi take = valid & (x != neg_inf);
+      bs += take ? e : vf{};
+      ba += (take & (e != 0.f)) ? e * d : vf{};
+    };
+    for (v = v0; v + kW <= v1; v += kW) accumulate(simd::load(z + v), simd::iota() >= 0);
+    if (const int64_t n = v1 - v; n > 0) accumulate(simd::load_part(z + v, n), valid_lanes(n));
+    st.s += simd::hsum(bs);
+    st.a += simd::hsum(ba);
   }
   return st;
 }
@@ -106,23 +122,29 @@ void bwd_rows(const TI* logits, const int32_t* tgt, const float* lse, const floa
       float H = 0.f;
       if (with_entropy) {
         // Recomputed rather than saved: one extra read of a row that is hot anyway.
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t v = 0; v < V; ++v) {
-          const float lp = load_f32(z, v) - l;
-          const float p = exp_f32(lp);
-          acc += p == 0.f ? 0.f : p * lp;
-        }
-        H = -acc;
+        vf acc{};
+        const auto accumulate = [&](vf x, vi valid) {
+          const vf lp = x - l;
+          const vf p = simd::exp(lp);
+          acc += (valid & (p != 0.f)) ? p * lp : vf{};
+        };
+        int64_t v = 0;
+        for (; v + kW <= V; v += kW) accumulate(simd::load(z + v), simd::iota() >= 0);
+        if (const int64_t n = V - v; n > 0) accumulate(simd::load_part(z + v, n), valid_lanes(n));
+        H = -simd::hsum(acc);
       }
-#pragma omp simd
-      for (int64_t v = 0; v < V; ++v) {
-        const float lp = load_f32(z, v) - l;
-        const float p = exp_f32(lp);
-        float g = (v == target ? c_lp : 0.f) - c_lp * p;
-        if (with_entropy) g -= c_h * (p == 0.f ? 0.f : p * (lp + H));
-        store_f32(out, v, g);
-      }
+      // Lane j of the chunk at v is vocabulary entry v + j; V < 2^31 (i32 targets).
+      const auto grad = [&](vf x, int64_t v) {
+        const vf lp = x - l;
+        const vf p = simd::exp(lp);
+        vf g = ((simd::iota() + int32_t(v)) == int32_t(target) ? simd::splat(c_lp) : vf{}) - c_lp * p;
+        if (with_entropy) g -= c_h * ((p == 0.f) ? vf{} : p * (lp + H));
+        return g;
+      };
+      // out may be z's buffer: each chunk is loaded before it is overwritten.
+      int64_t v = 0;
+      for (; v + kW <= V; v += kW) simd::store(out + v, grad(simd::load(z + v), v));
+      if (const int64_t n = V - v; n > 0) simd::store_part(out + v, n, grad(simd::load_part(z + v, n), v));
     }
   });
 }

@@ -1,17 +1,50 @@
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC's -O2 "very cheap" vectoriser cost model leaves `omp simd` reductions
-// whose bodies call inline helpers scalar; the dynamic model (the -O3 default)
-// vectorises them. First line of the file so every function here agrees.
-#pragma GCC optimize("vect-cost-model=dynamic")
-#endif
 // RMSNorm forward/backward on the CPU: one row per iteration, rows split
-// across threads; the weight gradient is a column-split second pass.
+// across threads, kW-lane vectors along the row (kernel_util.h's simd); the
+// weight gradient is a column-split second pass.
 #include <cmath>
 
 #include "backend/cpu/dense_ops.h"
 #include "backend/cpu/kernel_util.h"
 
 namespace kestrel::cpu {
+
+namespace {
+
+using simd::kW;
+using simd::vf;
+
+// sum_d f(d, n) over [0, D) in kW-lane chunks; f returns the lanes' terms,
+// and must give 0 in lanes >= n (zero-padded loads do).
+template <class F>
+float row_sum(int64_t D, F&& f) {
+  vf acc{};
+  int64_t d = 0;
+  for (; d + kW <= D; d += kW) acc += f(d, kW);
+  if (d < D) acc += f(d, D - d);
+  return simd::hsum(acc);
+}
+
+// p[d0:d1] chunk at d: a full vector, or the zero-padded tail.
+template <class T>
+inline vf load_n(const T* p, int64_t n) {
+  return n == kW ? simd::load(p) : simd::load_part(p, n);
+}
+template <class T>
+inline void store_n(T* p, int64_t n, vf v) {
+  if (n == kW)
+    simd::store(p, v);
+  else
+    simd::store_part(p, n, v);
+}
+// Calls f(d, n) for the chunks of [d0, d1).
+template <class F>
+inline void for_chunks(int64_t d0, int64_t d1, F&& f) {
+  int64_t d = d0;
+  for (; d + kW <= d1; d += kW) f(d, kW);
+  if (d < d1) f(d, d1 - d);
+}
+
+}  // namespace
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
   const int64_t N = x.size(0), D = x.size(1);
@@ -27,18 +60,18 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor&
       parallel_blocks(N, D, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           const TX* xr = xp + r * D;
-          float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-          for (int64_t d = 0; d < D; ++d) {
-            const float v = load_f32(xr, d);
-            ss += v * v;
-          }
+          const float ss = row_sum(D, [&](int64_t d, int64_t n) {
+            const vf v = load_n(xr + d, n);
+            return v * v;
+          });
           const float rs = 1.f / std::sqrt(ss / float(D) + eps);
           rp[r] = rs;
           TY* yr = yp + r * D;
           // HF rounds x * rstd to the input dtype before the weight multiply.
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) store_f32(yr, d, load_f32(wp, d) * round_to<TX>(load_f32(xr, d) * rs));
+          // y may be x: each chunk is loaded before it is stored.
+          for_chunks(0, D, [&](int64_t d, int64_t n) {
+            store_n(yr + d, n, load_n(wp + d, n) * simd::round_to<TX>(load_n(xr + d, n) * rs));
+          });
         }
       });
     });
@@ -67,8 +100,9 @@ void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Ten
           const TX* xr = xp + r * D;
           const TG* gr = gp + r * D;
           const float rs = rp[r];
-#pragma omp simd
-          for (int64_t d = c0; d < c1; ++d) dwp[d] += load_f32(gr, d) * (load_f32(xr, d) * rs);
+          for_chunks(c0, c1, [&](int64_t d, int64_t n) {
+            store_n(dwp + d, n, load_n(dwp + d, n) + load_n(gr + d, n) * (load_n(xr + d, n) * rs));
+          });
         }
       });
       parallel_blocks(N, D, [&](int64_t r0, int64_t r1) {
@@ -77,16 +111,15 @@ void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Ten
           const TG* gr = gp + r * D;
           const float rs = rp[r];
           // dx = rstd * (g - n * mean(g . n)), g = dy * w, n = x * rstd.
-          float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < D; ++d) dot += load_f32(gr, d) * load_f32(wp, d) * (load_f32(xr, d) * rs);
+          const float dot = row_sum(D, [&](int64_t d, int64_t n) {
+            return load_n(gr + d, n) * load_n(wp + d, n) * (load_n(xr + d, n) * rs);
+          });
           const float c = dot / float(D);
           TDX* dr = dxp + r * D;
-#pragma omp simd
-          for (int64_t d = 0; d < D; ++d) {
-            const float g = load_f32(gr, d) * load_f32(wp, d);
-            store_f32(dr, d, rs * (g - load_f32(xr, d) * rs * c));
-          }
+          for_chunks(0, D, [&](int64_t d, int64_t n) {
+            const vf g = load_n(gr + d, n) * load_n(wp + d, n);
+            store_n(dr + d, n, rs * (g - load_n(xr + d, n) * rs * c));
+          });
         }
       });
     });
