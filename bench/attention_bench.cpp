@@ -1,18 +1,30 @@
-// Causal GQA flash attention on CPU: forward and forward+backward GFLOP/s for
-// the training shape (T=2048 packed as 4 sequences of 512, 8 heads, 2 kv
-// heads, head_dim 64) at 1 and 2 threads, f32 and bf16.
-// FLOPs count the causal half only: forward 4*d per (query, key<=query) pair
-// and head (QK^T, PV); backward 2.5x forward (S recompute, dV, dP, dQ, dK).
-// Usage: bench_attention_bench [--seqs 4] [--len 512] [--heads 8] [--kv 2] [--dim 64] [--threads 1,2]
+// Causal GQA flash attention on CPU: forward and forward+backward time and
+// GFLOP/s at 1 and 2 threads.
+//
+// Default: the long-sequence training shape (T=2048 packed as 4 sequences of
+// 512, 8 heads, 2 kv heads, head_dim 64), f32 and bf16.
+// --len A..B: random lengths in [A, B] (the RL shape: many short sequences).
+// --groups G --prefix P --branches N: GRPO groups instead of --seqs sequences:
+// each group is a P-row prompt prefix and N responses of --len rows, measured
+// twice: "dup" packs each response with its own copy of the prefix (what the
+// trainer did before prefix sharing), "shared" packs the prefix once and
+// passes prefix_of so the responses attend to it.
+//   RL shape:   --seqs 70 --len 48..100 --heads 4 --kv 2 --dim 32 --dtype f32
+//   RL groups:  --groups 16 --prefix 48 --branches 8 --len 40..56 --heads 4 --kv 2 --dim 32 --dtype f32
+// FLOPs count only the (query, key) pairs that are attended: forward 4*d per
+// pair and head (QK^T, PV); backward 2.5x forward (S recompute, dV, dP, dQ, dK).
+// Usage: bench_attention_bench [--seqs 4] [--len 512|A..B] [--groups G --prefix P --branches N]
+//        [--heads 8] [--kv 2] [--dim 64] [--threads 1,2] [--dtype f32|bf16|both]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <ctime>
+#include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "ops/attention.h"
@@ -51,20 +63,81 @@ Timing time_best(F&& f, int reps, int threads) {
   return best;
 }
 
+// One packing: cu_seqlens, optional prefix_of, and the attended pair count.
+struct Layout {
+  std::string name;
+  std::vector<int32_t> cu{0}, prefix_of;  // prefix_of empty = none
+  double pairs = 0;
+  void add(int32_t len, int32_t prefix_seq = -1) {
+    const double pl = prefix_seq >= 0 ? double(cu[prefix_seq + 1] - cu[prefix_seq]) : 0.0;
+    pairs += double(len) * (double(len) + 1) / 2 + double(len) * pl;
+    cu.push_back(cu.back() + len);
+    if (prefix_seq >= 0 || !prefix_of.empty()) prefix_of.resize(cu.size() - 2, -1), prefix_of.push_back(prefix_seq);
+  }
+  int64_t T() const { return cu.back(); }
+  int64_t n() const { return int64_t(cu.size()) - 1; }
+};
+
+void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, const std::vector<DType>& dtypes,
+                const std::vector<int>& threads, int reps) {
+  const int64_t T = lay.T();
+  const Tensor cu_t = Tensor::from_ints(lay.cu, {lay.n() + 1});
+  Tensor pre_t;
+  if (!lay.prefix_of.empty()) pre_t = Tensor::from_ints(lay.prefix_of, {lay.n()});
+  const Tensor* pre = lay.prefix_of.empty() ? nullptr : &pre_t;
+  const ops::AttentionShape shape{heads, kv, dim, 0.f};
+  const double fwd_flops = 4.0 * double(dim) * lay.pairs * double(heads), fb_flops = fwd_flops * 3.5;
+  std::printf("%s: T=%lld in %lld sequences, heads=%lld, kv_heads=%lld, head_dim=%lld\n", lay.name.c_str(),
+              (long long)T, (long long)lay.n(), (long long)heads, (long long)kv, (long long)dim);
+  for (DType dt : dtypes) {
+    const Tensor q = randn({T, heads * dim}, dt, 1), k = randn({T, kv * dim}, dt, 2), v = randn({T, kv * dim}, dt, 3);
+    const Tensor dout = randn({T, heads * dim}, dt, 4);
+    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({heads, T}, DType::F32);
+    Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
+    for (int nt : threads) {
+      set_num_threads(nt);
+      try {
+        const Timing tf = time_best([&] { ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre); }, reps, nt);
+        const Timing tfb = time_best(
+            [&] {
+              ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre);
+              ops::attention_bwd(q, k, v, out, lse, dout, cu_t, shape, dq, dk, dv, pre);
+            },
+            reps, nt);
+        std::printf("%-6s %-8d %9.3f %8.1f [%7.1f] %11.3f %8.1f [%7.1f]\n", dtype_name(dt), nt, tf.wall * 1e3,
+                    fwd_flops / tf.wall * 1e-9, fwd_flops / tf.cpu * 1e-9, tfb.wall * 1e3,
+                    fb_flops / tfb.wall * 1e-9, fb_flops / tfb.cpu * 1e-9);
+      } catch (const Error& e) {
+        std::printf("%-6s %-8d %s\n", dtype_name(dt), nt, e.what());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t seqs = 4, len = 512, heads = 8, kv = 2, dim = 64;
+  int64_t seqs = 4, len_lo = 512, len_hi = 512, heads = 8, kv = 2, dim = 64, groups = 0, prefix = 0, branches = 0;
   std::vector<int> threads{1, 2};
+  std::vector<DType> dtypes{DType::F32, DType::BF16};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
     if (a == "--seqs") seqs = std::atoll(v);
-    else if (a == "--len") len = std::atoll(v);
+    else if (a == "--len") {
+      len_lo = len_hi = std::atoll(v);
+      if (const char* dots = std::strstr(v, "..")) len_hi = std::atoll(dots + 2);
+    } else if (a == "--groups") groups = std::atoll(v);
+    else if (a == "--prefix") prefix = std::atoll(v);
+    else if (a == "--branches") branches = std::atoll(v);
     else if (a == "--heads") heads = std::atoll(v);
     else if (a == "--kv") kv = std::atoll(v);
     else if (a == "--dim") dim = std::atoll(v);
-    else if (a == "--threads") {
+    else if (a == "--dtype") {
+      const std::string d = v;
+      dtypes = d == "f32" ? std::vector<DType>{DType::F32}
+               : d == "bf16" ? std::vector<DType>{DType::BF16} : std::vector<DType>{DType::F32, DType::BF16};
+    } else if (a == "--threads") {
       threads.clear();
       for (const char* p = v; *p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : p + std::strlen(p))
         threads.push_back(std::atoi(p));
@@ -73,35 +146,34 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int64_t T = seqs * len;
-  std::vector<int32_t> cu;
-  for (int64_t b = 0; b <= seqs; ++b) cu.push_back(int32_t(b * len));
-  const Tensor cu_t = Tensor::from_ints(cu, {seqs + 1});
-  const ops::AttentionShape shape{heads, kv, dim, 0.f};
-  const double pairs = double(seqs) * double(len) * double(len + 1) / 2;
-  const double fwd_flops = 4.0 * dim * pairs * heads, fb_flops = fwd_flops * 3.5;
-  std::printf("attention: T=%lld (%lld x %lld), heads=%lld, kv_heads=%lld, head_dim=%lld, causal\n", (long long)T,
-              (long long)seqs, (long long)len, (long long)heads, (long long)kv, (long long)dim);
+  if (len_hi < len_lo || len_lo < 1) {
+    std::fprintf(stderr, "--len must be N or A..B with 1 <= A <= B\n");
+    return 2;
+  }
+  const Philox rng{7, 0};
+  uint64_t draw = 0;
+  auto length = [&] { return int32_t(len_lo + int64_t(rng.uniform(draw++) * float(len_hi - len_lo + 1))); };
   std::printf("GF/s from wall time; in brackets from CPU time per thread (immune to a busy machine)\n");
   std::printf("%-6s %-8s %9s %18s %11s %18s\n", "dtype", "threads", "fwd ms", "fwd GF/s", "f+b ms", "fwd+bwd GF/s");
-  for (DType dt : {DType::F32, DType::BF16}) {
-    const Tensor q = randn({T, heads * dim}, dt, 1), k = randn({T, kv * dim}, dt, 2), v = randn({T, kv * dim}, dt, 3);
-    const Tensor dout = randn({T, heads * dim}, dt, 4);
-    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({heads, T}, DType::F32);
-    Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
-    for (int nt : threads) {
-      set_num_threads(nt);
-      const Timing tf = time_best([&] { ops::attention_fwd(q, k, v, cu_t, shape, out, lse); }, 5, nt);
-      const Timing tfb = time_best(
-          [&] {
-            ops::attention_fwd(q, k, v, cu_t, shape, out, lse);
-            ops::attention_bwd(q, k, v, out, lse, dout, cu_t, shape, dq, dk, dv);
-          },
-          3, nt);
-      std::printf("%-6s %-8d %9.2f %8.1f [%7.1f] %11.2f %8.1f [%7.1f]\n", dtype_name(dt), nt, tf.wall * 1e3,
-                  fwd_flops / tf.wall * 1e-9, fwd_flops / tf.cpu * 1e-9, tfb.wall * 1e3, fb_flops / tfb.wall * 1e-9,
-                  fb_flops / tfb.cpu * 1e-9);
+  if (groups > 0) {
+    Layout dup{"dup (prefix copied into each response)"}, shared{"shared (prefix_of)"};
+    for (int64_t g = 0; g < groups; ++g) {
+      // The prefix holds the prompt minus its last token; that token leads each branch.
+      const int32_t root = int32_t(shared.n());
+      shared.add(int32_t(prefix));
+      for (int64_t b = 0; b < branches; ++b) {
+        const int32_t L = length();
+        dup.add(int32_t(prefix) + L);
+        shared.add(L, root);
+      }
     }
+    const int reps = 5;
+    run_layout(dup, heads, kv, dim, dtypes, threads, reps);
+    run_layout(shared, heads, kv, dim, dtypes, threads, reps);
+  } else {
+    Layout plain{len_lo == len_hi ? "uniform" : "random lengths"};
+    for (int64_t b = 0; b < seqs; ++b) plain.add(len_lo == len_hi ? int32_t(len_lo) : length());
+    run_layout(plain, heads, kv, dim, dtypes, threads, 5);
   }
   return 0;
 }

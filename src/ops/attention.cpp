@@ -45,6 +45,28 @@ int64_t check_common(const char* op, const Tensor& q, const Tensor& k, const Ten
   return n;
 }
 
+// Validates prefix_of (see attention.h); returns its data, or null when absent.
+const int32_t* check_prefix_of(const char* op, const Tensor* prefix_of, const Tensor& q, int64_t n) {
+  if (!prefix_of) return nullptr;
+  const Tensor& t = *prefix_of;
+  if (!t.defined() || t.dtype() != DType::I32 || t.dim() != 1 || t.size(0) != n)
+    KS_FAIL(op, ": prefix_of must be i32 [n_seqs] = [", n, "] (one entry per sequence of cu_seqlens), got ",
+            t.defined() ? t.describe() : "undefined");
+  if (t.device() != q.device()) KS_FAIL(op, ": prefix_of must be on the device of q, got ", t.describe());
+  const int32_t* p = t.data<int32_t>();
+  for (int64_t b = 0; b < n; ++b) {
+    if (p[b] == -1) continue;
+    if (p[b] < 0 || p[b] >= b)
+      KS_FAIL(op, ": prefix_of[", b, "] = ", p[b], ": must be -1 (no prefix) or the index of an earlier sequence (0 <= p < ",
+              b, ")");
+    if (p[p[b]] != -1)
+      KS_FAIL(op, ": prefix_of[", b, "] = ", p[b], " but sequence ", p[b], " itself continues sequence ", p[p[b]],
+              ": only one level of prefix is supported (point ", b, " at the root sequence and give it the positions "
+              "that follow)");
+  }
+  return p;
+}
+
 cpu::AttnParams params(const AttentionShape& s) {
   return {s.n_heads, s.n_kv_heads, s.head_dim, s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim)))};
 }
@@ -59,16 +81,17 @@ void check_lse(const char* op, const Tensor& lse, const AttentionShape& s, int64
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                   const AttentionShape& s, Tensor& out, Tensor& lse) {
+                   const AttentionShape& s, Tensor& out, Tensor& lse, const Tensor* prefix_of) {
   const int64_t n = check_common("attention_fwd", q, k, v, cu_seqlens, s);
   check_2d("attention_fwd", "out", out, q.size(0), q.size(1), q.dtype());
   check_lse("attention_fwd", lse, s, q.size(0));
-  cpu::attention_fwd(q, k, v, cu_seqlens.data<int32_t>(), n, params(s), out, lse);
+  const int32_t* pre = check_prefix_of("attention_fwd", prefix_of, q, n);
+  cpu::attention_fwd(q, k, v, cu_seqlens.data<int32_t>(), n, params(s), out, lse, pre);
 }
 
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, const Tensor& cu_seqlens, const AttentionShape& s, Tensor& dq, Tensor& dk,
-                   Tensor& dv) {
+                   Tensor& dv, const Tensor* prefix_of) {
   const int64_t n = check_common("attention_bwd", q, k, v, cu_seqlens, s);
   check_2d("attention_bwd", "out", out, q.size(0), q.size(1), q.dtype());
   // Gradients may be f32 while q/k/v are bf16 (bf16 mode keeps activation grads in f32).
@@ -78,7 +101,8 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   check_2d("attention_bwd", "dv", dv, v.size(0), v.size(1), dout.dtype());
   if (!is_float(dout)) KS_FAIL("ops::attention_bwd: dout must be f32 or bf16, got ", dout.describe());
   check_lse("attention_bwd", lse, s, q.size(0));
-  cpu::attention_bwd(q, k, v, out, lse, dout, cu_seqlens.data<int32_t>(), n, params(s), dq, dk, dv);
+  const int32_t* pre = check_prefix_of("attention_bwd", prefix_of, q, n);
+  cpu::attention_bwd(q, k, v, out, lse, dout, cu_seqlens.data<int32_t>(), n, params(s), dq, dk, dv, pre);
 }
 
 }  // namespace kestrel::ops

@@ -18,13 +18,27 @@ struct AttentionShape {
 // q, k, v, out (and dout, dq, dk, dv) share one dtype, f32 or bf16; math is f32,
 // outputs rounded once. Query head h reads kv head h / (n_heads / n_kv_heads).
 // Flash-style: no [T, T] score matrix is ever materialized.
+//
+// Shared prefixes (prefix_of, optional): i32 [B] on the device of q, B = number
+// of sequences of cu_seqlens. prefix_of[b] = -1: plain causal sequence.
+// prefix_of[b] = p >= 0: sequence b continues sequence p: each query i of b
+// sees every key of p, then keys 0..i of b, exactly as if p's rows were
+// prepended to b (the caller gives b's rows positions that continue p's, e.g.
+// for RoPE). Needs p < b and prefix_of[p] == -1 (one level); several sequences
+// may continue one p; an empty p acts as no prefix. p's own queries never see
+// b. This packs a GRPO group as one prompt prefix plus n branches instead of n
+// copies of the prompt. Backward: dk/dv of p's rows sum the contributions of
+// p's own queries and of all its continuations' queries; dq of b's rows
+// include the part through p's keys. Results are deterministic and do not
+// depend on the thread count (fixed summation order).
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
-                   const AttentionShape& s, Tensor& out, Tensor& lse);
+                   const AttentionShape& s, Tensor& out, Tensor& lse, const Tensor* prefix_of = nullptr);
 // dq, dk, dv written (=), caller-allocated, same shapes as q, k, v. out and lse must
 // be this forward's; probabilities are recomputed from q, k and lse, with
-// D_i = rowsum(dout_i * out_i) (FlashAttention-2). dk/dv sum over the heads of a group.
+// D_i = rowsum(dout_i * out_i) (FlashAttention-2). dk/dv sum over the heads of a group
+// (and, with prefix_of, over a prefix's continuations). prefix_of as in attention_fwd.
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, const Tensor& cu_seqlens, const AttentionShape& s, Tensor& dq, Tensor& dk,
-                   Tensor& dv);
+                   Tensor& dv, const Tensor* prefix_of = nullptr);
 
 }  // namespace kestrel::ops

@@ -1,7 +1,8 @@
 // Causal GQA attention over packed sequences: CPU kernel vs the double
 // reference (forward and backward), the reference backward vs finite
 // differences, NaN/Inf propagation, sequence isolation, thread-count
-// independence and argument checks.
+// independence and argument checks; the same for shared prefixes (prefix_of),
+// plus shared vs duplicated-prefix equivalence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,12 +57,18 @@ struct Problem {
   int64_t T;
   Tensor q, k, v, cu_t;
   std::vector<double> qd, kd, vd;
+  std::vector<int32_t> pre;  // prefix_of; empty = none
+  Tensor pre_t;
+  const Tensor* pre_ptr() const { return pre.empty() ? nullptr : &pre_t; }
+  const int32_t* pre_data() const { return pre.empty() ? nullptr : pre.data(); }
   ref::AttnRefShape ref_shape() const { return {shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale}; }
   int64_t n_seqs() const { return int64_t(cu.size()) - 1; }
 };
 
-Problem make_problem(const Case& c, DType dt, uint64_t seed) {
+Problem make_problem(const Case& c, DType dt, uint64_t seed, const std::vector<int32_t>& prefix_of = {}) {
   Problem p;
+  p.pre = prefix_of;
+  if (!p.pre.empty()) p.pre_t = Tensor::from_ints(p.pre, {int64_t(p.pre.size())});
   p.shape = {c.n_heads, c.n_kv_heads, c.head_dim, 0.f};
   p.cu = cu_of(c.lens);
   p.T = p.cu.back();
@@ -79,7 +86,7 @@ Problem make_problem(const Case& c, DType dt, uint64_t seed) {
 struct FwdOut { Tensor out, lse; };
 FwdOut run_fwd(const Problem& p) {
   FwdOut r{Tensor::empty(p.q.shape(), p.q.dtype()), Tensor::empty({p.shape.n_heads, p.T}, DType::F32)};
-  attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, r.out, r.lse);
+  attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, r.out, r.lse, p.pre_ptr());
   return r;
 }
 
@@ -87,7 +94,7 @@ struct Grads { Tensor dq, dk, dv; };
 Grads run_bwd(const Problem& p, const FwdOut& f, const Tensor& dout) {
   Grads g{Tensor::empty(p.q.shape(), p.q.dtype()), Tensor::empty(p.k.shape(), p.k.dtype()),
           Tensor::empty(p.v.shape(), p.v.dtype())};
-  attention_bwd(p.q, p.k, p.v, f.out, f.lse, dout, p.cu_t, p.shape, g.dq, g.dk, g.dv);
+  attention_bwd(p.q, p.k, p.v, f.out, f.lse, dout, p.cu_t, p.shape, g.dq, g.dk, g.dv, p.pre_ptr());
   return g;
 }
 
@@ -179,6 +186,109 @@ TEST_P(AttentionCases, NanInfPropagation) {
   EXPECT_TRUE(testing::all_close(to_double(g.dv), dv, tol, "dv"));
 }
 
+// Shared prefixes: several continuations per prefix, plain sequences in
+// between, prefixes and continuations shorter than, equal to and crossing the
+// kernel's 64-row blocks, GQA ratios 2, 4 and 1, an empty prefix and an empty
+// continuation.
+struct PrefixCase {
+  Case c;
+  std::vector<int32_t> prefix_of;
+};
+const std::vector<PrefixCase> kPrefixCases = {
+    {{{48, 40, 70, 1, 65, 30, 100, 64}, 4, 2, 32}, {-1, 0, 0, -1, 0, -1, 5, 5}},
+    {{{70, 3, 130, 17}, 4, 1, 24}, {-1, 0, 0, 0}},
+    {{{0, 5, 17, 9, 10, 0}, 2, 2, 16}, {-1, 0, 0, -1, -1, 4}},
+};
+
+TEST_P(AttentionCases, PrefixMatchesReference) {
+  const DType dt = GetParam();
+  const auto tol = testing::tolerance_for(dt);
+  for (size_t ci = 0; ci < kPrefixCases.size(); ++ci) {
+    const auto& [c, pre] = kPrefixCases[ci];
+    const Problem p = make_problem(c, dt, 200 + ci, pre);
+    const Tensor dout = make(randn(p.qd.size(), 2000 + ci), p.q.shape(), dt);
+    const FwdOut f = run_fwd(p);
+    const Grads g = run_bwd(p, f, dout);
+    std::vector<double> out(p.qd.size()), lse(p.shape.n_heads * p.T);
+    ref::attention_fwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), p.cu.data(), p.n_seqs(), p.ref_shape(), out.data(),
+                           lse.data(), p.pre_data());
+    const std::string name = c.name() + " prefixed";
+    EXPECT_TRUE(testing::all_close(to_double(f.out), out, tol, name + " out"));
+    EXPECT_TRUE(testing::all_close(to_double(f.lse), lse, testing::tolerance_for(DType::F32), name + " lse"));
+    const auto dod = to_double(dout);
+    std::vector<double> dq(p.qd.size()), dk(p.kd.size()), dv(p.vd.size());
+    ref::attention_bwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), dod.data(), p.cu.data(), p.n_seqs(), p.ref_shape(),
+                           dq.data(), dk.data(), dv.data(), p.pre_data());
+    EXPECT_TRUE(testing::all_close(to_double(g.dq), dq, tol, name + " dq"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dk), dk, tol, name + " dk"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dv), dv, tol, name + " dv"));
+  }
+}
+
+// A shared layout (prefix once, continuations with prefix_of) computes what
+// the duplicated layout (each continuation with its own copy of the prefix in
+// front) does: continuation rows equal the copies' tail rows, the prefix's
+// own rows equal any copy's head rows, and the prefix's dk/dv equal the sum
+// over the copies (with dout of the prefix rows in all copies but the first
+// zeroed, so the prefix's own queries count once, as in the shared layout).
+TEST_P(AttentionCases, PrefixEqualsDuplicatedPrefix) {
+  const DType dt = GetParam();
+  const int64_t H = 4, KV = 2, d = 32, P = 50;
+  const std::vector<int32_t> branch = {30, 70, 14};
+  // Shared: [plain 20 | prefix P | branches...]; duplicated: [plain 20 | P+b for each b].
+  std::vector<int32_t> lens_s = {20, int32_t(P)}, pre_s = {-1, -1}, lens_d = {20};
+  for (int32_t b : branch) {
+    lens_s.push_back(b);
+    pre_s.push_back(1);
+    lens_d.push_back(int32_t(P) + b);
+  }
+  const Problem ps = make_problem({lens_s, H, KV, d}, dt, 300, pre_s);
+  Problem pd = make_problem({lens_d, H, KV, d}, dt, 301);
+  const Tensor dout_s = make(randn(ps.qd.size(), 302), ps.q.shape(), dt);
+  Tensor dout_d = Tensor::empty(pd.q.shape(), dt);
+  // Row maps: duplicated row -> shared row.
+  std::vector<int64_t> src(pd.T);
+  for (int64_t r = 0; r < 20; ++r) src[r] = r;
+  for (int64_t b = 0, at = 20, bs = 20 + P; b < int64_t(branch.size()); bs += branch[b], ++b)
+    for (int64_t r = 0; r < P + branch[b]; ++r, ++at) src[at] = r < P ? 20 + r : bs + (r - P);
+  auto copy_rows = [&](const Tensor& from, Tensor& to) {
+    const int64_t w = from.size(1);
+    for (int64_t r = 0; r < pd.T; ++r)
+      for (int64_t i = 0; i < w; ++i) to.set(r * w + i, from.get(src[r] * w + i));
+  };
+  copy_rows(ps.q, pd.q);
+  copy_rows(ps.k, pd.k);
+  copy_rows(ps.v, pd.v);
+  copy_rows(dout_s, dout_d);
+  // The prefix's own queries count once: only the first copy keeps their dout.
+  for (int64_t b = 1, at = 20 + P + branch[0]; b < int64_t(branch.size()); at += P + branch[b], ++b)
+    for (int64_t i = at * pd.q.size(1); i < (at + P) * pd.q.size(1); ++i) dout_d.set(i, 0.f);
+  const FwdOut fs = run_fwd(ps), fd = run_fwd(pd);
+  const Grads gs = run_bwd(ps, fs, dout_s), gd = run_bwd(pd, fd, dout_d);
+  // Expected shared-layout values from the duplicated run: rows mapped back
+  // (for the prefix rows any copy's forward, e.g. the last), dk/dv summed.
+  auto gather = [&](const Tensor& t, bool sum) {
+    const int64_t w = t.size(1);
+    std::vector<double> e(size_t(ps.T * w), 0.0);
+    const auto x = to_double(t);
+    for (int64_t r = 0; r < pd.T; ++r)
+      for (int64_t i = 0; i < w; ++i) {
+        double& o = e[size_t(src[r] * w + i)];
+        o = sum ? o + x[size_t(r * w + i)] : x[size_t(r * w + i)];
+      }
+    return e;
+  };
+  const auto tol = testing::tolerance_for(dt);
+  EXPECT_TRUE(testing::all_close(to_double(fs.out), gather(fd.out, false), tol, "out"));
+  EXPECT_TRUE(testing::all_close(to_double(gs.dk), gather(gd.dk, true), tol, "dk"));
+  EXPECT_TRUE(testing::all_close(to_double(gs.dv), gather(gd.dv, true), tol, "dv"));
+  // dq of the prefix rows: from the first copy (the others' are 0).
+  EXPECT_TRUE(testing::all_close(to_double(gs.dq), gather(gd.dq, true), tol, "dq"));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 0; r < pd.T; ++r)
+      EXPECT_NEAR(fs.lse.get(h * ps.T + src[r]), fd.lse.get(h * pd.T + r), 1e-5) << "lse h" << h << " row " << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCases, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -196,6 +306,28 @@ TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
   };
   std::vector<double> dq(nq), dk(nk), dv(nk);
   ref::attention_bwd_ref(q.data(), k.data(), v.data(), W.data(), cu.data(), 3, s, dq.data(), dk.data(), dv.data());
+  const testing::Tolerance tol{1e-7, 1e-6};
+  EXPECT_TRUE(testing::all_close(dq, testing::finite_difference([&](const auto& x) { return loss(x, k, v); }, q), tol, "dq"));
+  EXPECT_TRUE(testing::all_close(dk, testing::finite_difference([&](const auto& x) { return loss(q, x, v); }, k), tol, "dk"));
+  EXPECT_TRUE(testing::all_close(dv, testing::finite_difference([&](const auto& x) { return loss(q, k, x); }, v), tol, "dv"));
+}
+
+// The reference backward with prefix_of is the gradient of its forward: a
+// prefix with two continuations and a plain sequence, central differences.
+TEST(AttentionReference, PrefixBackwardMatchesFiniteDifferences) {
+  const std::vector<int32_t> cu = cu_of({3, 2, 1, 2}), pre = {-1, 0, -1, 0};
+  const ref::AttnRefShape s{4, 2, 6, 0.0};
+  const int64_t T = cu.back(), nq = T * 4 * 6, nk = T * 2 * 6;
+  const auto q = randn(nq, 11), k = randn(nk, 12), v = randn(nk, 13), W = randn(nq, 14);
+  auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
+    std::vector<double> out(nq);
+    ref::attention_fwd_ref(qq.data(), kk.data(), vv.data(), cu.data(), 4, s, out.data(), static_cast<double*>(nullptr),
+                           pre.data());
+    return std::inner_product(out.begin(), out.end(), W.begin(), 0.0);
+  };
+  std::vector<double> dq(nq), dk(nk), dv(nk);
+  ref::attention_bwd_ref(q.data(), k.data(), v.data(), W.data(), cu.data(), 4, s, dq.data(), dk.data(), dv.data(),
+                         pre.data());
   const testing::Tolerance tol{1e-7, 1e-6};
   EXPECT_TRUE(testing::all_close(dq, testing::finite_difference([&](const auto& x) { return loss(x, k, v); }, q), tol, "dq"));
   EXPECT_TRUE(testing::all_close(dk, testing::finite_difference([&](const auto& x) { return loss(q, x, v); }, k), tol, "dk"));
@@ -254,6 +386,27 @@ TEST(Attention, ThreadCountIndependent) {
   EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
 }
 
+// With prefix_of, dK/dV of a prefix sum over several continuations: still
+// bit-identical at 1 and 2 threads.
+TEST(Attention, PrefixThreadCountIndependent) {
+  const Case c{{60, 37, 80, 5, 20, 44}, 4, 2, 32};
+  const Problem p = make_problem(c, DType::F32, 23, {-1, 0, 0, -1, 0, 3});
+  const Tensor dout = make(randn(p.qd.size(), 24), p.q.shape(), DType::F32);
+  const int saved = num_threads();
+  set_num_threads(1);
+  const FwdOut f1 = run_fwd(p);
+  const Grads g1 = run_bwd(p, f1, dout);
+  set_num_threads(2);
+  const FwdOut f2 = run_fwd(p);
+  const Grads g2 = run_bwd(p, f2, dout);
+  set_num_threads(saved);
+  EXPECT_EQ(f1.out.to_float_vector(), f2.out.to_float_vector());
+  EXPECT_EQ(f1.lse.to_float_vector(), f2.lse.to_float_vector());
+  EXPECT_EQ(g1.dq.to_float_vector(), g2.dq.to_float_vector());
+  EXPECT_EQ(g1.dk.to_float_vector(), g2.dk.to_float_vector());
+  EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
+}
+
 TEST(Attention, RejectsBadArguments) {
   const Case c{{5, 3}, 4, 2, 8};
   const Problem p = make_problem(c, DType::F32, 31);
@@ -281,6 +434,36 @@ TEST(Attention, RejectsBadArguments) {
   Tensor dv_bad = Tensor::empty(p.q.shape(), DType::F32);
   expect_error([&] { attention_bwd(p.q, p.k, p.v, f.out, f.lse, f.out, p.cu_t, p.shape, dq, dk, dv_bad); },
                "dv must be f32[8, 16]");
+}
+
+TEST(Attention, RejectsBadPrefixOf) {
+  const Case c{{5, 3, 4}, 4, 2, 8};
+  const Problem p = make_problem(c, DType::F32, 32);
+  FwdOut f = run_fwd(p);
+  auto expect_error = [&](const Tensor& pre, const std::string& needle, bool bwd = false) {
+    try {
+      if (bwd) {
+        Tensor dq = Tensor::empty(p.q.shape(), DType::F32), dk = Tensor::empty(p.k.shape(), DType::F32),
+               dv = Tensor::empty(p.k.shape(), DType::F32);
+        attention_bwd(p.q, p.k, p.v, f.out, f.lse, f.out, p.cu_t, p.shape, dq, dk, dv, &pre);
+      } else {
+        attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, f.out, f.lse, &pre);
+      }
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(Tensor::from_ints({-1, 0}, {2}), "prefix_of must be i32 [n_seqs] = [3]");
+  expect_error(Tensor::from_ints({-1, 0, 0}, {3}).to(DType::F32), "prefix_of must be i32");
+  expect_error(Tensor::from_ints({-1, 1, -1}, {3}), "prefix_of[1] = 1: must be -1 (no prefix) or the index of an earlier");
+  expect_error(Tensor::from_ints({-1, 2, -1}, {3}), "prefix_of[1] = 2");
+  expect_error(Tensor::from_ints({-1, -2, -1}, {3}), "prefix_of[1] = -2");
+  expect_error(Tensor::from_ints({-1, 0, 1}, {3}), "only one level of prefix", /*bwd=*/true);
+  expect_error(Tensor::from_ints({0, -1, -1}, {3}), "prefix_of[0] = 0", /*bwd=*/true);
+  // Valid: several continuations of one prefix.
+  const Tensor ok = Tensor::from_ints({-1, 0, 0}, {3});
+  EXPECT_NO_THROW(attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, f.out, f.lse, &ok));
 }
 
 }  // namespace

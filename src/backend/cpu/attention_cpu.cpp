@@ -1,11 +1,26 @@
-// Flash attention on CPU. Forward: per (sequence, head, 64-query block), an
-// online softmax over 64-key blocks up to the diagonal, accumulators in f32.
-// Backward (FlashAttention-2): per (sequence, head), for each key block the
-// query blocks at or below it recompute P = exp(S - lse), accumulate dK/dV
-// for that key block in registers-sized buffers and dQ for the whole
-// sequence; dK/dV of one kv group are summed afterwards in head order.
-// K and V are first repacked to f32 (key-major for the score products,
-// row-major padded to 16 floats for the value products).
+// Flash attention on CPU over packed sequences, with shared prefixes.
+//
+// A sequence b that continues p (prefix_of[b] = p) is computed in "key
+// coordinates" [p's rows | b's rows]: its query i sits at position P + i
+// (P = p's length) and sees keys 0 .. P + i, which is the prefix's keys
+// unmasked and then b's own keys causally. A plain sequence is the case P = 0.
+//
+// Forward: a task per (sequence, kv head, chunk of up to kFwdChunk queries)
+// packs the keys it can see (prefix then own, K key-major for the score
+// products, V as padded rows) into thread-local buffers, then for each query
+// head of the group and each 64-query block runs an online softmax over
+// 64-key blocks up to the diagonal; the score tiles stop at the last key the
+// tile's rows can see (16-key granularity), so short sequences do not pay for
+// whole 64x64 blocks.
+//
+// Backward (FlashAttention-2 recompute): a task per (root sequence, kv head)
+// owns the root and every sequence continuing it. It keeps dK/dV of the root
+// rows in a thread-local buffer while it runs the root's own queries and then
+// each continuation's (in sequence order, the continuation's keys packed right
+// after the root's), so the root's dK/dV sum all of them without races, and
+// the query heads of the group are summed in head order. The summation order
+// is fixed by the task, never by the thread that runs it: results do not
+// depend on the thread count.
 #include "backend/cpu/attention_cpu.h"
 
 #include <algorithm>
@@ -22,6 +37,7 @@ using namespace attn;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kFwdChunk = 256;  // queries per forward task of a long sequence
 
 inline float to_f(float x) { return x; }
 inline float to_f(bf16 x) { return bf16_to_float(x.bits); }
@@ -32,117 +48,136 @@ template <> inline bf16 from_f<bf16>(float x) { return bf16{float_to_bf16(x)}; }
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 struct Geometry {
-  int64_t T, H, Hkv, group, d, dp, Tp, ldq, ldk;
+  int64_t T, H, Hkv, group, d, dp, ldq, ldk;
   explicit Geometry(int64_t T_, const AttnParams& p)
       : T(T_), H(p.n_heads), Hkv(p.n_kv_heads), group(p.n_heads / p.n_kv_heads), d(p.head_dim),
-        dp(round_up(p.head_dim, kVec)), Tp(round_up(T_, kBlock) + kBlock), ldq(H * d), ldk(Hkv * d) {}
+        dp(round_up(p.head_dim, kVec)), ldq(H * d), ldk(Hkv * d) {}
 };
 
-// dst [Hkv][Tp][dp]: padded rows (the value side of P.V, dS.K).
-template <class T>
-Tensor pack_rows(const T* src, const Geometry& g) {
-  Tensor t = Tensor::zeros({g.Hkv * g.Tp * g.dp}, DType::F32, MemCategory::Activations);
-  float* dst = t.data<float>();
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t h = 0; h < g.Hkv; ++h)
-    for (int64_t i = 0; i < g.T; ++i)
-      for (int64_t c = 0; c < g.d; ++c) dst[(h * g.Tp + i) * g.dp + c] = to_f(src[i * g.ldk + h * g.d + c]);
-  return t;
-}
+struct Seqs {
+  const int32_t* cu;
+  const int32_t* prefix_of;  // null = none
+  int64_t n;
+  int64_t start(int64_t b) const { return cu[b]; }
+  int64_t len(int64_t b) const { return cu[b + 1] - cu[b]; }
+  int64_t prefix(int64_t b) const { return prefix_of ? prefix_of[b] : -1; }
+  int64_t prefix_len(int64_t b) const { return prefix(b) >= 0 ? len(prefix(b)) : 0; }
+};
 
-// dst [Hkv][d][Tp]: key-major (the B^T side of Q.K^T, dO.V^T).
-template <class T>
-Tensor pack_cols(const T* src, const Geometry& g) {
-  Tensor t = Tensor::zeros({g.Hkv * g.d * g.Tp}, DType::F32, MemCategory::Activations);
-  float* dst = t.data<float>();
-  const int64_t nblk = round_up(g.T, kBlock) / kBlock;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t h = 0; h < g.Hkv; ++h)
-    for (int64_t b = 0; b < nblk; ++b) {
-      const int64_t i1 = std::min(g.T, (b + 1) * kBlock);
-      for (int64_t c = 0; c < g.d; ++c)
-        for (int64_t i = b * kBlock; i < i1; ++i) dst[(h * g.d + c) * g.Tp + i] = to_f(src[i * g.ldk + h * g.d + c]);
-    }
-  return t;
-}
+// A thread-local scratch array that only grows: no allocation per task.
+struct Scratch {
+  std::vector<float> v;
+  float* get(int64_t n) {
+    if (int64_t(v.size()) < n) v.resize(size_t(n));
+    return v.data();
+  }
+};
 
-// Rows [0, n) of one head of x into f32 rows of dp floats times `mul`; rows
-// [n, n_alloc) and the padding columns are zero.
+// n rows of one head (src[i * ld + c]) into key-major columns dst[c * ldt + i].
 template <class T>
-void load_rows(const T* x, int64_t ld, int64_t n, int64_t n_alloc, int64_t d, int64_t dp, float mul, float* dst) {
-  for (int64_t r = 0; r < n_alloc; ++r) {
+void pack_cols(const T* __restrict src, int64_t ld, int64_t d, int64_t n, float* __restrict dst, int64_t ldt) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < d; ++c) dst[c * ldt + i] = to_f(src[i * ld + c]);
+}
+// Columns [n, round_up(n, kKeyTile)) of a key-major buffer: read by the last
+// score tile (and masked), zeroed so they hold no stale NaN.
+inline void zero_cols(float* dst, int64_t d, int64_t n, int64_t ldt) {
+  for (int64_t c = 0; c < d; ++c) std::fill(dst + c * ldt + n, dst + c * ldt + round_up(n, kKeyTile), 0.f);
+}
+// n rows of one head into f32 rows of dp floats times `mul`, padding columns
+// zero; rows [n, n_alloc) are zero too.
+template <class T>
+void load_rows(const T* __restrict x, int64_t ld, int64_t n, int64_t n_alloc, int64_t d, int64_t dp, float mul,
+               float* __restrict dst) {
+  for (int64_t r = 0; r < n; ++r) {
     float* o = dst + r * dp;
-    if (r < n)
-      for (int64_t c = 0; c < d; ++c) o[c] = to_f(x[r * ld + c]) * mul;
-    else
-      for (int64_t c = 0; c < d; ++c) o[c] = 0.f;
+    for (int64_t c = 0; c < d; ++c) o[c] = to_f(x[r * ld + c]) * mul;
     for (int64_t c = d; c < dp; ++c) o[c] = 0.f;
   }
+  std::fill(dst + n * dp, dst + n_alloc * dp, 0.f);
 }
 
-struct FwdTask { int64_t seq, head, qblock; };
-struct BwdTask { int64_t seq, head; };
+struct FwdTask { int64_t seq, kvh, q_begin, q_end; double cost; };
+struct BwdTask { int64_t root, kvh; double cost; };
 
 template <class T>
-void fwd_impl(const T* q, const T* k, const T* v, const int32_t* cu, int64_t n_seqs, const AttnParams& p, T* out,
-              float* lse, const Geometry& g) {
-  const Tensor kt = pack_cols(k, g), vr = pack_rows(v, g);
-  const float* KT = kt.data<float>();
-  const float* VR = vr.data<float>();
+void fwd_impl(const T* q, const T* k, const T* v, const Seqs& sq, const AttnParams& p, T* out, float* lse,
+              const Geometry& g) {
   std::vector<FwdTask> tasks;
-  for (int64_t s = 0; s < n_seqs; ++s)
-    for (int64_t h = 0; h < g.H; ++h)
-      for (int64_t b = 0; b * kBlock < cu[s + 1] - cu[s]; ++b) tasks.push_back({s, h, b});
-  // Later query blocks see more keys: hand them out first.
-  std::stable_sort(tasks.begin(), tasks.end(), [](const FwdTask& a, const FwdTask& b) { return a.qblock > b.qblock; });
+  for (int64_t s = 0; s < sq.n; ++s) {
+    const int64_t P = sq.prefix_len(s), L = sq.len(s);
+    for (int64_t a = 0; a < L; a += kFwdChunk) {
+      const int64_t b = std::min(L, a + kFwdChunk);
+      for (int64_t kvh = 0; kvh < g.Hkv; ++kvh) tasks.push_back({s, kvh, a, b, double(b - a) * double(P + (a + b) / 2 + 16)});
+    }
+  }
+  // Costly tasks first, so the dynamic schedule ends evenly.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const FwdTask& a, const FwdTask& b) { return a.cost > b.cost; });
   const float qmul = p.scale * kLog2e;  // scores in log2 units: exp2 instead of exp
 
 #pragma omp parallel
   {
+    Scratch kt_s, vr_s;
     std::vector<float> Q(kBlock * g.dp), acc(kBlock * g.dp), S(kBlock * kBlock), m(kBlock), l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < tasks.size(); ++ti) {
-      const auto [seq, h, qb] = tasks[ti];
-      const int64_t s0 = cu[seq], L = cu[seq + 1] - s0, q0 = qb * kBlock;
-      const int64_t nr = std::min(kBlock, L - q0), kvh = h / g.group;
-      load_rows(q + (s0 + q0) * g.ldq + h * g.d, g.ldq, nr, round_up(nr, 4), g.d, g.dp, qmul, Q.data());
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(m.begin(), m.end(), kNegInf);
-      std::fill(l.begin(), l.end(), 0.f);
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const int64_t k0 = s0 + kb * kBlock, nk = std::min(kBlock, L - kb * kBlock);
-        const bool causal = kb == qb;
-        block_abt(Q.data(), g.dp, KT + kvh * g.d * g.Tp + k0, g.Tp, g.d, nr, S.data());
-        for (int64_t r = 0; r < nr; ++r) {
-          float* s = S.data() + r * kBlock;
-          const int32_t lim = int32_t(causal ? r + 1 : nk);
-          vf x[4], mx = splat(kNegInf);
-          for (int j = 0; j < 4; ++j) {
-            x[j] = load(s + 16 * j);
-            x[j] = (iota() + 16 * j) < lim ? x[j] : splat(kNegInf);
-            mx = x[j] > mx ? x[j] : mx;
+      const FwdTask& t = tasks[ti];
+      const int64_t s0 = sq.start(t.seq), pre = sq.prefix(t.seq), P = sq.prefix_len(t.seq);
+      const int64_t Lk = P + t.q_end, ldt = round_up(Lk, kKeyTile);
+      // Keys this task's queries can see: [prefix rows | own rows 0 .. q_end).
+      float* KT = kt_s.get(g.d * ldt);  // [d][ldt]
+      float* VR = vr_s.get(Lk * g.dp);  // [Lk][dp]
+      if (P > 0) {
+        const int64_t p0 = sq.start(pre);
+        pack_cols(k + p0 * g.ldk + t.kvh * g.d, g.ldk, g.d, P, KT, ldt);
+        load_rows(v + p0 * g.ldk + t.kvh * g.d, g.ldk, P, P, g.d, g.dp, 1.f, VR);
+      }
+      pack_cols(k + s0 * g.ldk + t.kvh * g.d, g.ldk, g.d, t.q_end, KT + P, ldt);
+      zero_cols(KT, g.d, Lk, ldt);
+      load_rows(v + s0 * g.ldk + t.kvh * g.d, g.ldk, t.q_end, t.q_end, g.d, g.dp, 1.f, VR + P * g.dp);
+      for (int64_t h = t.kvh * g.group; h < (t.kvh + 1) * g.group; ++h)
+        for (int64_t q0 = t.q_begin; q0 < t.q_end; q0 += kBlock) {
+          const int64_t nr = std::min(kBlock, t.q_end - q0), qv = P + q0;  // qv: key position of row 0
+          load_rows(q + (s0 + q0) * g.ldq + h * g.d, g.ldq, nr, round_up(nr, 4), g.d, g.dp, qmul, Q.data());
+          std::fill(acc.begin(), acc.begin() + nr * g.dp, 0.f);
+          std::fill(m.begin(), m.end(), kNegInf);
+          std::fill(l.begin(), l.end(), 0.f);
+          for (int64_t k0 = 0; k0 < qv + nr; k0 += kBlock) {
+            const Limits lim{qv, k0, std::min(kBlock, Lk - k0)};
+            block_abt(Q.data(), g.dp, KT + k0, ldt, g.d, nr, lim, S.data());
+            for (int64_t r = 0; r < nr; ++r) {
+              const int64_t n = lim(r);
+              if (n == 0) continue;
+              float* s = S.data() + r * kBlock;
+              vf mx = splat(kNegInf);
+              for (int64_t j = 0; j < n; j += kVec) {
+                vf x = load(s + j);
+                x = (iota() + int32_t(j)) < int32_t(n) ? x : splat(kNegInf);
+                store(s + j, x);
+                mx = x > mx ? x : mx;
+              }
+              const float m_new = std::max(m[r], hmax(mx));
+              vf sum{};
+              for (int64_t j = 0; j < n; j += kVec) {
+                const vf pj = exp2v(load(s + j) - m_new);
+                store(s + j, pj);
+                sum += pj;
+              }
+              const float alpha = std::exp2(m[r] - m_new);
+              l[r] = l[r] * alpha + hsum(sum);
+              m[r] = m_new;
+              if (alpha != 1.f)
+                for (int64_t c = 0; c < g.dp; ++c) acc[r * g.dp + c] *= alpha;
+            }
+            block_wb(S.data(), VR + k0 * g.dp, g.dp, nr, lim, acc.data());
           }
-          const float m_new = std::max(m[r], hmax(mx));
-          vf sum{};
-          for (int j = 0; j < 4; ++j) {
-            const vf pj = exp2v(x[j] - m_new);
-            store(s + 16 * j, pj);
-            sum += pj;
+          for (int64_t r = 0; r < nr; ++r) {
+            const float inv_l = 1.f / l[r];
+            T* o = out + (s0 + q0 + r) * g.ldq + h * g.d;
+            for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<T>(acc[r * g.dp + c] * inv_l);
+            lse[h * g.T + s0 + q0 + r] = (m[r] + std::log2(l[r])) * kLn2;
           }
-          const float alpha = std::exp2(m[r] - m_new);
-          l[r] = l[r] * alpha + hsum(sum);
-          m[r] = m_new;
-          if (alpha != 1.f)
-            for (int64_t c = 0; c < g.dp; ++c) acc[r * g.dp + c] *= alpha;
         }
-        block_wb(S.data(), VR + (kvh * g.Tp + k0) * g.dp, g.dp, nr, nk, causal, acc.data());
-      }
-      for (int64_t r = 0; r < nr; ++r) {
-        const float inv_l = 1.f / l[r];
-        T* o = out + (s0 + q0 + r) * g.ldq + h * g.d;
-        for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<T>(acc[r * g.dp + c] * inv_l);
-        lse[h * g.T + s0 + q0 + r] = (m[r] + std::log2(l[r])) * kLn2;
-      }
     }
   }
 }
@@ -150,125 +185,151 @@ void fwd_impl(const T* q, const T* k, const T* v, const int32_t* cu, int64_t n_s
 // T: storage of q, k, v, out; G: storage of the gradients (f32 in bf16 mode,
 // where activation gradients stay f32).
 template <class T, class G>
-void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse, const G* dout, const int32_t* cu,
-              int64_t n_seqs, const AttnParams& p, G* dq, G* dk, G* dv, const Geometry& g) {
-  const Tensor kt = pack_cols(k, g), kr = pack_rows(k, g), vt = pack_cols(v, g);
-  const float* KT = kt.data<float>();
-  const float* KR = kr.data<float>();
-  const float* VT = vt.data<float>();
-  // Per query head dK/dV partials [H][T][dp], summed per kv group below.
-  Tensor dkp_t = Tensor::empty({g.H * g.T * g.dp}, DType::F32, MemCategory::Activations);
-  Tensor dvp_t = Tensor::empty({g.H * g.T * g.dp}, DType::F32, MemCategory::Activations);
-  float* dKp = dkp_t.data<float>();
-  float* dVp = dvp_t.data<float>();
+void bwd_impl(const T* q, const T* k, const T* v, const T* out, const float* lse, const G* dout, const Seqs& sq,
+              const AttnParams& p, G* dq, G* dk, G* dv, const Geometry& g) {
+  // Members of each root: the root, then its continuations in sequence order.
+  std::vector<int64_t> n_cont(sq.n + 1, 0), conts;
+  for (int64_t s = 0; s < sq.n; ++s)
+    if (sq.prefix(s) >= 0) ++n_cont[sq.prefix(s) + 1];
+  for (int64_t s = 0; s < sq.n; ++s) n_cont[s + 1] += n_cont[s];  // now offsets into conts
+  conts.resize(size_t(n_cont[sq.n]));
+  {
+    std::vector<int64_t> fill(n_cont.begin(), n_cont.end() - 1);
+    for (int64_t s = 0; s < sq.n; ++s)
+      if (sq.prefix(s) >= 0) conts[size_t(fill[sq.prefix(s)]++)] = s;
+  }
   std::vector<BwdTask> tasks;
-  for (int64_t s = 0; s < n_seqs; ++s)
-    if (cu[s + 1] > cu[s])
-      for (int64_t h = 0; h < g.H; ++h) tasks.push_back({s, h});
-  auto len = [&](const BwdTask& t) { return cu[t.seq + 1] - cu[t.seq]; };
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const BwdTask& a, const BwdTask& b) { return len(a) > len(b); });
+  for (int64_t s = 0; s < sq.n; ++s) {
+    if (sq.prefix(s) >= 0) continue;
+    const double P = double(sq.len(s));
+    double cost = P * (P + 1) / 2;
+    for (int64_t i = n_cont[s]; i < n_cont[s + 1]; ++i) {
+      const double L = double(sq.len(conts[size_t(i)]));
+      cost += L * (P + (L + 1) / 2);
+    }
+    if (cost > 0)
+      for (int64_t kvh = 0; kvh < g.Hkv; ++kvh) tasks.push_back({s, kvh, cost});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const BwdTask& a, const BwdTask& b) { return a.cost > b.cost; });
   const float c2 = p.scale * kLog2e, scale = p.scale;
 
 #pragma omp parallel
   {
-    std::vector<float> S(kBlock * kBlock), dS(kBlock * kBlock), dK(kBlock * g.dp), dV(kBlock * g.dp);
-    std::vector<float> Q, dO, dQ, lse2, D;
+    Scratch kt_s, vt_s, kr_s, dk_s, dv_s;
+    std::vector<float> S(kBlock * kBlock), dS(kBlock * kBlock), Q(kBlock * g.dp), dO(kBlock * g.dp),
+        dQ(kBlock * g.dp), lse2(kBlock), D(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (size_t ti = 0; ti < tasks.size(); ++ti) {
-      const auto [seq, h] = tasks[ti];
-      const int64_t s0 = cu[seq], L = cu[seq + 1] - s0, Lp = round_up(L, kBlock), nb = Lp / kBlock;
-      const int64_t kvh = h / g.group;
-      Q.resize(Lp * g.dp);
-      dO.resize(Lp * g.dp);
-      dQ.assign(Lp * g.dp, 0.f);
-      lse2.resize(Lp);
-      D.resize(Lp);
-      load_rows(q + s0 * g.ldq + h * g.d, g.ldq, L, Lp, g.d, g.dp, 1.f, Q.data());
-      load_rows(dout + s0 * g.ldq + h * g.d, g.ldq, L, Lp, g.d, g.dp, 1.f, dO.data());
-      for (int64_t r = 0; r < L; ++r) {
-        const T* o = out + (s0 + r) * g.ldq + h * g.d;
-        float acc = 0.f;
-        for (int64_t c = 0; c < g.d; ++c) acc += dO[r * g.dp + c] * to_f(o[c]);
-        D[r] = acc;
-        lse2[r] = lse[h * g.T + s0 + r] * kLog2e;
-      }
-      for (int64_t kb = 0; kb < nb; ++kb) {
-        const int64_t k0 = s0 + kb * kBlock, nk = std::min(kBlock, L - kb * kBlock);
-        std::fill(dK.begin(), dK.end(), 0.f);
-        std::fill(dV.begin(), dV.end(), 0.f);
-        for (int64_t qb = kb; qb < nb; ++qb) {
-          const int64_t r0 = qb * kBlock, nr = std::min(kBlock, L - r0);
-          const bool causal = qb == kb;
-          block_abt(Q.data() + r0 * g.dp, g.dp, KT + kvh * g.d * g.Tp + k0, g.Tp, g.d, nr, S.data());
-          block_abt(dO.data() + r0 * g.dp, g.dp, VT + kvh * g.d * g.Tp + k0, g.Tp, g.d, nr, dS.data());
-          for (int64_t r = 0; r < nr; ++r) {
-            float* s = S.data() + r * kBlock;
-            float* ds = dS.data() + r * kBlock;
-            const int32_t lim = int32_t(causal ? r + 1 : nk);
-            const float lr = lse2[r0 + r], dr = D[r0 + r];
-            for (int j = 0; j < 4; ++j) {
-              const vi keep = (iota() + 16 * j) < lim;
-              // Select, not multiply, so NaN/Inf of masked pairs never leak.
-              const vf pj = keep ? exp2v(load(s + 16 * j) * c2 - lr) : vf{};
-              const vf dsj = keep ? pj * (load(ds + 16 * j) - dr) * scale : vf{};
-              store(s + 16 * j, pj);
-              store(ds + 16 * j, dsj);
+      const auto [root, kvh, cost] = tasks[ti];
+      const int64_t P = sq.len(root), c_begin = n_cont[root], c_end = n_cont[root + 1];
+      int64_t max_lc = 0;
+      for (int64_t i = c_begin; i < c_end; ++i) max_lc = std::max(max_lc, sq.len(conts[size_t(i)]));
+      const int64_t ldt = round_up(P + max_lc, kKeyTile), rows = P + max_lc;
+      // Key coordinates [root rows | current continuation's rows].
+      float* KT = kt_s.get(g.d * ldt);   // [d][ldt] K key-major (scores)
+      float* VT = vt_s.get(g.d * ldt);   // [d][ldt] V key-major (dO V^T)
+      float* KR = kr_s.get(rows * g.dp);  // [rows][dp] K rows (dS K)
+      float* dK = dk_s.get(rows * g.dp);  // [rows][dp] dK of the root rows, then of the continuation
+      float* dV = dv_s.get(rows * g.dp);
+      auto pack = [&](int64_t s, int64_t at) {
+        const int64_t s0 = sq.start(s), L = sq.len(s);
+        pack_cols(k + s0 * g.ldk + kvh * g.d, g.ldk, g.d, L, KT + at, ldt);
+        pack_cols(v + s0 * g.ldk + kvh * g.d, g.ldk, g.d, L, VT + at, ldt);
+        zero_cols(KT, g.d, at + L, ldt);
+        zero_cols(VT, g.d, at + L, ldt);
+        load_rows(k + s0 * g.ldk + kvh * g.d, g.ldk, L, L, g.d, g.dp, 1.f, KR + at * g.dp);
+        std::fill(dK + at * g.dp, dK + (at + L) * g.dp, 0.f);
+        std::fill(dV + at * g.dp, dV + (at + L) * g.dp, 0.f);
+      };
+      auto write_dkv = [&](int64_t s, int64_t at) {
+        const int64_t s0 = sq.start(s), L = sq.len(s);
+        for (int64_t r = 0; r < L; ++r) {
+          G* ok = dk + (s0 + r) * g.ldk + kvh * g.d;
+          G* ov = dv + (s0 + r) * g.ldk + kvh * g.d;
+          for (int64_t c = 0; c < g.d; ++c) {
+            ok[c] = from_f<G>(dK[(at + r) * g.dp + c]);
+            ov[c] = from_f<G>(dV[(at + r) * g.dp + c]);
+          }
+        }
+      };
+      pack(root, 0);
+      for (int64_t mi = c_begin - 1; mi < c_end; ++mi) {
+        const bool is_root = mi < c_begin;
+        const int64_t s = is_root ? root : conts[size_t(mi)], off = is_root ? 0 : P;
+        const int64_t s0 = sq.start(s), Lq = sq.len(s), Lk = off + Lq;
+        if (!is_root) pack(s, P);
+        for (int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h)
+          for (int64_t q0 = 0; q0 < Lq; q0 += kBlock) {
+            const int64_t nr = std::min(kBlock, Lq - q0), qv = off + q0, na = round_up(nr, 4);
+            load_rows(q + (s0 + q0) * g.ldq + h * g.d, g.ldq, nr, na, g.d, g.dp, 1.f, Q.data());
+            load_rows(dout + (s0 + q0) * g.ldq + h * g.d, g.ldq, nr, na, g.d, g.dp, 1.f, dO.data());
+            std::fill(dQ.begin(), dQ.begin() + nr * g.dp, 0.f);
+            for (int64_t r = 0; r < nr; ++r) {
+              const T* o = out + (s0 + q0 + r) * g.ldq + h * g.d;
+              float a = 0.f;
+              for (int64_t c = 0; c < g.d; ++c) a += dO[r * g.dp + c] * to_f(o[c]);
+              D[r] = a;
+              lse2[r] = lse[h * g.T + s0 + q0 + r] * kLog2e;
+            }
+            for (int64_t k0 = 0; k0 < qv + nr; k0 += kBlock) {
+              const Limits lim{qv, k0, std::min(kBlock, Lk - k0)};
+              block_abt(Q.data(), g.dp, KT + k0, ldt, g.d, nr, lim, S.data());
+              block_abt(dO.data(), g.dp, VT + k0, ldt, g.d, nr, lim, dS.data());
+              for (int64_t r = 0; r < nr; ++r) {
+                float* sr = S.data() + r * kBlock;
+                float* dsr = dS.data() + r * kBlock;
+                const int64_t n = lim(r);
+                const float lr = lse2[r], dr = D[r];
+                for (int64_t j = 0; j < n; j += kVec) {
+                  const vi keep = (iota() + int32_t(j)) < int32_t(n);
+                  // Select, not multiply, so NaN/Inf of masked pairs never leak.
+                  const vf pj = keep ? exp2v(load(sr + j) * c2 - lr) : vf{};
+                  const vf dsj = keep ? pj * (load(dsr + j) - dr) * scale : vf{};
+                  store(sr + j, pj);
+                  store(dsr + j, dsj);
+                }
+              }
+              block_wtb(S.data(), dO.data(), g.dp, nr, lim, dV + k0 * g.dp);  // dV += P^T dO
+              block_wb(dS.data(), KR + k0 * g.dp, g.dp, nr, lim, dQ.data());  // dQ += dS K
+              block_wtb(dS.data(), Q.data(), g.dp, nr, lim, dK + k0 * g.dp);  // dK += dS^T Q
+            }
+            for (int64_t r = 0; r < nr; ++r) {
+              G* o = dq + (s0 + q0 + r) * g.ldq + h * g.d;
+              for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<G>(dQ[r * g.dp + c]);
             }
           }
-          block_wtb(S.data(), dO.data() + r0 * g.dp, g.dp, nr, nk, causal, dV.data());             // dV += P^T dO
-          block_wb(dS.data(), KR + (kvh * g.Tp + k0) * g.dp, g.dp, nr, nk, causal, dQ.data() + r0 * g.dp);  // dQ += dS K
-          block_wtb(dS.data(), Q.data() + r0 * g.dp, g.dp, nr, nk, causal, dK.data());             // dK += dS^T Q
-        }
-        std::copy(dK.begin(), dK.begin() + nk * g.dp, dKp + (h * g.T + k0) * g.dp);
-        std::copy(dV.begin(), dV.begin() + nk * g.dp, dVp + (h * g.T + k0) * g.dp);
+        if (!is_root) write_dkv(s, P);
       }
-      for (int64_t r = 0; r < L; ++r) {
-        G* o = dq + (s0 + r) * g.ldq + h * g.d;
-        for (int64_t c = 0; c < g.d; ++c) o[c] = from_f<G>(dQ[r * g.dp + c]);
-      }
+      write_dkv(root, 0);
     }
   }
-  // Sum the partials of each kv group in head order (deterministic).
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < g.T; ++i)
-    for (int64_t kvh = 0; kvh < g.Hkv; ++kvh)
-      for (int64_t c = 0; c < g.d; ++c) {
-        float sk = 0.f, sv = 0.f;
-        for (int64_t j = 0; j < g.group; ++j) {
-          const int64_t at = ((kvh * g.group + j) * g.T + i) * g.dp + c;
-          sk += dKp[at];
-          sv += dVp[at];
-        }
-        dk[i * g.ldk + kvh * g.d + c] = from_f<G>(sk);
-        dv[i * g.ldk + kvh * g.d + c] = from_f<G>(sv);
-      }
 }
 
 }  // namespace
 
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* cu_seqlens, int64_t n_seqs,
-                   const AttnParams& p, Tensor& out, Tensor& lse) {
+                   const AttnParams& p, Tensor& out, Tensor& lse, const int32_t* prefix_of) {
   const Geometry g(q.size(0), p);
+  const Seqs sq{cu_seqlens, prefix_of, n_seqs};
   if (q.dtype() == DType::F32)
-    fwd_impl(q.data<float>(), k.data<float>(), v.data<float>(), cu_seqlens, n_seqs, p, out.data<float>(),
-             lse.data<float>(), g);
+    fwd_impl(q.data<float>(), k.data<float>(), v.data<float>(), sq, p, out.data<float>(), lse.data<float>(), g);
   else
-    fwd_impl(q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), cu_seqlens, n_seqs, p, out.data<bf16>(),
-             lse.data<float>(), g);
+    fwd_impl(q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), sq, p, out.data<bf16>(), lse.data<float>(), g);
 }
 
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, const int32_t* cu_seqlens, int64_t n_seqs, const AttnParams& p, Tensor& dq,
-                   Tensor& dk, Tensor& dv) {
+                   Tensor& dk, Tensor& dv, const int32_t* prefix_of) {
   const Geometry g(q.size(0), p);
+  const Seqs sq{cu_seqlens, prefix_of, n_seqs};
   auto run = [&](auto* grad_tag) {
     using G = std::remove_pointer_t<decltype(grad_tag)>;
     if (q.dtype() == DType::F32)
       bwd_impl(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(),
-               dout.data<G>(), cu_seqlens, n_seqs, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
+               dout.data<G>(), sq, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
     else
       bwd_impl(q.data<bf16>(), k.data<bf16>(), v.data<bf16>(), out.data<bf16>(), lse.data<float>(),
-               dout.data<G>(), cu_seqlens, n_seqs, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
+               dout.data<G>(), sq, p, dq.data<G>(), dk.data<G>(), dv.data<G>(), g);
   };
   if (dout.dtype() == DType::F32)
     run(static_cast<float*>(nullptr));

@@ -1,5 +1,6 @@
-// Flash-style causal GQA attention over packed variable-length sequences.
-// Shapes and dtypes are validated by ops/attention.cpp; these assume them.
+// Flash-style causal GQA attention over packed variable-length sequences,
+// optionally with shared prefixes. Shapes, dtypes and prefix_of are validated
+// by ops/attention.cpp; these assume them.
 #pragma once
 #include <cstdint>
 
@@ -16,16 +17,21 @@ struct AttnParams {
 
 // q [T, n_heads*head_dim]; k, v [T, n_kv_heads*head_dim]; out like q (all one
 // dtype, f32 or bf16); cu_seqlens: n_seqs+1 row offsets; lse f32 [n_heads, T].
-// Work is split over (sequence, head, 64-query block); no [T, T] scores exist.
+// prefix_of: null, or n_seqs entries: -1 (plain causal sequence) or the index
+// p < b of a plain sequence whose keys sequence b's queries all see before
+// b's own causal keys (see ops/attention.h).
+// Work is split over (sequence, kv head, up to 256 queries); no [T, T] scores exist.
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const int32_t* cu_seqlens,
-                   int64_t n_seqs, const AttnParams& p, Tensor& out, Tensor& lse);
+                   int64_t n_seqs, const AttnParams& p, Tensor& out, Tensor& lse,
+                   const int32_t* prefix_of = nullptr);
 
 // FlashAttention-2 backward: probabilities recomputed from q, k and lse,
 // D_i = rowsum(dO_i * O_i). Writes dq, dk, dv (=). Work is split over
-// (sequence, query head); dk/dv of the heads sharing a kv head are summed in
-// a fixed order afterwards, so results do not depend on the thread count.
+// (root sequence, kv head): one task owns a plain sequence and every
+// sequence continuing it, and sums dK/dV over their queries and the heads of
+// the group in a fixed order, so results do not depend on the thread count.
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, const int32_t* cu_seqlens, int64_t n_seqs, const AttnParams& p,
-                   Tensor& dq, Tensor& dk, Tensor& dv);
+                   Tensor& dq, Tensor& dk, Tensor& dv, const int32_t* prefix_of = nullptr);
 
 }  // namespace kestrel::cpu

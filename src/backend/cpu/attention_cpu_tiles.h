@@ -1,60 +1,46 @@
 // Register-tiled building blocks of the flash-attention CPU kernels, written
-// with GCC/Clang vector extensions: 16-float vectors map to one AVX-512
-// register with -march=native and split into narrower ones elsewhere, so the
-// code stays portable. Internal to attention_cpu.cpp.
+// with GCC/Clang vector extensions on 8-float vectors: one AVX2 register
+// (the build drops AVX-512 on GCC 12, and Zen runs 512-bit FMAs as two
+// 256-bit halves anyway). Every micro-tile keeps at most 8 accumulators so
+// that accumulators, loaded operands and broadcasts fit the 16 registers of
+// AVX2 without spilling. Internal to attention_cpu.cpp.
 //
-// Every tile works on f32 rows padded to dp = round_up(head_dim, 16) floats,
-// and on a score block of kBlock x kBlock (queries x keys).
+// Rows are f32, padded to dp = round_up(head_dim, 8) floats. A score block
+// holds up to kBlock queries x kBlock keys (row stride kBlock).
+//
+// Causality is given per row as a key limit: row r of a block sees keys
+// j < lim(r), where lim is non-decreasing in r (see Limits). Masked pairs are
+// skipped outright, never multiplied by 0, so a NaN/Inf in a later token
+// never reaches an earlier one.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-// Without AVX-512 the 64-byte vectors are passed between these (inlined,
-// internal) helpers in memory; GCC notes the ABI difference, which is moot here.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__AVX512F__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
 namespace kestrel::cpu::attn {
 
 constexpr int64_t kBlock = 64;  // queries per query block == keys per key block
-constexpr int64_t kVec = 16;
+constexpr int64_t kVec = 8;     // floats per vector
+constexpr int64_t kKeyTile = 16;  // keys per score micro-tile (2 vectors)
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef float vf_mem __attribute__((vector_size(64), aligned(4), __may_alias__));
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vi __attribute__((vector_size(32)));
+typedef float vf_mem __attribute__((vector_size(32), aligned(4), __may_alias__));
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
 inline vf splat(float x) { return x - vf{}; }  // x - 0 folds to a plain broadcast (x + 0 would not: -0)
+inline vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7}; }
 
-// Pins a loaded vector in a register so the compiler does not re-load it as a
-// memory operand of every FMA that uses it (one load per use is the
-// bottleneck of these tiles on cores with one 512-bit load per cycle).
-#if defined(__GNUC__) && defined(__AVX512F__)
-#define KS_IN_REG(x) asm("" : "+v"(x))
-#else  // a 64-byte vector spans several registers: leave it to the compiler
-#define KS_IN_REG(x) (void)0
-#endif
-inline vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
-// Halving tree reductions (shuffles, no scalar loop, no intrinsics).
-typedef float vf8 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
-inline vf4 halve(vf v, bool max) {
-  const vf8 l8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const vf8 h8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vf8 a = max ? (l8 > h8 ? l8 : h8) : l8 + h8;
-  const vf4 l4 = __builtin_shufflevector(a, a, 0, 1, 2, 3), h4 = __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return max ? (l4 > h4 ? l4 : h4) : l4 + h4;
-}
 inline float hsum(vf v) {
-  const vf4 b = halve(v, false);
-  return (b[0] + b[2]) + (b[1] + b[3]);
+  const vf4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return (a[0] + a[2]) + (a[1] + a[3]);
 }
 inline float hmax(vf v) {
-  const vf4 b = halve(v, true);
-  const float x = b[0] > b[2] ? b[0] : b[2], y = b[1] > b[3] ? b[1] : b[3];
+  const vf4 l = __builtin_shufflevector(v, v, 0, 1, 2, 3), h = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const vf4 a = l > h ? l : h;
+  const float x = a[0] > a[2] ? a[0] : a[2], y = a[1] > a[3] ? a[1] : a[3];
   return x > y ? x : y;
 }
 
@@ -76,130 +62,127 @@ inline vf exp2v(vf x) {
   return p * __builtin_bit_cast(vf, e);
 }
 
-// C[r][0:64] = sum_{c < depth} A[r][c] * BT[c][0:64] for r < R: a row tile of
-// a score block, keys vectorized (BT is the key-major transpose of K or V).
-template <int R>
-inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, float* C,
-                     int64_t ldc) {
-  vf acc[R][4];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = vf{};
+// Causal key limits of one (query block, key block) pair in a sequence's
+// key coordinates: query row r sits at position q0 + r and sees keys up to
+// it; the key block starts at k0 and holds nk keys.
+struct Limits {
+  int64_t q0, k0, nk;
+  int64_t operator()(int64_t r) const { return std::clamp<int64_t>(q0 + r - k0 + 1, 0, nk); }
+};
+
+// C[r][0:16] = sum_{c < depth} A[r][c] * BT[c][0:16] for 4 rows: a 4 x 16
+// tile of a score block, keys vectorized (BT is the key-major transpose of K
+// or V).
+inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, float* C) {
+  vf acc[4][2] = {};
   for (int64_t c = 0; c < depth; ++c) {
-    const float* b = BT + c * ldbt;
-    vf b0 = load(b), b1 = load(b + 16), b2 = load(b + 32), b3 = load(b + 48);
-    KS_IN_REG(b0);
-    KS_IN_REG(b1);
-    KS_IN_REG(b2);
-    KS_IN_REG(b3);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
+    const vf b0 = load(BT + c * ldbt), b1 = load(BT + c * ldbt + kVec);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
       const vf a = splat(A[r * lda + c]);
       acc[r][0] += a * b0;
       acc[r][1] += a * b1;
-      acc[r][2] += a * b2;
-      acc[r][3] += a * b3;
     }
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) store(C + r * ldc + 16 * j, acc[r][j]);
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    store(C + r * kBlock, acc[r][0]);
+    store(C + r * kBlock + kVec, acc[r][1]);
+  }
 }
 
-// Score block for rows [0, nr) (rounded up to 4: A must hold those rows).
+// Score block rows [0, nr) (A must hold round_up(nr, 4) rows), each 4-row
+// tile only over the 16-key tiles its last row can see. BT must hold
+// round_up(lim(last row), 16) readable columns.
 inline void block_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, int64_t nr,
-                      float* C) {
-  for (int64_t r = 0; r < nr; r += 4) tile_abt<4>(A + r * lda, lda, BT, ldbt, depth, C + r * kBlock, kBlock);
+                      const Limits& lim, float* C) {
+  for (int64_t r = 0; r < nr; r += 4) {
+    const int64_t nk = lim(std::min(r + 3, nr - 1));
+    for (int64_t j = 0; j < nk; j += kKeyTile)
+      tile_abt(A + r * lda, lda, BT + j, ldbt, depth, C + r * kBlock + j);
+  }
 }
 
-// Out[r][0:16NV] += sum_{j < n} W[r][j] * B[j][0:16NV] for r < R.
+// Out[r][0:8NV] += sum_{j < n} W[r][j] * B[j][0:8NV] for r < R.
 // TW = true reads W transposed (W[j][r]): the P^T dO and dS^T Q products.
 template <int R, int NV, bool TW>
 inline void tile_wb(const float* W, int64_t ldw, const float* B, int64_t ldb, int64_t n, float* Out,
                     int64_t ldo) {
   vf acc[R][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = load(Out + r * ldo + 16 * v);
+    for (int v = 0; v < NV; ++v) acc[r][v] = load(Out + r * ldo + kVec * v);
   for (int64_t j = 0; j < n; ++j) {
     vf b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      b[v] = load(B + j * ldb + 16 * v);
-      KS_IN_REG(b[v]);
-    }
-#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = load(B + j * ldb + kVec * v);
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const vf w = splat(TW ? W[j * ldw + r] : W[r * ldw + j]);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] += w * b[v];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) store(Out + r * ldo + 16 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) store(Out + r * ldo + kVec * v, acc[r][v]);
 }
 
-// tile_wb over the full padded width dp, in chunks of up to 4 vectors.
+// tile_wb over the full padded width dp: 4 rows in 16-float chunks, 1 row in
+// 32-float chunks (8 accumulators either way).
 template <int R, bool TW>
 inline void rows_wb(const float* W, int64_t ldw, const float* B, int64_t dp, int64_t n, float* Out) {
   if (n <= 0) return;
-  for (int64_t v0 = 0; v0 < dp / kVec; v0 += 4) {
+  constexpr int64_t kMaxNV = R == 4 ? 2 : 4;
+  for (int64_t v0 = 0; v0 < dp / kVec; v0 += kMaxNV) {
     const float* b = B + v0 * kVec;
     float* o = Out + v0 * kVec;
-    switch (std::min<int64_t>(4, dp / kVec - v0)) {
+    switch (std::min<int64_t>(kMaxNV, dp / kVec - v0)) {
       case 1: tile_wb<R, 1, TW>(W, ldw, b, dp, n, o, dp); break;
       case 2: tile_wb<R, 2, TW>(W, ldw, b, dp, n, o, dp); break;
-      case 3: tile_wb<R, 3, TW>(W, ldw, b, dp, n, o, dp); break;
-      default: tile_wb<R, 4, TW>(W, ldw, b, dp, n, o, dp); break;
+      case 3: if constexpr (kMaxNV >= 3) tile_wb<R, 3, TW>(W, ldw, b, dp, n, o, dp); break;
+      default: if constexpr (kMaxNV >= 4) tile_wb<R, 4, TW>(W, ldw, b, dp, n, o, dp); break;
     }
   }
 }
 
-// Out[r] += sum_j W[r][j] * B[j] over one score block: W [kBlock x kBlock]
-// (rows r < nr, keys j < nk), B rows [nk x dp], Out rows [nr x dp].
-// causal: the block is on the diagonal and only j <= r contribute; masked
-// pairs are skipped outright (not multiplied by 0) so a NaN/Inf in a later
-// token never reaches an earlier one.
-inline void block_wb(const float* W, const float* B, int64_t dp, int64_t nr, int64_t nk, bool causal,
-                     float* Out) {
+// Out[r] += sum_{j < lim(r)} W[r][j] * B[j] over one score block: W rows
+// r < nr (stride kBlock), B rows [nk x dp], Out rows [nr x dp].
+inline void block_wb(const float* W, const float* B, int64_t dp, int64_t nr, const Limits& lim, float* Out) {
   int64_t r = 0;
   for (; r + 4 <= nr; r += 4) {
     const float* w = W + r * kBlock;
     float* o = Out + r * dp;
-    if (!causal) {
-      rows_wb<4, false>(w, kBlock, B, dp, nk, o);
-      continue;
-    }
-    rows_wb<4, false>(w, kBlock, B, dp, r + 1, o);  // keys every row of the tile sees
-    for (int64_t i = 1; i < 4; ++i)                 // the triangle above them
-      rows_wb<1, false>(w + i * kBlock + r + 1, kBlock, B + (r + 1) * dp, dp, i, o + i * dp);
+    const int64_t lo = lim(r);
+    rows_wb<4, false>(w, kBlock, B, dp, lo, o);  // keys every row of the tile sees
+    for (int64_t i = 1; i < 4; ++i)              // the triangle beyond them
+      rows_wb<1, false>(w + i * kBlock + lo, kBlock, B + lo * dp, dp, lim(r + i) - lo, o + i * dp);
   }
-  for (; r < nr; ++r) rows_wb<1, false>(W + r * kBlock, kBlock, B, dp, causal ? r + 1 : nk, Out + r * dp);
+  for (; r < nr; ++r) rows_wb<1, false>(W + r * kBlock, kBlock, B, dp, lim(r), Out + r * dp);
 }
 
-// Out[j] += sum_r W[r][j] * A[r] over one score block (the transposed product
-// for dK, dV): keys j < nk, rows r < nr; causal: only r >= j.
-inline void block_wtb(const float* W, const float* A, int64_t dp, int64_t nr, int64_t nk, bool causal,
-                      float* Out) {
+// Out[j] += sum_{r < nr, j < lim(r)} W[r][j] * A[r] over one score block (the
+// transposed product for dK, dV): keys j < lim(nr - 1).
+inline void block_wtb(const float* W, const float* A, int64_t dp, int64_t nr, const Limits& lim, float* Out) {
+  if (nr <= 0) return;
+  const int64_t nk = lim(nr - 1);
+  // The first row that sees key j < nk: lim(r) > j  <=>  r >= j + k0 - q0.
+  auto first = [&](int64_t j) { return std::clamp<int64_t>(j + lim.k0 - lim.q0, 0, nr); };
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
     const float* w = W + j;
     float* o = Out + j * dp;
-    if (!causal) {
-      rows_wb<4, true>(w, kBlock, A, dp, nr, o);
-      continue;
-    }
-    if (nr > j + 3) rows_wb<4, true>(w + (j + 3) * kBlock, kBlock, A + (j + 3) * dp, dp, nr - (j + 3), o);
-    for (int64_t i = 0; i < 3; ++i) {  // rows j+i .. j+2 that only some keys of the tile see
-      const int64_t r1 = std::min<int64_t>(j + 3, nr);
-      if (r1 > j + i)
-        rows_wb<1, true>(w + (j + i) * kBlock + i, kBlock, A + (j + i) * dp, dp, r1 - (j + i), o + i * dp);
+    const int64_t r3 = first(j + 3);  // rows from r3 on see all 4 keys of the tile
+    if (nr > r3) rows_wb<4, true>(w + r3 * kBlock, kBlock, A + r3 * dp, dp, nr - r3, o);
+    for (int64_t i = 0; i < 3; ++i) {  // rows that only some keys of the tile see
+      const int64_t ri = first(j + i);
+      if (r3 > ri) rows_wb<1, true>(w + ri * kBlock + i, kBlock, A + ri * dp, dp, r3 - ri, o + i * dp);
     }
   }
   for (; j < nk; ++j) {
-    const int64_t r0 = causal ? j : 0;
+    const int64_t r0 = first(j);
     if (nr > r0) rows_wb<1, true>(W + r0 * kBlock + j, kBlock, A + r0 * dp, dp, nr - r0, Out + j * dp);
   }
 }

@@ -1,6 +1,9 @@
 // Scalar causal GQA attention reference (the oracle for the kernels): naive
 // loops in any element type F, run with double in tests. The backward is the
 // textbook softmax backward on the full per-sequence probability matrix.
+// prefix_of (optional, one entry per sequence; see ops/attention.h): sequence
+// b with prefix_of[b] = p >= 0 attends to all of p's keys, then causally to
+// its own, as if p's rows were prepended to it.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -16,85 +19,107 @@ struct AttnRefShape {
 };
 
 namespace detail {
-// P [L, L] (row i over keys j <= i) of head h for the sequence starting at row s0.
+// The key rows sequence b sees: its prefix's rows, then its own (query i of
+// b sees the first P + i + 1 of them, P = the prefix length).
+inline std::vector<int64_t> key_rows(const int32_t* cu, const int32_t* prefix_of, int64_t b, int64_t* P) {
+  std::vector<int64_t> rows;
+  const int64_t p = prefix_of ? prefix_of[b] : -1;
+  if (p >= 0)
+    for (int64_t r = cu[p]; r < cu[p + 1]; ++r) rows.push_back(r);
+  *P = int64_t(rows.size());
+  for (int64_t r = cu[b]; r < cu[b + 1]; ++r) rows.push_back(r);
+  return rows;
+}
+
+// P [L, Lk] (row i over visible keys j < P + i + 1) of head h for the
+// sequence whose queries start at row s0 and whose key rows are `keys`.
 template <class F>
-std::vector<F> attention_probs(const F* q, const F* k, int64_t s0, int64_t L, int64_t h, const AttnRefShape& s,
-                               F* lse_out /* [L] or null */) {
-  const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d;
+std::vector<F> attention_probs(const F* q, const F* k, int64_t s0, int64_t L, const std::vector<int64_t>& keys,
+                               int64_t P, int64_t h, const AttnRefShape& s, F* lse_out /* [L] or null */) {
+  const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d, Lk = int64_t(keys.size());
   const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
   const F scale = F(s.resolved_scale());
-  std::vector<F> P(L * L, F(0));
+  std::vector<F> Pm(L * Lk, F(0));
   for (int64_t i = 0; i < L; ++i) {
     F m = -std::numeric_limits<F>::infinity();
-    for (int64_t j = 0; j <= i; ++j) {
+    const int64_t n = P + i + 1;
+    for (int64_t j = 0; j < n; ++j) {
       F dot = 0;
-      for (int64_t c = 0; c < d; ++c) dot += q[(s0 + i) * ldq + h * d + c] * k[(s0 + j) * ldk + kvh * d + c];
-      P[i * L + j] = dot * scale;
-      if (P[i * L + j] > m) m = P[i * L + j];
+      for (int64_t c = 0; c < d; ++c) dot += q[(s0 + i) * ldq + h * d + c] * k[keys[j] * ldk + kvh * d + c];
+      Pm[i * Lk + j] = dot * scale;
+      if (Pm[i * Lk + j] > m) m = Pm[i * Lk + j];
     }
     F sum = 0;
-    for (int64_t j = 0; j <= i; ++j) sum += (P[i * L + j] = std::exp(P[i * L + j] - m));
-    for (int64_t j = 0; j <= i; ++j) P[i * L + j] /= sum;
+    for (int64_t j = 0; j < n; ++j) sum += (Pm[i * Lk + j] = std::exp(Pm[i * Lk + j] - m));
+    for (int64_t j = 0; j < n; ++j) Pm[i * Lk + j] /= sum;
     if (lse_out) lse_out[i] = m + std::log(sum);
   }
-  return P;
+  return Pm;
 }
 }  // namespace detail
 
 // q [T, n_heads*d]; k, v [T, n_kv_heads*d]; cu [n_seqs+1]; out [T, n_heads*d];
-// lse [n_heads, T] (natural log of the sum of exp of the scaled scores).
+// lse [n_heads, T] (natural log of the sum of exp of the scaled scores);
+// prefix_of [n_seqs] or null.
 template <class F>
 void attention_fwd_ref(const F* q, const F* k, const F* v, const int32_t* cu, int64_t n_seqs, const AttnRefShape& s,
-                       F* out, F* lse) {
+                       F* out, F* lse, const int32_t* prefix_of = nullptr) {
   const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d, T = cu[n_seqs];
   for (int64_t b = 0; b < n_seqs; ++b) {
     const int64_t s0 = cu[b], L = cu[b + 1] - cu[b];
+    int64_t P = 0;
+    const auto keys = detail::key_rows(cu, prefix_of, b, &P);
+    const int64_t Lk = int64_t(keys.size());
     for (int64_t h = 0; h < s.n_heads; ++h) {
       const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
-      const auto P = detail::attention_probs(q, k, s0, L, h, s, lse ? lse + h * T + s0 : nullptr);
+      const auto Pm = detail::attention_probs(q, k, s0, L, keys, P, h, s, lse ? lse + h * T + s0 : nullptr);
       for (int64_t i = 0; i < L; ++i)
         for (int64_t c = 0; c < d; ++c) {
           F acc = 0;
-          for (int64_t j = 0; j <= i; ++j) acc += P[i * L + j] * v[(s0 + j) * ldk + kvh * d + c];
+          for (int64_t j = 0; j < P + i + 1; ++j) acc += Pm[i * Lk + j] * v[keys[j] * ldk + kvh * d + c];
           out[(s0 + i) * ldq + h * d + c] = acc;
         }
     }
   }
 }
 
-// dq like q; dk, dv like k (written, =).
+// dq like q; dk, dv like k (written, =). A prefix's dk/dv sum over its own
+// queries and those of every sequence continuing it.
 template <class F>
 void attention_bwd_ref(const F* q, const F* k, const F* v, const F* dout, const int32_t* cu, int64_t n_seqs,
-                       const AttnRefShape& s, F* dq, F* dk, F* dv) {
+                       const AttnRefShape& s, F* dq, F* dk, F* dv, const int32_t* prefix_of = nullptr) {
   const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d, T = cu[n_seqs];
   const F scale = F(s.resolved_scale());
   for (int64_t i = 0; i < T * ldq; ++i) dq[i] = 0;
   for (int64_t i = 0; i < T * ldk; ++i) dk[i] = dv[i] = 0;
   for (int64_t b = 0; b < n_seqs; ++b) {
     const int64_t s0 = cu[b], L = cu[b + 1] - cu[b];
+    int64_t P = 0;
+    const auto keys = detail::key_rows(cu, prefix_of, b, &P);
+    const int64_t Lk = int64_t(keys.size());
     for (int64_t h = 0; h < s.n_heads; ++h) {
       const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
-      const auto P = detail::attention_probs(q, k, s0, L, h, s, static_cast<F*>(nullptr));
+      const auto Pm = detail::attention_probs(q, k, s0, L, keys, P, h, s, static_cast<F*>(nullptr));
       auto Q = [&](int64_t i, int64_t c) { return q[(s0 + i) * ldq + h * d + c]; };
-      auto K = [&](int64_t j, int64_t c) { return k[(s0 + j) * ldk + kvh * d + c]; };
-      auto V = [&](int64_t j, int64_t c) { return v[(s0 + j) * ldk + kvh * d + c]; };
+      auto K = [&](int64_t j, int64_t c) { return k[keys[j] * ldk + kvh * d + c]; };
+      auto V = [&](int64_t j, int64_t c) { return v[keys[j] * ldk + kvh * d + c]; };
       auto dO = [&](int64_t i, int64_t c) { return dout[(s0 + i) * ldq + h * d + c]; };
-      std::vector<F> dP(L * L, F(0));
+      std::vector<F> dP(L * Lk, F(0));
       for (int64_t i = 0; i < L; ++i)
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < P + i + 1; ++j) {
           F acc = 0;
           for (int64_t c = 0; c < d; ++c) acc += dO(i, c) * V(j, c);
-          dP[i * L + j] = acc;
-          for (int64_t c = 0; c < d; ++c) dv[(s0 + j) * ldk + kvh * d + c] += P[i * L + j] * dO(i, c);
+          dP[i * Lk + j] = acc;
+          for (int64_t c = 0; c < d; ++c) dv[keys[j] * ldk + kvh * d + c] += Pm[i * Lk + j] * dO(i, c);
         }
       for (int64_t i = 0; i < L; ++i) {
         F rowdot = 0;  // sum_j P_ij dP_ij
-        for (int64_t j = 0; j <= i; ++j) rowdot += P[i * L + j] * dP[i * L + j];
-        for (int64_t j = 0; j <= i; ++j) {
-          const F ds = P[i * L + j] * (dP[i * L + j] - rowdot) * scale;
+        for (int64_t j = 0; j < P + i + 1; ++j) rowdot += Pm[i * Lk + j] * dP[i * Lk + j];
+        for (int64_t j = 0; j < P + i + 1; ++j) {
+          const F ds = Pm[i * Lk + j] * (dP[i * Lk + j] - rowdot) * scale;
           for (int64_t c = 0; c < d; ++c) {
             dq[(s0 + i) * ldq + h * d + c] += ds * K(j, c);
-            dk[(s0 + j) * ldk + kvh * d + c] += ds * Q(i, c);
+            dk[keys[j] * ldk + kvh * d + c] += ds * Q(i, c);
           }
         }
       }
