@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
 #include <new>
 #include <sstream>
 
@@ -69,10 +72,59 @@ void Allocator::reset_peak() {
   total_peak_.store(total_live_.load());
 }
 
+struct CpuAllocator::Cache {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free;  // size class -> blocks of exactly that many bytes
+  size_t bytes = 0;
+};
+
+namespace {
+
+// Rounded-up size of a cached block: 2^k, 1.25, 1.5 or 1.75 x 2^k bytes.
+size_t size_class(size_t bytes) {
+  size_t p = size_t(1) << (63 - __builtin_clzll(bytes));
+  if (p == bytes) return p;
+  const size_t q = p / 4;
+  return (bytes + q - 1) / q * q;
+}
+
+bool cacheable(size_t bytes, MemCategory cat) {
+  return cat == MemCategory::Activations && bytes >= CpuAllocator::kCacheMinBytes;
+}
+
+size_t cache_limit_from_env() {
+  if (const char* e = std::getenv("KESTREL_CPU_CACHE_MB"); e && *e) {
+    char* end = nullptr;
+    const unsigned long long mb = std::strtoull(e, &end, 10);
+    if (end && *end == 0) return size_t(mb) << 20;
+  }
+  return size_t(2048) << 20;
+}
+
+}  // namespace
+
+CpuAllocator::CpuAllocator() : cache_(new Cache), cache_limit_(cache_limit_from_env()) {}
+
+CpuAllocator::~CpuAllocator() {
+  release_cache();
+  delete cache_;
+}
+
 void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  void* p = nullptr;
+  if (cacheable(rounded, cat)) {
+    rounded = size_class(rounded);
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    auto it = cache_->free.find(rounded);
+    if (it != cache_->free.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cache_->bytes -= rounded;
+    }
+  }
+  if (!p) p = std::aligned_alloc(kAlignment, rounded);
   if (!p) KS_FAIL("out of host memory allocating ", bytes, " bytes for ", mem_category_name(cat));
   account(cat, int64_t(bytes));
   return p;
@@ -80,8 +132,32 @@ void* CpuAllocator::allocate(size_t bytes, MemCategory cat) {
 
 void CpuAllocator::deallocate(void* p, size_t bytes, MemCategory cat) {
   if (!p) return;
-  std::free(p);
   account(cat, -int64_t(bytes));
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  if (cacheable(rounded, cat)) {
+    rounded = size_class(rounded);
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    if (cache_->bytes + rounded <= cache_limit_) {
+      cache_->free[rounded].push_back(p);
+      cache_->bytes += rounded;
+      return;
+    }
+  }
+  std::free(p);
+}
+
+void CpuAllocator::release_cache() {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  for (auto& [size, blocks] : cache_->free)
+    for (void* p : blocks) std::free(p);
+  cache_->free.clear();
+  cache_->bytes = 0;
+}
+
+size_t CpuAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->bytes;
 }
 
 CpuAllocator& cpu_allocator() {

@@ -46,12 +46,31 @@ class Allocator {
 };
 
 // Host memory, 64-byte aligned (one cache line, one AVX-512 vector).
+//
+// Activation buffers of at least kCacheMinBytes are kept on free for reuse,
+// in size classes of a quarter power of two (at most 25% slack): a training
+// step allocates and frees the same large buffers every micro-batch, and
+// glibc returns such blocks to the OS (they are mmap'ed), so each reuse would
+// page-fault and zero them again (~15% of an RL step on the tiny model). At
+// most cache_limit() bytes are held (KESTREL_CPU_CACHE_MB, default 2048);
+// release_cache() frees them. Only live bytes count in stats().
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlignment = 64;
+  static constexpr size_t kCacheMinBytes = size_t(256) << 10;
+  CpuAllocator();
+  ~CpuAllocator() override;
   void* allocate(size_t bytes, MemCategory cat) override;
   void deallocate(void* p, size_t bytes, MemCategory cat) override;
   Device device() const override { return Device::CPU; }
+  void release_cache();
+  size_t cached_bytes() const;
+  size_t cache_limit() const { return cache_limit_; }
+
+ private:
+  struct Cache;
+  Cache* cache_;
+  size_t cache_limit_;
 };
 
 CpuAllocator& cpu_allocator();

@@ -67,6 +67,36 @@ TEST(Allocator, AccountsLiveAndPeakByCategory) {
   EXPECT_GE(after.peak_of(MemCategory::OptimizerState), before.live_of(MemCategory::OptimizerState) + 5120);
 }
 
+TEST(Allocator, ReusesLargeActivationBlocksAndCountsOnlyLiveBytes) {
+  auto& a = cpu_allocator();
+  a.release_cache();
+  const auto before = a.stats().live_of(MemCategory::Activations);
+  const size_t n = CpuAllocator::kCacheMinBytes / 4 + 1000;  // floats: above the caching threshold
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({int64_t(n)}, DType::F32, MemCategory::Activations);
+    first = t.raw();
+  }
+  EXPECT_GE(a.cached_bytes(), n * 4);
+  EXPECT_EQ(a.stats().live_of(MemCategory::Activations), before);
+  {
+    // A slightly smaller request of the same size class gets the same block.
+    Tensor t = Tensor::empty({int64_t(n - 100)}, DType::F32, MemCategory::Activations);
+    EXPECT_EQ(t.raw(), first);
+    EXPECT_EQ(a.cached_bytes(), 0u);
+    EXPECT_EQ(a.stats().live_of(MemCategory::Activations) - before, int64_t(n - 100) * 4);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % CpuAllocator::kAlignment, 0u);
+  }
+  {
+    // Other categories are never cached (their memory goes back at once).
+    Tensor kv = Tensor::empty({int64_t(n)}, DType::F32, MemCategory::KVCache);
+  }
+  EXPECT_GE(a.cached_bytes(), n * 4);
+  EXPECT_LT(a.cached_bytes(), n * 4 * 5 / 4 + 64);
+  a.release_cache();
+  EXPECT_EQ(a.cached_bytes(), 0u);
+}
+
 TEST(Philox, MatchesPublishedKnownAnswer) {
   // Random123 kat_vectors: philox4x32_10 with counter and key all 0xffffffff.
   auto r = philox4x32(~0ull, ~0ull, ~0ull);
