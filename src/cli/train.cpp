@@ -209,6 +209,7 @@ std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const rl::RlOpt
   co.adamw = {betas[0], betas[1], c.get_float(C + "optim.eps"), c.get_float(C + "optim.weight_decay")};
   co.lr = lr_schedule_config(c, C, o.total_steps);
   co.clip_grad = c.get_float(C + "optim.clip_grad");
+  co.share_prompts = o.share_prompts;
   return std::make_unique<rl::Critic>(std::move(m).value(), co);
 }
 
@@ -334,6 +335,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.micro_batch_size = c.get_int_or(A + "ppo_micro_batch_size_per_gpu", 0);
   o.max_token_len = c.get_bool(A + "use_dynamic_bsz") ? c.get_int(A + "ppo_max_token_len_per_gpu") : 0;
   o.log_prob_max_token_len = c.get_int(R + "log_prob_max_token_len_per_gpu");
+  o.share_prompts = c.get_bool(A + "use_prefix_grouper");
   o.loss.clip_ratio_low = c.get_float(A + "clip_ratio_low");
   o.loss.clip_ratio_high = c.get_float(A + "clip_ratio_high");
   o.loss.clip_ratio_c = c.get_float(A + "clip_ratio_c");

@@ -198,7 +198,9 @@ void declare_actor_ref_critic(Builder& b) {
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"},
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
   b.k("use_torch_compile", B, "true", YES, "torch.compile in verl; no effect in Kestrel.");
-  b.k("use_prefix_grouper", B, "false", NO, "Share the prompt prefix across a group's responses in the update.");
+  b.k("use_prefix_grouper", B, "true", YES,
+      "Pack each prompt once per micro-batch, its responses continuing it (actor update, old/ref log-probs, critic): "
+      "the same loss and gradients, the prompt computed once instead of rollout.n times. verl's default: false.");
   b.k("freeze_vision_tower", B, "false", NO, "Freeze the vision encoder (multimodal).");
   b.k("router_replay.mode", S, "disabled", YES, "MoE routing replay.", {"disabled", "R2", "R3"}, {"disabled"});
   b.k("router_replay.record_file", S, "null", NO, "Where routing decisions are recorded.");

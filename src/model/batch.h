@@ -10,16 +10,34 @@ namespace kestrel::model {
 
 struct PackedBatch {
   Tensor input_ids;   // i32 [T]
-  Tensor positions;   // i32 [T], position of each token within its sequence
+  Tensor positions;   // i32 [T], position of each token within its sequence (its prefix's rows first)
   Tensor cu_seqlens;  // i32 [B+1]
   Tensor targets;     // i32 [T], next token within the sequence, -1 on each sequence's last row
+  // i32 [B], or undefined when no sequence continues another. prefix_of[b] = p
+  // >= 0: sequence b continues sequence p (ops::attention_fwd's prefix_of):
+  // its queries see all of p's keys first and its positions continue p's. The
+  // samples of one prompt share the prompt's rows this way.
+  Tensor prefix_of;
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;
-  int64_t max_seqlen = 0;
+  int64_t max_seqlen = 0;  // the largest position + 1 (a continuation counts its prefix)
 };
 
-// Packs token sequences; `start_positions` (optional) offsets positions, for
-// continuing a sequence whose prefix is elsewhere (rollout chunks).
+// Packs token sequences.
 PackedBatch pack_sequences(const std::vector<std::vector<int32_t>>& seqs);
+
+// A prefix followed by continuations that each see it (a prompt and its samples).
+struct PrefixGroup {
+  std::vector<int32_t> prefix;                     // may be empty: the continuations are then plain sequences
+  std::vector<std::vector<int32_t>> continuations; // each non-empty
+};
+
+// Packs groups in order: each group's prefix (when non-empty) as one sequence,
+// then its continuations, each with prefix_of pointing at the prefix and
+// positions starting at the prefix's length. Targets stay within a packed
+// sequence, so the prefix's last row has none (-1): whatever follows the
+// prefix differs per continuation. Continuation c's row j holds token j of c
+// and predicts token j + 1 of c.
+PackedBatch pack_prefix_groups(const std::vector<PrefixGroup>& groups);
 
 }  // namespace kestrel::model

@@ -55,6 +55,8 @@ Layout layout_of(const CausalLM& m, const PackedBatch& b) {
   return l;
 }
 
+const Tensor* prefix_of(const PackedBatch& b) { return b.prefix_of.defined() ? &b.prefix_of : nullptr; }
+
 ops::AttentionShape local_attention(const CausalLM& m) {
   return ops::AttentionShape{m.heads().n_heads, m.heads().n_kv_heads, m.config().head_dim, 0.f};
 }
@@ -114,7 +116,8 @@ static Tensor run_forward(const CausalLM& m, const PackedBatch& b, Activations& 
     A.attn = Tp == T ? act_tensor({T, H * hd}, dt) : Tensor::zeros({Tp, H * hd}, dt, MemCategory::Activations);
     A.lse = act_tensor({H, T}, DType::F32);
     Tensor attn_rows = rows(A.attn, T);
-    ops::attention_fwd(rows(A.q, T), rows(A.k, T), rows(A.v, T), b.cu_seqlens, local_attention(m), attn_rows, A.lse);
+    ops::attention_fwd(rows(A.q, T), rows(A.k, T), rows(A.v, T), b.cu_seqlens, local_attention(m), attn_rows, A.lse,
+                       prefix_of(b));
     Tensor o = act_tensor({Tl, D}, dt);
     parallel::row_linear_fwd(tp, sp, A.attn, L.o.weight, bias_of(L.o_bias), o);
     A.x_mid = act_tensor({Tl, D}, dt);
@@ -244,7 +247,7 @@ void CausalLM::backward(const PackedBatch& b, Activations& acts, const Tensor& d
     parallel::row_linear_bwd(tp, sp, A.attn, L.o.weight, dx, &dattn, &L.o.grad, grad_of(L.o_bias));
     Tensor dq_r = rows(dq, T), dk_r = rows(dk, T), dv_r = rows(dv, T);
     ops::attention_bwd(rows(A.q, T), rows(A.k, T), rows(A.v, T), rows(A.attn, T), A.lse, rows(dattn, T),
-                       b.cu_seqlens, ops::AttentionShape{H, Hkv, hd, 0.f}, dq_r, dk_r, dv_r);
+                       b.cu_seqlens, ops::AttentionShape{H, Hkv, hd, 0.f}, dq_r, dk_r, dv_r, prefix_of(b));
     ops::rope_bwd(dq, lay.positions, rope_, H);
     ops::rope_bwd(dk, lay.positions, rope_, Hkv);
     if (c.qk_norm) {

@@ -16,13 +16,6 @@ namespace {
 constexpr const char* kMasterPrefix = "master.";
 
 
-model::PackedBatch pack(const RolloutBatch& b, const std::vector<int64_t>& seqs) {
-  std::vector<std::vector<int32_t>> toks;
-  toks.reserve(seqs.size());
-  for (int64_t i : seqs) toks.push_back(b.sequence(i));
-  return model::pack_sequences(toks);
-}
-
 // Unbiased variance (torch.var); NaN below two values.
 double variance(const std::vector<double>& x) {
   if (x.size() < 2) return std::nan("");
@@ -38,15 +31,17 @@ double variance(const std::vector<double>& x) {
 
 double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, const std::vector<int64_t>& seqs,
                               const std::vector<double>& returns, const std::vector<double>& old_values,
-                              double cliprange_value, const AggScope& scope, ValueLossTotals* totals) {
+                              double cliprange_value, const AggScope& scope, ValueLossTotals* totals,
+                              bool share_prompts) {
   KS_CHECK(critic.is_value_model(), "critic: the model has no value head (load it with ModelOptions::value_head)");
   const size_t N = size_t(b.layout.num_tokens());
   KS_CHECK(returns.size() == N && old_values.size() == N, "critic: returns (", returns.size(), ") and old values (",
            old_values.size(), ") must have one value per response token (", N, ")");
-  const model::PackedBatch pb = pack(b, seqs);
+  const PackedSequences packed = pack_rollout_sequences(b, seqs, share_prompts);
+  const model::PackedBatch& pb = packed.batch;
   model::Activations acts;
   const Tensor v = critic.forward(pb, acts);  // [T, 1], compute dtype
-  const std::vector<int64_t> rows = response_rows(b, seqs);
+  const std::vector<int64_t>& rows = packed.rows;
   std::vector<int64_t> lens;
   std::vector<double> vpred, old, G;  // [response tokens of seqs]
   vpred.reserve(rows.size());
@@ -74,14 +69,16 @@ double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, co
   return out.loss;
 }
 
-std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens) {
+std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens,
+                                   bool share_prompts) {
   KS_CHECK(critic.is_value_model(), "critic: the model has no value head (load it with ModelOptions::value_head)");
   std::vector<int64_t> all(static_cast<size_t>(b.size()), 0);
   for (int64_t i = 0; i < b.size(); ++i) all[size_t(i)] = i;
   std::vector<double> out(size_t(b.layout.num_tokens()), 0.0);
-  for (const auto& grp : split_mini_batch(b, all, max_tokens, 0)) {
-    const Tensor v = critic.forward_inference(pack(b, grp));  // [T, 1]
-    const std::vector<int64_t> rows = response_rows(b, grp);
+  for (const auto& grp : split_mini_batch(b, all, max_tokens, 0, share_prompts)) {
+    const PackedSequences packed = pack_rollout_sequences(b, grp, share_prompts);
+    const Tensor v = critic.forward_inference(packed.batch);  // [T, 1]
+    const std::vector<int64_t>& rows = packed.rows;
     size_t k = 0;
     for (int64_t i : grp)
       for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(v.get(rows[k++]));
@@ -136,7 +133,7 @@ Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt)
 Critic::~Critic() = default;
 
 std::vector<double> Critic::values(const RolloutBatch& b) const {
-  return compute_values(*model_, b, opt_.forward_max_token_len);
+  return compute_values(*model_, b, opt_.forward_max_token_len, opt_.share_prompts);
 }
 
 std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::vector<double>& returns,
@@ -159,8 +156,10 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
       const AggScope scope = mini_batch_scope(b, mb, opt_.loss_agg_mode, scale);
       ValueLossTotals t;
       const auto micro = split_mini_batch(b, mb, opt_.max_token_len,
-                                          opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()));
-      for (const auto& g : micro) value_forward_backward(*model_, b, g, returns, old_values, opt_.cliprange_value, scope, &t);
+                                          opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()),
+                                          opt_.share_prompts);
+      for (const auto& g : micro)
+        value_forward_backward(*model_, b, g, returns, old_values, opt_.cliprange_value, scope, &t, opt_.share_prompts);
       const optim::ClipResult clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
       if (clip.finite) optim_->step(lr);
       else skipped += 1;

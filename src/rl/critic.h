@@ -41,6 +41,7 @@ struct CriticOptions {
   optim::AdamWConfig adamw;         // critic.optim.{betas, weight_decay}
   optim::LrScheduleConfig lr;       // critic.optim.lr (verl default 1e-5), warmup, style
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
+  bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
 };
 
 // Sums over the micro-batches of a mini-batch.
@@ -54,14 +55,16 @@ struct ValueLossTotals {
 // response tokens (returns and old_values are flat [N] arrays over b.layout;
 // `scope` carries the mini-batch denominators), backward (grads accumulate
 // into the critic's Param::grad). Adds to *totals; returns the micro-batch's
-// share of the mini-batch loss.
+// share of the mini-batch loss. share_prompts: pack_rollout_sequences's.
 double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, const std::vector<int64_t>& seqs,
                               const std::vector<double>& returns, const std::vector<double>& old_values,
-                              double cliprange_value, const AggScope& scope, ValueLossTotals* totals);
+                              double cliprange_value, const AggScope& scope, ValueLossTotals* totals,
+                              bool share_prompts = false);
 
 // Values of every response token of `b` ([N] over b.layout), forward only, in
 // packed groups of at most max_tokens tokens.
-std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens);
+std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens,
+                                   bool share_prompts = false);
 
 // verl's compute_data_metrics critic entries: critic/values/{mean,max,min}
 // and critic/vf_explained_var = 1 - Var(G - V) / (Var(G) + 1e-5) (unbiased

@@ -37,6 +37,56 @@ std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int6
   return rows;
 }
 
+namespace {
+
+// Sequences of `seqs` grouped by equal prompt ids, groups in order of first appearance.
+std::vector<std::vector<int64_t>> prompt_groups(const RolloutBatch& b, const std::vector<int64_t>& seqs) {
+  std::vector<std::vector<int64_t>> groups;
+  for (int64_t i : seqs) {
+    auto same = [&](const std::vector<int64_t>& g) { return b.prompts[size_t(g[0])] == b.prompts[size_t(i)]; };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) groups.push_back({i});
+    else it->push_back(i);
+  }
+  return groups;
+}
+
+}  // namespace
+
+PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts) {
+  PackedSequences out;
+  if (!share_prompts) {
+    std::vector<std::vector<int32_t>> toks;
+    toks.reserve(seqs.size());
+    for (int64_t i : seqs) toks.push_back(b.sequence(i));
+    out.batch = model::pack_sequences(toks);
+    out.rows = response_rows(b, seqs);
+    return out;
+  }
+  const auto groups = prompt_groups(b, seqs);
+  std::vector<model::PrefixGroup> packed;
+  std::map<int64_t, int64_t> first_row;  // sequence -> packed row of its continuation's first token
+  int64_t row = 0;
+  for (const auto& g : groups) {
+    const std::vector<int32_t>& prompt = b.prompts[size_t(g[0])];
+    model::PrefixGroup pg;
+    pg.prefix.assign(prompt.begin(), prompt.end() - 1);
+    row += int64_t(pg.prefix.size());
+    for (int64_t i : g) {
+      std::vector<int32_t> c = {prompt.back()};
+      c.insert(c.end(), b.responses[size_t(i)].begin(), b.responses[size_t(i)].end());
+      first_row[i] = row;
+      row += int64_t(c.size());
+      pg.continuations.push_back(std::move(c));
+    }
+    packed.push_back(std::move(pg));
+  }
+  out.batch = model::pack_prefix_groups(packed);
+  for (int64_t i : seqs)
+    for (int64_t j = 0; j < b.layout.length(i); ++j) out.rows.push_back(first_row.at(i) + j);
+  return out;
+}
+
 AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seqs, AggMode mode,
                           double scale_factor) {
   AggScope s;
@@ -48,7 +98,28 @@ AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seq
 }
 
 std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,
-                                                   int64_t max_tokens, int64_t max_seqs) {
+                                                   int64_t max_tokens, int64_t max_seqs, bool share_prompts) {
+  if (share_prompts && max_tokens > 0) {
+    // Greedy in order, as train::split_micro_batches, with a sequence whose
+    // prompt the open micro-batch already holds costing its response + 1.
+    std::vector<std::vector<int64_t>> out;
+    int64_t tokens = 0;
+    for (int64_t i : seqs) {
+      const int64_t P = int64_t(b.prompts[size_t(i)].size()), R = int64_t(b.responses[size_t(i)].size());
+      auto shares = [&](int64_t j) { return b.prompts[size_t(j)] == b.prompts[size_t(i)]; };
+      const bool known = !out.empty() && std::any_of(out.back().begin(), out.back().end(), shares);
+      const int64_t cost = known ? R + 1 : P + R;
+      if (out.empty() || tokens + cost > max_tokens) {
+        out.emplace_back();
+        tokens = 0;
+        tokens += P + R;  // a fresh micro-batch holds the prompt again
+      } else {
+        tokens += cost;
+      }
+      out.back().push_back(i);
+    }
+    return out;
+  }
   std::vector<int64_t> lens;
   for (int64_t i : seqs) lens.push_back(int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size()));
   auto groups = train::split_micro_batches(lens, max_tokens, max_tokens > 0 ? 0 : std::max<int64_t>(1, max_seqs));
@@ -69,9 +140,10 @@ std::map<std::string, double> LossTotals::metrics() const {
 }
 
 train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
-                                            const PolicyLossConfig& cfg, LossTotals* totals) {
-  return [&b, seqs, cfg, totals](const train::TokenView& v, float* dlogprob, float* dentropy) -> double {
-    const std::vector<int64_t> rows = response_rows(b, seqs);
+                                            std::vector<int64_t> rows, const PolicyLossConfig& cfg,
+                                            LossTotals* totals) {
+  return [&b, seqs, rows = std::move(rows), cfg, totals](const train::TokenView& v, float* dlogprob,
+                                                         float* dentropy) -> double {
     std::vector<int64_t> lens;
     std::vector<double> logp, old, adv, ent, ref;
     logp.reserve(rows.size());

@@ -1,14 +1,16 @@
 // One RL step's batch of (prompt, response) pairs and the pieces of the actor
-// update that depend only on its layout: which packed rows carry response
-// tokens, how a mini-batch is split into micro-batches, the global loss
-// denominators, and the per-micro-batch objective. Kept free of the model and
-// the engine so the split-invariance of the loss is unit-testable.
+// update that depend only on its layout: how sequences are packed and which
+// packed rows carry response tokens, how a mini-batch is split into
+// micro-batches, the global loss denominators, and the per-micro-batch
+// objective. Kept free of the model's code and the engine so the
+// split-invariance of the loss is unit-testable.
 #pragma once
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "model/batch.h"
 #include "rl/policy_loss.h"
 #include "rl/ragged.h"
 #include "train/token_objective.h"
@@ -39,6 +41,22 @@ struct RolloutBatch {
 // predicted by row P - 1 + j of that sequence. Returns [sum of response lengths].
 std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int64_t>& seqs);
 
+// Sequences `seqs` packed for the actor, the reference or the critic, and the
+// packed row whose output scores each response token (in `seqs` order).
+// With share_prompts the samples of one prompt (equal prompt ids) in `seqs`
+// share one copy of it: the prompt minus its last token is packed once, and
+// each sample continues it (model::PackedBatch::prefix_of) with its last
+// prompt token and its response, so response token j is scored by the
+// sample's row j. Every response token sees the same context as in the
+// unshared packing (response_rows), so log-probs, values and gradients are
+// the same up to float summation order; the prompt's rows are computed once
+// instead of once per sample. Prompts appear in order of first use.
+struct PackedSequences {
+  model::PackedBatch batch;
+  std::vector<int64_t> rows;  // [response tokens of seqs]
+};
+PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts);
+
 // Denominators of one mini-batch (verl's global_batch_info): every
 // micro-batch's loss is a share of the mini-batch's loss, so the sum over
 // micro-batches, and hence the gradient, does not depend on the split.
@@ -60,10 +78,12 @@ std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::v
 // (as verl's two workers do).
 std::vector<int64_t> ppo_epoch_order(int64_t n, uint64_t seed, int64_t step, int64_t epoch);
 
-// Micro-batches of a mini-batch: by token budget (max_tokens > 0, verl's
-// use_dynamic_bsz + ppo_max_token_len_per_gpu) or max_seqs sequences each.
+// Micro-batches of a mini-batch, in order: by token budget (max_tokens > 0,
+// verl's use_dynamic_bsz + ppo_max_token_len_per_gpu) or max_seqs sequences
+// each. With share_prompts the budget counts packed tokens as
+// pack_rollout_sequences lays them out (a prompt once per micro-batch).
 std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const std::vector<int64_t>& seqs,
-                                                   int64_t max_tokens, int64_t max_seqs);
+                                                   int64_t max_tokens, int64_t max_seqs, bool share_prompts = false);
 
 // Sums of the policy-loss outputs over the micro-batches of one mini-batch.
 struct LossTotals {
@@ -76,11 +96,13 @@ struct LossTotals {
   std::map<std::string, double> metrics() const;  // actor/pg_loss, actor/pg_clipfrac, ...
 };
 
-// The objective of one micro-batch `seqs` of `b`: the vanilla PPO loss on its
-// response tokens with `cfg` (whose agg scope carries the mini-batch
-// denominators); adds its outputs to *totals.
+// The objective of one micro-batch `seqs` of `b`, packed with its response
+// tokens at `rows` (pack_rollout_sequences, or response_rows): the vanilla PPO
+// loss on its response tokens with `cfg` (whose agg scope carries the
+// mini-batch denominators); adds its outputs to *totals.
 train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
-                                            const PolicyLossConfig& cfg, LossTotals* totals);
+                                            std::vector<int64_t> rows, const PolicyLossConfig& cfg,
+                                            LossTotals* totals);
 
 // min/mean/max of x into m["<prefix>/mean"] etc.; nothing when x is empty.
 void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x);

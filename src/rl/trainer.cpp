@@ -205,13 +205,11 @@ void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
   const std::vector<int64_t> all = dp_share(b);
   auto score = [&](const model::CausalLM& m, std::vector<double>& out) {
     out.assign(size_t(b.layout.num_tokens()), 0.0);
-    for (const auto& grp : split_mini_batch(b, all, opt_.log_prob_max_token_len, 0)) {
-      std::vector<std::vector<int32_t>> seqs;
-      for (int64_t i : grp) seqs.push_back(b.sequence(i));
-      const model::PackedBatch pb = model::pack_sequences(seqs);
-      const model::TokenScores s = model::score_tokens(m, pb);
+    for (const auto& grp : split_mini_batch(b, all, opt_.log_prob_max_token_len, 0, opt_.share_prompts)) {
+      const PackedSequences packed = pack_rollout_sequences(b, grp, opt_.share_prompts);
+      const model::TokenScores s = model::score_tokens(m, packed.batch);
       const float* lp = s.logprob.data<float>();
-      const std::vector<int64_t> rows = response_rows(b, grp);
+      const std::vector<int64_t>& rows = packed.rows;
       size_t k = 0;
       for (int64_t i : grp)
         for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(lp[rows[k++]]);
@@ -294,12 +292,12 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
       const auto micro =
           active.empty() ? std::vector<std::vector<int64_t>>{}
                          : split_mini_batch(b, active, opt_.max_token_len,
-                                            opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()));
-      for (size_t g = 0; g < micro.size(); ++g) {
-        std::vector<std::vector<int32_t>> seqs;
-        for (int64_t i : micro[g]) seqs.push_back(b.sequence(i));
-        const model::PackedBatch pb = model::pack_sequences(seqs);
-        train::forward_backward(actor_, pb, micro_batch_objective(b, micro[g], cfg, &t), cfg.entropy_coeff != 0);
+                                            opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
+                                            opt_.share_prompts);
+      for (const auto& g : micro) {
+        PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
+        train::forward_backward(actor_, packed.batch, micro_batch_objective(b, g, std::move(packed.rows), cfg, &t),
+                                cfg.entropy_coeff != 0);
       }
       train::maybe_crash("train_step", step_ + 1);
       n_micro += int64_t(micro.size());

@@ -84,6 +84,10 @@ struct RlOptions {
   int64_t micro_batch_size = 0;    // sequences per micro-batch (0 = whole mini-batch)
   int64_t max_token_len = 0;       // > 0: dynamic micro-batches by token budget
   int64_t log_prob_max_token_len = 16384;  // budget of old/ref log-prob forwards
+  // actor_rollout_ref.actor.use_prefix_grouper: the samples of a prompt in a
+  // micro-batch share one copy of it (rl::pack_rollout_sequences), in the
+  // actor update, the old/ref log-probs and the critic.
+  bool share_prompts = true;
   PolicyLossConfig loss;           // agg.mode set; denominators filled per mini-batch
   double loss_scale_factor = 0;    // seq-mean-token-sum-norm divisor; 0 = response_length
   AdvEstimator adv_estimator = AdvEstimator::GRPO;

@@ -26,8 +26,9 @@ std::unique_ptr<model::CausalLM> tiny_critic(DType dt = DType::F32, uint64_t see
   return model::CausalLM::init_random(rollout::testing::tiny_config(), o, seed, 0.1);
 }
 
-// 6 sequences, prompts 3..7 tokens, responses 2..8 tokens (one empty response).
-RolloutBatch batch(uint64_t seed) {
+// 6 sequences, prompts 3..7 tokens, responses 2..8 tokens (one empty response);
+// with same_prompt the two samples of a group share their prompt.
+RolloutBatch batch(uint64_t seed, bool same_prompt = false) {
   RolloutBatch b;
   uint64_t x = seed;
   auto next = [&x]() {
@@ -38,6 +39,7 @@ RolloutBatch batch(uint64_t seed) {
     std::vector<int32_t> p(size_t(3 + next() % 5)), r(size_t(i == 4 ? 0 : 2 + next() % 7));
     for (auto& t : p) t = int32_t(next() % 128);
     for (auto& t : r) t = int32_t(next() % 128);
+    if (same_prompt && i % 2 == 1) p = b.prompts.back();
     b.prompts.push_back(p);
     b.responses.push_back(r);
     b.group.push_back(i / 2);
@@ -228,6 +230,43 @@ TEST(Critic, RejectsAModelWithoutValueHead) {
     FAIL() << "accepted a causal LM";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("value head"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kestrel::rl
+
+namespace kestrel::rl {
+namespace {
+
+// use_prefix_grouper: a group's samples share one copy of the prompt; values,
+// loss and gradient are those of the plain packing.
+TEST(Critic, SharedPromptsGiveTheSameValuesAndGradient) {
+  const RolloutBatch b = batch(4, /*same_prompt=*/true);
+  const std::vector<int64_t> all = all_of(b);
+  std::vector<float> ref;
+  double ref_loss = 0;
+  for (auto [max_tokens, share] : {std::pair<int64_t, bool>{0, false}, {0, true}, {20, true}}) {
+    auto m = tiny_critic();
+    m->enable_grads();
+    m->zero_grads();
+    const std::vector<double> plain = compute_values(*m, b, 0);
+    const std::vector<double> shared = compute_values(*m, b, max_tokens, true);
+    for (size_t t = 0; t < plain.size(); ++t) ASSERT_NEAR(plain[t], shared[t], 1e-5) << t;
+    const std::vector<double> old = shifted(plain);
+    const AggScope scope = mini_batch_scope(b, all, AggMode::TokenMean, 0);
+    double loss = 0;
+    for (const auto& g : split_mini_batch(b, all, max_tokens, 6, share))
+      loss += value_forward_backward(*m, b, g, b.returns, old, 0.2, scope, nullptr, share);
+    const std::vector<float> g = grads_of(*m);
+    if (ref.empty()) {
+      ref = g;
+      ref_loss = loss;
+      continue;
+    }
+    EXPECT_NEAR(loss, ref_loss, 1e-6);
+    std::vector<double> a(g.begin(), g.end()), r(ref.begin(), ref.end());
+    EXPECT_LE(kestrel::testing::rel_to_scale(a, r), 1e-5) << max_tokens;
   }
 }
 

@@ -22,7 +22,9 @@ namespace {
 
 using rollout::testing::tiny_model;
 
-RolloutBatch synthetic_batch(uint64_t seed) {
+// Six sequences in two groups of three; with same_prompt a group's samples
+// share their prompt, as GRPO's do.
+RolloutBatch synthetic_batch(uint64_t seed, bool same_prompt = false) {
   RolloutBatch b;
   uint64_t x = seed;
   auto next = [&x]() {
@@ -33,6 +35,7 @@ RolloutBatch synthetic_batch(uint64_t seed) {
     std::vector<int32_t> p(size_t(3 + next() % 5)), r(size_t(2 + next() % 7));
     for (auto& t : p) t = int32_t(next() % 128);
     for (auto& t : r) t = int32_t(next() % 128);
+    if (same_prompt && i % 3 != 0) p = b.prompts.back();
     b.prompts.push_back(p);
     b.responses.push_back(r);
     b.group.push_back(i / 3);
@@ -64,9 +67,10 @@ TEST(RlTrainer, ResponseRowsSkipPromptPositions) {
 // Loss and parameter gradients of one mini-batch for a given micro-batch split.
 // With pg_only, no entropy bonus and no KL loss, and `trained` (default: all)
 // the sequences that go through forward/backward.
+// With share, a group's samples share one copy of their prompt (use_prefix_grouper).
 std::pair<double, std::vector<float>> loss_and_grads(const RolloutBatch& b, AggMode mode, int64_t max_tokens,
                                                      int64_t max_seqs, bool pg_only = false,
-                                                     std::vector<int64_t> trained = {}) {
+                                                     std::vector<int64_t> trained = {}, bool share = false) {
   auto m = tiny_model();
   m->enable_grads();
   m->zero_grads();
@@ -80,10 +84,9 @@ std::pair<double, std::vector<float>> loss_and_grads(const RolloutBatch& b, AggM
   cfg.agg = mini_batch_scope(b, all, mode, 8.0);
   LossTotals t;
   double loss = 0;
-  for (const auto& g : split_mini_batch(b, trained, max_tokens, max_seqs)) {
-    std::vector<std::vector<int32_t>> seqs;
-    for (int64_t i : g) seqs.push_back(b.sequence(i));
-    loss += train::forward_backward(*m, model::pack_sequences(seqs), micro_batch_objective(b, g, cfg, &t), true).loss;
+  for (const auto& g : split_mini_batch(b, trained, max_tokens, max_seqs, share)) {
+    PackedSequences p = pack_rollout_sequences(b, g, share);
+    loss += train::forward_backward(*m, p.batch, micro_batch_objective(b, g, std::move(p.rows), cfg, &t), true).loss;
   }
   EXPECT_NEAR(loss, t.loss, 1e-12);
   std::vector<float> grads;
@@ -112,6 +115,52 @@ TEST(RlTrainer, LossAndGradientDoNotDependOnTheMicroBatchSplit) {
     for (size_t i = 0; i < whole.second.size(); ++i) {
       ASSERT_NEAR(whole.second[i], ones.second[i], tol) << "param element " << i;
       ASSERT_NEAR(whole.second[i], dyn.second[i], tol) << "param element " << i;
+    }
+  }
+}
+
+TEST(RlTrainer, SharedPromptPackingPacksEachPromptOncePerMicroBatch) {
+  RolloutBatch b;
+  b.prompts = {{1, 2, 3}, {4}, {1, 2, 3}};
+  b.responses = {{5, 6}, {7, 8, 9}, {10}};
+  b.finalize_layout();
+  const PackedSequences p = pack_rollout_sequences(b, {0, 1, 2}, true);
+  // Prompt {1,2,3}: prefix {1,2} (rows 0-1), seq 0 as {3,5,6} (rows 2-4), seq 2
+  // as {3,10} (rows 5-6); prompt {4}: no prefix, seq 1 as {4,7,8,9} (rows 7-10).
+  const model::PackedBatch& pb = p.batch;
+  ASSERT_EQ(pb.num_tokens, 11);
+  ASSERT_EQ(pb.num_seqs, 4);
+  const std::vector<int32_t> ids = {1, 2, 3, 5, 6, 3, 10, 4, 7, 8, 9}, pos = {0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 3};
+  const std::vector<int32_t> cu = {0, 2, 5, 7, 11}, pre = {-1, 0, 0, -1};
+  for (int64_t t = 0; t < 11; ++t) {
+    EXPECT_EQ(pb.input_ids.data<int32_t>()[t], ids[size_t(t)]) << t;
+    EXPECT_EQ(pb.positions.data<int32_t>()[t], pos[size_t(t)]) << t;
+  }
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ(pb.prefix_of.data<int32_t>()[s], pre[size_t(s)]) << s;
+  for (int64_t s = 0; s <= 4; ++s) EXPECT_EQ(pb.cu_seqlens.data<int32_t>()[s], cu[size_t(s)]) << s;
+  EXPECT_EQ(pb.max_seqlen, 5);
+  // Rows in sequence order: seq 0 -> 2, 3; seq 1 -> 7, 8, 9; seq 2 -> 5.
+  EXPECT_EQ(p.rows, (std::vector<int64_t>{2, 3, 7, 8, 9, 5}));
+  // Token budgets count a prompt once per micro-batch: 5 + 2 (seq 2 continues seq 0) + 4.
+  EXPECT_EQ(split_mini_batch(b, {0, 2, 1}, 7, 0, true), (std::vector<std::vector<int64_t>>{{0, 2}, {1}}));
+  EXPECT_EQ(split_mini_batch(b, {0, 2, 1}, 7, 0, false), (std::vector<std::vector<int64_t>>{{0}, {2}, {1}}));
+}
+
+TEST(RlTrainer, SharedPromptPackingGivesTheSameLossAndGradient) {
+  const RolloutBatch b = synthetic_batch(7, /*same_prompt=*/true);
+  for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenSum}) {
+    const auto plain = loss_and_grads(b, mode, 0, 6);
+    const auto shared = loss_and_grads(b, mode, 0, 6, false, {}, true);
+    const auto shared_dyn = loss_and_grads(b, mode, 20, 0, false, {}, true);
+    double gmax = 0;
+    for (float g : plain.second) gmax = std::max(gmax, double(std::fabs(g)));
+    ASSERT_GT(gmax, 0.0);
+    EXPECT_NEAR(plain.first, shared.first, 1e-6);
+    EXPECT_NEAR(plain.first, shared_dyn.first, 1e-6);
+    const double tol = 1e-5 * std::max(1.0, gmax);
+    for (size_t i = 0; i < plain.second.size(); ++i) {
+      ASSERT_NEAR(plain.second[i], shared.second[i], tol) << "param element " << i;
+      ASSERT_NEAR(plain.second[i], shared_dyn.second[i], tol) << "param element " << i;
     }
   }
 }
@@ -152,7 +201,7 @@ TEST(RlTrainer, OnPolicyObjectiveHasRatioOneAndAdvantageWeightedGradient) {
   PolicyLossConfig cfg;
   cfg.agg = mini_batch_scope(b, {0, 1}, AggMode::TokenMean, 4);
   LossTotals t;
-  auto obj = micro_batch_objective(b, {0, 1}, cfg, &t);
+  auto obj = micro_batch_objective(b, {0, 1}, response_rows(b, {0, 1}), cfg, &t);
   std::vector<float> lp(7, -1.0f), ent(7, 2.0f), dlp(7, 0.f), dent(7, 0.f);
   train::TokenView v{lp.data(), ent.data(), 7};
   const double loss = obj(v, dlp.data(), dent.data());
