@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "data/builtin_tokenizer.h"
@@ -39,27 +40,8 @@ Tensor randn(Shape s, DType dt, uint64_t stream, float scale = 1.f) {
   return dt == DType::F32 ? f : f.to(dt, MemCategory::Activations);
 }
 
-double cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-struct Timing { double wall, cpu; };  // seconds; cpu = process CPU time / threads
-// Best of `reps` runs after one warm-up call. On a shared machine the wall
-// time includes time descheduled; the CPU time per thread does not.
-Timing time_best(const std::function<void()>& f, int reps, int threads) {
-  f();
-  Timing best{1e30, 1e30};
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpu_seconds();
-    f();
-    best.cpu = std::min(best.cpu, (cpu_seconds() - c0) / threads);
-    best.wall = std::min(best.wall, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
+using bench::Timing;
+using bench::time_best;
 
 struct Shapes {
   const char* name;

@@ -367,10 +367,7 @@ TEST(Attention, SequencesAreIsolated) {
 }
 
 // Work is split per task, not per thread: 1 and 2 threads agree bit for bit.
-TEST(Attention, ThreadCountIndependent) {
-  const Case c{{100, 37, 64}, 4, 2, 64};
-  const Problem p = make_problem(c, DType::BF16, 21);
-  const Tensor dout = make(randn(p.qd.size(), 22), p.q.shape(), DType::BF16);
+void expect_thread_count_independent(const Problem& p, const Tensor& dout) {
   const int saved = num_threads();
   set_num_threads(1);
   const FwdOut f1 = run_fwd(p);
@@ -386,25 +383,18 @@ TEST(Attention, ThreadCountIndependent) {
   EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
 }
 
+TEST(Attention, ThreadCountIndependent) {
+  const Case c{{100, 37, 64}, 4, 2, 64};
+  const Problem p = make_problem(c, DType::BF16, 21);
+  expect_thread_count_independent(p, make(randn(p.qd.size(), 22), p.q.shape(), DType::BF16));
+}
+
 // With prefix_of, dK/dV of a prefix sum over several continuations: still
 // bit-identical at 1 and 2 threads.
 TEST(Attention, PrefixThreadCountIndependent) {
   const Case c{{60, 37, 80, 5, 20, 44}, 4, 2, 32};
   const Problem p = make_problem(c, DType::F32, 23, {-1, 0, 0, -1, 0, 3});
-  const Tensor dout = make(randn(p.qd.size(), 24), p.q.shape(), DType::F32);
-  const int saved = num_threads();
-  set_num_threads(1);
-  const FwdOut f1 = run_fwd(p);
-  const Grads g1 = run_bwd(p, f1, dout);
-  set_num_threads(2);
-  const FwdOut f2 = run_fwd(p);
-  const Grads g2 = run_bwd(p, f2, dout);
-  set_num_threads(saved);
-  EXPECT_EQ(f1.out.to_float_vector(), f2.out.to_float_vector());
-  EXPECT_EQ(f1.lse.to_float_vector(), f2.lse.to_float_vector());
-  EXPECT_EQ(g1.dq.to_float_vector(), g2.dq.to_float_vector());
-  EXPECT_EQ(g1.dk.to_float_vector(), g2.dk.to_float_vector());
-  EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
+  expect_thread_count_independent(p, make(randn(p.qd.size(), 24), p.q.shape(), DType::F32));
 }
 
 TEST(Attention, RejectsBadArguments) {

@@ -99,25 +99,28 @@ std::pair<double, std::vector<float>> loss_and_grads(const RolloutBatch& b, AggM
   return {loss, grads};
 }
 
+using LossAndGrads = std::pair<double, std::vector<float>>;
+
+// Same loss (1e-6) and parameter gradients (rel_tol of the largest) as `want`.
+void expect_same(const LossAndGrads& want, const LossAndGrads& got, double rel_tol = 1e-5) {
+  double gmax = 0;
+  for (float g : want.second) gmax = std::max(gmax, double(std::fabs(g)));
+  ASSERT_GT(gmax, 0.0);
+  EXPECT_NEAR(want.first, got.first, 1e-6);
+  const double tol = rel_tol * std::max(1.0, gmax);
+  for (size_t i = 0; i < want.second.size(); ++i)
+    ASSERT_NEAR(want.second[i], got.second[i], tol) << "param element " << i;
+}
+
 TEST(RlTrainer, LossAndGradientDoNotDependOnTheMicroBatchSplit) {
   const RolloutBatch b = synthetic_batch(3);
   for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenMean, AggMode::SeqMeanTokenSum,
                        AggMode::SeqMeanTokenSumNorm}) {
     const auto whole = loss_and_grads(b, mode, 0, 6);
-    const auto ones = loss_and_grads(b, mode, 0, 1);
-    const auto dyn = loss_and_grads(b, mode, 20, 0);  // token budget: groups of 1-3 sequences
-    double gmax = 0;
-    for (float g : whole.second) gmax = std::max(gmax, double(std::fabs(g)));
-    ASSERT_GT(gmax, 0.0);
-    EXPECT_NEAR(whole.first, ones.first, 1e-6);
-    EXPECT_NEAR(whole.first, dyn.first, 1e-6);
     // Gradients are accumulated in f32 across micro-batches, so their
     // summation order (not their value) changes with the split.
-    const double tol = 1e-5 * std::max(1.0, gmax);
-    for (size_t i = 0; i < whole.second.size(); ++i) {
-      ASSERT_NEAR(whole.second[i], ones.second[i], tol) << "param element " << i;
-      ASSERT_NEAR(whole.second[i], dyn.second[i], tol) << "param element " << i;
-    }
+    expect_same(whole, loss_and_grads(b, mode, 0, 1));
+    expect_same(whole, loss_and_grads(b, mode, 20, 0));  // token budget: groups of 1-3 sequences
   }
 }
 
@@ -152,18 +155,8 @@ TEST(RlTrainer, SharedPromptPackingGivesTheSameLossAndGradient) {
   const RolloutBatch b = synthetic_batch(7, /*same_prompt=*/true);
   for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenSum}) {
     const auto plain = loss_and_grads(b, mode, 0, 6);
-    const auto shared = loss_and_grads(b, mode, 0, 6, false, {}, true);
-    const auto shared_dyn = loss_and_grads(b, mode, 20, 0, false, {}, true);
-    double gmax = 0;
-    for (float g : plain.second) gmax = std::max(gmax, double(std::fabs(g)));
-    ASSERT_GT(gmax, 0.0);
-    EXPECT_NEAR(plain.first, shared.first, 1e-6);
-    EXPECT_NEAR(plain.first, shared_dyn.first, 1e-6);
-    const double tol = 1e-5 * std::max(1.0, gmax);
-    for (size_t i = 0; i < plain.second.size(); ++i) {
-      ASSERT_NEAR(plain.second[i], shared.second[i], tol) << "param element " << i;
-      ASSERT_NEAR(plain.second[i], shared_dyn.second[i], tol) << "param element " << i;
-    }
+    expect_same(plain, loss_and_grads(b, mode, 0, 6, false, {}, /*share=*/true));
+    expect_same(plain, loss_and_grads(b, mode, 20, 0, false, {}, /*share=*/true));
   }
 }
 
@@ -182,14 +175,8 @@ TEST(RlTrainer, ZeroAdvantageSequencesAreSkippedWithoutChangingTheGradient) {
   with_kl.use_kl_loss = true;
   EXPECT_EQ(sequences_with_gradient(b, all, with_kl), all);
   for (AggMode mode : {AggMode::TokenMean, AggMode::SeqMeanTokenMean, AggMode::SeqMeanTokenSumNorm}) {
-    const auto whole = loss_and_grads(b, mode, 0, 6, true);
-    const auto skipped = loss_and_grads(b, mode, 0, 6, true, {3, 4, 5});
-    double gmax = 0;
-    for (float g : whole.second) gmax = std::max(gmax, double(std::fabs(g)));
-    ASSERT_GT(gmax, 0.0);
-    EXPECT_NEAR(whole.first, skipped.first, 1e-6);  // f32 logprobs of a differently packed batch
-    for (size_t i = 0; i < whole.second.size(); ++i)
-      ASSERT_NEAR(whole.second[i], skipped.second[i], 1e-6 * std::max(1.0, gmax)) << "param element " << i;
+    // f32 logprobs of a differently packed batch.
+    expect_same(loss_and_grads(b, mode, 0, 6, true), loss_and_grads(b, mode, 0, 6, true, {3, 4, 5}), 1e-6);
   }
 }
 

@@ -1,6 +1,5 @@
-// Paged attention on the CPU, on 8-float GCC vector-extension tiles (one AVX2
-// register; the build drops AVX-512 on GCC 12), in the style of
-// attention_cpu_tiles.h.
+// Paged attention on the CPU, on the 8-float vectors of vec8.h, in the style
+// of attention_cpu_tiles.h.
 //
 // A task owns (sequence, tile of up to kQTile query rows, kv heads: all of
 // them when the task's state is small, as in decode, else one) and walks the
@@ -39,12 +38,12 @@
 #include <vector>
 
 #include "backend/cpu/kernel_util.h"
+#include "backend/cpu/vec8.h"
 
 namespace kestrel::cpu {
 namespace {
 
 constexpr int64_t kQTile = 16;  // query rows per task of a prefill chunk
-constexpr int64_t kVec = 8;     // floats per vector
 constexpr int64_t kStateFloats = 4096;  // a task's acc (query vectors x padded head_dim): 16 KiB
 constexpr int64_t kScoreFloats = 8192;  // a chunk's scores (query vectors x keys): 32 KiB
 constexpr int64_t kMaxChunk = 512;      // keys per softmax chunk at most
@@ -52,14 +51,19 @@ constexpr int64_t kDirectBf16MaxQ = 4;  // query vectors per kv head up to which
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-typedef float vf __attribute__((vector_size(32)));
-typedef int32_t vi __attribute__((vector_size(32)));
+using vec8::exp2v;
+using vec8::hmax;
+using vec8::hsum;
+using vec8::iota;
+using vec8::kVec;
+using vec8::load;
+using vec8::splat;
+using vec8::store;
+using vec8::vf;
+using vec8::vi;
 typedef uint16_t vh __attribute__((vector_size(16)));
-typedef float vf_mem __attribute__((vector_size(32), aligned(4), __may_alias__));
 typedef uint16_t vh_mem __attribute__((vector_size(16), aligned(2), __may_alias__));
-typedef float vf4 __attribute__((vector_size(16)));
 
-inline vf load(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
 inline vf load(const bf16_bits* p) {
 #if defined(__AVX2__)
   // GCC splits the generic widening below into two 128-bit halves.
@@ -70,40 +74,7 @@ inline vf load(const bf16_bits* p) {
   return __builtin_bit_cast(vf, w << 16);
 #endif
 }
-inline void store(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
-inline vf splat(float x) { return x - vf{}; }  // x - 0 folds to a plain broadcast (x + 0 would not: -0)
-inline vi iota() { return vi{0, 1, 2, 3, 4, 5, 6, 7}; }
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
-inline float hsum(vf v) {
-  const vf4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  return (a[0] + a[2]) + (a[1] + a[3]);
-}
-// Max of the NaN-free lanes (a NaN lane loses every comparison).
-inline float hmax(vf v) {
-  const vf4 l = __builtin_shufflevector(v, v, 0, 1, 2, 3), h = __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  const vf4 a = l > h ? l : h;
-  const float x = a[0] > a[2] ? a[0] : a[2], y = a[1] > a[3] ? a[1] : a[3];
-  return x > y ? x : y;
-}
-
-// 2^x, relative error ~2e-7; -inf (and anything below -127) -> 0, +inf -> inf,
-// NaN -> NaN. Cephes exp2f polynomial on [-0.5, 0.5] (as attention_cpu_tiles.h).
-inline vf exp2v(vf x) {
-  x = x < -127.0f ? splat(-127.0f) : x;
-  x = x > 128.0f ? splat(128.0f) : x;
-  const vf n = (x + 12582912.0f) - 12582912.0f;  // round to nearest (|x| < 2^22)
-  const vf r = x - n;
-  vf p = splat(1.535336188319500e-4f);
-  p = p * r + 1.339887440266574e-3f;
-  p = p * r + 9.618437357674640e-3f;
-  p = p * r + 5.550332471162809e-2f;
-  p = p * r + 2.402264791363012e-1f;
-  p = p * r + 6.931472028550421e-1f;
-  p = p * r + 1.0f;
-  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * __builtin_bit_cast(vf, e);
-}
 
 // Pairwise sums of adjacent lanes of a then b, per 128-bit half (vhaddps).
 inline vf hadd(vf a, vf b) {
