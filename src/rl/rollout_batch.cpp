@@ -111,8 +111,7 @@ std::vector<std::vector<int64_t>> split_mini_batch(const RolloutBatch& b, const 
       const int64_t cost = known ? R + 1 : P + R;
       if (out.empty() || tokens + cost > max_tokens) {
         out.emplace_back();
-        tokens = 0;
-        tokens += P + R;  // a fresh micro-batch holds the prompt again
+        tokens = P + R;  // a fresh micro-batch holds the prompt again
       } else {
         tokens += cost;
       }
