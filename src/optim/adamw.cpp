@@ -1,3 +1,10 @@
+#if defined(__GNUC__) && !defined(__clang__)
+// No implicit fused multiply-adds in this file: -O3 unswitches the update loop
+// on `decay`, which lets GCC fuse the weight-decay product into the update
+// where -O2 rounds it first, so builds disagreed in the last bit after one
+// step. The fused multiply-adds wanted are written out (std::fma).
+#pragma GCC optimize("fp-contract=off")
+#endif
 #include "optim/adamw.h"
 
 #include <algorithm>
@@ -156,9 +163,9 @@ void AdamW::step_one(int64_t begin, int64_t end, float decay_keep, float beta1, 
       float pk = w[k];
       if (decay) pk = pk * decay_keep;
       const float gk = g[k];
-      // torch.lerp for weight < 0.5: self + weight * (end - self)
-      const float mk = m[k] + one_m_beta1 * (gk - m[k]);
-      const float vk = v[k] * beta2 + one_m_beta2 * gk * gk;
+      // torch.lerp for weight < 0.5: self + weight * (end - self).
+      const float mk = std::fma(one_m_beta1, gk - m[k], m[k]);
+      const float vk = std::fma(one_m_beta2 * gk, gk, v[k] * beta2);
       const float denom = std::sqrt(vk) / bc2_sqrt + eps;
       m[k] = mk;
       v[k] = vk;

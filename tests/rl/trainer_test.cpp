@@ -2,9 +2,8 @@
 // actor loss and gradient (global denominators), and a short deterministic
 // GRPO run against committed golden metrics (tests/golden/rl/).
 //
-// The golden file holds the dev preset's values (what `make test` and CI
-// build); the release build's -O3 rounds differently in the last bits after
-// the first optimizer step. Regenerate it after an intended change:
+// The dev (-O2) and release (-O3) presets give the same bits. Regenerate the
+// golden file after an intended change:
 //   KESTREL_UPDATE_GOLDEN=1 ./build/dev/test_rl --gtest_filter='RlTrainer.Golden*'
 #include <gtest/gtest.h>
 
