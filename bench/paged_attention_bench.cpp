@@ -15,7 +15,6 @@
 // compute rate alone; such rows are marked with *).
 // Usage: bench_paged_attention_bench [--threads 1,2] [--reps 50] [--only NAME] [--hot 0|1]
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -47,17 +47,7 @@ struct Case {
   std::vector<int32_t> q_lens, ctx_lens;  // per sequence
 };
 
-template <class F>
-double best_wall(F&& f, int reps) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
+using bench::time_best;
 
 // hot: every sequence reads the same blocks (cache-resident K/V: the
 // kernel's compute rate without the memory traffic of a real batch).
@@ -94,7 +84,7 @@ void run_case(const Case& c, const std::vector<int>& threads, int reps, bool hot
   const double flops = 4.0 * double(c.d) * double(c.H) * pairs;
   for (int nt : threads) {
     set_num_threads(nt);
-    const double s = best_wall([&] { ops::paged_attention_fwd(q, kc, vc, bt, cu_t, sl, shape, out); }, reps);
+    const double s = time_best([&] { ops::paged_attention_fwd(q, kc, vc, bt, cu_t, sl, shape, out); }, reps, 1).wall;
     std::printf("%-12s%s %-5s %7lld %8lld %3lld/%lld/%-3lld %7d %10.1f %8.2f\n", c.name.c_str(), hot ? "*" : " ", dtype_name(c.dt),
                 (long long)B, (long long)T, (long long)c.H, (long long)c.Hkv, (long long)c.d, nt, s * 1e6,
                 flops / s * 1e-9);
