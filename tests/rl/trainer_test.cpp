@@ -2,7 +2,9 @@
 // actor loss and gradient (global denominators), and a short deterministic
 // GRPO run against committed golden metrics (tests/golden/rl/).
 //
-// The dev (-O2) and release (-O3) presets give the same bits. Regenerate the
+// On one machine the dev (-O2) and release (-O3) presets give the same bits;
+// the golden comes from another CPU, so its f32 metrics are compared with a
+// tolerance (GoldenShortGrpoRun says why). Regenerate the
 // golden file after an intended change:
 //   KESTREL_UPDATE_GOLDEN=1 ./build/dev/test_rl --gtest_filter='RlTrainer.Golden*'
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -301,10 +304,32 @@ TEST(RlTrainer, GoldenShortGrpoRun) {
   ASSERT_TRUE(in.good()) << path << " missing; run with KESTREL_UPDATE_GOLDEN=1";
   const nlohmann::json want = nlohmann::json::parse(in);
   EXPECT_EQ(want.size(), got.size());
+  // The golden was recorded on another CPU (and OpenBLAS picks its kernels by
+  // CPU), so f32 rounding differs: the GEMM sums and exp/log of the actor
+  // agree to ~1e-7 relative per op, and AdamW (lr 1e-2) turns that into
+  // ~1e-5..1e-4 relative after 3 updates (seen: 1.2e-4 on pg_loss, a
+  // difference of near-equal terms, between an AVX2 and an AVX-512 machine).
+  // 1e-3 keeps a margin of ~10x while a wrong term, sign or denominator moves
+  // these metrics by percents. The rollout-vs-actor probability differences
+  // are rounding noise themselves (asserted < 1e-4 above). Everything else is
+  // discrete or derived in double from discrete values (samples, scores,
+  // lengths, counts, advantages): equal unless a sample flips, which would need
+  // a uniform draw within ~1e-6 of a CDF boundary.
+  const auto is_f32_loss_metric = [](const std::string& k) {
+    for (const char* m : {"/actor/entropy", "/actor/grad_norm", "/actor/kl_loss", "/actor/loss", "/actor/pg_loss",
+                          "/actor/ppo_kl"})
+      if (k.size() >= std::strlen(m) && k.compare(k.size() - std::strlen(m), std::string::npos, m) == 0) return true;
+    return false;
+  };
   for (const auto& [k, v] : want.items()) {
     auto it = got.find(k);
     ASSERT_NE(it, got.end()) << "metric " << k << " missing";
-    EXPECT_EQ(it->second, v.get<double>()) << k;  // bit-exact: same seeds, same arithmetic
+    const double w = v.get<double>();
+    if (k.find("rollout_probs_diff") != std::string::npos) continue;
+    if (is_f32_loss_metric(k))
+      EXPECT_NEAR(it->second, w, 1e-3 * std::abs(w)) << k;
+    else
+      EXPECT_EQ(it->second, w) << k;
   }
 }
 
