@@ -130,7 +130,7 @@ train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& pa
   eo.lr = o.lr;
   eo.clip_grad = o.clip_grad;
   eo.parallel.dp = par.dp;
-  eo.parallel.distributed_optimizer = par.distributed_optimizer;
+  eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
   return eo;
 }
 

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct CriticOptions {
   optim::LrScheduleConfig lr;       // critic.optim.lr (verl default 1e-5), warmup, style
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
   bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
+  // critic.megatron.use_distributed_optimizer; unset = the process layout's
+  // (RlParallel::distributed_optimizer, the actor's setting).
+  std::optional<bool> distributed_optimizer;
 };
 
 // Sums over the micro-batches of a mini-batch.
