@@ -131,6 +131,7 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
   }
   b.finalize_layout();
   if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
+  b.weight_version = rollout_version_;
   return b;
 }
 
@@ -330,8 +331,9 @@ std::map<std::string, double> RlTrainer::train_step() {
   // Old log-probs are needed when the policy moves before a sequence is
   // trained on (several epochs or mini-batches) and by the in-reward KL; else
   // old = current, detached.
-  const bool need_old =
-      opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() || opt_.use_kl_in_reward;
+  // Data of older weights than the actor's (weight_version) is off-policy too.
+  const bool need_old = opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
+                        opt_.use_kl_in_reward || b.weight_version != actor_weight_version();
   t0 = Clock::now();
   compute_log_probs(b, need_old, false);
   m["timing_s/old_log_prob"] = seconds_since(t0);
@@ -371,6 +373,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   const rollout::ReshardStats& rs = rollout_weights_->refresh();  // train -> rollout layout (no-op in place)
   engine_->wake_up();
   engine_->update_weights_version();
+  rollout_version_ = actor_weight_version();
   m["timing_s/update_weights"] = seconds_since(t0);
   if (!rollout_weights_->in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
 

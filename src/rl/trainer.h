@@ -147,6 +147,12 @@ class RlTrainer {
   const std::map<std::string, double>& first_validation() const { return first_val_; }
   const std::map<std::string, double>& last_validation() const { return last_val_; }
 
+  // The actor's weight version (optimizer steps applied) and the version the
+  // rollout engine generates with (they differ between an update and the
+  // next weight sync). generate() tags its batch with the latter.
+  int64_t actor_weight_version() const { return actor_engine_->weight_version(); }
+  int64_t rollout_weight_version() const { return rollout_version_; }
+
   // Pieces of a step, public for tests.
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
   void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m);
@@ -182,6 +188,7 @@ class RlTrainer {
   bool rollout_leader_ = true;                  // first rank of its rollout group
   std::unique_ptr<train::TrainingEngine> actor_engine_;  // the actor's AdamW, schedule, dp, clipping
   int64_t step_ = 0;
+  int64_t rollout_version_ = 0;  // actor weight version the rollout engine reads (synced after each update)
   std::map<std::string, double> first_val_, last_val_;
 };
 

@@ -75,6 +75,7 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(source_->restore(ts["data_loader"], tpath));
   rollout_weights_->refresh();
   engine_->update_weights_version();  // the prefix cache holds KV of the old weights
+  rollout_version_ = actor_weight_version();
   return Status::ok();
 }
 

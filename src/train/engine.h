@@ -114,6 +114,12 @@ class TrainingEngine {
   // True when the engine runs with DataParallel (dp > 1 or tp > 1).
   bool distributed() const { return dp_ != nullptr; }
 
+  // The version of the model's weights: the optimizer steps applied so far
+  // (a skipped step leaves it; restored by load_optimizer). Data generated
+  // from these weights (a rollout) carries it, so a consumer can tell
+  // on-policy data from data of older weights.
+  int64_t weight_version() const { return optim_->step_count(); }
+
   // The schedule's learning rate at optimizer-step index `step` (0-based).
   double lr(int64_t step) const;
 
