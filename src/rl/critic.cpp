@@ -2,18 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "core/rng.h"
-#include "io/safetensors.h"
 #include "model/batch.h"
-#include "optim/grad_clip.h"
 #include "train/checkpoint.h"
 
 namespace kestrel::rl {
 
 namespace {
-
-constexpr const char* kMasterPrefix = "master.";
 
 
 // Unbiased variance (torch.var); NaN below two values.
@@ -29,45 +26,77 @@ double variance(const std::vector<double>& x) {
 
 }  // namespace
 
+train::ValueObjective value_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                      const std::vector<int64_t>& rows, const std::vector<double>& returns,
+                                      const std::vector<double>& old_values, double cliprange_value,
+                                      const AggScope& scope, ValueLossTotals* totals) {
+  const size_t N = size_t(b.layout.num_tokens());
+  KS_CHECK(returns.size() == N && old_values.size() == N, "critic: returns (", returns.size(), ") and old values (",
+           old_values.size(), ") must have one value per response token (", N, ")");
+  return [&b, seqs, rows, &returns, &old_values, cliprange_value, scope, totals](const Tensor& v, Tensor& dv) {
+    std::vector<int64_t> lens;
+    std::vector<double> vpred, old, G;  // [response tokens of seqs]
+    vpred.reserve(rows.size());
+    for (int64_t i : seqs) {
+      lens.push_back(b.layout.length(i));
+      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) {
+        old.push_back(old_values[size_t(t)]);
+        G.push_back(returns[size_t(t)]);
+      }
+    }
+    for (int64_t r : rows) vpred.push_back(double(v.get(r)));  // v: [T, 1]
+    const Ragged L = Ragged::from_lengths(lens);
+    const ValueLossOutput out = value_loss(L, vpred, old, G, nullptr, cliprange_value, scope);
+    float* d = dv.data<float>();  // [T, 1]: 0 on prompt rows
+    for (size_t k = 0; k < rows.size(); ++k) d[rows[k]] = float(out.dloss_dvalue[k]);
+    if (totals) {
+      const double n = double(rows.size());
+      totals->loss += out.loss;
+      totals->clipfrac_tokens += out.clipfrac * n;
+      for (double x : vpred) totals->vpred_sum += x;
+      totals->tokens += n;
+    }
+    return out.loss;
+  };
+}
+
 double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, const std::vector<int64_t>& seqs,
                               const std::vector<double>& returns, const std::vector<double>& old_values,
                               double cliprange_value, const AggScope& scope, ValueLossTotals* totals,
                               bool share_prompts) {
   KS_CHECK(critic.is_value_model(), "critic: the model has no value head (load it with ModelOptions::value_head)");
-  const size_t N = size_t(b.layout.num_tokens());
-  KS_CHECK(returns.size() == N && old_values.size() == N, "critic: returns (", returns.size(), ") and old values (",
-           old_values.size(), ") must have one value per response token (", N, ")");
   const PackedSequences packed = pack_rollout_sequences(b, seqs, share_prompts);
   const model::PackedBatch& pb = packed.batch;
+  const train::ValueObjective obj =
+      value_objective(b, seqs, packed.rows, returns, old_values, cliprange_value, scope, totals);
   model::Activations acts;
   const Tensor v = critic.forward(pb, acts);  // [T, 1], compute dtype
-  const std::vector<int64_t>& rows = packed.rows;
-  std::vector<int64_t> lens;
-  std::vector<double> vpred, old, G;  // [response tokens of seqs]
-  vpred.reserve(rows.size());
-  for (int64_t i : seqs) {
-    lens.push_back(b.layout.length(i));
-    for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) {
-      old.push_back(old_values[size_t(t)]);
-      G.push_back(returns[size_t(t)]);
-    }
-  }
-  for (int64_t r : rows) vpred.push_back(double(v.get(r)));
-  const Ragged L = Ragged::from_lengths(lens);
-  const ValueLossOutput out = value_loss(L, vpred, old, G, nullptr, cliprange_value, scope);
-  Tensor dv = Tensor::zeros({pb.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]: 0 on prompt rows
-  float* d = dv.data<float>();
-  for (size_t k = 0; k < rows.size(); ++k) d[rows[k]] = float(out.dloss_dvalue[k]);
+  Tensor dv = Tensor::zeros({pb.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
+  const double loss = obj(v, dv);
   critic.backward(pb, acts, dv);
-  if (totals) {
-    const double n = double(rows.size());
-    totals->loss += out.loss;
-    totals->clipfrac_tokens += out.clipfrac * n;
-    for (double x : vpred) totals->vpred_sum += x;
-    totals->tokens += n;
-  }
-  return out.loss;
+  return loss;
 }
+
+namespace {
+
+// Values of the sequences `seqs` of b into out ([N] over b.layout), in packed
+// micro-batches of max_seqs sequences (> 0) or max_tokens tokens.
+void values_of(const model::CausalLM& critic, const RolloutBatch& b, const std::vector<int64_t>& seqs,
+               int64_t max_tokens, int64_t max_seqs, bool share_prompts, std::vector<double>& out) {
+  std::vector<train::MicroBatch> micro;
+  for (auto& grp : split_mini_batch(b, seqs, max_seqs > 0 ? 0 : max_tokens, max_seqs, share_prompts)) {
+    PackedSequences packed = pack_rollout_sequences(b, grp, share_prompts);
+    micro.push_back({std::move(packed.batch), std::move(grp), std::move(packed.rows)});
+  }
+  train::score_micro_batches(critic, micro, [&](size_t g, const Tensor& v) {  // v: [T, 1]
+    const std::vector<int64_t>& rows = micro[g].rows;
+    size_t k = 0;
+    for (int64_t i : micro[g].seqs)
+      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(v.get(rows[k++]));
+  });
+}
+
+}  // namespace
 
 std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens,
                                    bool share_prompts) {
@@ -75,14 +104,7 @@ std::vector<double> compute_values(const model::CausalLM& critic, const RolloutB
   std::vector<int64_t> all(static_cast<size_t>(b.size()), 0);
   for (int64_t i = 0; i < b.size(); ++i) all[size_t(i)] = i;
   std::vector<double> out(size_t(b.layout.num_tokens()), 0.0);
-  for (const auto& grp : split_mini_batch(b, all, max_tokens, 0, share_prompts)) {
-    const PackedSequences packed = pack_rollout_sequences(b, grp, share_prompts);
-    const Tensor v = critic.forward_inference(packed.batch);  // [T, 1]
-    const std::vector<int64_t>& rows = packed.rows;
-    size_t k = 0;
-    for (int64_t i : grp)
-      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(v.get(rows[k++]));
-  }
+  values_of(critic, b, all, max_tokens, 0, share_prompts, out);
   return out;
 }
 
@@ -100,70 +122,108 @@ std::map<std::string, double> critic_data_metrics(const std::vector<double>& val
   return m;
 }
 
-Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt)
-    : model_(std::move(model)), opt_(std::move(opt)) {
+namespace {
+
+train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& par) {
+  train::EngineOptions eo;
+  eo.adamw = o.adamw;
+  eo.lr = o.lr;
+  eo.clip_grad = o.clip_grad;
+  eo.parallel.dp = par.dp;
+  eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
+  return eo;
+}
+
+}  // namespace
+
+Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt, RlParallel parallel, bool balance_batch)
+    : model_(std::move(model)), opt_(std::move(opt)), parallel_(std::move(parallel)), balance_batch_(balance_batch) {
   KS_CHECK(model_ != nullptr, "critic: no model");
   if (!model_->is_value_model())
     KS_FAIL("critic: the model has no value head; load critic.model.path with ModelOptions::value_head");
-  if (model_->tp().size() > 1)
-    KS_FAIL("not supported yet: the critic update under tensor parallelism (its optimizer and clipping are "
-            "single-process); use critic.megatron.tensor_model_parallel_size=1");
   KS_CHECK(opt_.ppo_mini_batch_size >= 1 && opt_.ppo_epochs >= 1 && opt_.n >= 1,
            "critic: ppo_mini_batch_size, ppo_epochs and rollout.n must be >= 1");
   KS_CHECK(opt_.cliprange_value >= 0, "critic.cliprange_value must be >= 0, got ", opt_.cliprange_value);
-  model_->enable_grads();
-  std::vector<optim::ParamSlot> slots;
-  for (model::Param* p : model_->params()) {
-    optim::ParamSlot s;
-    s.name = p->name;
-    s.grad = p->grad;
-    s.decay = p->weight_decay;
-    if (p->weight.dtype() == DType::F32) {
-      s.master = p->weight;  // updated in place
-    } else {
-      s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
-      s.model_copy = p->weight;
-    }
-    slots.push_back(std::move(s));
-  }
-  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw);
-  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+  KS_CHECK(opt_.ppo_mini_batch_size % parallel_.dp->size() == 0, "critic.ppo_mini_batch_size=",
+           opt_.ppo_mini_batch_size, " must divide by the data-parallel size ", parallel_.dp->size());
+  engine_ = std::make_unique<train::TrainingEngine>(*model_, engine_options(opt_, parallel_));
 }
 
 Critic::~Critic() = default;
 
+void Critic::use_parallel(RlParallel parallel, bool balance_batch) {
+  KS_CHECK(engine_->optimizer().step_count() == 0, "critic: the process layout can change only before the first update");
+  KS_CHECK(opt_.ppo_mini_batch_size % parallel.dp->size() == 0, "critic.ppo_mini_batch_size=",
+           opt_.ppo_mini_batch_size, " must divide by the data-parallel size ", parallel.dp->size());
+  parallel_ = std::move(parallel);
+  balance_batch_ = balance_batch;
+  engine_.reset();  // the old engine lets go of the gradients before the new one re-points them
+  engine_ = std::make_unique<train::TrainingEngine>(*model_, engine_options(opt_, parallel_));
+}
+
+std::vector<int64_t> Critic::share(const RolloutBatch& b) const {
+  return dp_share(b, *parallel_.dp, balance_batch_);
+}
+
 std::vector<double> Critic::values(const RolloutBatch& b) const {
-  return compute_values(*model_, b, opt_.forward_max_token_len, opt_.share_prompts);
+  const std::vector<int64_t> mine = share(b);
+  std::vector<double> out(size_t(b.layout.num_tokens()), 0.0);
+  values_of(*model_, b, mine, opt_.forward_max_token_len, opt_.forward_micro_batch_size, opt_.share_prompts, out);
+  all_gather_token_values(*parallel_.dp, b, mine, out);
+  return out;
 }
 
 std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::vector<double>& returns,
                                              const std::vector<double>& old_values, int64_t step) {
-  const int64_t B = b.size();
-  KS_CHECK(B > 0, "critic update: empty batch");
-  const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n);
+  KS_CHECK(b.size() > 0, "critic update: empty batch");
+  // This dp rank's sequences; mini-batches are this rank's part of the global ones.
+  const std::vector<int64_t> local = share(b);
+  comm::ProcessGroup& dpg = *parallel_.dp;
+  const int dp = dpg.size();
+  const int64_t B = int64_t(local.size());
+  const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n / dp);
   const double scale = opt_.loss_scale_factor > 0 ? opt_.loss_scale_factor : double(opt_.response_length);
-  const double lr = sched_->lr(step);
+  const double lr = engine_->lr(step);
   ValueLossTotals sum;
   double grad_norm = 0, skipped = 0;
   int64_t n_updates = 0;
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
-    std::vector<int64_t> order(static_cast<size_t>(B), 0);
-    for (int64_t i = 0; i < B; ++i) order[size_t(i)] = i;
-    if (opt_.shuffle) order = ppo_epoch_order(B, opt_.data_loader_seed, step, e);
+    std::vector<int64_t> order = local;
+    if (opt_.shuffle) {
+      const std::vector<int64_t> perm = ppo_epoch_order(B, opt_.data_loader_seed, step, e);
+      for (int64_t i = 0; i < B; ++i) order[size_t(i)] = local[size_t(perm[size_t(i)])];
+    }
     for (int64_t s0 = 0; s0 < B; s0 += mini) {
       const std::vector<int64_t> mb(order.begin() + s0, order.begin() + std::min(B, s0 + mini));
-      model_->zero_grads();
-      const AggScope scope = mini_batch_scope(b, mb, opt_.loss_agg_mode, scale);
+      AggScope scope = mini_batch_scope(b, mb, opt_.loss_agg_mode, scale);
+      if (dp > 1) {  // the mini-batch's denominators span every dp rank's part
+        std::vector<double> d = {scope.global_tokens, scope.global_seqs};
+        sum_doubles(dpg, d);
+        scope.global_tokens = d[0], scope.global_seqs = d[1];
+      }
       ValueLossTotals t;
-      const auto micro = split_mini_batch(b, mb, opt_.max_token_len,
-                                          opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()),
-                                          opt_.share_prompts);
-      for (const auto& g : micro)
-        value_forward_backward(*model_, b, g, returns, old_values, opt_.cliprange_value, scope, &t, opt_.share_prompts);
-      const optim::ClipResult clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
-      if (clip.finite) optim_->step(lr);
-      else skipped += 1;
-      grad_norm += clip.norm;
+      std::vector<train::MicroBatch> micro;
+      for (auto& g : split_mini_batch(b, mb, opt_.max_token_len,
+                                      opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()),
+                                      opt_.share_prompts)) {
+        PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
+        micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
+      }
+      const train::MiniBatchResult r = engine_->train_mini_batch(
+          micro,
+          [&](const train::MicroBatch& m, size_t) {
+            train::Objective o;
+            o.values = value_objective(b, m.seqs, m.rows, returns, old_values, opt_.cliprange_value, scope, &t);
+            return o;
+          },
+          lr);
+      if (dp > 1) {  // each field is this rank's share of the mini-batch value
+        std::vector<double> v = {t.loss, t.clipfrac_tokens, t.vpred_sum, t.tokens};
+        sum_doubles(dpg, v);
+        t.loss = v[0], t.clipfrac_tokens = v[1], t.vpred_sum = v[2], t.tokens = v[3];
+      }
+      if (!r.finite) skipped += 1;
+      grad_norm += r.grad_norm;
       ++n_updates;
       sum.loss += t.loss;
       sum.clipfrac_tokens += t.clipfrac_tokens;
@@ -182,38 +242,22 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
 }
 
 Status Critic::save(const std::string& dir) const {
-  KS_TRY(model_->save(dir + "/model", model_->dtype()));
-  optim::OptimizerState st = optim_->state();
-  std::vector<io::NamedTensor> tensors;
-  for (auto& [name, t] : st.tensors) tensors.push_back({name, t});
-  for (const auto& s : optim_->params())
-    if (s.model_copy.defined()) tensors.push_back({kMasterPrefix + s.name, s.master});
-  return io::save_safetensors(dir + "/optimizer.safetensors", tensors, st.metadata);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return KS_ERR(dir, ": cannot create the critic folder: ", ec.message());
+  // Under mpirun the weights are written by the tp ranks of dp rank 0
+  // (gathered over tp), the optimizer state by every rank into its own file.
+  if (parallel_.dp->rank() == 0) KS_TRY(model_->save(dir + "/model", model_->dtype()));
+  return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
 }
 
 Status Critic::load(const std::string& dir) {
   KS_TRY(train::load_weights_into(*model_, dir + "/model").with_context("critic"));
-  const std::string opath = dir + "/optimizer.safetensors";
-  KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
-  std::map<std::string, Tensor> tensors;
-  bool masters = false;
-  for (const auto& info : of->tensors()) {
-    KS_ASSIGN(Tensor t, of->get(info.name));
-    if (info.name.rfind(kMasterPrefix, 0) == 0) {
-      bool found = false;
-      for (auto& s : optim_->params())
-        if (s.model_copy.defined() && kMasterPrefix + s.name == info.name) {
-          s.master.copy_from(t);
-          found = masters = true;
-        }
-      if (!found) return KS_ERR(opath, ": master weight ", info.name, " matches no parameter of this critic");
-    } else {
-      tensors.emplace(info.name, t);
-    }
-  }
-  KS_TRY(optim_->load_state(tensors, of->metadata(), opath));
-  if (masters) optim_->refresh_model_copies(0, optim_->numel());
-  return Status::ok();
+  const std::string opath = dir + "/" + engine_->optimizer_file_name();
+  if (!std::filesystem::exists(opath))
+    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout; resume the critic "
+                  "with the same mpirun -np, tensor_model_parallel_size and use_distributed_optimizer");
+  return engine_->load_optimizer(opath).with_context("critic");
 }
 
 }  // namespace kestrel::rl

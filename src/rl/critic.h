@@ -1,11 +1,19 @@
 // The PPO critic (verl's critic worker, algorithm.adv_estimator=gae): a value
 // model (model::CausalLM with ModelOptions::value_head: the policy's backbone
-// and a [1, D] score head) with its own AdamW, learning-rate schedule and
-// gradient clipping, trained with verl's clipped value loss
+// and a [1, D] score head) trained by its own train::TrainingEngine (AdamW,
+// learning-rate schedule, gradient clipping, data parallelism) with verl's
+// clipped value loss
 //   0.5 * agg(max((v - G)^2, (clip(v, v_old - c, v_old + c) - G)^2))
 // over ppo_mini_batch_size mini-batches x ppo_epochs, micro-batched with the
 // mini-batch's global denominators (so the update does not depend on the
 // split), exactly as the actor update of rl/trainer.cpp.
+//
+// Under mpirun (use_parallel) each dp rank computes the values of its share
+// of the sequences (rl::dp_share, as the actor's log-probs) and every rank
+// then holds all of them; the update trains each rank's share with the
+// mini-batch denominators summed over dp and the gradients summed, so it
+// equals one process's update. Tensor parallelism comes with the model (its
+// tp group; the value head is replicated, the values are full on every rank).
 //
 // The value of response token j is the model's output at the packed row that
 // predicts it (prompt length P: row P - 1 + j), i.e. the value of the state
@@ -14,14 +22,17 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "rl/distributed.h"
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
+#include "train/engine.h"
 
 namespace kestrel::rl {
 
@@ -34,6 +45,9 @@ struct CriticOptions {
   int64_t micro_batch_size = 0;     // critic.ppo_micro_batch_size_per_gpu; 0 = the whole mini-batch
   int64_t max_token_len = 0;        // > 0: critic.use_dynamic_bsz with critic.ppo_max_token_len_per_gpu
   int64_t forward_max_token_len = 16384;  // critic.forward_max_token_len_per_gpu: values-pass budget
+  // Sequences per micro-batch of the values pass (critic.forward_micro_batch_size_per_gpu);
+  // > 0 takes precedence over the token budget, 0 = by forward_max_token_len only.
+  int64_t forward_micro_batch_size = 0;
   double cliprange_value = 0.5;     // critic.cliprange_value
   AggMode loss_agg_mode = AggMode::TokenMean;  // critic.loss_agg_mode
   double loss_scale_factor = 0;     // seq-mean-token-sum-norm divisor; 0 = response_length
@@ -42,6 +56,9 @@ struct CriticOptions {
   optim::LrScheduleConfig lr;       // critic.optim.lr (verl default 1e-5), warmup, style
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
   bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
+  // critic.megatron.use_distributed_optimizer; unset = the process layout's
+  // (RlParallel::distributed_optimizer, the actor's setting).
+  std::optional<bool> distributed_optimizer;
 };
 
 // Sums over the micro-batches of a mini-batch.
@@ -66,6 +83,14 @@ double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, co
 std::vector<double> compute_values(const model::CausalLM& critic, const RolloutBatch& b, int64_t max_tokens,
                                    bool share_prompts = false);
 
+// The clipped value loss of one packed micro-batch `seqs` of `b` (response
+// tokens at packed rows `rows`) as a train::ValueObjective: reads values
+// [T, 1], fills dvalues [T, 1] (0 on prompt rows), adds to *totals (may be null).
+train::ValueObjective value_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
+                                      const std::vector<int64_t>& rows, const std::vector<double>& returns,
+                                      const std::vector<double>& old_values, double cliprange_value,
+                                      const AggScope& scope, ValueLossTotals* totals);
+
 // verl's compute_data_metrics critic entries: critic/values/{mean,max,min}
 // and critic/vf_explained_var = 1 - Var(G - V) / (Var(G) + 1e-5) (unbiased
 // variances, as torch.var; omitted below two tokens).
@@ -73,15 +98,25 @@ std::map<std::string, double> critic_data_metrics(const std::vector<double>& val
 
 class Critic {
  public:
-  // `model` must be a value model (ModelOptions::value_head).
-  Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt);
+  // `model` must be a value model (ModelOptions::value_head); its tp group
+  // (ModelOptions::parallel) is the critic's tensor parallelism. `parallel`:
+  // the dp group and distributed optimizer (size-1 groups = one process).
+  Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt, RlParallel parallel = {},
+         bool balance_batch = true);
   ~Critic();
+
+  // Rebuilds the training engine over `parallel` (the trainer hands its own
+  // layout over: the critic then trains over the actor's dp group). Only
+  // before the first update. balance_batch: rl::dp_share's.
+  void use_parallel(RlParallel parallel, bool balance_batch);
 
   model::CausalLM& model() { return *model_; }
   const CriticOptions& options() const { return opt_; }
-  const optim::AdamW& optimizer() const { return *optim_; }
+  const optim::AdamW& optimizer() const { return engine_->optimizer(); }
+  const train::TrainingEngine& engine() const { return *engine_; }
 
-  // verl's compute_values: [N] per response token over b.layout.
+  // verl's compute_values: [N] per response token over b.layout (every rank
+  // all of them; collective over the dp group).
   std::vector<double> values(const RolloutBatch& b) const;
 
   // verl's update_critic at global step `step` (the lr schedule's step):
@@ -93,17 +128,23 @@ class Critic {
                                        const std::vector<double>& old_values, int64_t step);
 
   // A checkpoint's critic folder (verl: global_step_N/critic/):
-  //   model/                    HF <Arch>ForTokenClassification folder (config.json + safetensors)
-  //   optimizer.safetensors     AdamW state, plus f32 master weights ("master.<name>") in bf16 mode
+  //   model/                    HF <Arch>ForTokenClassification folder (config.json + safetensors),
+  //                             written by the tp ranks of dp rank 0 (gathered, tp rank 0 writes)
+  //   optimizer.safetensors     AdamW state, plus f32 master weights ("master.<name>") in bf16 mode;
+  //                             under mpirun one optimizer_tp{t}_dp{d}.safetensors per rank
+  // Collective under mpirun.
   Status save(const std::string& dir) const;
   // Restores both into this critic (same model shape and optimizer layout).
   Status load(const std::string& dir);
 
  private:
+  std::vector<int64_t> share(const RolloutBatch& b) const;  // this dp rank's sequences
+
   std::unique_ptr<model::CausalLM> model_;
   CriticOptions opt_;
-  std::unique_ptr<optim::AdamW> optim_;
-  std::unique_ptr<optim::LrSchedule> sched_;
+  RlParallel parallel_;
+  bool balance_batch_ = true;
+  std::unique_ptr<train::TrainingEngine> engine_;
 };
 
 }  // namespace kestrel::rl

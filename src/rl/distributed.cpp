@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/status.h"
+#include "parallel/balance.h"
 
 namespace kestrel::rl {
 
@@ -96,6 +97,27 @@ std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const 
   std::sort(out.begin(), out.end(), [](const WireResponse& a, const WireResponse& b) {
     return a.prompt != b.prompt ? a.prompt < b.prompt : a.sample < b.sample;
   });
+  return out;
+}
+
+std::vector<int64_t> dp_share(const RolloutBatch& b, comm::ProcessGroup& dp, bool balance) {
+  if (dp.size() == 1) {
+    std::vector<int64_t> all(static_cast<size_t>(b.size()), 0);
+    for (int64_t i = 0; i < b.size(); ++i) all[size_t(i)] = i;
+    return all;
+  }
+  if (balance) {
+    std::vector<int64_t> lens;
+    for (int64_t i = 0; i < b.size(); ++i)
+      lens.push_back(int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size()));
+    return parallel::seqlen_balanced_partitions(lens, dp.size(), true)[size_t(dp.rank())];
+  }
+  KS_CHECK(b.group.size() == size_t(b.size()), "dp_share: the rollout batch has no prompt groups");
+  const int64_t groups = b.size() == 0 ? 0 : b.group.back() + 1;
+  const auto [g0, g1] = share_range(groups, dp.rank(), dp.size());
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < b.size(); ++i)
+    if (b.group[size_t(i)] >= g0 && b.group[size_t(i)] < g1) out.push_back(i);
   return out;
 }
 

@@ -11,6 +11,7 @@
 // (parallel/data_parallel.h), so the update equals one process's.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,24 @@
 #include "rl/rollout_batch.h"
 
 namespace kestrel::rl {
+
+// The trainer's process layout; size-1 groups = one process. The trainer hands
+// it to the critic (Critic::use_parallel), which trains over the same dp group.
+struct RlParallel {
+  std::shared_ptr<comm::ProcessGroup> world = comm::local_group("world");
+  std::shared_ptr<comm::ProcessGroup> dp = comm::local_group("dp");  // the actor's (and critic's) data-parallel group
+  bool distributed_optimizer = false;  // megatron.use_distributed_optimizer
+  // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
+  // the actor's own tp group, whose weights the engine then reads in place.
+  std::shared_ptr<comm::ProcessGroup> rollout_tp;
+};
+
+// This dp rank's sequences of b (ascending): with balance (trainer.balance_batch)
+// and dp > 1 a Karmarkar-Karp partition of equal sizes with balanced token
+// counts (parallel/balance.h), else the sequences of its contiguous share of
+// the prompts (b.group). Every sequence belongs to exactly one rank; at dp = 1
+// all of them, in order.
+std::vector<int64_t> dp_share(const RolloutBatch& b, comm::ProcessGroup& dp, bool balance);
 
 // [begin, end) of part `part` of `parts` contiguous parts of n items (the
 // first n % parts parts one longer).

@@ -28,6 +28,10 @@ struct RolloutBatch {
   std::vector<double> old_logp;  // [N] empty = on-policy (old = current, detached)
   std::vector<double> ref_logp;  // [N] empty = no reference model
   std::vector<double> advantages, returns, token_rewards;  // [N]
+  // The actor weight version (train::TrainingEngine::weight_version) that
+  // generated the responses; -1 = unknown (built by hand). The actor's old
+  // log-probs must be recomputed when it differs from the actor's version.
+  int64_t weight_version = -1;
 
   int64_t size() const { return int64_t(responses.size()); }
   // Builds layout from the responses; call after filling prompts/responses.

@@ -9,13 +9,8 @@
 #include "core/rng.h"
 #include "io/safetensors.h"
 #include "model/batch.h"
-#include "model/parallel_setup.h"
-#include "model/scoring.h"
-#include "parallel/balance.h"
-#include "parallel/data_parallel.h"
 #include "rl/distributed.h"
 #include "rollout/reshard.h"
-#include "optim/grad_clip.h"
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
 #include "train/token_objective.h"
@@ -62,41 +57,23 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
            " must divide by the data-parallel size ", dp);
   KS_CHECK(opt_.ppo_mini_batch_size % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size=", opt_.ppo_mini_batch_size,
            " must divide by the data-parallel size ", dp);
-  if (world > 1 && critic_) KS_FAIL("not supported yet: the PPO critic (adv_estimator=gae) under mpirun");
-  actor_.enable_grads();
-  // Under mpirun the gradients live in DataParallel's flat buffer (summed over
-  // dp: every rank's loss already carries the global denominators) and the
-  // optimizer steps the owned range; one process keeps today's plain path.
-  std::vector<model::Param*> order = actor_.params();
-  int64_t lo = 0, hi = -1;
-  bool held_masters = false;
-  if (world > 1) {
-    parallel::DpOptions dpo;
-    dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
-    dpo.average = false;
-    dp_ = std::make_unique<parallel::DataParallel>(model::dp_params(actor_), *opt_.parallel.dp, dpo);
-    order.clear();
-    for (const auto& d : dp_->flat_params()) order.push_back(actor_.find_param(d.name));
-    std::tie(lo, hi) = dp_->owned_range();
-    held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
-  }
-  std::vector<optim::ParamSlot> slots;
-  for (model::Param* p : order) {
-    optim::ParamSlot s;
-    s.name = p->name;
-    s.grad = p->grad;
-    s.decay = p->weight_decay;
-    if (p->weight.dtype() == DType::F32) {
-      s.master = p->weight;  // updated in place: the rollout engine reads these weights
-    } else {
-      if (!held_masters) s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
-      s.model_copy = p->weight;
-    }
-    slots.push_back(std::move(s));
-  }
-  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw, lo, hi);
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
-  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+  // Under mpirun (dp > 1 or tp > 1) the engine keeps the gradients in
+  // DataParallel's flat buffer, summed over dp (every rank's loss already
+  // carries the global denominators); one process keeps the plain path.
+  train::EngineOptions eo;
+  eo.adamw = opt_.adamw;
+  eo.lr = opt_.lr;
+  eo.clip_grad = opt_.clip_grad;
+  eo.parallel.dp = opt_.parallel.dp;
+  eo.parallel.distributed_optimizer = opt_.parallel.distributed_optimizer;
+  actor_engine_ = std::make_unique<train::TrainingEngine>(actor_, std::move(eo));
+  if (critic_ && world > 1) {
+    KS_CHECK(critic_->model().tp().size() == actor_.tp().size(), "RL: the critic's tensor-parallel size ",
+             critic_->model().tp().size(), " must equal the actor's ", actor_.tp().size(),
+             " (critic.megatron.tensor_model_parallel_size)");
+    critic_->use_parallel(opt_.parallel, opt_.balance_batch);  // the critic trains over the actor's dp group
+  }
   rollout::RolloutWeightsOptions ro;
   ro.tp = opt_.parallel.rollout_tp;
   rollout_weights_ = rollout::RolloutWeights::create(actor_, ro);
@@ -111,24 +88,7 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
 }
 
 std::vector<int64_t> RlTrainer::dp_share(const RolloutBatch& b) const {
-  const int dp = opt_.parallel.dp->size();
-  if (dp > 1 && opt_.balance_batch) {
-    std::vector<int64_t> lens;
-    for (int64_t i = 0; i < b.size(); ++i) lens.push_back(int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size()));
-    return parallel::seqlen_balanced_partitions(lens, dp, true)[size_t(opt_.parallel.dp->rank())];
-  }
-  const int64_t groups = b.size() == 0 ? 0 : b.group.back() + 1;
-  const auto [g0, g1] = share_range(groups, opt_.parallel.dp->rank(), opt_.parallel.dp->size());
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < b.size(); ++i)
-    if (b.group[size_t(i)] >= g0 && b.group[size_t(i)] < g1) out.push_back(i);
-  return out;
-}
-
-std::string RlTrainer::optimizer_file() const {
-  if (opt_.parallel.world->size() == 1) return "optimizer.safetensors";
-  return "optimizer_tp" + std::to_string(actor_.tp().rank()) + "_dp" + std::to_string(opt_.parallel.dp->rank()) +
-         ".safetensors";
+  return rl::dp_share(b, *opt_.parallel.dp, opt_.balance_batch);
 }
 
 RlTrainer::~RlTrainer() = default;
@@ -171,6 +131,7 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
   }
   b.finalize_layout();
   if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
+  b.weight_version = rollout_version_;
   return b;
 }
 
@@ -203,17 +164,23 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
 void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
   // Each dp rank scores its share; every rank then holds all of them.
   const std::vector<int64_t> all = dp_share(b);
+  // log_prob_micro_batch_size > 0: micro-batches of that many sequences, else by token budget.
+  const int64_t count = opt_.log_prob_micro_batch_size;
+  const int64_t budget = count > 0 ? 0 : opt_.log_prob_max_token_len;
   auto score = [&](const model::CausalLM& m, std::vector<double>& out) {
     out.assign(size_t(b.layout.num_tokens()), 0.0);
-    for (const auto& grp : split_mini_batch(b, all, opt_.log_prob_max_token_len, 0, opt_.share_prompts)) {
-      const PackedSequences packed = pack_rollout_sequences(b, grp, opt_.share_prompts);
-      const model::TokenScores s = model::score_tokens(m, packed.batch);
-      const float* lp = s.logprob.data<float>();
-      const std::vector<int64_t>& rows = packed.rows;
-      size_t k = 0;
-      for (int64_t i : grp)
-        for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(lp[rows[k++]]);
+    std::vector<train::MicroBatch> micro;
+    for (auto& grp : split_mini_batch(b, all, budget, count, opt_.share_prompts)) {
+      PackedSequences packed = pack_rollout_sequences(b, grp, opt_.share_prompts);
+      micro.push_back({std::move(packed.batch), std::move(grp), std::move(packed.rows)});
     }
+    train::score_micro_batches(m, micro, [&](size_t g, const Tensor& logprob) {  // f32 [T]
+      const float* lp = logprob.data<float>();
+      const std::vector<int64_t>& rows = micro[g].rows;
+      size_t k = 0;
+      for (int64_t i : micro[g].seqs)
+        for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(lp[rows[k++]]);
+    });
     all_gather_token_values(*opt_.parallel.dp, b, all, out);
   };
   if (old) score(actor_, b.old_logp);
@@ -264,7 +231,7 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   const int64_t B = int64_t(local.size());
   const int64_t mini = std::min(B, opt_.ppo_mini_batch_size * opt_.n / dp);
   const double scale = opt_.loss_scale_factor > 0 ? opt_.loss_scale_factor : double(opt_.response_length);
-  const double lr = sched_->lr(step_);
+  const double lr = actor_engine_->lr(step_);
   LossTotals sum;    // over all mini-batches of all epochs
   LossTotals first;  // the first mini-batch: trained on the policy that sampled it
   double grad_norm = 0, skipped = 0, zero_adv_seqs = 0;
@@ -277,8 +244,6 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
     }
     for (int64_t s0 = 0; s0 < B; s0 += mini) {
       const std::vector<int64_t> mb(order.begin() + s0, order.begin() + std::min(B, s0 + mini));
-      if (dp_) dp_->zero_grads();
-      else actor_.zero_grads();
       PolicyLossConfig cfg = opt_.loss;
       cfg.agg = mini_batch_scope(b, mb, opt_.loss.agg.mode, scale);
       if (dp > 1) {  // the mini-batch's denominators span every dp rank's part
@@ -289,37 +254,29 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
       LossTotals t;
       const std::vector<int64_t> active = sequences_with_gradient(b, mb, cfg);
       zero_adv_seqs += double(mb.size() - active.size());
-      const auto micro =
-          active.empty() ? std::vector<std::vector<int64_t>>{}
-                         : split_mini_batch(b, active, opt_.max_token_len,
-                                            opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
-                                            opt_.share_prompts);
-      for (const auto& g : micro) {
-        PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
-        train::forward_backward(actor_, packed.batch, micro_batch_objective(b, g, std::move(packed.rows), cfg, &t),
-                                cfg.entropy_coeff != 0);
-      }
+      std::vector<train::MicroBatch> micro;
+      if (!active.empty())
+        for (auto& g : split_mini_batch(b, active, opt_.max_token_len,
+                                        opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
+                                        opt_.share_prompts)) {
+          PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
+          micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
+        }
       train::maybe_crash("train_step", step_ + 1);
-      n_micro += int64_t(micro.size());
+      const train::MiniBatchResult r = actor_engine_->train_mini_batch(
+          micro,
+          [&](const train::MicroBatch& mbt, size_t) {
+            train::Objective o;
+            o.tokens = micro_batch_objective(b, mbt.seqs, mbt.rows, cfg, &t);
+            o.need_entropy_grad = cfg.entropy_coeff != 0;
+            return o;
+          },
+          lr);
+      n_micro += r.micro_batches;
       all_reduce_totals(*opt_.parallel.dp, t);
       if (n_updates == 0) first = t;
-      optim::ClipResult clip;
-      if (dp_) {
-        dp_->start_grad_sync();
-        dp_->finish_grad_sync();
-        comm::ProcessGroup* tp = actor_.tp().size() > 1 ? &actor_.tp() : nullptr;
-        clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp) : dp_->grad_norm(tp);
-        clip.finite = std::isfinite(clip.norm);  // global: every rank takes the same branch
-      } else {
-        clip = optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
-      }
-      if (clip.finite) {
-        optim_->step(lr);
-        if (dp_) dp_->gather_params();
-      } else {
-        skipped += 1;
-      }
-      grad_norm += clip.norm;
+      if (!r.finite) skipped += 1;
+      grad_norm += r.grad_norm;
       ++n_updates;
       sum.loss += t.loss;
       sum.pg_loss += t.pg_loss;
@@ -374,8 +331,9 @@ std::map<std::string, double> RlTrainer::train_step() {
   // Old log-probs are needed when the policy moves before a sequence is
   // trained on (several epochs or mini-batches) and by the in-reward KL; else
   // old = current, detached.
-  const bool need_old =
-      opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() || opt_.use_kl_in_reward;
+  // Data of older weights than the actor's (weight_version) is off-policy too.
+  const bool need_old = opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
+                        opt_.use_kl_in_reward || b.weight_version != actor_weight_version();
   t0 = Clock::now();
   compute_log_probs(b, need_old, false);
   m["timing_s/old_log_prob"] = seconds_since(t0);
@@ -415,6 +373,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   const rollout::ReshardStats& rs = rollout_weights_->refresh();  // train -> rollout layout (no-op in place)
   engine_->wake_up();
   engine_->update_weights_version();
+  rollout_version_ = actor_weight_version();
   m["timing_s/update_weights"] = seconds_since(t0);
   if (!rollout_weights_->in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
 

@@ -28,31 +28,20 @@
 #include "optim/lr_schedule.h"
 #include "rl/advantages.h"
 #include "rl/critic.h"
+#include "rl/distributed.h"
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
+#include "train/engine.h"
 #include "train/logging.h"
 #include "train/sft_trainer.h"
 
-namespace kestrel::parallel {
-class DataParallel;
-}
 namespace kestrel::rollout {
 class RolloutWeights;
 }
 
 namespace kestrel::rl {
-
-// The trainer's process layout (rl/distributed.h); size-1 groups = one process.
-struct RlParallel {
-  std::shared_ptr<comm::ProcessGroup> world = comm::local_group("world");
-  std::shared_ptr<comm::ProcessGroup> dp = comm::local_group("dp");  // the actor's data-parallel group
-  bool distributed_optimizer = false;  // megatron.use_distributed_optimizer
-  // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
-  // the actor's own tp group, whose weights the engine then reads in place.
-  std::shared_ptr<comm::ProcessGroup> rollout_tp;
-};
 
 struct RlPrompt {
   std::vector<int32_t> ids;  // chat template with the generation prompt, tokenized
@@ -84,6 +73,10 @@ struct RlOptions {
   int64_t micro_batch_size = 0;    // sequences per micro-batch (0 = whole mini-batch)
   int64_t max_token_len = 0;       // > 0: dynamic micro-batches by token budget
   int64_t log_prob_max_token_len = 16384;  // budget of old/ref log-prob forwards
+  // Sequences per micro-batch of the old/ref log-prob forwards
+  // (actor_rollout_ref.{actor,ref,rollout}.log_prob_micro_batch_size_per_gpu);
+  // > 0 takes precedence over the token budget, 0 = by log_prob_max_token_len only.
+  int64_t log_prob_micro_batch_size = 0;
   // actor_rollout_ref.actor.use_prefix_grouper: the samples of a prompt in a
   // micro-batch share one copy of it (rl::pack_rollout_sequences), in the
   // actor update, the old/ref log-probs and the critic.
@@ -154,6 +147,12 @@ class RlTrainer {
   const std::map<std::string, double>& first_validation() const { return first_val_; }
   const std::map<std::string, double>& last_validation() const { return last_val_; }
 
+  // The actor's weight version (optimizer steps applied) and the version the
+  // rollout engine generates with (they differ between an update and the
+  // next weight sync). generate() tags its batch with the latter.
+  int64_t actor_weight_version() const { return actor_engine_->weight_version(); }
+  int64_t rollout_weight_version() const { return rollout_version_; }
+
   // Pieces of a step, public for tests.
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
   void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m);
@@ -172,7 +171,6 @@ class RlTrainer {
   // those of its contiguous share of the prompts. Every sequence belongs to
   // exactly one rank; advantages are computed on the whole batch before.
   std::vector<int64_t> dp_share(const RolloutBatch& b) const;
-  std::string optimizer_file() const;  // within a checkpoint's actor/ folder
 
   model::CausalLM& actor_;
   std::unique_ptr<model::CausalLM> ref_;
@@ -184,14 +182,13 @@ class RlTrainer {
   train::MetricsLogger* logger_;
   std::function<double(const RewardRequest&)> reward_fn_;
   std::unique_ptr<Critic> critic_;
-  std::unique_ptr<parallel::DataParallel> dp_;  // set under mpirun (world size > 1)
   std::unique_ptr<rollout::RolloutWeights> rollout_weights_;
   std::unique_ptr<rollout::Engine> engine_;
   int rollout_groups_ = 1, rollout_group_ = 0;  // rollout tp groups, and this rank's
   bool rollout_leader_ = true;                  // first rank of its rollout group
-  std::unique_ptr<optim::AdamW> optim_;
-  std::unique_ptr<optim::LrSchedule> sched_;
+  std::unique_ptr<train::TrainingEngine> actor_engine_;  // the actor's AdamW, schedule, dp, clipping
   int64_t step_ = 0;
+  int64_t rollout_version_ = 0;  // actor weight version the rollout engine reads (synced after each update)
   std::map<std::string, double> first_val_, last_val_;
 };
 

@@ -6,8 +6,6 @@
 #include <filesystem>
 
 #include "core/files.h"
-#include "optim/checkpoint_io.h"
-#include "parallel/data_parallel.h"
 #include "rollout/reshard.h"
 #include "train/checkpoint.h"
 
@@ -29,7 +27,7 @@ Status RlTrainer::save_checkpoint() {
         }
         std::error_code ec;
         std::filesystem::create_directories(dir + "/actor", ec);
-        KS_TRY(optim::save_optimizer_state(dir + "/actor/" + optimizer_file(), *optim_));
+        KS_TRY(actor_engine_->save_optimizer(dir + "/actor/" + actor_engine_->optimizer_file_name()));
         if (critic_) KS_TRY(critic_->save(dir + "/critic"));
         if (!leader) return Status::ok();
         nlohmann::ordered_json ts;
@@ -55,13 +53,12 @@ Status RlTrainer::save_checkpoint() {
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
-  const std::string opath = dir + "/actor/" + optimizer_file();
+  const std::string opath = dir + "/actor/" + actor_engine_->optimizer_file_name();
   if (!std::filesystem::exists(opath))
     return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
                   "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
                   "use_distributed_optimizer");
-  KS_TRY(optim::load_optimizer_state(opath, *optim_));
-  if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
+  KS_TRY(actor_engine_->load_optimizer(opath));  // re-gathers the distributed optimizer's parameters
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;
@@ -78,6 +75,7 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(source_->restore(ts["data_loader"], tpath));
   rollout_weights_->refresh();
   engine_->update_weights_version();  // the prefix cache holds KV of the old weights
+  rollout_version_ = actor_weight_version();
   return Status::ok();
 }
 

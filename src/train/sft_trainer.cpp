@@ -5,19 +5,16 @@
 #include <filesystem>
 
 #include "core/files.h"
-#include "io/safetensors.h"
 #include "model/batch.h"
 #include "ops/loss.h"
-#include "optim/grad_clip.h"
 #include "train/checkpoint.h"
+#include "train/engine.h"
 #include "train/micro_batch.h"
 #include "train/token_objective.h"
 
 namespace kestrel::train {
 
 namespace {
-
-constexpr const char* kMasterPrefix = "master.";
 
 std::vector<std::vector<int32_t>> gather_ids(const std::vector<SftExample>& ex, const std::vector<int64_t>& idx) {
   std::vector<std::vector<int32_t>> out;
@@ -33,25 +30,13 @@ SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, st
       logger_(logger), hooks_(std::move(hooks)) {
   KS_CHECK(opt_.total_steps > 0, "SFT: total steps must be positive");
   KS_CHECK(!train_.empty(), "SFT: no training examples");
-  model_.enable_grads();
-  std::vector<optim::ParamSlot> slots;
-  for (model::Param* p : model_.params()) {
-    optim::ParamSlot s;
-    s.name = p->name;
-    s.grad = p->grad;
-    s.decay = p->weight_decay;
-    if (p->weight.dtype() == DType::F32) {
-      s.master = p->weight;  // the optimizer updates the model's weights in place
-    } else {
-      s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
-      s.model_copy = p->weight;
-      masters_.push_back(s.master);
-    }
-    slots.push_back(std::move(s));
-  }
-  opt_state_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw);
-  if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
-  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+  EngineOptions eo;
+  eo.adamw = opt_.adamw;
+  eo.lr = opt_.lr;
+  if (eo.lr.total_steps <= 0) eo.lr.total_steps = opt_.total_steps;
+  eo.clip_grad = opt_.clip_grad;
+  opt_.lr = eo.lr;
+  engine_ = std::make_unique<TrainingEngine>(model_, std::move(eo));  // one process: the plain path
 }
 
 std::map<std::string, double> SftTrainer::train_step() {
@@ -66,31 +51,36 @@ std::map<std::string, double> SftTrainer::train_step() {
     // Rows predicting a trained token: every masked token but a sequence's first.
     for (size_t t = 1; t < e.loss_mask.size(); ++t) n_resp += e.loss_mask[t];
   }
-  model_.zero_grads();
   const float scale = n_resp > 0 ? 1.f / float(n_resp) : 0.f;
-  double loss = 0;
   const auto groups = split_micro_batches(lens, opt_.max_token_len_per_micro,
                                           opt_.max_token_len_per_micro > 0 ? 0 : opt_.micro_batch_size);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<int64_t> rows;
-    std::vector<const std::vector<uint8_t>*> masks;
-    for (int64_t k : groups[g]) {
-      rows.push_back(idx[size_t(k)]);
-      masks.push_back(&train_[size_t(idx[size_t(k)])].loss_mask);
-    }
-    const model::PackedBatch b = model::pack_sequences(gather_ids(train_, rows));
-    loss += forward_backward(model_, b, cross_entropy_objective(sft_token_weights(masks, scale)), false).loss;
-    if (g == 0) maybe_crash("train_step", step_ + 1);
+  std::vector<MicroBatch> micro;
+  for (const auto& grp : groups) {
+    MicroBatch mb;
+    for (int64_t k : grp) mb.seqs.push_back(idx[size_t(k)]);
+    mb.batch = model::pack_sequences(gather_ids(train_, mb.seqs));
+    micro.push_back(std::move(mb));
   }
-  const optim::ClipResult clip = optim::clip_grad_norm(opt_state_->params(), opt_.clip_grad);
-  const double lr = sched_->lr(step_);
-  if (clip.finite) opt_state_->step(lr);
+  maybe_crash("train_step", step_ + 1);
+  const double lr = engine_->lr(step_);
+  const MiniBatchResult r = engine_->train_mini_batch(
+      micro,
+      [&](const MicroBatch& mb, size_t) {
+        std::vector<const std::vector<uint8_t>*> masks;
+        for (int64_t i : mb.seqs) masks.push_back(&train_[size_t(i)].loss_mask);
+        Objective o;
+        o.tokens = cross_entropy_objective(sft_token_weights(masks, scale));
+        o.need_entropy_grad = false;
+        return o;
+      },
+      lr);
+  const double loss = r.loss;
   ++step_;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return {{"train/loss", loss},
           {"train/lr", lr},
-          {"train/grad_norm", clip.norm},
-          {"train/step_skipped", clip.finite ? 0.0 : 1.0},
+          {"train/grad_norm", r.grad_norm},
+          {"train/step_skipped", r.finite ? 0.0 : 1.0},
           {"train/epoch", double(source_->epoch())},
           {"train/num_tokens", double(n_tok)},
           {"train/num_response_tokens", double(n_resp)},
@@ -142,12 +132,7 @@ Status SftTrainer::save_checkpoint() {
         KS_TRY(model_.save(dir + "/model", model_.dtype()));
         for (const auto& [name, content] : opt_.model_extra_files)
           KS_TRY(write_file_atomic(dir + "/model/" + name, content));
-        optim::OptimizerState st = opt_state_->state();
-        std::vector<io::NamedTensor> tensors;
-        for (auto& [name, t] : st.tensors) tensors.push_back({name, t});
-        for (const auto& s : opt_state_->params())
-          if (s.model_copy.defined()) tensors.push_back({kMasterPrefix + s.name, s.master});
-        KS_TRY(io::save_safetensors(dir + "/optimizer.safetensors", tensors, st.metadata));
+        KS_TRY(engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name()));
         nlohmann::ordered_json ts;
         ts["global_step"] = step_;
         ts["total_steps"] = opt_.total_steps;
@@ -168,23 +153,7 @@ Status SftTrainer::save_checkpoint() {
 
 Status SftTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
-  const std::string opath = dir + "/optimizer.safetensors";
-  KS_ASSIGN(auto of, io::SafetensorsFile::open(opath));
-  std::map<std::string, Tensor> tensors;
-  for (const auto& info : of->tensors()) {
-    KS_ASSIGN(Tensor t, of->get(info.name));
-    if (info.name.rfind(kMasterPrefix, 0) == 0) {
-      bool found = false;
-      for (auto& s : opt_state_->params()) {
-        if (s.model_copy.defined() && kMasterPrefix + s.name == info.name) { s.master.copy_from(t); found = true; }
-      }
-      if (!found) return KS_ERR(opath, ": master weight ", info.name, " matches no parameter of this model");
-    } else {
-      tensors.emplace(info.name, t);
-    }
-  }
-  KS_TRY(opt_state_->load_state(tensors, of->metadata(), opath));
-  if (!masters_.empty()) opt_state_->refresh_model_copies(0, opt_state_->numel());
+  KS_TRY(engine_->load_optimizer(dir + "/" + engine_->optimizer_file_name()));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;

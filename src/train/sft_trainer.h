@@ -21,6 +21,7 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "train/engine.h"
 #include "train/logging.h"
 
 namespace kestrel::train {
@@ -91,7 +92,7 @@ class SftTrainer {
   Status export_hf(const std::string& dir) const;
 
   int64_t global_step() const { return step_; }
-  const optim::AdamW& optimizer() const { return *opt_state_; }
+  const optim::AdamW& optimizer() const { return engine_->optimizer(); }
 
  private:
   model::CausalLM& model_;
@@ -100,9 +101,7 @@ class SftTrainer {
   SftOptions opt_;
   MetricsLogger* logger_;
   SftHooks hooks_;
-  std::unique_ptr<optim::AdamW> opt_state_;
-  std::unique_ptr<optim::LrSchedule> sched_;
-  std::vector<Tensor> masters_;  // f32 masters when the model computes in bf16/f16
+  std::unique_ptr<TrainingEngine> engine_;  // AdamW, schedule, clipping, the micro-batch loop
   int64_t step_ = 0;             // optimizer steps taken
 };
 
