@@ -15,6 +15,7 @@ constexpr Kernels<decltype(cpu::zero)> kZero{.cpu = cpu::zero};
 constexpr Kernels<decltype(cpu::gather_rows)> kGatherRows{.cpu = cpu::gather_rows};
 constexpr Kernels<decltype(cpu::scatter_rows)> kScatterRows{.cpu = cpu::scatter_rows};
 constexpr Kernels<decltype(cpu::pad_rows)> kPadRows{.cpu = cpu::pad_rows};
+constexpr Kernels<decltype(cpu::copy_cols)> kCopyCols{.cpu = cpu::copy_cols};
 constexpr Kernels<decltype(cpu::sum_rows)> kSumRows{.cpu = cpu::sum_rows};
 
 // a and b have the same dtype and the same shape past dim 0 (a row shape).
@@ -66,13 +67,25 @@ void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
   dispatch(op, kScatterRows, {&src, &index, &dst}, src, index, dst);
 }
 
-void pad_rows(const Tensor& src, Tensor& dst) {
+void pad_rows(const Tensor& src, Tensor& dst, float fill) {
   const char* op = "pad_rows";
   check_rows_like(op, "dst", dst, "src", src);
   if (src.size(0) > dst.size(0))
     KS_FAIL("ops::", op, ": src ", src.describe(), " has more rows than dst ", dst.describe());
   check_no_overlap(op, "dst", dst, "src", src);
-  dispatch(op, kPadRows, {&src, &dst}, src, dst);
+  dispatch(op, kPadRows, {&src, &dst}, src, dst, fill);
+}
+
+void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) {
+  const char* op = "copy_cols";
+  check_shape(op, "src", src, {-1, -1});
+  check_shape(op, "dst", dst, {src.size(0), -1});
+  check_same_dtype(op, "dst", dst, "src", src);
+  if (ncols < 0 || src_col < 0 || dst_col < 0 || src_col + ncols > src.size(1) || dst_col + ncols > dst.size(1))
+    KS_FAIL("ops::", op, ": columns [", src_col, ", ", src_col + ncols, ") of ", src.describe(), " into [", dst_col,
+            ", ", dst_col + ncols, ") of ", dst.describe(), " are out of range");
+  check_no_overlap(op, "dst", dst, "src", src);
+  dispatch(op, kCopyCols, {&src, &dst}, src, src_col, dst, dst_col, ncols);
 }
 
 void sum_rows(const Tensor& src, Tensor& dst) {

@@ -20,9 +20,16 @@ void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst);
 // dst[index[i]] = src[i] for every row i of src; other rows of dst are left
 // as they are. index: i32 [n], distinct, each in [0, dst.size(0)).
 void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst);
-// dst[:r] = src, dst[r:] = 0, with r = src.size(0) <= dst.size(0) and the same
-// row shape: a tensor copied into the top of a larger zeroed one.
-void pad_rows(const Tensor& src, Tensor& dst);
+// dst[:r] = src, dst[r:] = fill (converted as fill() converts), with
+// r = src.size(0) <= dst.size(0) and the same row shape: a tensor copied into
+// the top of a larger zeroed (or, e.g. for ignored targets, -100-filled) one.
+void pad_rows(const Tensor& src, Tensor& dst, float fill = 0.f);
+
+// dst[:, dst_col + j] = src[:, src_col + j] for j < ncols: a block of columns
+// of every row. src [R, Cs] and dst [R, Cd] share dtype and row count and do
+// not overlap (view an [R, C, inner] tensor as [R, C*inner]). The tensor-
+// parallel shard/unshard copies of row-parallel weights and vocab slices.
+void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols);
 
 // dst[c] = src[0, c] + src[1, c] + ... + src[R-1, c], added in row order in
 // f32. src: f32 [R, C] (R >= 1), dst: f32 [C] (may not overlap src). The

@@ -81,6 +81,44 @@ TEST(CopyOps, PadRowsCopiesIntoTheTopOfAZeroedTensor) {
   EXPECT_EQ(exact(ids), (std::vector<double>{1, 2, 0, 0, 0}));
 }
 
+TEST(CopyOps, PadRowsWithAFillValue) {
+  for (Device dev : available_devices())
+    for (DType dt : copy_dtypes()) {
+      SCOPED_TRACE(case_name(dev, dt));
+      const int64_t r = 3, R = 5;
+      const auto src = small_ints(r, 8);
+      Tensor dst = make_tensor(std::vector<double>(size_t(R), 7.0), {R}, dt, dev);
+      ops::pad_rows(make_tensor(src, {r}, dt, dev), dst, -100.f);  // targets: -100 = ignored
+      std::vector<double> want(static_cast<size_t>(R));
+      ops::ref::pad_rows(src.data(), want.data(), r, R, 1, -100.0);
+      EXPECT_EQ(exact(dst), want);
+    }
+}
+
+TEST(CopyOps, CopyColsMatchesReference) {
+  for (Device dev : available_devices())
+    for (DType dt : copy_dtypes()) {
+      SCOPED_TRACE(case_name(dev, dt));
+      // Shard: columns [4, 10) of a [3, 12] weight; unshard: back into a [3, 12] at column 4.
+      const int64_t R = 3, C = 12, b = 4, w = 6;
+      const auto full = small_ints(R * C, 9);
+      Tensor shard = make_tensor(std::vector<double>(size_t(R * w), 55.0), {R, w}, dt, dev);
+      ops::copy_cols(make_tensor(full, {R, C}, dt, dev), b, shard, 0, w);
+      std::vector<double> want(static_cast<size_t>(R * w));
+      ops::ref::copy_cols(full.data(), C, b, want.data(), w, 0, R, w);
+      EXPECT_EQ(exact(shard), want);
+      auto back = std::vector<double>(size_t(R * C), 1.0);
+      Tensor whole = make_tensor(back, {R, C}, dt, dev);
+      ops::copy_cols(shard, 0, whole, b, w);
+      ops::ref::copy_cols(want.data(), w, 0, back.data(), C, b, R, w);
+      EXPECT_EQ(exact(whole), back);
+    }
+  Tensor a = Tensor::zeros({2, 4}, DType::F32, MemCategory::Other), c = Tensor::zeros({2, 2}, DType::F32, MemCategory::Other);
+  EXPECT_THROW_MSG(ops::copy_cols(a, 3, c, 0, 2), "are out of range");
+  Tensor d = Tensor::zeros({3, 2}, DType::F32, MemCategory::Other);
+  EXPECT_THROW_MSG(ops::copy_cols(a, 0, d, 0, 2), "dst must have shape [2, *]");
+}
+
 TEST(CopyOps, FillAndZeroEveryDtype) {
   for (Device dev : available_devices())
     for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8}) {

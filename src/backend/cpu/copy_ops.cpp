@@ -78,11 +78,24 @@ void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(d + size_t(ix[i]) * rb, s + size_t(i) * rb, rb);
 }
 
-void pad_rows(const Tensor& src, Tensor& dst) {
+void pad_rows(const Tensor& src, Tensor& dst, float fill_value) {
   const size_t head = src.nbytes();
-  char* d = static_cast<char*>(dst.raw());
-  if (head) std::memmove(d, src.raw(), head);
-  if (dst.nbytes() > head) std::memset(d + head, 0, dst.nbytes() - head);
+  if (head) std::memmove(dst.raw(), src.raw(), head);
+  Tensor tail = dst.slice_rows(src.size(0), dst.size(0));
+  if (fill_value == 0.f)
+    zero(tail);
+  else
+    fill(tail, fill_value);
+}
+
+void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols) {
+  const size_t es = dtype_size(src.dtype()), w = size_t(ncols) * es;
+  const size_t sr = size_t(src.size(1)) * es, dr = size_t(dst.size(1)) * es;
+  const char* s = static_cast<const char*>(src.raw()) + size_t(src_col) * es;
+  char* d = static_cast<char*>(dst.raw()) + size_t(dst_col) * es;
+  const int64_t R = src.size(0);
+#pragma omp parallel for schedule(static) if (R * int64_t(w) > (1 << 20))
+  for (int64_t i = 0; i < R; ++i) std::memcpy(d + size_t(i) * dr, s + size_t(i) * sr, w);
 }
 
 void sum_rows(const Tensor& src, Tensor& dst) {

@@ -10,7 +10,8 @@ void fill(Tensor& x, float v);
 void zero(Tensor& x);
 void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst);
 void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst);
-void pad_rows(const Tensor& src, Tensor& dst);
+void pad_rows(const Tensor& src, Tensor& dst, float fill);
+void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols);
 void sum_rows(const Tensor& src, Tensor& dst);
 
 }  // namespace kestrel::cpu
