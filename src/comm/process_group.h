@@ -37,9 +37,26 @@ class ProcessGroup {
   virtual void recv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
   virtual void barrier() = 0;
 
-  // Tensor conveniences over the calls above.
+  // Tensor conveniences over the calls above: the transport reads and writes
+  // the tensors' buffers (device buffers with a device-aware transport).
   void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce(t.raw(), t.numel(), t.dtype(), op); }
   void broadcast(Tensor& t, int root) { broadcast(t.raw(), t.numel(), t.dtype(), root); }
+  // recv: size() * send.numel() elements of send's dtype, rank blocks in rank order.
+  void all_gather(const Tensor& send, Tensor& recv) {
+    KS_CHECK(send.dtype() == recv.dtype() && recv.numel() == send.numel() * size(), "all_gather: ", send.describe(),
+             " into ", recv.describe(), " over ", size(), " ranks");
+    all_gather(send.raw(), recv.raw(), send.numel(), send.dtype());
+  }
+  // Counts in elements of the tensors' dtype; send and recv hold their sums.
+  void all_to_allv(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                   const std::vector<int64_t>& recv_counts) {
+    int64_t ns = 0, nr = 0;
+    for (int64_t c : send_counts) ns += c;
+    for (int64_t c : recv_counts) nr += c;
+    KS_CHECK(send.dtype() == recv.dtype() && send.numel() >= ns && recv.numel() >= nr, "all_to_allv: ",
+             send.describe(), " (", ns, " to send) into ", recv.describe(), " (", nr, " to receive)");
+    all_to_allv(send.raw(), send_counts, recv.raw(), recv_counts, send.dtype());
+  }
 };
 
 // The size-1 group: every collective is a copy or a no-op.

@@ -1,6 +1,8 @@
 #include "core/tensor.h"
 
 #include <cstring>
+
+#include "core/device_hooks.h"
 #include <sstream>
 
 namespace kestrel {
@@ -66,17 +68,37 @@ Tensor Tensor::from_blob(void* data, Shape shape, DType dtype, std::shared_ptr<v
 Tensor Tensor::from_vector(const std::vector<float>& v, Shape shape, MemCategory cat) {
   KS_CHECK(int64_t(v.size()) == shape_numel(shape), "from_vector: ", v.size(), " values for shape ",
            shape_str(shape));
-  Tensor t = empty(std::move(shape), DType::F32, cat);
-  std::memcpy(t.raw(), v.data(), v.size() * 4);
-  return t;
+  return from_host(v, std::move(shape), cat);
 }
 
 Tensor Tensor::from_ints(const std::vector<int32_t>& v, Shape shape) {
   KS_CHECK(int64_t(v.size()) == shape_numel(shape), "from_ints: ", v.size(), " values for shape ",
            shape_str(shape));
-  Tensor t = empty(std::move(shape), DType::I32, MemCategory::Other);
-  std::memcpy(t.raw(), v.data(), v.size() * 4);
-  return t;
+  return from_host(v, std::move(shape), MemCategory::Other);
+}
+
+// Host tensors are read and written in place; a device tensor goes through a
+// host staging tensor and its backend's copy hook.
+void Tensor::write_host_bytes(const void* src) {
+  if (device() == Device::CPU) {
+    if (nbytes()) std::memcpy(raw(), src, nbytes());
+    return;
+  }
+  Tensor host = from_blob(const_cast<void*>(src), shape_, dtype_);
+  device_memory_hooks(device(), "Tensor::from_host").copy(*this, host);
+}
+
+void Tensor::read_host_bytes(void* dst) const {
+  if (device() == Device::CPU) {
+    if (nbytes()) std::memcpy(dst, raw(), nbytes());
+    return;
+  }
+  Tensor host = from_blob(dst, shape_, dtype_);
+  device_memory_hooks(device(), "Tensor::to_host").copy(host, *this);
+}
+
+bool Tensor::same_data(const Tensor& other) const {
+  return defined() && other.defined() && device() == other.device() && raw() == other.raw();
 }
 
 int64_t Tensor::size(int64_t d) const {
@@ -141,9 +163,21 @@ void for_each_float(const Tensor& t, F&& f) {
 
 void Tensor::copy_from(const Tensor& src) {
   KS_CHECK(src.numel() == numel_, "copy_from: ", src.describe(), " into ", describe());
-  KS_CHECK(device() == Device::CPU && src.device() == Device::CPU, "copy_from: only host tensors so far");
+  if (device() != Device::CPU || src.device() != Device::CPU) {
+    device_memory_hooks(device() != Device::CPU ? device() : src.device(), "Tensor::copy_from").copy(*this, src);
+    return;
+  }
   if (src.dtype() == dtype_) {
-    std::memmove(raw(), src.raw(), nbytes());
+    if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  if (src.dtype() == DType::F32 && (dtype_ == DType::BF16 || dtype_ == DType::F16)) {
+    // The model-copy refresh of mixed precision: round to nearest even, as set() does.
+    const float* s = static_cast<const float*>(src.raw());
+    uint16_t* d = static_cast<uint16_t*>(raw());
+    const bool bf = dtype_ == DType::BF16;
+#pragma omp parallel for schedule(static) if (numel_ > (1 << 16))
+    for (int64_t i = 0; i < numel_; ++i) d[i] = bf ? float_to_bf16(s[i]) : float_to_f16(s[i]);
     return;
   }
   const bool int_to_int = (dtype_ == DType::I32 || dtype_ == DType::I64) &&
@@ -165,9 +199,13 @@ void Tensor::copy_from(const Tensor& src) {
   }
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero_() {
+  if (device() != Device::CPU) return device_memory_hooks(device(), "Tensor::zero_").fill(*this, 0.f);
+  if (nbytes()) std::memset(raw(), 0, nbytes());
+}
 
 void Tensor::fill_(float v) {
+  if (device() != Device::CPU) return device_memory_hooks(device(), "Tensor::fill_").fill(*this, v);
   if (dtype_ == DType::F32) {
     float* d = static_cast<float*>(raw());
     for (int64_t i = 0; i < numel_; ++i) d[i] = v;
@@ -178,6 +216,8 @@ void Tensor::fill_(float v) {
 
 float Tensor::get(int64_t i) const {
   KS_CHECK(i >= 0 && i < numel_, "get(", i, ") out of range for ", describe());
+  KS_CHECK(device() == Device::CPU, "get(", i, "): element access reads host memory; ", describe(), " is on ",
+           device_name(device()), " (read it with to_host() or to_float_vector())");
   switch (dtype_) {
     case DType::F32: return static_cast<const float*>(raw())[i];
     case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(raw())[i]);
@@ -191,6 +231,8 @@ float Tensor::get(int64_t i) const {
 
 void Tensor::set(int64_t i, float v) {
   KS_CHECK(i >= 0 && i < numel_, "set(", i, ") out of range for ", describe());
+  KS_CHECK(device() == Device::CPU, "set(", i, "): element access writes host memory; ", describe(), " is on ",
+           device_name(device()), " (write it with ops::fill or copy_from)");
   switch (dtype_) {
     case DType::F32: static_cast<float*>(raw())[i] = v; break;
     case DType::BF16: static_cast<uint16_t*>(raw())[i] = float_to_bf16(v); break;
@@ -202,6 +244,11 @@ void Tensor::set(int64_t i, float v) {
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (device() != Device::CPU) {
+    Tensor host = empty(shape_, dtype_, MemCategory::Other);
+    host.copy_from(*this);
+    return host.to_float_vector();
+  }
   std::vector<float> out(static_cast<size_t>(numel_));
   for_each_float(*this, [&](int64_t i, float v) { out[size_t(i)] = v; });
   return out;

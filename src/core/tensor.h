@@ -58,6 +58,14 @@ class Tensor {
   // Convenience for tests and small host data.
   static Tensor from_vector(const std::vector<float>& v, Shape shape, MemCategory cat = MemCategory::Other);
   static Tensor from_ints(const std::vector<int32_t>& v, Shape shape);
+  // A host tensor holding v (T's dtype: float, int32_t, int64_t, uint8_t).
+  template <class T>
+  static Tensor from_host(const std::vector<T>& v, Shape shape, MemCategory cat = MemCategory::Other) {
+    Tensor t = empty(std::move(shape), dtype_of<T>::value, cat);
+    KS_CHECK(t.numel() == int64_t(v.size()), "from_host: ", v.size(), " values for shape ", shape_str(t.shape()));
+    t.write_host_bytes(v.data());
+    return t;
+  }
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -70,6 +78,9 @@ class Tensor {
   size_t offset_bytes() const { return offset_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
 
+  // Host pointers to the data: for ops/ and backend/ (and io/'s file
+  // readers) only; everything else moves data through ops and the copy
+  // methods below (scripts/check_data_access.sh enforces it).
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
   template <class T>
   T* data() const {
@@ -88,17 +99,33 @@ class Tensor {
   Tensor to(DType dtype, MemCategory cat = MemCategory::Other) const;
   // Copies src into this tensor, converting dtype; shapes must have equal numel.
   void copy_from(const Tensor& src);
+  // zero_, fill_ and copy_from work on any device: host memory here, other
+  // devices through the hooks their backend registers (core/device_hooks.h).
   void zero_();
   void fill_(float v);
+  // True when both are views starting at the same byte of memory.
+  bool same_data(const Tensor& other) const;
 
   // Element read/write through float, any floating or integer dtype (tests, debugging).
   float get(int64_t flat_index) const;
   void set(int64_t flat_index, float v);
   std::vector<float> to_float_vector() const;
+  // The values as a host vector of T, which must be the tensor's dtype (any device).
+  template <class T>
+  std::vector<T> to_host() const {
+    KS_CHECK(dtype_of<T>::value == dtype_, "to_host: tensor is ", describe(), ", read as ",
+             dtype_name(dtype_of<T>::value));
+    std::vector<T> out(static_cast<size_t>(numel_));
+    read_host_bytes(out.data());
+    return out;
+  }
 
   std::string describe() const;  // "f32[2, 3]"
 
  private:
+  void write_host_bytes(const void* src);  // nbytes() from host memory into this tensor
+  void read_host_bytes(void* dst) const;   // nbytes() of this tensor into host memory
+
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;
   Shape shape_;

@@ -8,6 +8,11 @@ namespace kestrel::ops {
 
 using namespace detail;
 
+namespace {
+constexpr Kernels<decltype(cpu::swiglu_fwd)> kSwigluFwd{.cpu = cpu::swiglu_fwd};
+constexpr Kernels<decltype(cpu::swiglu_bwd)> kSwigluBwd{.cpu = cpu::swiglu_bwd};
+}  // namespace
+
 void swiglu_fwd(const Tensor& gate, const Tensor& up, Tensor& h) {
   const char* op = "swiglu_fwd";
   check_float(op, "gate", gate);
@@ -20,7 +25,7 @@ void swiglu_fwd(const Tensor& gate, const Tensor& up, Tensor& h) {
   }
   check_no_partial_alias(op, "h", h, "gate", gate);
   check_no_partial_alias(op, "h", h, "up", up);
-  if (on_cpu(op, {&gate, &up, &h})) cpu::swiglu_fwd(gate, up, h);
+  dispatch(op, kSwigluFwd, {&gate, &up, &h}, gate, up, h);
 }
 
 void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& dgate, Tensor& dup) {
@@ -43,7 +48,7 @@ void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& 
     check_no_partial_alias(op, "dup", dup, name, *t);
   }
   check_no_partial_alias(op, "dgate", dgate, "dup", dup);
-  if (on_cpu(op, {&gate, &up, &dh, &dgate, &dup})) cpu::swiglu_bwd(gate, up, dh, dgate, dup);
+  dispatch(op, kSwigluBwd, {&gate, &up, &dh, &dgate, &dup}, gate, up, dh, dgate, dup);
 }
 
 }  // namespace kestrel::ops

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/attention_cpu.h"
+#include "ops/dispatch.h"
 
 namespace kestrel::ops {
 namespace {
@@ -17,7 +18,7 @@ void check_2d(const char* op, const char* name, const Tensor& t, int64_t rows, i
     KS_FAIL(op, ": ", name, " must be ", dtype_name(dtype), "[", rows, ", ", cols, "], got ", t.describe());
 }
 
-// Validates everything the kernels assume; returns the number of sequences.
+// Validates the shapes and dtypes the kernels assume; returns the number of sequences.
 int64_t check_common(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu,
                      const AttentionShape& s) {
   if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads)
@@ -33,27 +34,32 @@ int64_t check_common(const char* op, const Tensor& q, const Tensor& k, const Ten
   check_2d(op, "v", v, T, s.n_kv_heads * s.head_dim, q.dtype());
   if (!cu.defined() || cu.dtype() != DType::I32 || cu.dim() != 1 || cu.size(0) < 1)
     KS_FAIL(op, ": cu_seqlens must be i32 [n_seqs+1], got ", cu.defined() ? cu.describe() : "undefined");
-  if (q.device() != k.device() || q.device() != v.device() || q.device() != cu.device())
-    KS_FAIL(op, ": q, k, v and cu_seqlens must be on one device");
-  if (q.device() != Device::CPU) KS_FAIL("not supported yet: CUDA kernel for ", op);
+  return cu.size(0) - 1;
+}
+
+// The CPU path's check of the cu_seqlens values (read on the host).
+void check_cu_seqlens(const char* op, const Tensor& cu, int64_t T) {
   const int32_t* c = cu.data<int32_t>();
   const int64_t n = cu.size(0) - 1;
   if (c[0] != 0 || c[n] != T)
     KS_FAIL(op, ": cu_seqlens must start at 0 and end at T=", T, ", got [", c[0], " .. ", c[n], "]");
   for (int64_t b = 0; b < n; ++b)
     if (c[b + 1] < c[b]) KS_FAIL(op, ": cu_seqlens must be non-decreasing, got ", c[b], " then ", c[b + 1], " at ", b);
-  return n;
 }
 
-// Validates prefix_of (see attention.h); returns its data, or null when absent.
-const int32_t* check_prefix_of(const char* op, const Tensor* prefix_of, const Tensor& q, int64_t n) {
-  if (!prefix_of) return nullptr;
+// Validates the shape of prefix_of (see attention.h).
+void check_prefix_shape(const char* op, const Tensor* prefix_of, int64_t n) {
+  if (!prefix_of) return;
   const Tensor& t = *prefix_of;
   if (!t.defined() || t.dtype() != DType::I32 || t.dim() != 1 || t.size(0) != n)
     KS_FAIL(op, ": prefix_of must be i32 [n_seqs] = [", n, "] (one entry per sequence of cu_seqlens), got ",
             t.defined() ? t.describe() : "undefined");
-  if (t.device() != q.device()) KS_FAIL(op, ": prefix_of must be on the device of q, got ", t.describe());
-  const int32_t* p = t.data<int32_t>();
+}
+
+// The CPU path's check of the prefix_of values; returns its data, or null when absent.
+const int32_t* check_prefix_of(const char* op, const Tensor* prefix_of, int64_t n) {
+  if (!prefix_of) return nullptr;
+  const int32_t* p = prefix_of->data<int32_t>();
   for (int64_t b = 0; b < n; ++b) {
     if (p[b] == -1) continue;
     if (p[b] < 0 || p[b] >= b)
@@ -75,8 +81,27 @@ void check_lse(const char* op, const Tensor& lse, const AttentionShape& s, int64
   if (!lse.defined() || lse.dtype() != DType::F32 || lse.shape() != Shape{s.n_heads, T})
     KS_FAIL(op, ": lse must be f32 [n_heads, T] = [", s.n_heads, ", ", T, "], got ",
             lse.defined() ? lse.describe() : "undefined");
-  if (lse.device() != Device::CPU) KS_FAIL("not supported yet: CUDA kernel for ", op);
 }
+
+void cpu_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, const AttentionShape& s,
+                       Tensor& out, Tensor& lse, const Tensor* prefix_of) {
+  const int64_t n = cu.size(0) - 1;
+  check_cu_seqlens("attention_fwd", cu, q.size(0));
+  const int32_t* pre = check_prefix_of("attention_fwd", prefix_of, n);
+  cpu::attention_fwd(q, k, v, cu.data<int32_t>(), n, params(s), out, lse, pre);
+}
+
+void cpu_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       const Tensor& dout, const Tensor& cu, const AttentionShape& s, Tensor& dq, Tensor& dk,
+                       Tensor& dv, const Tensor* prefix_of) {
+  const int64_t n = cu.size(0) - 1;
+  check_cu_seqlens("attention_bwd", cu, q.size(0));
+  const int32_t* pre = check_prefix_of("attention_bwd", prefix_of, n);
+  cpu::attention_bwd(q, k, v, out, lse, dout, cu.data<int32_t>(), n, params(s), dq, dk, dv, pre);
+}
+
+constexpr detail::Kernels<decltype(cpu_attention_fwd)> kAttentionFwd{.cpu = cpu_attention_fwd};
+constexpr detail::Kernels<decltype(cpu_attention_bwd)> kAttentionBwd{.cpu = cpu_attention_bwd};
 
 }  // namespace
 
@@ -85,8 +110,9 @@ void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   const int64_t n = check_common("attention_fwd", q, k, v, cu_seqlens, s);
   check_2d("attention_fwd", "out", out, q.size(0), q.size(1), q.dtype());
   check_lse("attention_fwd", lse, s, q.size(0));
-  const int32_t* pre = check_prefix_of("attention_fwd", prefix_of, q, n);
-  cpu::attention_fwd(q, k, v, cu_seqlens.data<int32_t>(), n, params(s), out, lse, pre);
+  check_prefix_shape("attention_fwd", prefix_of, n);
+  detail::dispatch("attention_fwd", kAttentionFwd, {&q, &k, &v, &cu_seqlens, &out, &lse, prefix_of}, q, k, v,
+                   cu_seqlens, s, out, lse, prefix_of);
 }
 
 void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
@@ -101,8 +127,10 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   check_2d("attention_bwd", "dv", dv, v.size(0), v.size(1), dout.dtype());
   if (!is_float(dout)) KS_FAIL("ops::attention_bwd: dout must be f32 or bf16, got ", dout.describe());
   check_lse("attention_bwd", lse, s, q.size(0));
-  const int32_t* pre = check_prefix_of("attention_bwd", prefix_of, q, n);
-  cpu::attention_bwd(q, k, v, out, lse, dout, cu_seqlens.data<int32_t>(), n, params(s), dq, dk, dv, pre);
+  check_prefix_shape("attention_bwd", prefix_of, n);
+  detail::dispatch("attention_bwd", kAttentionBwd,
+                   {&q, &k, &v, &out, &lse, &dout, &cu_seqlens, &dq, &dk, &dv, prefix_of}, q, k, v, out, lse, dout,
+                   cu_seqlens, s, dq, dk, dv, prefix_of);
 }
 
 }  // namespace kestrel::ops

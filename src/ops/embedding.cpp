@@ -8,6 +8,11 @@ namespace kestrel::ops {
 
 using namespace detail;
 
+namespace {
+constexpr Kernels<decltype(cpu::embedding_fwd)> kEmbeddingFwd{.cpu = cpu::embedding_fwd};
+constexpr Kernels<decltype(cpu::embedding_bwd)> kEmbeddingBwd{.cpu = cpu::embedding_bwd};
+}  // namespace
+
 void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y, int64_t vocab_start) {
   const char* op = "embedding_fwd";
   check_dtype(op, "ids", ids, DType::I32);
@@ -17,7 +22,7 @@ void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y, int64_t vo
   check_float(op, "y", y);
   check_shape(op, "y", y, {ids.size(0), table.size(1)});
   if (vocab_start < 0) KS_FAIL("ops::", op, ": vocab_start must be >= 0, got ", vocab_start);
-  if (on_cpu(op, {&ids, &table, &y})) cpu::embedding_fwd(ids, table, y, vocab_start);
+  dispatch(op, kEmbeddingFwd, {&ids, &table, &y}, ids, table, y, vocab_start);
 }
 
 void embedding_bwd(const Tensor& ids, const Tensor& dy, Tensor& dtable, int64_t vocab_start) {
@@ -29,7 +34,7 @@ void embedding_bwd(const Tensor& ids, const Tensor& dy, Tensor& dtable, int64_t 
   check_float(op, "dy", dy);
   check_shape(op, "dy", dy, {ids.size(0), dtable.size(1)});
   if (vocab_start < 0) KS_FAIL("ops::", op, ": vocab_start must be >= 0, got ", vocab_start);
-  if (on_cpu(op, {&ids, &dy, &dtable})) cpu::embedding_bwd(ids, dy, dtable, vocab_start);
+  dispatch(op, kEmbeddingBwd, {&ids, &dy, &dtable}, ids, dy, dtable, vocab_start);
 }
 
 }  // namespace kestrel::ops

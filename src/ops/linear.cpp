@@ -8,6 +8,12 @@ namespace kestrel::ops {
 
 using namespace detail;
 
+namespace {
+constexpr Kernels<decltype(cpu::linear_fwd)> kLinearFwd{.cpu = cpu::linear_fwd};
+constexpr Kernels<decltype(cpu::linear_bwd)> kLinearBwd{.cpu = cpu::linear_bwd};
+constexpr Kernels<decltype(cpu::add)> kAdd{.cpu = cpu::add};
+}  // namespace
+
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const char* op = "linear_fwd";
   check_float(op, "x", x);
@@ -24,7 +30,7 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   check_shape(op, "y", y, {T, out});
   check_no_partial_alias(op, "y", y, "x", x);
   if (same_buffer(y, x)) KS_FAIL("ops::", op, ": y must not alias x (the GEMM reads x while writing y)");
-  if (on_cpu(op, {&x, &w, b, &y})) cpu::linear_fwd(x, w, b, y);
+  dispatch(op, kLinearFwd, {&x, &w, b, &y}, x, w, b, y);
 }
 
 void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
@@ -50,7 +56,7 @@ void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, 
     check_dtype(op, "db", *db, DType::F32);
     check_shape(op, "db", *db, {out});
   }
-  if (on_cpu(op, {&x, &w, &dy, dx, dw, db})) cpu::linear_bwd(x, w, dy, dx, dw, db);
+  dispatch(op, kLinearBwd, {&x, &w, &dy, dx, dw, db}, x, w, dy, dx, dw, db);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& y) {
@@ -62,7 +68,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& y) {
     KS_FAIL("ops::", op, ": shapes must match, got a ", a.describe(), ", b ", b.describe(), ", y ", y.describe());
   check_no_partial_alias(op, "y", y, "a", a);
   check_no_partial_alias(op, "y", y, "b", b);
-  if (on_cpu(op, {&a, &b, &y})) cpu::add(a, b, y);
+  dispatch(op, kAdd, {&a, &b, &y}, a, b, y);
 }
 
 void add_inplace(Tensor& y, const Tensor& x) { add(y, x, y); }

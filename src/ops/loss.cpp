@@ -44,34 +44,17 @@ void check_dlogits(const char* op, const Tensor& logits, const Tensor& dlogits) 
 
 }  // namespace
 
-void logprob_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& logprob, Tensor* entropy, Tensor& lse) {
-  const char* op = "logprob_entropy_fwd";
-  const int64_t T = check_logits_targets(op, logits, targets);
-  check_row_f32(op, "logprob", logprob, T);
-  if (entropy) check_row_f32(op, "entropy", *entropy, T);
-  check_row_f32(op, "lse", lse, T);
-  if (on_cpu(op, {&logits, &targets, &logprob, entropy, &lse}))
-    cpu::logprob_entropy_fwd(logits, targets, logprob, entropy, lse);
+// The CPU paths of the ops that compose CPU kernels with host-side work.
+namespace {
+
+void cpu_logprob_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogprob,
+                             const Tensor* dentropy, Tensor& dlogits) {
+  cpu::logprob_entropy_bwd(logits, targets, lse, static_cast<const float*>(dlogprob.raw()),
+                           dentropy ? static_cast<const float*>(dentropy->raw()) : nullptr, dlogits);
 }
 
-void logprob_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogprob,
-                         const Tensor* dentropy, Tensor& dlogits) {
-  const char* op = "logprob_entropy_bwd";
-  const int64_t T = check_logits_targets(op, logits, targets);
-  check_row_f32(op, "lse", lse, T);
-  check_row_f32(op, "dlogprob", dlogprob, T);
-  if (dentropy) check_row_f32(op, "dentropy", *dentropy, T);
-  check_dlogits(op, logits, dlogits);
-  if (on_cpu(op, {&logits, &targets, &lse, &dlogprob, dentropy, &dlogits}))
-    cpu::logprob_entropy_bwd(logits, targets, lse, static_cast<const float*>(dlogprob.raw()),
-                             dentropy ? static_cast<const float*>(dentropy->raw()) : nullptr, dlogits);
-}
-
-double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& lse) {
-  const char* op = "cross_entropy_fwd";
-  const int64_t T = check_logits_targets(op, logits, targets);
-  check_row_f32(op, "lse", lse, T);
-  on_cpu(op, {&logits, &targets, &lse});
+double cpu_cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& lse) {
+  const int64_t T = logits.size(0);
   Tensor logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   cpu::logprob_entropy_fwd(logits, targets, logprob, nullptr, lse);
   const int32_t* tp = static_cast<const int32_t*>(targets.raw());
@@ -86,12 +69,9 @@ double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& ls
   return sum / double(std::max<int64_t>(1, count));
 }
 
-void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss, Tensor& dlogits) {
-  const char* op = "cross_entropy_bwd";
-  const int64_t T = check_logits_targets(op, logits, targets);
-  check_row_f32(op, "lse", lse, T);
-  check_dlogits(op, logits, dlogits);
-  on_cpu(op, {&logits, &targets, &lse, &dlogits});
+void cpu_cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                           Tensor& dlogits) {
+  const int64_t T = logits.size(0);
   const int32_t* tp = static_cast<const int32_t*>(targets.raw());
   int64_t count = 0;
   for (int64_t t = 0; t < T; ++t) count += tp[t] >= 0;
@@ -99,6 +79,50 @@ void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor
   const float c = float(-dloss / double(std::max<int64_t>(1, count)));
   std::vector<float> coef(size_t(T), c);
   cpu::logprob_entropy_bwd(logits, targets, lse, coef.data(), nullptr, dlogits);
+}
+
+constexpr Kernels<decltype(cpu::logprob_entropy_fwd)> kLogprobEntropyFwd{.cpu = cpu::logprob_entropy_fwd};
+constexpr Kernels<decltype(cpu_logprob_entropy_bwd)> kLogprobEntropyBwd{.cpu = cpu_logprob_entropy_bwd};
+constexpr Kernels<decltype(cpu_cross_entropy_fwd)> kCrossEntropyFwd{.cpu = cpu_cross_entropy_fwd};
+constexpr Kernels<decltype(cpu_cross_entropy_bwd)> kCrossEntropyBwd{.cpu = cpu_cross_entropy_bwd};
+
+}  // namespace
+
+void logprob_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& logprob, Tensor* entropy, Tensor& lse) {
+  const char* op = "logprob_entropy_fwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "logprob", logprob, T);
+  if (entropy) check_row_f32(op, "entropy", *entropy, T);
+  check_row_f32(op, "lse", lse, T);
+  dispatch(op, kLogprobEntropyFwd, {&logits, &targets, &logprob, entropy, &lse}, logits, targets, logprob, entropy,
+           lse);
+}
+
+void logprob_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogprob,
+                         const Tensor* dentropy, Tensor& dlogits) {
+  const char* op = "logprob_entropy_bwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  check_row_f32(op, "dlogprob", dlogprob, T);
+  if (dentropy) check_row_f32(op, "dentropy", *dentropy, T);
+  check_dlogits(op, logits, dlogits);
+  dispatch(op, kLogprobEntropyBwd, {&logits, &targets, &lse, &dlogprob, dentropy, &dlogits}, logits, targets, lse,
+           dlogprob, dentropy, dlogits);
+}
+
+double cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& lse) {
+  const char* op = "cross_entropy_fwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  return dispatch(op, kCrossEntropyFwd, {&logits, &targets, &lse}, logits, targets, lse);
+}
+
+void cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss, Tensor& dlogits) {
+  const char* op = "cross_entropy_bwd";
+  const int64_t T = check_logits_targets(op, logits, targets);
+  check_row_f32(op, "lse", lse, T);
+  check_dlogits(op, logits, dlogits);
+  dispatch(op, kCrossEntropyBwd, {&logits, &targets, &lse, &dlogits}, logits, targets, lse, dloss, dlogits);
 }
 
 }  // namespace kestrel::ops

@@ -10,6 +10,11 @@ namespace kestrel::ops {
 
 using namespace detail;
 
+namespace {
+constexpr Kernels<decltype(cpu::rmsnorm_fwd)> kRmsnormFwd{.cpu = cpu::rmsnorm_fwd};
+constexpr Kernels<decltype(cpu::rmsnorm_bwd)> kRmsnormBwd{.cpu = cpu::rmsnorm_bwd};
+}  // namespace
+
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
   const char* op = "rmsnorm_fwd";
   check_float(op, "x", x);
@@ -24,7 +29,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor&
   check_shape(op, "rstd", rstd, {N});
   check_no_partial_alias(op, "y", y, "x", x);
   if (!(eps >= 0.f) || !std::isfinite(eps)) KS_FAIL("ops::", op, ": eps must be finite and >= 0, got ", eps);
-  if (on_cpu(op, {&x, &w, &y, &rstd})) cpu::rmsnorm_fwd(x, w, eps, y, rstd);
+  dispatch(op, kRmsnormFwd, {&x, &w, &y, &rstd}, x, w, eps, y, rstd);
 }
 
 void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
@@ -46,7 +51,7 @@ void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Ten
   check_shape(op, "dw", dw, {D});
   check_no_partial_alias(op, "dx", dx, "dy", dy);
   check_no_partial_alias(op, "dx", dx, "x", x);
-  if (on_cpu(op, {&x, &w, &rstd, &dy, &dx, &dw})) cpu::rmsnorm_bwd(x, w, rstd, dy, dx, dw);
+  dispatch(op, kRmsnormBwd, {&x, &w, &rstd, &dy, &dx, &dw}, x, w, rstd, dy, dx, dw);
 }
 
 }  // namespace kestrel::ops

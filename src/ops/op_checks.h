@@ -1,4 +1,4 @@
-// Argument checks shared by the ops dispatch layer. Each failure names the op,
+// Argument checks shared by the ops dispatch layer (device dispatch: ops/dispatch.h). Each failure names the op,
 // the argument and what it expected, e.g.
 //   "ops::linear_fwd: w must be [out, in] = [*, 64], got f32[128, 32]".
 #pragma once
@@ -7,6 +7,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/dispatch.h"
 
 namespace kestrel::ops::detail {
 
@@ -48,22 +49,6 @@ inline void check_shape(const char* op, const char* name, const Tensor& t, std::
     for (int64_t w : want) s += (i++ ? ", " : "") + (w < 0 ? std::string("*") : std::to_string(w));
     KS_FAIL("ops::", op, ": ", name, " must have shape ", s, "], got ", t.describe());
   }
-}
-
-// True when every tensor lives on the CPU; fails for mixed devices and for
-// devices whose kernels are not written yet.
-inline bool on_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : ts) {
-    if (!t || !t->defined()) continue;
-    if (!first) first = t;
-    if (t->device() != first->device())
-      KS_FAIL("ops::", op, ": tensors on different devices (", device_name(first->device()), " and ",
-              device_name(t->device()), ")");
-  }
-  if (!first || first->device() == Device::CPU) return true;
-  KS_FAIL("not supported yet: ", first->device() == Device::CUDA ? "CUDA" : device_name(first->device()),
-          " kernel for ops::", op);
 }
 
 // Same storage bytes (for ops that allow in-place use).

@@ -10,8 +10,10 @@
 #pragma once
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/copy.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/norm.h"
+#include "ops/optim_ops.h"
 #include "ops/rope.h"

@@ -19,6 +19,47 @@ void check_cache(const char* op, const char* name, const Tensor& c, DType dt) {
             c.describe());
 }
 
+// The CPU paths: the index checks read the host-side metadata, then the kernels run.
+void cpu_paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                        Tensor& v_cache) {
+  const int64_t T = k.size(0), n_slots = k_cache.size(0) * k_cache.size(1);
+  const int32_t* slots = slot_mapping.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    if (slots[t] >= n_slots)
+      KS_FAIL("ops::paged_kv_write: slot ", slots[t], " of row ", t, " is outside the cache (", n_slots, " slots)");
+  cpu::paged_kv_write(k, v, slots, k_cache, v_cache);
+}
+
+void cpu_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
+                             const Tensor& cu_q, const Tensor& seq_lens, const AttentionShape& s, Tensor& out) {
+  const char* op = "paged_attention_fwd";
+  const int64_t T = q.size(0), B = cu_q.size(0) - 1;
+  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), max_blocks = block_tables.size(1);
+  const int32_t* cu = cu_q.data<int32_t>();
+  const int32_t* sl = seq_lens.data<int32_t>();
+  const int32_t* bt = block_tables.data<int32_t>();
+  if (cu[0] != 0 || cu[B] != T) KS_FAIL("ops::", op, ": cu_q must start at 0 and end at T=", T, ", got [", cu[0], " .. ", cu[B], "]");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t nq = cu[b + 1] - cu[b];
+    if (nq < 0) KS_FAIL("ops::", op, ": cu_q must be non-decreasing, got ", cu[b], " then ", cu[b + 1]);
+    if (sl[b] < nq) KS_FAIL("ops::", op, ": sequence ", b, " has ", nq, " query rows but a context of ", sl[b]);
+    const int64_t need = (int64_t(sl[b]) + bs - 1) / bs;
+    if (need > max_blocks) KS_FAIL("ops::", op, ": sequence ", b, " needs ", need, " blocks, block_tables has ", max_blocks);
+    if (nq == 0) continue;
+    for (int64_t i = 0; i < need; ++i)
+      if (bt[b * max_blocks + i] < 0 || bt[b * max_blocks + i] >= num_blocks)
+        KS_FAIL("ops::", op, ": block_tables[", b, ", ", i, "] = ", bt[b * max_blocks + i], " is not a block id (",
+                num_blocks, " blocks)");
+  }
+  cpu::PagedAttnParams p{s.n_heads, s.n_kv_heads, s.head_dim,
+                         s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))), bs, max_blocks};
+  cpu::paged_attention_fwd(q, k_cache, v_cache, bt, cu, sl, B, p, out);
+}
+
+constexpr detail::Kernels<decltype(cpu_paged_kv_write)> kPagedKvWrite{.cpu = cpu_paged_kv_write};
+constexpr detail::Kernels<decltype(cpu_paged_attention_fwd)> kPagedAttentionFwd{.cpu = cpu_paged_attention_fwd};
+constexpr detail::Kernels<decltype(cpu::copy_kv_blocks)> kCopyKvBlocks{.cpu = cpu::copy_kv_blocks};
+
 }  // namespace
 
 void paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache, Tensor& v_cache) {
@@ -33,12 +74,8 @@ void paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping
   detail::check_same_dtype(op, "v", v, "k", k);
   detail::check_dtype(op, "slot_mapping", slot_mapping, DType::I32);
   detail::check_shape(op, "slot_mapping", slot_mapping, {T});
-  detail::on_cpu(op, {&k, &v, &slot_mapping, &k_cache, &v_cache});
-  const int64_t n_slots = k_cache.size(0) * k_cache.size(1);
-  const int32_t* slots = slot_mapping.data<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    if (slots[t] >= n_slots) KS_FAIL("ops::", op, ": slot ", slots[t], " of row ", t, " is outside the cache (", n_slots, " slots)");
-  cpu::paged_kv_write(k, v, slots, k_cache, v_cache);
+  detail::dispatch(op, kPagedKvWrite, {&k, &v, &slot_mapping, &k_cache, &v_cache}, k, v, slot_mapping, k_cache,
+                   v_cache);
 }
 
 void paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
@@ -63,28 +100,8 @@ void paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tensor& v
   detail::check_shape(op, "seq_lens", seq_lens, {B});
   detail::check_dtype(op, "block_tables", block_tables, DType::I32);
   detail::check_shape(op, "block_tables", block_tables, {B, -1});
-  detail::on_cpu(op, {&q, &k_cache, &v_cache, &block_tables, &cu_q, &seq_lens, &out});
-
-  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), max_blocks = block_tables.size(1);
-  const int32_t* cu = cu_q.data<int32_t>();
-  const int32_t* sl = seq_lens.data<int32_t>();
-  const int32_t* bt = block_tables.data<int32_t>();
-  if (cu[0] != 0 || cu[B] != T) KS_FAIL("ops::", op, ": cu_q must start at 0 and end at T=", T, ", got [", cu[0], " .. ", cu[B], "]");
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t nq = cu[b + 1] - cu[b];
-    if (nq < 0) KS_FAIL("ops::", op, ": cu_q must be non-decreasing, got ", cu[b], " then ", cu[b + 1]);
-    if (sl[b] < nq) KS_FAIL("ops::", op, ": sequence ", b, " has ", nq, " query rows but a context of ", sl[b]);
-    const int64_t need = (int64_t(sl[b]) + bs - 1) / bs;
-    if (need > max_blocks) KS_FAIL("ops::", op, ": sequence ", b, " needs ", need, " blocks, block_tables has ", max_blocks);
-    if (nq == 0) continue;
-    for (int64_t i = 0; i < need; ++i)
-      if (bt[b * max_blocks + i] < 0 || bt[b * max_blocks + i] >= num_blocks)
-        KS_FAIL("ops::", op, ": block_tables[", b, ", ", i, "] = ", bt[b * max_blocks + i], " is not a block id (",
-                num_blocks, " blocks)");
-  }
-  cpu::PagedAttnParams p{s.n_heads, s.n_kv_heads, s.head_dim,
-                         s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))), bs, max_blocks};
-  cpu::paged_attention_fwd(q, k_cache, v_cache, bt, cu, sl, B, p, out);
+  detail::dispatch(op, kPagedAttentionFwd, {&q, &k_cache, &v_cache, &block_tables, &cu_q, &seq_lens, &out}, q, k_cache,
+                   v_cache, block_tables, cu_q, seq_lens, s, out);
 }
 
 void copy_kv_blocks(const Tensor& src_cache, Tensor& dst_cache, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
@@ -97,12 +114,11 @@ void copy_kv_blocks(const Tensor& src_cache, Tensor& dst_cache, const std::vecto
   for (int64_t i = 1; i < src_cache.dim(); ++i)
     if (src_cache.size(i) != dst_cache.size(i))
       KS_FAIL("ops::", op, ": block geometry differs: ", src_cache.describe(), " vs ", dst_cache.describe());
-  detail::on_cpu(op, {&src_cache, &dst_cache});
   for (const auto& [s, d] : pairs)
     if (s < 0 || s >= src_cache.size(0) || d < 0 || d >= dst_cache.size(0))
       KS_FAIL("ops::", op, ": block pair (", s, ", ", d, ") outside [0, ", src_cache.size(0), ") x [0, ",
               dst_cache.size(0), ")");
-  cpu::copy_kv_blocks(src_cache, dst_cache, pairs);
+  detail::dispatch(op, kCopyKvBlocks, {&src_cache, &dst_cache}, src_cache, dst_cache, pairs);
 }
 
 }  // namespace kestrel::ops

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu/rope_cpu.h"
+#include "ops/dispatch.h"
 
 // torch rounds every float32 operation; a fused a*b+c would round once and
 // move some inv_freq by an ulp (visible in cos at large positions).
@@ -125,15 +126,21 @@ void check_rope_args(const char* op, const Tensor& x, const Tensor& positions, c
       table.sin.shape() != table.cos.shape() || table.sin.dtype() != DType::F32)
     KS_FAIL(op, ": malformed RopeTable (cos ", table.cos.describe(), ", sin ", table.sin.describe(),
             ", head_dim ", table.head_dim, "); build it with make_rope_table");
-  if (x.device() != positions.device() || x.device() != table.cos.device())
-    KS_FAIL(op, ": x, positions and the table must be on one device (x on ", device_name(x.device()), ")");
-  if (x.device() != Device::CPU) KS_FAIL("not supported yet: CUDA kernel for ", op);
+}
+
+// The CPU path: checks the positions (read on the host) and rotates x in place.
+void cpu_rope(const char* op, Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads,
+              bool inverse) {
+  const int64_t P = table.cos.size(0);
   const int32_t* pos = positions.data<int32_t>();
   for (int64_t t = 0; t < positions.size(0); ++t)
     if (pos[t] < 0 || pos[t] >= P)
       KS_FAIL(op, ": position ", pos[t], " of token ", t, " is outside the RoPE table [0, ", P,
               "); build the table with max_positions > the longest sequence");
+  cpu::rope_apply(x, pos, table.cos.data<float>(), table.sin.data<float>(), n_heads, table.head_dim, inverse);
 }
+
+constexpr detail::Kernels<decltype(cpu_rope)> kRope{.cpu = cpu_rope};
 
 }  // namespace
 
@@ -168,14 +175,14 @@ KS_NO_FMA RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions
 
 void rope_fwd(Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads) {
   check_rope_args("rope_fwd", x, positions, table, n_heads);
-  cpu::rope_apply(x, positions.data<int32_t>(), table.cos.data<float>(), table.sin.data<float>(), n_heads,
-                  table.head_dim, /*inverse=*/false);
+  detail::dispatch("rope_fwd", kRope, {&x, &positions, &table.cos, &table.sin}, "rope_fwd", x, positions, table,
+                   n_heads, /*inverse=*/false);
 }
 
 void rope_bwd(Tensor& dx, const Tensor& positions, const RopeTable& table, int64_t n_heads) {
   check_rope_args("rope_bwd", dx, positions, table, n_heads);
-  cpu::rope_apply(dx, positions.data<int32_t>(), table.cos.data<float>(), table.sin.data<float>(), n_heads,
-                  table.head_dim, /*inverse=*/true);
+  detail::dispatch("rope_bwd", kRope, {&dx, &positions, &table.cos, &table.sin}, "rope_bwd", dx, positions, table,
+                   n_heads, /*inverse=*/true);
 }
 
 }  // namespace kestrel::ops

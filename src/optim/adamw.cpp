@@ -1,17 +1,15 @@
-#if defined(__GNUC__) && !defined(__clang__)
-// No implicit fused multiply-adds in this file: -O3 unswitches the update loop
-// on `decay`, which lets GCC fuse the weight-decay product into the update
-// where -O2 rounds it first, so builds disagreed in the last bit after one
-// step. The fused multiply-adds wanted are written out (std::fma).
-#pragma GCC optimize("fp-contract=off")
-#endif
+// The update itself is ops::adamw_step (ops/optim_ops.h, whose kernels keep
+// torch's exact f32 arithmetic); this file owns the flat space, the held
+// masters and the state I/O, and touches tensor data only through ops and
+// Tensor's copy methods.
 #include "optim/adamw.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
+
+#include "ops/optim_ops.h"
 
 namespace kestrel::optim {
 
@@ -40,15 +38,15 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
     }
     const int64_t n = slot_numel(p);
     if (p.master.defined())
-      KS_CHECK(p.master.dtype() == DType::F32 && p.master.device() == Device::CPU, "AdamW: master of '", p.name,
-               "' must be a host f32 tensor, got ", p.master.describe());
+      KS_CHECK(p.master.dtype() == DType::F32, "AdamW: master of '", p.name, "' must be an f32 tensor, got ",
+               p.master.describe());
     KS_CHECK(p.grad.defined() && p.grad.dtype() == DType::F32 && p.grad.numel() == n, "AdamW: grad of '", p.name,
              "' must be f32 with ", n, " elements, got ", p.grad.describe());
     if (p.model_copy.defined())
-      KS_CHECK(p.model_copy.numel() == n && p.model_copy.device() == Device::CPU &&
+      KS_CHECK(p.model_copy.numel() == n &&
                    (p.model_copy.dtype() == DType::BF16 || p.model_copy.dtype() == DType::F16 ||
                     p.model_copy.dtype() == DType::F32),
-               "AdamW: model copy of '", p.name, "' must be a host float tensor with ", n, " elements, got ",
+               "AdamW: model copy of '", p.name, "' must be a float tensor with ", n, " elements, got ",
                p.model_copy.describe());
     offsets_.push_back(offsets_.back() + n);
   }
@@ -93,9 +91,10 @@ std::pair<int64_t, int64_t> AdamW::owned_of(size_t i) const {
   return lo < hi ? std::make_pair(lo, hi) : std::make_pair(offsets_[i], offsets_[i]);
 }
 
-float* AdamW::master_at(size_t i, int64_t flat) const {
-  if (held_off_[i] < 0) return params_[i].master.data<float>() + (flat - offsets_[i]);
-  return held_.data<float>() + held_off_[i] + (flat - std::max(state_begin_, offsets_[i]));
+Tensor AdamW::master_range(size_t i, int64_t lo, int64_t hi) const {
+  if (held_off_[i] < 0) return params_[i].master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+  const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i]));
+  return held_.slice_rows(at, at + (hi - lo));
 }
 
 Tensor AdamW::master_view(size_t i) const {
@@ -111,13 +110,13 @@ void AdamW::set_master(size_t i, const Tensor& full) {
   KS_CHECK(full.defined() && full.dtype() == DType::F32 && full.numel() == n, "AdamW: master for '", p.name,
            "' must be f32 with ", n, " elements, got ", full.describe());
   if (held_off_[i] < 0) {
-    if (p.master.raw() != full.raw()) p.master.copy_from(full);
+    if (!p.master.same_data(full)) p.master.copy_from(full);
     refresh_model_copies(offsets_[i], offsets_[i + 1]);
     return;
   }
   auto [lo, hi] = owned_of(i);
   if (lo == hi) return;
-  std::memcpy(master_at(i, lo), full.data<float>() + (lo - offsets_[i]), size_t(hi - lo) * 4);
+  master_range(i, lo, hi).copy_from(full.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]));
   refresh_model_copies(lo, hi);
 }
 
@@ -128,51 +127,27 @@ void AdamW::step_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges, 
     KS_CHECK(state_begin_ <= b && b <= e && e <= state_end_, "AdamW: step range [", b, ", ", e,
              ") outside the owned range [", state_begin_, ", ", state_end_, ")");
   ++step_;
-  const double t = double(step_);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, t);
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, t);
-  const double step_size = lr / bc1;
-  const double bc2_sqrt = std::sqrt(bc2);
-  for (auto [b, e] : ranges)
-    step_one(b, e, float(1.0 - lr * cfg_.weight_decay), float(cfg_.beta1), float(cfg_.beta2), float(step_size),
-             float(bc2_sqrt), float(cfg_.eps), lr);
+  for (auto [b, e] : ranges) step_one(b, e, lr);
 }
 
-void AdamW::step_one(int64_t begin, int64_t end, float decay_keep, float beta1, float beta2, float step_size,
-                     float bc2_sqrt, float eps, double lr) {
-  // torch computes 1 - beta as a Python float and casts it once to f32.
-  const float one_m_beta1 = float(1.0 - cfg_.beta1);
-  const float one_m_beta2 = float(1.0 - cfg_.beta2);
-  const float neg_step = -step_size;
-  const bool wd_on = cfg_.weight_decay != 0.0 && lr != 0.0;
+void AdamW::step_one(int64_t begin, int64_t end, double lr) {
   // Parameters overlapping [begin, end): offsets_ is sorted.
   size_t i = size_t(std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin()) - 1;
   for (; i < params_.size() && offsets_[i] < end; ++i) {
     const int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
     if (lo >= hi) continue;
     ParamSlot& p = params_[i];
-    float* w = master_at(i, lo);
-    const float* g = p.grad.data<float>() + (lo - offsets_[i]);
-    float* m = m_.data<float>() + (lo - state_begin_);
-    float* v = v_.data<float>() + (lo - state_begin_);
-    const int64_t n = hi - lo;
-    const bool decay = wd_on && p.decay;
-    // Each element is independent, so the static split cannot change results.
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t k = 0; k < n; ++k) {
-      float pk = w[k];
-      if (decay) pk = pk * decay_keep;
-      const float gk = g[k];
-      // torch.lerp for weight < 0.5: self + weight * (end - self).
-      const float mk = std::fma(one_m_beta1, gk - m[k], m[k]);
-      const float vk = std::fma(one_m_beta2 * gk, gk, v[k] * beta2);
-      const float denom = std::sqrt(vk) / bc2_sqrt + eps;
-      m[k] = mk;
-      v[k] = vk;
-      w[k] = pk + neg_step * mk / denom;
-    }
+    const AdamWScalars s =
+        AdamWScalars::make(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, p.decay);
+    Tensor w = master_range(i, lo, hi);
+    Tensor g = p.grad.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+    Tensor m = m_.slice_rows(lo - state_begin_, hi - state_begin_);
+    Tensor v = v_.slice_rows(lo - state_begin_, hi - state_begin_);
+    // The stepped range lies in the owned range, so a held slot refreshes exactly it.
+    Tensor copy = p.model_copy.defined() ? p.model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i])
+                                         : Tensor();
+    ops::adamw_step(s, w, m, v, g, copy.defined() ? &copy : nullptr);
   }
-  refresh_model_copies(begin, end);
 }
 
 void AdamW::refresh_model_copies(int64_t begin, int64_t end) {
@@ -189,28 +164,13 @@ void AdamW::refresh_model_copies(int64_t begin, int64_t end) {
       lo = std::max(lo, olo), hi = std::min(hi, ohi);
     }
     if (lo >= hi) continue;
-    const int64_t n = hi - lo;
-    const float* src = master_at(i, lo);
-    const int64_t at = lo - offsets_[i];  // first element in the parameter
-    switch (p.model_copy.dtype()) {
-      case DType::BF16: {
-        auto* d = static_cast<uint16_t*>(p.model_copy.raw()) + at;
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-        for (int64_t k = 0; k < n; ++k) d[k] = float_to_bf16(src[k]);
-        break;
-      }
-      case DType::F16: {
-        auto* d = static_cast<uint16_t*>(p.model_copy.raw()) + at;
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-        for (int64_t k = 0; k < n; ++k) d[k] = float_to_f16(src[k]);
-        break;
-      }
-      case DType::F32:
-        if (static_cast<const void*>(static_cast<float*>(p.model_copy.raw()) + at) != src)
-          std::memcpy(static_cast<float*>(p.model_copy.raw()) + at, src, size_t(n) * 4);
-        break;
-      default: KS_FAIL("AdamW: model copy of '", p.name, "' has non-float dtype ", dtype_name(p.model_copy.dtype()));
-    }
+    const DType dt = p.model_copy.dtype();
+    if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)
+      KS_FAIL("AdamW: model copy of '", p.name, "' has non-float dtype ", dtype_name(dt));
+    // Round to nearest even (bf16/f16) or copy (f32), unless the copy is the master itself.
+    const Tensor src = master_range(i, lo, hi);
+    Tensor dst = p.model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+    if (!dst.same_data(src)) dst.copy_from(src);
   }
 }
 
@@ -222,7 +182,7 @@ OptimizerMemory AdamW::memory() const {
   mem.exp_avg_sq_bytes = int64_t(v_.nbytes());
   mem.master_bytes = held_any_ ? int64_t(held_.nbytes()) : 0;
   for (const auto& p : params_)
-    if (p.master.defined() && p.model_copy.defined() && p.master.raw() != p.model_copy.raw())
+    if (p.master.defined() && p.model_copy.defined() && !p.master.same_data(p.model_copy))
       mem.master_bytes += int64_t(p.master.nbytes());
   return mem;
 }
@@ -249,8 +209,7 @@ std::string AdamW::held_string() const {
 
 OptimizerState AdamW::state() const {
   OptimizerState s;
-  Tensor step = Tensor::empty({1}, DType::I64, MemCategory::Other);
-  step.data<int64_t>()[0] = step_;
+  Tensor step = Tensor::from_host(std::vector<int64_t>{step_}, {1});
   s.tensors = {{"exp_avg", m_}, {"exp_avg_sq", v_}, {"step", step}};
   auto num = [](double v) {
     std::ostringstream os;
@@ -315,11 +274,11 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
     const Tensor& w = tensors.at("master");
     if (w.dtype() != DType::F32 || w.numel() != held_.numel())
       return KS_ERR(origin, ": master slice is ", w.describe(), ", expected f32[", held_.numel(), "]");
-    std::memcpy(held_.raw(), w.raw(), held_.nbytes());
+    held_.copy_from(w);
   }
-  std::memcpy(m_.raw(), m.raw(), m_.nbytes());
-  std::memcpy(v_.raw(), v.raw(), v_.nbytes());
-  step_ = static_cast<const int64_t*>(st.raw())[0];
+  m_.copy_from(m);
+  v_.copy_from(v);
+  step_ = st.to_host<int64_t>()[0];
   for (size_t i = 0; i < params_.size(); ++i)
     if (held_off_[i] >= 0) {
       auto [lo, hi] = owned_of(i);

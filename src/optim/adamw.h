@@ -146,10 +146,9 @@ class AdamW {
                     const std::string& origin);
 
  private:
-  void step_one(int64_t begin, int64_t end, float lr_wd_keep, float beta1, float beta2, float step_size,
-                float bc2_sqrt, float eps, double lr);
-  // f32 master of param i at flat index `flat` (inside owned_of(i) for held slots).
-  float* master_at(size_t i, int64_t flat) const;
+  void step_one(int64_t begin, int64_t end, double lr);
+  // View of param i's f32 master over the flat range [lo, hi) (inside owned_of(i) for held slots).
+  Tensor master_range(size_t i, int64_t lo, int64_t hi) const;
   std::string layout_string() const;
   std::string held_string() const;
 

@@ -1,38 +1,15 @@
 #include "optim/grad_clip.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstring>
+
+#include "ops/optim_ops.h"
 
 namespace kestrel::optim {
 
-namespace {
-constexpr int64_t kChunk = 4096;
-
-double sq_sum(const float* g, int64_t n) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> part(size_t(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 8)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-    double s = 0;
-    for (int64_t k = lo; k < hi; ++k) s += double(g[k]) * double(g[k]);
-    part[size_t(c)] = s;
-  }
-  double s = 0;
-  for (double p : part) s += p;
-  return s;
-}
-}  // namespace
-
 double grad_sq_sum(const std::vector<Tensor>& grads) {
   double s = 0;
-  for (const auto& g : grads) {
-    if (!g.defined()) continue;
-    KS_CHECK(g.dtype() == DType::F32 && g.device() == Device::CPU, "grad norm: grads must be host f32, got ",
-             g.describe());
-    s += sq_sum(g.data<float>(), g.numel());
-  }
+  for (const auto& g : grads)
+    if (g.defined()) s += ops::sum_squares(g);
   return s;
 }
 
@@ -59,13 +36,8 @@ ClipResult clip_grad_norm(const std::vector<Tensor>& grads, double max_norm, com
   r.coef = coef;
   r.clipped = true;
   const float c = float(coef);  // torch multiplies f32 grads by an f32 coefficient
-  for (const auto& g : grads) {
-    if (!g.defined()) continue;
-    float* p = g.data<float>();
-    const int64_t n = g.numel();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t k = 0; k < n; ++k) p[k] *= c;
-  }
+  for (Tensor g : grads)
+    if (g.defined()) ops::scale_(g, c);
   return r;
 }
 

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/copy.h"
+#include "ops/optim_ops.h"
+
 namespace kestrel::parallel {
 
 double sum_over(comm::ProcessGroup& g, double local) {
@@ -116,15 +119,12 @@ void DataParallel::launch(Bucket& b) {
   b.launched = true;
   const int n = dp_->size();
   if (n == 1) return;
-  float* g = grads_.data<float>();
-  if (opts_.average) {
-    const float s = 1.0f / float(n);
-    for (int64_t i = b.begin; i < b.end; ++i) g[i] *= s;
-  }
+  Tensor bucket = grads_.slice_rows(b.begin, b.end);
+  if (opts_.average) ops::scale_(bucket, 1.0f / float(n));
   if (opts_.distributed_optimizer)
     reduce_to_owners(b.begin, b.end);
   else
-    dp_->all_reduce(g + b.begin, b.end - b.begin, DType::F32, comm::ReduceOp::Sum);
+    dp_->all_reduce(bucket, comm::ReduceOp::Sum);
 }
 
 void DataParallel::reduce_to_owners(int64_t b0, int64_t b1) {
@@ -133,26 +133,21 @@ void DataParallel::reduce_to_owners(int64_t b0, int64_t b1) {
   for (int q = 0; q < n; ++q) send[size_t(q)] = std::max<int64_t>(0, std::min(b1, (q + 1) * shard_) - std::max(b0, q * shard_));
   const int64_t mine = send[size_t(r)];
   std::fill(recv.begin(), recv.end(), mine);
-  std::vector<float> got(size_t(n * mine));  // [n, mine]: every rank's piece of my range
-  float* g = grads_.data<float>();
-  dp_->all_to_allv(g + b0, send, got.data(), recv, DType::F32);
+  Tensor got = Tensor::empty({n, mine}, DType::F32, MemCategory::Other);  // every rank's piece of my range
+  dp_->all_to_allv(grads_.slice_rows(b0, b1), send, got, recv);
   if (mine == 0) return;
-  float* dst = g + std::max(b0, r * shard_);
-  for (int64_t i = 0; i < mine; ++i) {
-    float s = got[size_t(i)];
-    for (int p = 1; p < n; ++p) s += got[size_t(p * mine + i)];
-    dst[i] = s;
-  }
+  const int64_t at = std::max(b0, r * shard_);
+  Tensor dst = grads_.slice_rows(at, at + mine);
+  ops::sum_rows(got, dst);  // in rank order
 }
 
 double DataParallel::grad_norm(comm::ProcessGroup* tp) const {
   auto [lo, hi] = owned_range();
-  const float* g = grads_.data<float>();
   double sq = 0;
   for (size_t i = 0; i < flat_.size(); ++i) {
     if (!flat_[i].count_in_norm) continue;
     const int64_t a = std::max(lo, offsets_[i]), b = std::min(hi, offsets_[i + 1]);
-    for (int64_t k = a; k < b; ++k) sq += double(g[k]) * double(g[k]);
+    if (a < b) sq += ops::sum_squares(grads_.slice_rows(a, b));
   }
   if (opts_.distributed_optimizer) sq = sum_over(*dp_, sq);
   if (tp) sq = sum_over(*tp, sq);
@@ -161,8 +156,8 @@ double DataParallel::grad_norm(comm::ProcessGroup* tp) const {
 
 void DataParallel::scale_grads(float coef) {
   auto [lo, hi] = owned_range();
-  float* g = grads_.data<float>();
-  for (int64_t k = lo; k < hi; ++k) g[k] *= coef;
+  Tensor owned = grads_.slice_rows(lo, hi);
+  ops::scale_(owned, coef);
 }
 
 double DataParallel::clip_grad_norm(double max_norm, comm::ProcessGroup* tp) {
@@ -175,17 +170,15 @@ double DataParallel::clip_grad_norm(double max_norm, comm::ProcessGroup* tp) {
 
 void DataParallel::gather_params() {
   if (!opts_.distributed_optimizer || dp_->size() == 1) return;
-  const size_t es = dtype_size(params_.dtype());
-  std::vector<char> mine(size_t(shard_) * es);
-  std::memcpy(mine.data(), static_cast<char*>(params_.raw()) + size_t(dp_->rank() * shard_) * es, mine.size());
-  dp_->all_gather(mine.data(), params_.raw(), shard_, params_.dtype());
+  // A copy of the owned shard: the all-gather writes every block of params_, this one included.
+  const Tensor mine = params_.slice_rows(dp_->rank() * shard_, (dp_->rank() + 1) * shard_).clone(MemCategory::Other);
+  dp_->all_gather(mine, params_);
 }
 
 void DataParallel::gather_grads() {
   if (!opts_.distributed_optimizer || dp_->size() == 1) return;
-  std::vector<float> mine(static_cast<size_t>(shard_));
-  std::memcpy(mine.data(), grads_.data<float>() + dp_->rank() * shard_, size_t(shard_) * 4);
-  dp_->all_gather(mine.data(), grads_.raw(), shard_, DType::F32);
+  const Tensor mine = grads_.slice_rows(dp_->rank() * shard_, (dp_->rank() + 1) * shard_).clone(MemCategory::Other);
+  dp_->all_gather(mine, grads_);
 }
 
 }  // namespace kestrel::parallel

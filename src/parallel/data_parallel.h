@@ -96,7 +96,9 @@ class DataParallel {
   // Global L2 norm of the gradients of the whole model: squares of the owned
   // range (tp duplicates skipped) summed over dp (distributed optimizer only:
   // without it every dp rank holds the same full gradients) and over `tp`
-  // (nullptr: no tensor parallelism). Sums in double, combined in rank order.
+  // (nullptr: no tensor parallelism). Sums in double (ops::sum_squares per
+  // parameter segment, as optim::clip_grad_norm sums per tensor), combined in
+  // rank order.
   double grad_norm(comm::ProcessGroup* tp) const;
   // grads *= coef over the owned range.
   void scale_grads(float coef);

@@ -4,6 +4,7 @@
 // norm, against values every rank computes for every other rank.
 #include <cmath>
 
+#include "ops/optim_ops.h"
 #include "parallel/data_parallel.h"
 #include "tp_testing.h"
 
@@ -97,6 +98,41 @@ TEST_P(DpGrads, ParamGatherFromOwners) {
       const Tensor& w = *dp.flat_params()[fi].weight;
       for (int64_t k = 0; k < w.numel(); ++k) EXPECT_EQ(w.get(k), float(dp.offsets()[fi] + k));
     }
+  }
+}
+
+// The norm is ops::sum_squares per counted parameter segment of the owned
+// range, in flat order, summed over dp in rank order (distributed optimizer);
+// the clip multiplies the owned range by the f32 coefficient. Bit for bit.
+TEST_P(DpGrads, NormAndClipThroughOps) {
+  auto& g = world_group();
+  Params p = make_params();
+  p.dp[1].count_in_norm = false;  // as a tensor-parallel duplicate
+  DpOptions o;
+  o.distributed_optimizer = GetParam();
+  DataParallel dp(p.dp, g, o);
+  for (int i = 0; i < 3; ++i)
+    for (int64_t k = 0; k < p.g[size_t(i)].numel(); ++k) p.g[size_t(i)].set(k, 3.f * grad_value(g.rank(), i, k));
+  dp.finish_grad_sync();
+  auto [lo, hi] = dp.owned_range();
+  double sq = 0;
+  for (size_t fi = 0; fi < dp.flat_params().size(); ++fi) {
+    if (!dp.flat_params()[fi].count_in_norm) continue;
+    const int64_t a = std::max(lo, dp.offsets()[fi]), b = std::min(hi, dp.offsets()[fi + 1]);
+    if (a < b) sq += ops::sum_squares(dp.grad_buffer().slice_rows(a, b));
+  }
+  if (GetParam()) sq = sum_over(g, sq);
+  const double norm = std::sqrt(sq);
+  EXPECT_EQ(dp.grad_norm(nullptr), norm);
+
+  const std::vector<float> before = dp.grad_buffer().to_host<float>();
+  const double max_norm = norm / 4;
+  EXPECT_EQ(dp.clip_grad_norm(max_norm, nullptr), norm);
+  const float coef = float(max_norm / (norm + 1e-6));
+  const std::vector<float> after = dp.grad_buffer().to_host<float>();
+  for (int64_t k = 0; k < int64_t(before.size()); ++k) {
+    const float want = k >= lo && k < hi ? before[size_t(k)] * coef : before[size_t(k)];
+    ASSERT_EQ(after[size_t(k)], want) << "flat element " << k << " (owned [" << lo << ", " << hi << "))";
   }
 }
 

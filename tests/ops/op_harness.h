@@ -102,3 +102,14 @@ inline ::testing::AssertionResult close_for(DType stored, const std::vector<doub
 }
 
 }  // namespace kestrel::testing
+
+// Expects stmt to throw kestrel::Error with `needle` in its message.
+#define EXPECT_THROW_MSG(stmt, needle)                                                                    \
+  do {                                                                                                    \
+    try {                                                                                                 \
+      stmt;                                                                                               \
+      ADD_FAILURE() << #stmt " did not throw";                                                            \
+    } catch (const ::kestrel::Error& e) {                                                                 \
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();        \
+    }                                                                                                     \
+  } while (0)

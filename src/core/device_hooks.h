@@ -1,0 +1,27 @@
+// The memory kernels Tensor's own methods need on a device other than the
+// host (zero_, fill_, copy_from, reading values back), registered by that
+// device's backend at start-up. Core cannot include the ops or backend
+// layers, so Tensor calls through this table; host tensors never use it
+// (core/tensor.cpp handles host memory itself). A device without registered
+// hooks fails with "not supported yet: CUDA kernel for Tensor::zero_".
+#pragma once
+#include "core/allocator.h"
+
+namespace kestrel {
+
+class Tensor;
+
+struct DeviceMemoryHooks {
+  // Every element of t = v, converted to t's dtype as Tensor::set does.
+  void (*fill)(Tensor& t, float v) = nullptr;
+  // dst = src element by element, converting dtype; equal numel; either side
+  // may be a host tensor (the transfers between host and device).
+  void (*copy)(Tensor& dst, const Tensor& src) = nullptr;
+};
+
+// Installs the hooks of dev (a backend calls it once, before any tensor of dev is used).
+void register_device_memory_hooks(Device dev, const DeviceMemoryHooks& hooks);
+// The hooks of dev for `what` ("Tensor::zero_", ...); fails when dev has none.
+const DeviceMemoryHooks& device_memory_hooks(Device dev, const char* what);
+
+}  // namespace kestrel
