@@ -2,6 +2,14 @@
 // and backward over packed batches. Parameters carry HF names so checkpoints
 // load and save without a mapping table.
 //
+// A CausalLM is a slice: an optional embedding, a contiguous range of decoder
+// blocks (model/block.h, the one layer body every path runs) and an optional
+// head (final norm + lm_head, or the value head). The default options give the
+// whole model; a pipeline stage is a slice (ModelOptions first_layer,
+// num_layers, has_embedding, has_head), chained through forward_hidden /
+// backward_hidden on the residual stream. A slice loads, saves, lists and
+// initialises only its own tensors (HF names keep the global layer index).
+//
 // Precision: weights live in the compute dtype (f32, or bf16 in bf16 mode);
 // gradients are always f32 and accumulate across micro-batches; the f32
 // master copy in bf16 mode belongs to the optimizer (optim/), not the model.
@@ -17,6 +25,10 @@
 // reassemble it. forward() then returns this rank's vocab slice of the logits,
 // [T, V/tp] starting at vocab_start(): score them with the vocab-parallel
 // functions of model/scoring.h (parallel/vocab_loss.h), never by gathering.
+// A vocabulary tp does not divide is padded (Megatron's
+// make_vocab_size_divisible_by): padded_vocab() rows, the padding rows zero,
+// left out of every reduction, with zero gradients; full_tensor(), save() and
+// full_shape keep the HF shape [vocab_size, D], and load() pads.
 // With sequence_parallel the activations between the TP regions are split
 // along the tokens; batches whose token count does not divide by tp are padded
 // internally (padding rows never reach attention, the logits or the grads).
