@@ -147,7 +147,8 @@ class CausalLM {
   // hidden: the residual stream [hidden_rows(batch), D] (compute dtype) out of
   // the previous slice, undefined when this slice has the embedding. Returns
   // what forward() returns when the slice has the head, else the residual
-  // stream [hidden_rows(batch), D] entering the next slice.
+  // stream [hidden_rows(batch), D] entering the next slice. forward_hidden
+  // keeps `hidden` (not a copy) in acts for the backward: leave it unchanged.
   Tensor forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts) const;
   Tensor forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden) const;
   // dout: dlogits / dvalues as backward() takes them when the slice has the
