@@ -21,6 +21,7 @@ parallel::ModelFacts model_facts(const io::ModelConfig& c) {
   f.n_kv_heads = c.num_key_value_heads;
   f.n_layers = c.num_hidden_layers;
   f.vocab = c.vocab_size;
+  f.vocab_padded = true;  // CausalLM pads it for tp (ModelOptions::make_vocab_size_divisible_by)
   f.ffn = c.intermediate_size;
   return f;
 }

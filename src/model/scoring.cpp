@@ -6,13 +6,14 @@ namespace kestrel::model {
 
 void logprob_entropy_fwd(const CausalLM& m, const Tensor& logits, const Tensor& targets, Tensor& logprob,
                          Tensor* entropy, Tensor& lse) {
-  parallel::vocab_logprob_entropy_fwd(m.tp(), logits, targets, m.vocab_start(), logprob, entropy, lse);
+  parallel::vocab_logprob_entropy_fwd(m.tp(), logits, targets, m.vocab_start(), logprob, entropy, lse,
+                                      m.config().vocab_size);
 }
 
 void logprob_entropy_bwd(const CausalLM& m, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                          const Tensor& dlogprob, const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits) {
   parallel::vocab_logprob_entropy_bwd(m.tp(), logits, targets, m.vocab_start(), lse, dlogprob, dentropy, entropy,
-                                      dlogits);
+                                      dlogits, m.config().vocab_size);
 }
 
 TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch) {

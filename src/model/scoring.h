@@ -19,7 +19,9 @@ TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch);
 // exactly ops::logprob_entropy_fwd/bwd; under tp the vocab-parallel versions
 // (parallel/vocab_loss.h) over this rank's [T, V/tp] logits. lse: f32 [T],
 // kept for the backward; entropy is needed by the backward when dentropy is
-// given. Trainers call these instead of ops:: so they work under tp.
+// given. Trainers call these instead of ops:: so they work under tp. A padded
+// vocabulary's columns (past config().vocab_size) are left out of the
+// reductions and get zero dlogits, so they never win.
 void logprob_entropy_fwd(const CausalLM& model, const Tensor& logits, const Tensor& targets, Tensor& logprob,
                          Tensor* entropy, Tensor& lse);
 void logprob_entropy_bwd(const CausalLM& model, const Tensor& logits, const Tensor& targets, const Tensor& lse,

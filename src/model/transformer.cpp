@@ -15,9 +15,10 @@ namespace {
 
 // The shard of a full HF tensor this tp rank keeps (the full tensor at tp = 1).
 Param make_param(std::string name, Shape shape, DType dt, bool decay, const comm::ProcessGroup& tp,
-                 const parallel::TpHeads& heads, int64_t n_kv_heads) {
+                 const parallel::TpHeads& heads, int64_t n_kv_heads, int64_t vocab_multiple) {
   Param p;
   p.shard = parallel::hf_shard_spec(name, n_kv_heads);
+  if (p.shard.kind == parallel::ShardKind::Vocab) p.shard.pad_multiple = vocab_multiple;
   p.full_shape = shape;
   p.weight = Tensor::zeros(parallel::shard_shape(shape, p.shard, tp.size(), name), dt, MemCategory::Params);
   p.weight_decay = decay;
@@ -26,8 +27,6 @@ Param make_param(std::string name, Shape shape, DType dt, bool decay, const comm
   p.name = std::move(name);
   return p;
 }
-
-bool has_o_bias(const io::ModelConfig& c) { return c.attention_bias && c.arch != io::Arch::Qwen2; }
 
 constexpr std::string_view kCausalLM = "ForCausalLM", kTokenCls = "ForTokenClassification";
 
@@ -105,9 +104,22 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
            dtype_name(opts_.dtype));
   KS_CHECK(opts_.parallel.tp != nullptr, "ModelParallel.tp must be a process group (size 1 for no tp)");
   KS_CHECK(opts_.value_head || !opts_.value_head_bias, "value_head_bias needs value_head");
+  const int64_t L = cfg_.num_hidden_layers;
+  if (opts_.num_layers < 0) opts_.num_layers = L - opts_.first_layer;
+  KS_CHECK(opts_.first_layer >= 0 && opts_.num_layers >= 0 && opts_.first_layer + opts_.num_layers <= L,
+           "model slice: layers [", opts_.first_layer, ", ", opts_.first_layer + opts_.num_layers,
+           ") are outside num_hidden_layers ", L);
+  KS_CHECK(!opts_.has_embedding || opts_.first_layer == 0, "model slice: the embedding feeds layer 0, but the slice "
+           "starts at layer ", opts_.first_layer, " (set has_embedding only on the first slice)");
+  KS_CHECK(!opts_.has_head || opts_.first_layer + opts_.num_layers == L, "model slice: the head follows layer ", L - 1,
+           ", but the slice ends at layer ", opts_.first_layer + opts_.num_layers - 1,
+           " (set has_head only on the last slice)");
+  KS_CHECK(opts_.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by must be >= 1, got ",
+           opts_.make_vocab_size_divisible_by);
   const int n = opts_.parallel.tp->size(), r = opts_.parallel.tp->rank();
   heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
-  vocab_ = parallel::vocab_range(cfg_.vocab_size, r, n);
+  padded_vocab_ = parallel::padded_vocab_size(cfg_.vocab_size, opts_.make_vocab_size_divisible_by, n);
+  vocab_ = parallel::vocab_range(padded_vocab_, r, n);
   if (cfg_.intermediate_size % n != 0)
     KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
             "; choose a tp size dividing it");
@@ -118,41 +130,27 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
 void CausalLM::allocate_params() {
   const auto& c = cfg_;
   const DType dt = opts_.dtype;
-  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
   const auto make_param = [&](std::string name, Shape shape, DType t, bool decay) {
     return model::make_param(std::move(name), std::move(shape), t, decay, *opts_.parallel.tp, heads_,
-                             c.num_key_value_heads);
+                             c.num_key_value_heads, opts_.make_vocab_size_divisible_by);
   };
-  embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
-  layers_.resize(size_t(c.num_hidden_layers));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    auto& L = layers_[size_t(i)];
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    L.input_norm = make_param(p + "input_layernorm.weight", {D}, dt, false);
-    L.post_norm = make_param(p + "post_attention_layernorm.weight", {D}, dt, false);
-    L.q = make_param(p + "self_attn.q_proj.weight", {c.q_dim(), D}, dt, true);
-    L.k = make_param(p + "self_attn.k_proj.weight", {c.kv_dim(), D}, dt, true);
-    L.v = make_param(p + "self_attn.v_proj.weight", {c.kv_dim(), D}, dt, true);
-    L.o = make_param(p + "self_attn.o_proj.weight", {D, c.q_dim()}, dt, true);
-    if (c.attention_bias) {
-      L.q_bias = make_param(p + "self_attn.q_proj.bias", {c.q_dim()}, dt, false);
-      L.k_bias = make_param(p + "self_attn.k_proj.bias", {c.kv_dim()}, dt, false);
-      L.v_bias = make_param(p + "self_attn.v_proj.bias", {c.kv_dim()}, dt, false);
-    }
-    if (has_o_bias(c)) L.o_bias = make_param(p + "self_attn.o_proj.bias", {D}, dt, false);
-    if (c.qk_norm) {
-      L.q_norm = make_param(p + "self_attn.q_norm.weight", {c.head_dim}, dt, false);
-      L.k_norm = make_param(p + "self_attn.k_norm.weight", {c.head_dim}, dt, false);
-    }
-    L.gate = make_param(p + "mlp.gate_proj.weight", {F, D}, dt, true);
-    L.up = make_param(p + "mlp.up_proj.weight", {F, D}, dt, true);
-    L.down = make_param(p + "mlp.down_proj.weight", {D, F}, dt, true);
-    if (c.mlp_bias) {
-      L.gate_bias = make_param(p + "mlp.gate_proj.bias", {F}, dt, false);
-      L.up_bias = make_param(p + "mlp.up_proj.bias", {F}, dt, false);
-      L.down_bias = make_param(p + "mlp.down_proj.bias", {D}, dt, false);
-    }
-  }
+  const bool tied_head = opts_.has_head && !opts_.value_head && c.tie_word_embeddings;
+  if (opts_.has_embedding || tied_head) embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
+  BlockDims dims;
+  dims.D = D;
+  dims.F = local_ffn();
+  dims.hd = c.head_dim;
+  dims.heads = heads_;
+  dims.eps = float(c.rms_norm_eps);
+  dims.dtype = dt;
+  const ParamFactory factory = [&](std::string name, Shape shape, bool decay) {
+    return make_param(std::move(name), std::move(shape), dt, decay);
+  };
+  blocks_.reserve(size_t(opts_.num_layers));
+  for (int64_t i = opts_.first_layer; i < opts_.first_layer + opts_.num_layers; ++i)
+    blocks_.push_back(std::make_unique<Block>(c, dims, i, factory));
+  if (!opts_.has_head) return;
   final_norm_ = make_param("model.norm.weight", {D}, dt, false);
   if (opts_.value_head) {
     // Replicated under tp (hf_shard_spec: any name not sharded), decayed like any linear weight.
@@ -171,15 +169,11 @@ void CausalLM::build_rope() {
 
 std::vector<Param*> CausalLM::params() {
   std::vector<Param*> out;
-  out.push_back(&embed_);
-  for (auto& L : layers_) {
-    for (Param* p : {&L.input_norm, &L.q, &L.q_bias, &L.k, &L.k_bias, &L.v, &L.v_bias, &L.o, &L.o_bias, &L.q_norm,
-                     &L.k_norm, &L.post_norm, &L.gate, &L.gate_bias, &L.up, &L.up_bias, &L.down, &L.down_bias})
-      if (p->weight.defined()) out.push_back(p);
-  }
-  out.push_back(&final_norm_);
-  for (Param* p : {&lm_head_, &score_, &score_bias_})
-    if (p->weight.defined()) out.push_back(p);
+  if (!embed_.name.empty()) out.push_back(&embed_);
+  for (auto& b : blocks_)
+    for (Param* p : b->params()) out.push_back(p);
+  for (Param* p : {&final_norm_, &lm_head_, &score_, &score_bias_})
+    if (!p->name.empty()) out.push_back(p);  // allocated (its weight may be released)
   return out;
 }
 
@@ -190,8 +184,8 @@ Tensor CausalLM::full_tensor(const Param& p) const {
 int64_t CausalLM::grad_stage(const Param& p) const {
   static const std::string kLayers = "model.layers.";
   if (p.name.compare(0, kLayers.size(), kLayers) == 0) return std::stoll(p.name.substr(kLayers.size()));
-  if (&p == &embed_) return -1;  // also the tied lm_head
-  return cfg_.num_hidden_layers;   // final norm, untied lm_head
+  if (&p == &embed_ && opts_.has_embedding) return -1;  // also the tied lm_head
+  return cfg_.num_hidden_layers;  // final norm, untied lm_head, a head slice's copy of the tied embedding
 }
 
 Param* CausalLM::find_param(const std::string& name) {
@@ -219,10 +213,21 @@ void CausalLM::zero_grads() {
 std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, const ModelOptions& opts, uint64_t seed,
                                                 double init_std) {
   std::unique_ptr<CausalLM> m(new CausalLM(cfg, opts));
-  uint64_t stream = 0;
+  // Each tensor draws from the Philox stream of its place in the whole
+  // model's params() (embedding 1, then the layers, then the head), so a
+  // slice holds exactly the values of the same tensors of the whole model.
+  const uint64_t per_layer = uint64_t(Block::param_count(cfg)), L = uint64_t(cfg.num_hidden_layers);
+  std::vector<std::pair<Param*, uint64_t>> draws;
+  if (m->embed_.weight.defined()) draws.push_back({&m->embed_, 1});
+  for (auto& b : m->blocks_) {
+    uint64_t j = 0;
+    for (Param* p : b->params()) draws.push_back({p, 2 + uint64_t(b->index()) * per_layer + j++});
+  }
+  uint64_t head_stream = 2 + L * per_layer;
+  for (Param* p : {&m->final_norm_, &m->lm_head_, &m->score_, &m->score_bias_})
+    if (p->weight.defined()) draws.push_back({p, head_stream++});
   comm::ProcessGroup& tp = m->tp();
-  for (Param* p : m->params()) {
-    ++stream;
+  for (auto [p, stream] : draws) {
     const bool is_norm = p->name.find("norm") != std::string::npos;
     const bool is_bias = p->name.size() >= 5 && p->name.compare(p->name.size() - 5, 5, ".bias") == 0;
     if (is_norm) {

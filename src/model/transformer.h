@@ -2,6 +2,14 @@
 // and backward over packed batches. Parameters carry HF names so checkpoints
 // load and save without a mapping table.
 //
+// A CausalLM is a slice: an optional embedding, a contiguous range of decoder
+// blocks (model/block.h, the one layer body every path runs) and an optional
+// head (final norm + lm_head, or the value head). The default options give the
+// whole model; a pipeline stage is a slice (ModelOptions first_layer,
+// num_layers, has_embedding, has_head), chained through forward_hidden /
+// backward_hidden on the residual stream. A slice loads, saves, lists and
+// initialises only its own tensors (HF names keep the global layer index).
+//
 // Precision: weights live in the compute dtype (f32, or bf16 in bf16 mode);
 // gradients are always f32 and accumulate across micro-batches; the f32
 // master copy in bf16 mode belongs to the optimizer (optim/), not the model.
@@ -17,6 +25,10 @@
 // reassemble it. forward() then returns this rank's vocab slice of the logits,
 // [T, V/tp] starting at vocab_start(): score them with the vocab-parallel
 // functions of model/scoring.h (parallel/vocab_loss.h), never by gathering.
+// A vocabulary tp does not divide is padded (Megatron's
+// make_vocab_size_divisible_by): padded_vocab() rows, the padding rows zero,
+// left out of every reduction, with zero gradients; full_tensor(), save() and
+// full_shape keep the HF shape [vocab_size, D], and load() pads.
 // With sequence_parallel the activations between the TP regions are split
 // along the tokens; batches whose token count does not divide by tp are padded
 // internally (padding rows never reach attention, the logits or the grads).
@@ -39,6 +51,8 @@
 #include "io/model_config.h"
 #include "model/activations.h"
 #include "model/batch.h"
+#include "model/block.h"
+#include "model/param.h"
 #include "ops/rope.h"
 #include "parallel/sharding.h"
 #include "parallel/tp_layers.h"
@@ -62,29 +76,24 @@ struct ModelOptions {
   // config.json, default 0.02) from Philox(value_head_seed); HF draws it
   // from torch's global RNG, so the values differ from HF's but the law is the same.
   uint64_t value_head_seed = 0;
-};
 
-// One trainable tensor: its HF name, the weight (compute dtype) and its f32 gradient.
-struct Param {
-  std::string name;
-  Tensor weight;
-  Tensor grad;             // f32, same shape; undefined until enable_grads()
-  bool weight_decay = true;  // false for norms and biases, as Megatron/verl do
-  Shape full_shape;          // the HF tensor's shape (== weight's shape at tp = 1)
-  parallel::ShardSpec shard; // how weight is cut from it over the tp group
-  // False on all but one tp rank for parameters every tp rank holds in full
-  // (norms, row-linear biases, replicated kv heads), so the global grad norm
-  // counts each element once.
-  bool norm_counted = true;
-};
+  // A slice of the model (a pipeline stage): blocks [first_layer,
+  // first_layer + num_layers) of config.num_hidden_layers (num_layers -1:
+  // through the last layer), with the embedding and/or the head (final norm +
+  // lm_head or value head). The embedding needs first_layer 0 and the head the
+  // last layer. The default is the whole model.
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;
+  bool has_embedding = true;
+  bool has_head = true;
 
-struct LayerParams {
-  Param input_norm, post_norm;          // [D]
-  Param q, k, v, o;                     // [q_dim, D], [kv_dim, D], [kv_dim, D], [D, q_dim]
-  Param q_bias, k_bias, v_bias, o_bias; // optional: [q_dim], [kv_dim], [kv_dim], [D]
-  Param q_norm, k_norm;                 // Qwen3: [head_dim]
-  Param gate, up, down;                 // [F, D], [F, D], [D, F]
-  Param gate_bias, up_bias, down_bias;  // optional (Llama mlp_bias)
+  // Vocabulary padding for tensor parallelism (Megatron's
+  // make_vocab_size_divisible_by): when tp > 1 and vocab_size does not divide
+  // by tp, the embedding and lm_head are padded to a multiple of
+  // make_vocab_size_divisible_by * tp rows. Padded rows are zero, never win
+  // (excluded from the vocab-parallel logprob/entropy/loss reductions, cut from
+  // the rollout's logits), get zero gradients and are stripped on export.
+  int64_t make_vocab_size_divisible_by = 128;
 };
 
 class CausalLM {
@@ -102,7 +111,10 @@ class CausalLM {
   // Every parameter in HF order (embedding, layers, final norm, lm_head when
   // untied; score.weight and score.bias instead of lm_head in a value model).
   std::vector<Param*> params();
-  Param* find_param(const std::string& name);
+  Param* find_param(const std::string& name);  // nullptr when the model (slice) has none of that name
+  const Param* find_param(const std::string& name) const {
+    return const_cast<CausalLM*>(this)->find_param(name);
+  }
   int64_t num_parameters() const;
 
   // Allocates f32 gradients (MemCategory::Grads) and zeroes them.
@@ -120,19 +132,40 @@ class CausalLM {
 
   // Forward through the final norm and lm_head: fills acts (everything
   // backward needs) and returns logits [T, V] (compute dtype); under tp > 1
-  // this rank's vocab columns [T, V/tp]. A value model returns values [T, 1]
-  // (compute dtype; the full values on every tp rank).
+  // this rank's vocab columns [T, local_vocab()] (padded_vocab() / tp; the
+  // padding columns are zero). A value model returns values [T, 1] (compute
+  // dtype; the full values on every tp rank). Needs the embedding and the head.
   Tensor forward(const PackedBatch& batch, Activations& acts) const;
   // Logits only, keeping nothing for backward (scoring, generation prefill).
   Tensor forward_inference(const PackedBatch& batch) const;
-  // Backward from dlogits [T, V] (f32; [T, V/tp] under tp); accumulates into
-  // every Param::grad. A value model takes dvalues [T, 1] f32 (the same on every tp rank).
+  // Backward from dlogits [T, V] (f32; [T, local_vocab()] under tp);
+  // accumulates into every Param::grad. A value model takes dvalues [T, 1] f32
+  // (the same on every tp rank). Needs the embedding and the head.
   void backward(const PackedBatch& batch, Activations& acts, const Tensor& dlogits);
+
+  // The same passes for any slice, on hidden states at the slice boundaries.
+  // hidden: the residual stream [hidden_rows(batch), D] (compute dtype) out of
+  // the previous slice, undefined when this slice has the embedding. Returns
+  // what forward() returns when the slice has the head, else the residual
+  // stream [hidden_rows(batch), D] entering the next slice. forward_hidden
+  // keeps `hidden` (not a copy) in acts for the backward: leave it unchanged.
+  Tensor forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts) const;
+  Tensor forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden) const;
+  // dout: dlogits / dvalues as backward() takes them when the slice has the
+  // head, else the f32 gradient of the returned residual stream
+  // [hidden_rows(batch), D]. Returns the f32 gradient of `hidden` (undefined
+  // when the slice has the embedding).
+  Tensor backward_hidden(const PackedBatch& batch, Activations& acts, const Tensor& dout);
+  // Rows of the residual stream on this rank: T, or under sequence
+  // parallelism T padded to a multiple of tp, divided by tp.
+  int64_t hidden_rows(const PackedBatch& batch) const;
 
   // Called during backward each time a group of gradients is final (for
   // data-parallel buckets, parallel/data_parallel.h): stage n_layers after the
-  // lm_head and final norm, stage i after layer i, stage -1 after the
-  // embedding (which a tied lm_head shares). grad_stage() gives a param's stage.
+  // lm_head and final norm, stage i after layer i (global index), stage -1
+  // after the embedding (which a tied lm_head shares). A slice reports only
+  // its stages; a head slice's own copy of a tied embedding (no embedding in
+  // the slice) is final at stage n_layers. grad_stage() gives a param's stage.
   void set_grad_ready_hook(std::function<void(int64_t stage)> hook) { grad_hook_ = std::move(hook); }
   int64_t grad_stage(const Param& p) const;
 
@@ -140,7 +173,10 @@ class CausalLM {
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
   bool sequence_parallel() const { return opts_.parallel.sequence_parallel && tp().size() > 1; }
   int64_t vocab_start() const { return vocab_.start; }
-  int64_t local_vocab() const { return vocab_.size(); }  // V / tp
+  int64_t local_vocab() const { return vocab_.size(); }  // padded_vocab() / tp
+  // Rows of the embedding / lm_head over all tp ranks: vocab_size, padded
+  // when tp > 1 does not divide it (ModelOptions::make_vocab_size_divisible_by).
+  int64_t padded_vocab() const { return padded_vocab_; }
   int64_t local_ffn() const { return cfg_.intermediate_size / tp().size(); }
   const parallel::TpHeads& heads() const { return heads_; }  // this rank's query / kv heads
 
@@ -155,20 +191,31 @@ class CausalLM {
   const Param& value_head() const { return score_; }          // [1, D]; undefined unless value_head
   const Param& value_head_bias() const { return score_bias_; }  // [1]; undefined unless value_head_bias
   const Param& final_norm() const { return final_norm_; }
-  const std::vector<LayerParams>& layers() const { return layers_; }
+  // The slice: blocks [first_layer(), first_layer() + num_blocks()).
+  int64_t first_layer() const { return opts_.first_layer; }
+  int64_t num_blocks() const { return int64_t(blocks_.size()); }
+  const Block& block(int64_t i) const { return *blocks_[size_t(i)]; }  // local index
+  bool has_embedding() const { return opts_.has_embedding; }
+  bool has_head() const { return opts_.has_head; }
+  bool is_whole_model() const {
+    return has_embedding() && has_head() && num_blocks() == cfg_.num_hidden_layers;
+  }
 
  private:
   CausalLM(io::ModelConfig cfg, ModelOptions opts);
   void allocate_params();
   void build_rope();
+  Tensor run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep) const;
   void ready(int64_t stage) const {
     if (grad_hook_) grad_hook_(stage);
   }
 
   io::ModelConfig cfg_;
   ModelOptions opts_;
-  Param embed_;       // [V, D]
-  std::vector<LayerParams> layers_;
+  // [V, D]; in a slice with the head but no embedding, a tied lm_head's own
+  // copy (Megatron's word embeddings on the last stage); else undefined there.
+  Param embed_;
+  std::vector<std::unique_ptr<Block>> blocks_;  // the slice's layers
   Param final_norm_;  // [D]
   Param lm_head_;     // [V, D], undefined when tied or in a value model
   Param score_;       // [1, D] value head, value models only
@@ -176,6 +223,7 @@ class CausalLM {
   ops::RopeTable rope_;
   parallel::TpHeads heads_;
   parallel::VocabRange vocab_;
+  int64_t padded_vocab_ = 0;
   std::function<void(int64_t)> grad_hook_;
 };
 

@@ -149,7 +149,7 @@ Status validate(const ParallelDims& d, int world, const ModelFacts& m) {
           ": kv heads must be divisible by tp or tp by kv heads");
   if (m.ffn > 0 && m.ffn % d.tp != 0)
     p.add("intermediate_size=", m.ffn, " is not divisible by tensor_model_parallel_size=", d.tp);
-  if (m.vocab > 0 && m.vocab % d.tp != 0)
+  if (m.vocab > 0 && !m.vocab_padded && m.vocab % d.tp != 0)
     p.add("vocab_size=", m.vocab, " is not divisible by tensor_model_parallel_size=", d.tp,
           " (the vocab-parallel embedding splits rows evenly; pad the vocabulary to a multiple of ", d.tp, ")");
   if (m.n_layers > 0 && m.n_layers % d.pp != 0)

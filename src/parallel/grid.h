@@ -40,6 +40,7 @@ struct ModelFacts {
   int64_t n_kv_heads = 0;  // num_key_value_heads (GQA query groups)
   int64_t n_layers = 0;    // num_hidden_layers
   int64_t vocab = 0;       // vocab_size as the embedding is allocated
+  bool vocab_padded = false;  // the model pads vocab for tp itself (no divisibility rule)
   int64_t ffn = 0;         // intermediate_size
   int64_t n_experts = 0;   // num_experts (MoE); 0 = dense model
 };

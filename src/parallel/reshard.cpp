@@ -1,5 +1,6 @@
 #include "parallel/reshard.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kestrel::parallel {
@@ -33,9 +34,19 @@ void cut_shard_into(const Tensor& full, const ShardSpec& spec, int rank, int siz
     return;
   }
   if (spec.kind != ShardKind::Row) {
-    // A dim-0 block is one contiguous range of the full tensor.
+    // A dim-0 block is one contiguous range of the full tensor; rows past its
+    // end (vocabulary padding) are zeros.
     const int64_t inner = inner_from(fs, 1), rows = ss[0], begin = block_index(spec, rank, size) * rows;
-    dst.copy_from(full.view({fs[0], inner}).slice_rows(begin, begin + rows));
+    const int64_t end = std::min(begin + rows, fs[0]);
+    if (end - begin == rows) {
+      dst.copy_from(full.view({fs[0], inner}).slice_rows(begin, begin + rows));
+      return;
+    }
+    dst.zero_();
+    if (end > begin) {
+      Tensor real = dst.view({rows, inner}).slice_rows(0, end - begin);
+      real.copy_from(full.view({fs[0], inner}).slice_rows(begin, end));
+    }
     return;
   }
   // Row-parallel [out, in]: columns [rank*in/n, (rank+1)*in/n) of every row.

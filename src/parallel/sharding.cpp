@@ -1,5 +1,6 @@
 #include "parallel/sharding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -40,7 +41,19 @@ TpHeads tp_heads(int64_t H, int64_t Hkv, int rank, int n) {
   return h;
 }
 
+int64_t padded_vocab_size(int64_t vocab, int64_t multiple, int n) {
+  if (n <= 1 || multiple <= 0 || vocab % n == 0) return vocab;
+  const int64_t m = multiple * n;
+  return (vocab + m - 1) / m * m;
+}
+
 namespace {
+
+// Dim-0 length a sharded tensor is split over (its padded vocabulary for Vocab).
+int64_t split_len(const Shape& full, const ShardSpec& spec, int n) {
+  if (spec.kind == ShardKind::Vocab && !full.empty()) return padded_vocab_size(full[0], spec.pad_multiple, n);
+  return full.empty() ? 0 : full[spec.kind == ShardKind::Row ? 1 : 0];
+}
 
 // Block of dim `d` owned by `rank` for kind (Column/Vocab/Row/KvHeads): [begin, end).
 std::pair<int64_t, int64_t> block_of(const Shape& full, const ShardSpec& spec, int rank, int n,
@@ -48,7 +61,7 @@ std::pair<int64_t, int64_t> block_of(const Shape& full, const ShardSpec& spec, i
   const int dim = spec.kind == ShardKind::Row ? 1 : 0;
   KS_CHECK(int64_t(full.size()) > dim, "tensor '", name, "' of shape ", shape_str(full), " cannot be split ",
            shard_kind_name(spec.kind), "-wise");
-  const int64_t len = full[size_t(dim)];
+  const int64_t len = spec.kind == ShardKind::Vocab ? split_len(full, spec, n) : full[size_t(dim)];
   if (spec.kind == ShardKind::KvHeads) {
     KS_CHECK(spec.n_kv_heads > 0 && len % spec.n_kv_heads == 0, "tensor '", name, "' dim 0 of ", len,
              " is not a multiple of num_key_value_heads ", spec.n_kv_heads);
@@ -88,13 +101,16 @@ Tensor shard_tensor(const Tensor& full, const ShardSpec& spec, int rank, int n, 
   if (spec.kind == ShardKind::Replicated || n == 1) return full.clone(cat);
   const Shape& fs = full.shape();
   auto [b, e] = block_of(fs, spec, rank, n, name);
-  Tensor out = Tensor::empty(shard_shape(fs, spec, n, name), full.dtype(), cat);
+  // Rows past the full tensor's (vocabulary padding) stay zero.
+  const int64_t real_end = spec.kind == ShardKind::Row ? e : std::min(e, fs[0]);
+  const Shape ss = shard_shape(fs, spec, n, name);
+  Tensor out = real_end < e ? Tensor::zeros(ss, full.dtype(), cat) : Tensor::empty(ss, full.dtype(), cat);
   const size_t es = dtype_size(full.dtype());
   const char* src = static_cast<const char*>(full.raw());
   char* dst = static_cast<char*>(out.raw());
   if (spec.kind != ShardKind::Row) {
     const int64_t inner = inner_of(fs, 1);
-    std::memcpy(dst, src + size_t(b * inner) * es, size_t((e - b) * inner) * es);
+    if (real_end > b) std::memcpy(dst, src + size_t(b * inner) * es, size_t((real_end - b) * inner) * es);
   } else {
     const int64_t rows = fs[0], cols = fs[1], inner = inner_of(fs, 2), w = (e - b) * inner;
     for (int64_t r = 0; r < rows; ++r)
@@ -119,8 +135,9 @@ Tensor gather_tensor(comm::ProcessGroup& tp, const Tensor& shard, const ShardSpe
     const char* src = all.data() + size_t(r) * shard.nbytes();
     if (spec.kind != ShardKind::Row) {
       // Replicated kv heads arrive from every replica; each copy is identical.
-      const int64_t inner = inner_of(full_shape, 1);
-      std::memcpy(dst + size_t(b * inner) * es, src, size_t((e - b) * inner) * es);
+      // Vocabulary padding rows (past the full tensor's) are dropped.
+      const int64_t inner = inner_of(full_shape, 1), real_end = std::min(e, full_shape[0]);
+      if (real_end > b) std::memcpy(dst + size_t(b * inner) * es, src, size_t((real_end - b) * inner) * es);
     } else {
       const int64_t rows = full_shape[0], cols = full_shape[1], inner = inner_of(full_shape, 2), w = (e - b) * inner;
       for (int64_t row = 0; row < rows; ++row)

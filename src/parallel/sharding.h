@@ -24,7 +24,16 @@ const char* shard_kind_name(ShardKind k);
 struct ShardSpec {
   ShardKind kind = ShardKind::Replicated;
   int64_t n_kv_heads = 0;  // KvHeads only
+  // Vocab only: > 0 pads dim 0 to padded_vocab_size(len, pad_multiple, n)
+  // rows when it does not divide by the n ranks (Megatron's
+  // make_vocab_size_divisible_by). The padding rows are zeros in a shard and
+  // dropped when gathering: the full tensor keeps the HF shape.
+  int64_t pad_multiple = 0;
 };
+
+// Rows of a vocab-parallel tensor over n ranks: vocab when n == 1 or n divides
+// it (or multiple is 0), else vocab rounded up to a multiple of multiple * n.
+int64_t padded_vocab_size(int64_t vocab, int64_t multiple, int n);
 
 // Query/kv heads of one rank (head-sharded attention with GQA).
 struct TpHeads {

@@ -124,7 +124,7 @@ void row_linear_bwd(comm::ProcessGroup& tp, bool sp, const Tensor& x, const Tens
 VocabRange vocab_range(int64_t vocab, int rank, int size) {
   if (vocab % size != 0)
     KS_FAIL("vocab_size ", vocab, " does not divide by tensor_model_parallel_size ", size,
-            "; not supported yet: vocabulary padding for tensor parallelism (choose a tp size dividing ", vocab, ")");
+            "; pad it first (parallel::padded_vocab_size, as the model does with make_vocab_size_divisible_by)");
   const int64_t n = vocab / size;
   return {rank * n, (rank + 1) * n};
 }

@@ -70,7 +70,7 @@ struct VocabRange {
   int64_t size() const { return end - start; }
 };
 // Rank r of n holds rows [r*V/n, (r+1)*V/n); V must divide by n (else an error
-// naming vocab_size: pad the vocabulary, as Megatron's make_vocab_size_divisible_by does).
+// naming vocab_size: pass the padded vocabulary, parallel::padded_vocab_size).
 VocabRange vocab_range(int64_t vocab, int rank, int size);
 
 // ids: i32 [T] global ids (ids < 0 give zero rows: padding); table [V/n, D]

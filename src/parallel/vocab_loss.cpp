@@ -1,5 +1,6 @@
 #include "parallel/vocab_loss.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -32,14 +33,22 @@ void check_args(const char* op, const Tensor& logits, const Tensor& targets, con
   KS_CHECK(lse.dtype() == DType::F32 && lse.numel() == T, op, ": lse must be f32 [", T, "], got ", lse.describe());
 }
 
+// Columns of this rank's [T, V/n] logits that are real vocabulary: those past
+// vocab_size (padding, parallel::padded_vocab_size) never take part.
+int64_t real_cols(const Tensor& logits, int64_t vocab_start, int64_t vocab_size) {
+  const int64_t V = logits.size(1);
+  if (vocab_size < 0) return V;
+  return std::clamp<int64_t>(vocab_size - vocab_start, 0, V);
+}
+
 // Global lse per row and, per row, the reduced (sum exp(z-M), sum exp(z-M) z, z_target).
 struct RowStats {
   std::vector<float> sums;  // [3, T]
 };
 
 RowStats row_stats(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                   Tensor& lse) {
-  const int64_t T = logits.size(0), V = logits.size(1);
+                   int64_t vocab_size, Tensor& lse) {
+  const int64_t T = logits.size(0), V = real_cols(logits, vocab_start, vocab_size);
   const int32_t* tg = targets.data<int32_t>();
   float* L = lse.data<float>();
 #pragma omp parallel
@@ -86,14 +95,15 @@ RowStats row_stats(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& t
 }  // namespace
 
 void vocab_logprob_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                               int64_t vocab_start, Tensor& logprob, Tensor* entropy, Tensor& lse) {
-  if (tp.size() == 1 && vocab_start == 0) {
+                               int64_t vocab_start, Tensor& logprob, Tensor* entropy, Tensor& lse,
+                               int64_t vocab_size) {
+  if (tp.size() == 1 && vocab_start == 0 && real_cols(logits, 0, vocab_size) == logits.size(1)) {
     ops::logprob_entropy_fwd(logits, targets, logprob, entropy, lse);
     return;
   }
   check_args("vocab_logprob_entropy_fwd", logits, targets, lse);
   const int64_t T = logits.size(0);
-  RowStats st = row_stats(tp, logits, targets, vocab_start, lse);
+  RowStats st = row_stats(tp, logits, targets, vocab_start, vocab_size, lse);
   const int32_t* tg = targets.data<int32_t>();
   const float* L = lse.data<float>();
   float* lp = logprob.data<float>();
@@ -107,8 +117,9 @@ void vocab_logprob_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, con
 
 void vocab_logprob_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
                                int64_t vocab_start, const Tensor& lse, const Tensor& dlogprob,
-                               const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits) {
-  if (tp.size() == 1 && vocab_start == 0) {
+                               const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits,
+                               int64_t vocab_size) {
+  if (tp.size() == 1 && vocab_start == 0 && real_cols(logits, 0, vocab_size) == logits.size(1)) {
     ops::logprob_entropy_bwd(logits, targets, lse, dlogprob, dentropy, dlogits);
     return;
   }
@@ -117,7 +128,7 @@ void vocab_logprob_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, con
            "vocab_logprob_entropy_bwd: dlogits must be f32 ", shape_str(logits.shape()), ", got ", dlogits.describe());
   KS_CHECK(!dentropy || (entropy && entropy->numel() == logits.size(0)),
            "vocab_logprob_entropy_bwd: a dentropy needs the forward's entropy");
-  const int64_t T = logits.size(0), V = logits.size(1);
+  const int64_t T = logits.size(0), V = logits.size(1), Vr = real_cols(logits, vocab_start, vocab_size);
   const int32_t* tg = targets.data<int32_t>();
   const float* L = lse.data<float>();
   const float* dl = dlogprob.data<float>();
@@ -135,7 +146,7 @@ void vocab_logprob_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, con
       const double ge = de ? double(de[t]) : 0.0;
       const double h = de ? double(H[t]) : 0.0;
       const int64_t local = int64_t(tg[t]) - vocab_start;
-      for (int64_t v = 0; v < V; ++v) {
+      for (int64_t v = 0; v < Vr; ++v) {
         const double logp = double(z[v]) - double(L[t]);
         const double p = std::exp(logp);
         double r = -g * p;
@@ -143,16 +154,18 @@ void vocab_logprob_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, con
         if (v == local && tg[t] >= 0) r += g;
         d[v] = float(r);
       }
+      for (int64_t v = Vr; v < V; ++v) d[v] = 0.f;  // padding columns: not in the softmax
     }
   }
 }
 
 double vocab_cross_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                               int64_t vocab_start, Tensor& lse) {
-  if (tp.size() == 1 && vocab_start == 0) return ops::cross_entropy_fwd(logits, targets, lse);
+                               int64_t vocab_start, Tensor& lse, int64_t vocab_size) {
+  if (tp.size() == 1 && vocab_start == 0 && real_cols(logits, 0, vocab_size) == logits.size(1))
+    return ops::cross_entropy_fwd(logits, targets, lse);
   check_args("vocab_cross_entropy_fwd", logits, targets, lse);
   const int64_t T = logits.size(0);
-  RowStats st = row_stats(tp, logits, targets, vocab_start, lse);
+  RowStats st = row_stats(tp, logits, targets, vocab_start, vocab_size, lse);
   const int32_t* tg = targets.data<int32_t>();
   double sum = 0;
   int64_t count = 0;
@@ -165,8 +178,9 @@ double vocab_cross_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, con
 }
 
 void vocab_cross_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                             int64_t vocab_start, const Tensor& lse, double dloss, Tensor& dlogits) {
-  if (tp.size() == 1 && vocab_start == 0) {
+                             int64_t vocab_start, const Tensor& lse, double dloss, Tensor& dlogits,
+                             int64_t vocab_size) {
+  if (tp.size() == 1 && vocab_start == 0 && real_cols(logits, 0, vocab_size) == logits.size(1)) {
     ops::cross_entropy_bwd(logits, targets, lse, dloss, dlogits);
     return;
   }
@@ -178,7 +192,7 @@ void vocab_cross_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const
   Tensor dlp = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   const float g = float(-dloss / double(std::max<int64_t>(1, count)));
   for (int64_t t = 0; t < T; ++t) dlp.data<float>()[t] = tg[t] >= 0 ? g : 0.f;
-  vocab_logprob_entropy_bwd(tp, logits, targets, vocab_start, lse, dlp, nullptr, nullptr, dlogits);
+  vocab_logprob_entropy_bwd(tp, logits, targets, vocab_start, lse, dlp, nullptr, nullptr, dlogits, vocab_size);
 }
 
 }  // namespace kestrel::parallel

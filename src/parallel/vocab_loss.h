@@ -16,21 +16,27 @@ namespace kestrel::parallel {
 
 // logits [T, V/n] (f32 or bf16); targets i32 [T] global ids (< 0: no target,
 // logprob 0); logprob, entropy (may be nullptr), lse: f32 [T].
+// vocab_size >= 0: the real vocabulary; columns at global index >= vocab_size
+// are padding (parallel::padded_vocab_size) and take no part: not in the
+// softmax, the entropy or the max, and their dlogits are 0. -1: every column is real.
 void vocab_logprob_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                               int64_t vocab_start, Tensor& logprob, Tensor* entropy, Tensor& lse);
+                               int64_t vocab_start, Tensor& logprob, Tensor* entropy, Tensor& lse,
+                               int64_t vocab_size = -1);
 // dlogits [T, V/n] (f32; may alias f32 logits) = dlogprob * (onehot - p)
 // + dentropy * (-p * (log p + H)); dentropy may be nullptr. Needs the entropy
 // of the forward when dentropy is given (H per row).
 void vocab_logprob_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
                                int64_t vocab_start, const Tensor& lse, const Tensor& dlogprob,
-                               const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits);
+                               const Tensor* dentropy, const Tensor* entropy, Tensor& dlogits,
+                               int64_t vocab_size = -1);
 
 // Masked mean cross-entropy over the sharded logits: sum(-logprob) / max(1, count)
 // over rows with target >= 0; identical on every rank.
 double vocab_cross_entropy_fwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                               int64_t vocab_start, Tensor& lse);
+                               int64_t vocab_start, Tensor& lse, int64_t vocab_size = -1);
 // dlogits = dloss * (p - onehot) / count on counted rows, 0 elsewhere; may alias f32 logits.
 void vocab_cross_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& targets,
-                             int64_t vocab_start, const Tensor& lse, double dloss, Tensor& dlogits);
+                             int64_t vocab_start, const Tensor& lse, double dloss, Tensor& dlogits,
+                             int64_t vocab_size = -1);
 
 }  // namespace kestrel::parallel

@@ -57,7 +57,79 @@ uint64_t step_fingerprint(const StepBatch& b) {
   return h;
 }
 
+namespace {
+
+// The rollout's execution of the block (model/block.h's seam): the skinny
+// decode GEMM, no sequence parallelism (row-parallel outputs all-reduced over
+// tp), paged K/V and one buffer per slot reused by every layer, so a decode
+// step allocates nothing per layer.
+class RolloutExec final : public model::BlockExec {
+ public:
+  RolloutExec(comm::ProcessGroup& tp, KVCache& kv, const ops::AttentionShape& shape, Tensor residual)
+      : tp_(tp), kv_(kv), shape_(shape), residual_(std::move(residual)) {
+    Tl = Tp = residual_.size(0);
+  }
+  Tensor slots, cu_q, seq_lens, tables;  // i32 [T], [B+1], [B], [B, max_blocks]
+
+  Tensor buffer(model::BlockBuf slot, Shape shape, DType dt) override {
+    using model::BlockBuf;
+    // The block's output overwrites its input (not read after), the MLP's
+    // norm reuses the attention's, silu(gate) * up is written over gate.
+    if (slot == BlockBuf::XOut) return residual_;
+    if (slot == BlockBuf::Norm2) slot = BlockBuf::Norm1;
+    if (slot == BlockBuf::Rstd2) slot = BlockBuf::Rstd1;
+    if (slot == BlockBuf::Act) slot = BlockBuf::Gate;
+    Tensor& t = bufs_[size_t(slot)];
+    if (!t.defined()) t = act(std::move(shape), dt);
+    return t;
+  }
+  Tensor enter(const Tensor& x) override { return x; }  // replicated activations: nothing to gather
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override { decode_linear(x, w, b, y); }
+  // y[T, out] = x @ w^T + b for a row-parallel weight w [out, in/tp]: the
+  // partial sums are all-reduced over tp, the bias added once.
+  void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override {
+    if (tp_.size() == 1) {
+      decode_linear(x, w, b, y);
+      return;
+    }
+    // The bias enters rank 0's partial sum only, so the reduction adds it once
+    // (parallel::row_linear_fwd's rule).
+    const Tensor* b0 = tp_.rank() == 0 ? b : nullptr;
+    if (y.dtype() == DType::F32) {
+      decode_linear(x, w, b0, y);
+      tp_.all_reduce(y, comm::ReduceOp::Sum);
+      return;
+    }
+    // bf16: reduce the f32 partials and round once, as the single-process GEMM
+    // and training's row_linear_fwd do.
+    Tensor partial = act({x.size(0), w.size(0)}, DType::F32);  // [T, out]
+    decode_linear(x, w, b0, partial);
+    tp_.all_reduce(partial, comm::ReduceOp::Sum);
+    y.copy_from(partial);
+  }
+  // Every new row lands in the cache before attention reads it: a chunk
+  // attends to itself through the same block tables as to its prefix.
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, model::LayerActivations&) override {
+    Tensor out = buffer(model::BlockBuf::Attn, q.shape(), q.dtype());  // [T, H*hd]
+    ops::paged_kv_write(k, v, slots, kv_.k(layer), kv_.v(layer));
+    ops::paged_attention_fwd(q, kv_.k(layer), kv_.v(layer), tables, cu_q, seq_lens, shape_, out);
+    return out;
+  }
+
+ private:
+  comm::ProcessGroup& tp_;
+  KVCache& kv_;
+  ops::AttentionShape shape_;
+  Tensor residual_;  // [T, D]
+  Tensor bufs_[size_t(model::BlockBuf::kCount)];
+};
+
+}  // namespace
+
 ModelRunner::ModelRunner(const model::CausalLM& model, KVCache& kv) : m_(model), kv_(kv) {
+  KS_CHECK(model.is_whole_model(), "not supported yet: a rollout of a model slice (layers ", model.first_layer(),
+           "..", model.first_layer() + model.num_blocks() - 1, ")");
+  KS_CHECK(!model.is_value_model(), "the rollout samples tokens: a value model has no lm_head");
   const auto& g = kv.geometry();
   KS_CHECK(g.n_kv_heads == model.heads().n_kv_heads && g.head_dim == model.config().head_dim &&
                g.n_layers == model.config().num_hidden_layers,
@@ -66,113 +138,52 @@ ModelRunner::ModelRunner(const model::CausalLM& model, KVCache& kv) : m_(model),
            model.heads().n_kv_heads, " x ", model.config().head_dim, ")");
 }
 
-void ModelRunner::row_parallel(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  comm::ProcessGroup& tp = m_.tp();
-  if (tp.size() == 1) {
-    decode_linear(x, w, b, y);
-    return;
-  }
-  // The bias enters rank 0's partial sum only, so the reduction adds it once
-  // (parallel::row_linear_fwd's rule).
-  const Tensor* b0 = tp.rank() == 0 ? b : nullptr;
-  if (y.dtype() == DType::F32) {
-    decode_linear(x, w, b0, y);
-    tp.all_reduce(y, comm::ReduceOp::Sum);
-    return;
-  }
-  // bf16: reduce the f32 partials and round once, as the single-process GEMM
-  // and training's row_linear_fwd do.
-  Tensor partial = act({x.size(0), w.size(0)}, DType::F32);  // [T, out]
-  decode_linear(x, w, b0, partial);
-  tp.all_reduce(partial, comm::ReduceOp::Sum);
-  y.copy_from(partial);
-}
-
 Tensor ModelRunner::gather_vocab(const Tensor& local) {
   comm::ProcessGroup& tp = m_.tp();
   if (tp.size() == 1) return local;
   const int n = tp.size();
-  const int64_t S = local.size(0), Vl = local.size(1);
+  const int64_t S = local.size(0), Vl = local.size(1), V = m_.config().vocab_size;
   Tensor blocks = act({n, S, Vl}, local.dtype());  // [tp, S, V/tp]: rank r's vocab slice r
   tp.all_gather(local.raw(), blocks.raw(), local.numel(), local.dtype());
-  Tensor full = act({S, n * Vl}, local.dtype());  // [S, V]
+  // [S, V]: the vocabulary padding columns (past V, on the last ranks) are
+  // dropped, so no caller can sample them.
+  Tensor full = act({S, V}, local.dtype());
   const size_t es = dtype_size(local.dtype()), row = size_t(Vl) * es;
   const char* src = static_cast<const char*>(blocks.raw());
   char* dst = static_cast<char*>(full.raw());
-  for (int r = 0; r < n; ++r)
+  for (int r = 0; r < n; ++r) {
+    const int64_t cols = std::min<int64_t>(Vl, V - int64_t(r) * Vl);
+    if (cols <= 0) break;
     for (int64_t s = 0; s < S; ++s)
-      std::memcpy(dst + (size_t(s) * size_t(n) + size_t(r)) * row, src + (size_t(r) * size_t(S) + size_t(s)) * row,
-                  row);
+      std::memcpy(dst + (size_t(s) * size_t(V) + size_t(r) * size_t(Vl)) * es,
+                  src + size_t(r) * size_t(S) * row + size_t(s) * row, size_t(cols) * es);
+  }
   return full;
 }
 
 Tensor ModelRunner::execute(const StepBatch& b) {
   const auto& c = m_.config();
   const DType dt = m_.dtype();
-  comm::ProcessGroup& tp = m_.tp();
   const int64_t T = b.num_tokens(), B = b.num_seqs(), S = int64_t(b.sample_rows.size());
-  // Local sizes on this tp rank (the full model at tp = 1).
-  const int64_t D = c.hidden_size, F = m_.local_ffn();
-  const int64_t H = m_.heads().n_heads, Hkv = m_.heads().n_kv_heads, hd = c.head_dim;
-  const float eps = float(c.rms_norm_eps);
+  const int64_t D = c.hidden_size;
   KS_CHECK(T > 0 && B > 0, "empty step");
   KS_CHECK(kv_.allocated(), "the KV cache is released (engine asleep)");
-  const ops::AttentionShape shape{H, Hkv, hd, 0.f};
-
-  const Tensor ids = ints(b.input_ids, {T});
-  const Tensor pos = ints(b.positions, {T});
-  const Tensor slots = ints(b.slot_mapping, {T});
-  const Tensor cu_q = ints(b.cu_q, {B + 1});
-  const Tensor seq_lens = ints(b.seq_lens, {B});
-  const Tensor tables = ints(b.block_tables, {B, b.max_blocks});
 
   // Buffers reused by every layer: the decode rows of all sequences share
   // each GEMM, so one step costs one read of every weight.
   Tensor x = act({T, D}, dt);  // [T, D] residual stream, replicated over tp
+  RolloutExec ex(m_.tp(), kv_, ops::AttentionShape{m_.heads().n_heads, m_.heads().n_kv_heads, c.head_dim, 0.f}, x);
+  ex.rope = &m_.rope();
+  ex.positions = ints(b.positions, {T});
+  ex.slots = ints(b.slot_mapping, {T});
+  ex.cu_q = ints(b.cu_q, {B + 1});
+  ex.seq_lens = ints(b.seq_lens, {B});
+  ex.tables = ints(b.block_tables, {B, b.max_blocks});
+  const Tensor ids = ints(b.input_ids, {T});
   // Vocab-parallel: each id's row lives on one rank, the others add zeros.
-  parallel::vocab_embedding_fwd(tp, false, ids, m_.embedding().weight, m_.vocab_start(), x);
-  Tensor norm = act({T, D}, dt), rstd = act({T}, DType::F32);
-  Tensor q = act({T, H * hd}, dt), k = act({T, Hkv * hd}, dt), v = act({T, Hkv * hd}, dt);  // local heads
-  Tensor q_lin, k_lin, rstd_q, rstd_k;
-  if (c.qk_norm) {
-    q_lin = act({T, H * hd}, dt);
-    k_lin = act({T, Hkv * hd}, dt);
-    rstd_q = act({T * H}, DType::F32);
-    rstd_k = act({T * Hkv}, DType::F32);
-  }
-  Tensor attn = act({T, H * hd}, dt), o = act({T, D}, dt), x_mid = act({T, D}, dt);
-  Tensor gate = act({T, F}, dt), up = act({T, F}, dt), mlp = act({T, D}, dt);  // [T, F/tp]
-
-  for (size_t li = 0; li < m_.layers().size(); ++li) {
-    const model::LayerParams& L = m_.layers()[li];
-    ops::rmsnorm_fwd(x, L.input_norm.weight, eps, norm, rstd);
-    // Column-parallel q/k/v: this rank's heads only, no communication.
-    if (c.qk_norm) {
-      decode_linear(norm, L.q.weight, bias_of(L.q_bias), q_lin);
-      decode_linear(norm, L.k.weight, bias_of(L.k_bias), k_lin);
-      Tensor qv = q.view({T * H, hd}), kv = k.view({T * Hkv, hd});
-      ops::rmsnorm_fwd(q_lin.view({T * H, hd}), L.q_norm.weight, eps, qv, rstd_q);
-      ops::rmsnorm_fwd(k_lin.view({T * Hkv, hd}), L.k_norm.weight, eps, kv, rstd_k);
-    } else {
-      decode_linear(norm, L.q.weight, bias_of(L.q_bias), q);
-      decode_linear(norm, L.k.weight, bias_of(L.k_bias), k);
-    }
-    decode_linear(norm, L.v.weight, bias_of(L.v_bias), v);
-    ops::rope_fwd(q, pos, m_.rope(), H);
-    ops::rope_fwd(k, pos, m_.rope(), Hkv);
-    // Every new row lands in the cache before attention reads it: a chunk
-    // attends to itself through the same block tables as to its prefix.
-    ops::paged_kv_write(k, v, slots, kv_.k(int64_t(li)), kv_.v(int64_t(li)));
-    ops::paged_attention_fwd(q, kv_.k(int64_t(li)), kv_.v(int64_t(li)), tables, cu_q, seq_lens, shape, attn);
-    row_parallel(attn, L.o.weight, bias_of(L.o_bias), o);
-    ops::add(x, o, x_mid);
-    ops::rmsnorm_fwd(x_mid, L.post_norm.weight, eps, norm, rstd);
-    decode_linear(norm, L.gate.weight, bias_of(L.gate_bias), gate);
-    decode_linear(norm, L.up.weight, bias_of(L.up_bias), up);
-    ops::swiglu_fwd(gate, up, gate);  // in place: gate becomes silu(gate) * up
-    row_parallel(gate, L.down.weight, bias_of(L.down_bias), mlp);
-    ops::add(x_mid, mlp, x);  // x is not read after this: the next layer's residual
-  }
+  parallel::vocab_embedding_fwd(m_.tp(), false, ids, m_.embedding().weight, m_.vocab_start(), x);
+  model::LayerActivations scratch;  // the block's activation handles; nothing is kept
+  for (int64_t li = 0; li < m_.num_blocks(); ++li) m_.block(li).forward(ex, li, x, scratch);
   if (S == 0) return Tensor();
 
   // Final norm and lm_head on the sampled rows only (the norm is per row).
@@ -182,7 +193,7 @@ Tensor ModelRunner::execute(const StepBatch& b) {
     std::memcpy(static_cast<char*>(xs.raw()) + size_t(i) * row,
                 static_cast<const char*>(x.raw()) + size_t(b.sample_rows[size_t(i)]) * row, row);
   Tensor normf = act({S, D}, dt), rstdf = act({S}, DType::F32);
-  ops::rmsnorm_fwd(xs, m_.final_norm().weight, eps, normf, rstdf);
+  ops::rmsnorm_fwd(xs, m_.final_norm().weight, float(c.rms_norm_eps), normf, rstdf);
   Tensor logits = act({S, m_.local_vocab()}, dt);  // [S, V/tp]: this rank's vocab rows
   decode_linear(normf, m_.lm_head().weight, nullptr, logits);
   return gather_vocab(logits);  // [S, V]

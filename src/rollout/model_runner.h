@@ -1,7 +1,8 @@
 // One forward of the training model over a packed step (prefill chunks and
 // decodes mixed, no padding), reading weights in place from the CausalLM and
-// K/V through block tables. Same ops as model/forward_backward.cpp in the same
-// order, so the rollout's logprobs match the trainer's.
+// K/V through block tables. It runs the model's own blocks (model/block.h)
+// through a rollout execution (paged attention, the skinny decode GEMM), so
+// the ops and their order are the trainer's and the rollout's logprobs match.
 //
 // Tensor parallelism (the model's tp group, size 1 = the plain case): every
 // rank runs the step on its local query/kv heads (m.heads()), its F/tp MLP
@@ -11,7 +12,8 @@
 // inference step has no backward to save memory for). The lm_head's [S, V/tp]
 // slices are all-gathered to the full [S, V] on every rank (S is small; vLLM
 // gathers too), so every rank samples the same tokens from the same logits and
-// the schedulers stay in lockstep.
+// the schedulers stay in lockstep; a padded vocabulary's columns past vocab_size
+// are dropped there (they can never be sampled).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -54,10 +56,7 @@ class ModelRunner {
   Tensor execute(const StepBatch& b);
 
  private:
-  // y[T, out] = x @ w^T + b for a row-parallel weight w [out, in/tp]: the
-  // partial sums are all-reduced over tp, the bias added once.
-  void row_parallel(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
-  // [S, V/tp] on every rank -> [S, V] on every rank.
+  // [S, V/tp] on every rank -> [S, V] on every rank (vocabulary padding dropped).
   Tensor gather_vocab(const Tensor& local);
 
   const model::CausalLM& m_;

@@ -294,7 +294,7 @@ TEST(RolloutTp, ReshardTrainingTpToRolloutTp1) {
   perturb(*ref);
   w->release();
   EXPECT_TRUE(w->released());
-  EXPECT_FALSE(w->model().layers()[0].q.weight.defined());
+  EXPECT_FALSE(w->model().find_param("model.layers.0.self_attn.q_proj.weight")->weight.defined());
   w->refresh();
   EXPECT_FALSE(w->released());
   expect_weights_are_shards(w->model(), *ref, "tp -> 1 after a step");

@@ -1,0 +1,65 @@
+#include "model/block.h"
+
+#include "model/dense_blocks.h"
+#include "model/train_exec.h"
+#include "ops/ops.h"
+#include "parallel/tp_layers.h"
+
+namespace kestrel::model {
+
+Block::Block(const io::ModelConfig& cfg, const BlockDims& dims, int64_t index, const ParamFactory& make)
+    : index_(index), dims_(dims) {
+  const std::string p = "model.layers." + std::to_string(index) + ".";
+  input_norm_ = make(p + "input_layernorm.weight", {cfg.hidden_size}, false);
+  post_norm_ = make(p + "post_attention_layernorm.weight", {cfg.hidden_size}, false);
+  attn_ = std::make_unique<DenseAttention>(cfg, dims, p, make);
+  mlp_ = std::make_unique<DenseMlp>(cfg, dims, p, make);
+}
+
+int64_t Block::param_count(const io::ModelConfig& c) {
+  return 2 + DenseAttention::param_count(c) + DenseMlp::param_count(c);
+}
+
+std::vector<Param*> Block::params() {
+  std::vector<Param*> out{&input_norm_};
+  attn_->append_params(out);
+  out.push_back(&post_norm_);
+  mlp_->append_params(out);
+  return out;
+}
+
+Tensor Block::forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActivations& A) const {
+  const int64_t Tl = ex.Tl, D = dims_.D;
+  const DType dt = dims_.dtype;
+  A.x_in = x;
+  Tensor norm1 = ex.buffer(BlockBuf::Norm1, {Tl, D}, dt);
+  A.rstd1 = ex.buffer(BlockBuf::Rstd1, {Tl}, DType::F32);
+  ops::rmsnorm_fwd(x, input_norm_.weight, dims_.eps, norm1, A.rstd1);
+  A.norm1 = ex.enter(norm1);  // [Tp, D] input of the column-parallel q/k/v
+  Tensor attn = attn_->forward(ex, layer, A.norm1, A);  // [Tl, D]
+  A.x_mid = ex.buffer(BlockBuf::XMid, {Tl, D}, dt);
+  ops::add(x, attn, A.x_mid);
+
+  Tensor norm2 = ex.buffer(BlockBuf::Norm2, {Tl, D}, dt);
+  A.rstd2 = ex.buffer(BlockBuf::Rstd2, {Tl}, DType::F32);
+  ops::rmsnorm_fwd(A.x_mid, post_norm_.weight, dims_.eps, norm2, A.rstd2);
+  A.norm2 = ex.enter(norm2);  // [Tp, D]
+  Tensor mlp = mlp_->forward(ex, A.norm2, A);  // [Tl, D]
+  Tensor out = ex.buffer(BlockBuf::XOut, {Tl, D}, dt);  // may be x itself in inference: x is not read after this
+  ops::add(A.x_mid, mlp, out);
+  return out;
+}
+
+void Block::backward(TrainExec& ex, LayerActivations& A, Tensor& dx) {
+  const int64_t D = dims_.D;
+  Tensor dnorm = ex.grad_buf(GradBuf::DNorm, {ex.Tp, D});  // [Tp, D] partial under tp
+  Tensor tmp_l = ex.grad_buf(GradBuf::TmpL, {ex.Tl, D});
+  mlp_->backward(ex, A, dx, dnorm);
+  ex.norm_bwd(A.x_mid, post_norm_, A.rstd2, parallel::tp_enter_bwd(ex.tp, ex.sp, dnorm), tmp_l);
+  ops::add_inplace(dx, tmp_l);  // dx is now d x_mid
+  attn_->backward(ex, A, dx, dnorm);
+  ex.norm_bwd(A.x_in, input_norm_, A.rstd1, parallel::tp_enter_bwd(ex.tp, ex.sp, dnorm), tmp_l);
+  ops::add_inplace(dx, tmp_l);  // dx is now d x_in
+}
+
+}  // namespace kestrel::model

@@ -1,0 +1,138 @@
+// The decoder block, the unit every model path runs: training forward and
+// backward, scoring, and the rollout's prefill/decode all call Block::forward
+// (and training Block::backward), so the layer body exists once.
+//
+//   x_mid = x + attention(enter(rmsnorm(x)))        (attention sub-block)
+//   x_out = x_mid + mlp(enter(rmsnorm(x_mid)))      (MLP sub-block)
+//
+// The ops run in the order of HF's modeling_llama.py, so bf16 rounding points
+// line up with transformers.
+//
+// Where training and inference differ, the block asks a BlockExec (the
+// execution seam) instead of branching:
+//  - which kernel a column-/row-parallel GEMM uses (training: ops::linear_fwd
+//    and parallel/tp_layers with sequence parallelism; the rollout: the skinny
+//    decode GEMM, its row-parallel outputs all-reduced over tp);
+//  - how a column-parallel region is entered (tp_enter_fwd, or the identity);
+//  - the attention core (packed varlen attention over the batch, or paged
+//    K/V write + paged attention through block tables);
+//  - buffer lifetimes (training keeps each in the activation store; the
+//    rollout reuses one buffer per slot across layers).
+//
+// Attention and MLP are sub-blocks behind AttentionBlock / MlpBlock (dense
+// GQA attention with optional q/k/v/o biases and Qwen3 q/k norms, dense
+// SwiGLU MLP today, model/dense_blocks.h); a MoE MLP or MLA attention is
+// another implementation of the same interface.
+//
+// Shapes: Tl rows of the residual stream on this rank (T / tp under SP), Tp
+// rows inside the tensor-parallel regions (T, padded to a multiple of tp under
+// SP). Local sizes: H, Hkv heads, F/tp.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "model/activations.h"
+#include "model/param.h"
+#include "ops/rope.h"
+#include "parallel/sharding.h"
+
+namespace kestrel::model {
+
+class TrainExec;
+
+// A block's forward buffers, named so that an execution can choose their
+// lifetime (BlockExec::buffer).
+enum class BlockBuf {
+  Norm1, Rstd1, QLin, KLin, Q, K, V, RstdQ, RstdK, Attn, O, XMid, Norm2, Rstd2, Gate, Up, Act, Mlp, XOut, kCount
+};
+
+// The execution seam between the block body and the way it runs.
+class BlockExec {
+ public:
+  virtual ~BlockExec() = default;
+  int64_t Tl = 0;                       // rows of the residual stream on this rank
+  int64_t Tp = 0;                       // rows inside the tp regions
+  const ops::RopeTable* rope = nullptr;  // the model's RoPE table
+  Tensor positions;                     // i32 [Tp] RoPE position of each row
+
+  // A buffer for `slot` of `shape`: fresh (training, kept by the activation
+  // store) or one per slot reused by every layer (rollout).
+  virtual Tensor buffer(BlockBuf slot, Shape shape, DType dt) = 0;
+  // Into a column-parallel region: [Tl, D] -> [Tp, D].
+  virtual Tensor enter(const Tensor& x) = 0;
+  // Column-parallel GEMM, no communication: y[Tp, out/tp] = x[Tp, in] w^T (+ b).
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
+  // Row-parallel GEMM, reduced over tp: x[Tp, in/tp] -> y[Tl, out]; b added once.
+  virtual void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
+  // The attention core of local layer `layer`: q [Tp, H*hd], k, v [Tp, Hkv*hd]
+  // (post-RoPE) -> out [Tp, H*hd]. Training also fills A.lse for the backward.
+  virtual Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, LayerActivations& A) = 0;
+};
+
+// Sizes of one block on this tp rank.
+struct BlockDims {
+  int64_t D = 0;        // hidden size
+  int64_t F = 0;        // local intermediate size (F / tp)
+  int64_t hd = 0;       // head dim
+  parallel::TpHeads heads;  // local query / kv heads
+  float eps = 0;        // rms_norm_eps
+  DType dtype = DType::F32;
+};
+
+// Makes the Param of a full HF tensor (its shard on this tp rank).
+using ParamFactory = std::function<Param(std::string name, Shape full_shape, bool weight_decay)>;
+
+// Attention sub-block: the normed residual in, its contribution to the residual out.
+class AttentionBlock {
+ public:
+  virtual ~AttentionBlock() = default;
+  // x: [Tp, D] input of the column-parallel projections. Returns [Tl, D].
+  virtual Tensor forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActivations& A) const = 0;
+  // dy: [Tl, D] f32 gradient of forward's result. Writes dx [Tp, D] f32 (this
+  // rank's partial; the caller's tp_enter_bwd sums it) and accumulates grads.
+  virtual void backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) = 0;
+  virtual void append_params(std::vector<Param*>& out) = 0;  // HF order
+};
+
+// MLP sub-block, same contract.
+class MlpBlock {
+ public:
+  virtual ~MlpBlock() = default;
+  virtual Tensor forward(BlockExec& ex, const Tensor& x, LayerActivations& A) const = 0;
+  virtual void backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) = 0;
+  virtual void append_params(std::vector<Param*>& out) = 0;
+};
+
+class Block {
+ public:
+  // Layer `index` (global: its HF names are model.layers.<index>.*) of cfg.
+  Block(const io::ModelConfig& cfg, const BlockDims& dims, int64_t index, const ParamFactory& make);
+
+  // x: [Tl, D] residual stream in; returns the residual stream out [Tl, D].
+  // `layer` is the block's position in the executing stack (the KV cache's
+  // layer). Fills A with what backward needs.
+  Tensor forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActivations& A) const;
+  // dx: [Tl, D] f32, the gradient of forward's result on entry and of its
+  // input x on return. Accumulates into every Param::grad.
+  void backward(TrainExec& ex, LayerActivations& A, Tensor& dx);
+
+  int64_t index() const { return index_; }
+  // Number of tensors params() lists for a block of cfg.
+  static int64_t param_count(const io::ModelConfig& cfg);
+  std::vector<Param*> params();  // HF order: input norm, attention, post norm, MLP
+  const AttentionBlock& attention() const { return *attn_; }
+  const MlpBlock& mlp() const { return *mlp_; }
+
+ private:
+  int64_t index_;
+  BlockDims dims_;
+  Param input_norm_, post_norm_;  // [D]
+  std::unique_ptr<AttentionBlock> attn_;
+  std::unique_ptr<MlpBlock> mlp_;
+};
+
+}  // namespace kestrel::model
