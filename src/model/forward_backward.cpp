@@ -34,7 +34,7 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
   const auto& c = cfg_;
   const DType dt = dtype();
   TrainExec ex = exec_for(*this, b);
-  const int64_t T = ex.T, Tp = ex.Tp, Tl = ex.Tl, D = c.hidden_size;
+  const int64_t Tp = ex.Tp, Tl = ex.Tl, D = c.hidden_size;
   KS_CHECK(b.max_seqlen <= rope_.cos.size(0), "sequence of ", b.max_seqlen, " tokens is longer than the RoPE table (",
            rope_.cos.size(0), " positions)");
 

@@ -1,5 +1,6 @@
 #include "model/train_exec.h"
 
+#include "ops/copy.h"
 #include "ops/ops.h"
 #include "parallel/tp_layers.h"
 
@@ -7,12 +8,11 @@ namespace kestrel::model {
 
 namespace {
 
+// i32 [n]: t's values, then `fill` (ids -1: a zero embedding; positions 0).
 Tensor pad_i32(const Tensor& t, int64_t n, int32_t fill) {
   if (t.numel() == n) return t;
   Tensor out = Tensor::empty({n}, DType::I32, MemCategory::Activations);
-  const int32_t* src = t.data<int32_t>();
-  int32_t* dst = out.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) dst[i] = i < t.numel() ? src[i] : fill;
+  ops::pad_rows(t, out, float(fill));
   return out;
 }
 

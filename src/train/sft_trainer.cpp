@@ -6,7 +6,7 @@
 
 #include "core/files.h"
 #include "model/batch.h"
-#include "ops/loss.h"
+#include "model/scoring.h"
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/micro_batch.h"
@@ -98,11 +98,9 @@ std::map<std::string, double> SftTrainer::validate() {
     int64_t count = 0;
     for (const auto& grp : split_micro_batches(lens, opt_.val_micro_tokens, 0)) {
       const model::PackedBatch b = model::pack_sequences(gather_ids(val_, grp));
-      Tensor logits = model_.forward_inference(b);  // [T, V]
-      Tensor lp = Tensor::empty({b.num_tokens}, DType::F32);
-      Tensor lse = Tensor::empty({b.num_tokens}, DType::F32);
-      ops::logprob_entropy_fwd(logits, b.targets, lp, nullptr, lse);
-      const float* l = lp.data<float>();
+      // The vocab-parallel scoring under tp (each rank holds [T, V/tp] logits).
+      const model::TokenScores scores = model::score_tokens(model_, b);  // f32 [T]
+      const float* l = scores.logprob.data<float>();
       int64_t t = 0;
       for (int64_t i : grp) {
         const auto& m = val_[size_t(i)].loss_mask;
