@@ -67,7 +67,7 @@ TEST(ConfigSchema, DocsListEveryKey) {
   const std::string text = docs();
   for (const auto& d : schema()) {
     const std::string entry = "\n" + d.path + "\n    " + type_name(d.type) + ", default " + d.default_yaml + ", " +
-                              (d.status == Support::Supported ? "supported" : "not supported yet") + "\n    " + d.doc +
+                              support_name(d.status) + "\n    " + d.doc +
                               "\n";
     EXPECT_NE(text.find(entry), std::string::npos) << "docs() misses " << d.path;
   }
