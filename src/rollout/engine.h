@@ -20,7 +20,7 @@ struct SamplingParams {
   int64_t top_k = -1;        // -1 = off
   double top_p = 1.0;
   double min_p = 0.0;
-  int64_t max_tokens = 256;
+  int64_t max_tokens = 512;  // rollout.response_length's default
   int64_t n = 1;             // samples per prompt, sharing the prompt's KV blocks
   uint64_t seed = 0;         // with (sample index, position): output independent of batching
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
