@@ -65,6 +65,82 @@ void progress(int64_t done, int64_t total, int64_t out_tokens, double secs) {
   std::fflush(stderr);
 }
 
+// Input lines -> prompts: token ids, text (tokenizer) or chat messages (chat template).
+std::vector<Prompt> read_prompts(const std::string& in, int64_t V, const data::ChatTokenizer* tok,
+                                 const std::string& tok_dir) {
+  std::vector<Prompt> prompts;
+  Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
+    if (!j.is_object()) return KS_ERR("expected a JSON object per line");
+    Prompt p;
+    if (j.contains("seed")) {
+      if (!j["seed"].is_number_integer()) return KS_ERR("\"seed\" must be an integer");
+      p.seed = j["seed"].get<uint64_t>();
+    }
+    if (j.contains("input_ids")) {
+      if (!j["input_ids"].is_array()) return KS_ERR("\"input_ids\" must be an array of token ids");
+      for (const auto& x : j["input_ids"]) {
+        if (!x.is_number_integer()) return KS_ERR("\"input_ids\" must hold integers, found ", x.dump());
+        const int64_t v = x.get<int64_t>();
+        if (v < 0 || v >= V) return KS_ERR("token id ", v, " is outside the vocabulary [0, ", V, ")");
+        p.ids.push_back(int32_t(v));
+      }
+    } else if (j.contains("prompt") || j.contains("messages")) {
+      if (!tok) return KS_ERR("text prompts need ", tok_dir, "/tokenizer.json (or give \"input_ids\")");
+      if (j.contains("prompt")) {
+        if (!j["prompt"].is_string()) return KS_ERR("\"prompt\" must be a string");
+        p.ids = tok->tokenizer().encode(j["prompt"].get<std::string>(), true);
+      } else {
+        if (!tok->has_chat_template())
+          return KS_ERR("\"messages\" need a chat template in ", tok_dir, "/tokenizer_config.json");
+        auto text = tok->render(nlohmann::ordered_json::parse(j["messages"].dump()), true);
+        if (!text.is_ok()) return text.status();
+        p.ids = tok->encode(text.value());
+      }
+    } else {
+      return KS_ERR("expected \"input_ids\", \"prompt\" or \"messages\"");
+    }
+    if (p.ids.empty()) return KS_ERR("empty prompt");
+    prompts.push_back(std::move(p));
+    return Status::ok();
+  });
+  if (!st.is_ok()) KS_FAIL(st.message());
+  return prompts;
+}
+
+// One output line per input line, in input order, written atomically.
+void write_outputs(const std::string& out, const std::vector<std::optional<rollout::RequestOutput>>& results,
+                   const data::ChatTokenizer* tok) {
+  AtomicFile f(out);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = *results[i];
+    nlohmann::ordered_json o;
+    o["prompt_ids"] = r.prompt_token_ids;
+    nlohmann::ordered_json outs = nlohmann::ordered_json::array();
+    for (const auto& c : r.outputs) {
+      nlohmann::ordered_json x;
+      x["token_ids"] = c.token_ids;
+      x["logprobs"] = c.logprobs;
+      x["finish_reason"] = c.finish_reason;
+      if (!c.top_logprobs.empty()) {
+        nlohmann::ordered_json tl = nlohmann::ordered_json::array();
+        for (const auto& step : c.top_logprobs) {
+          nlohmann::ordered_json s = nlohmann::ordered_json::array();
+          for (const auto& [id, lp] : step) s.push_back({id, lp});
+          tl.push_back(s);
+        }
+        x["top_logprobs"] = tl;
+      }
+      if (tok) x["text"] = tok->tokenizer().decode(c.token_ids, true);
+      outs.push_back(x);
+    }
+    o["outputs"] = outs;
+    Status ws = f.write(o.dump() + "\n");
+    if (!ws.is_ok()) KS_FAIL(ws.message());
+  }
+  Status cs = f.commit();
+  if (!cs.is_ok()) KS_FAIL(cs.message());
+}
+
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
@@ -138,43 +214,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   sp.logprobs = args.get_int("logprobs");
   const uint64_t base_seed = gs.base_seed;
 
-  const int64_t V = m.config().vocab_size;
-  std::vector<Prompt> prompts;
-  Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
-    if (!j.is_object()) return KS_ERR("expected a JSON object per line");
-    Prompt p;
-    if (j.contains("seed")) {
-      if (!j["seed"].is_number_integer()) return KS_ERR("\"seed\" must be an integer");
-      p.seed = j["seed"].get<uint64_t>();
-    }
-    if (j.contains("input_ids")) {
-      if (!j["input_ids"].is_array()) return KS_ERR("\"input_ids\" must be an array of token ids");
-      for (const auto& x : j["input_ids"]) {
-        if (!x.is_number_integer()) return KS_ERR("\"input_ids\" must hold integers, found ", x.dump());
-        const int64_t v = x.get<int64_t>();
-        if (v < 0 || v >= V) return KS_ERR("token id ", v, " is outside the vocabulary [0, ", V, ")");
-        p.ids.push_back(int32_t(v));
-      }
-    } else if (j.contains("prompt") || j.contains("messages")) {
-      if (!tok) return KS_ERR("text prompts need ", tok_dir, "/tokenizer.json (or give \"input_ids\")");
-      if (j.contains("prompt")) {
-        if (!j["prompt"].is_string()) return KS_ERR("\"prompt\" must be a string");
-        p.ids = tok->tokenizer().encode(j["prompt"].get<std::string>(), true);
-      } else {
-        if (!tok->has_chat_template())
-          return KS_ERR("\"messages\" need a chat template in ", tok_dir, "/tokenizer_config.json");
-        auto text = tok->render(nlohmann::ordered_json::parse(j["messages"].dump()), true);
-        if (!text.is_ok()) return text.status();
-        p.ids = tok->encode(text.value());
-      }
-    } else {
-      return KS_ERR("expected \"input_ids\", \"prompt\" or \"messages\"");
-    }
-    if (p.ids.empty()) return KS_ERR("empty prompt");
-    prompts.push_back(std::move(p));
-    return Status::ok();
-  });
-  if (!st.is_ok()) KS_FAIL(st.message());
+  const std::vector<Prompt> prompts = read_prompts(in, m.config().vocab_size, tok ? &*tok : nullptr, tok_dir);
 
   auto created = rollout::Engine::create(m, ec);
   if (!created.is_ok()) KS_FAIL(created.status().message());
@@ -207,35 +247,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!quiet) std::fprintf(stderr, "\n");
 
-  AtomicFile f(out);
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = *results[i];
-    nlohmann::ordered_json o;
-    o["prompt_ids"] = r.prompt_token_ids;
-    nlohmann::ordered_json outs = nlohmann::ordered_json::array();
-    for (const auto& c : r.outputs) {
-      nlohmann::ordered_json x;
-      x["token_ids"] = c.token_ids;
-      x["logprobs"] = c.logprobs;
-      x["finish_reason"] = c.finish_reason;
-      if (!c.top_logprobs.empty()) {
-        nlohmann::ordered_json tl = nlohmann::ordered_json::array();
-        for (const auto& step : c.top_logprobs) {
-          nlohmann::ordered_json s = nlohmann::ordered_json::array();
-          for (const auto& [id, lp] : step) s.push_back({id, lp});
-          tl.push_back(s);
-        }
-        x["top_logprobs"] = tl;
-      }
-      if (tok) x["text"] = tok->tokenizer().decode(c.token_ids, true);
-      outs.push_back(x);
-    }
-    o["outputs"] = outs;
-    Status ws = f.write(o.dump() + "\n");
-    if (!ws.is_ok()) KS_FAIL(ws.message());
-  }
-  Status cs = f.commit();
-  if (!cs.is_ok()) KS_FAIL(cs.message());
+  write_outputs(out, results, tok ? &*tok : nullptr);
 
   const rollout::EngineStats s = eng.stats();
   std::fprintf(stderr,

@@ -161,6 +161,99 @@ std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const TrainInpu
   return std::make_unique<rl::Critic>(std::move(m).value(), critic_options(c, o));
 }
 
+// The training and validation rows (data.train_files / val_files).
+std::pair<std::vector<data::RlSample>, std::vector<data::RlSample>> load_rows(const TrainInputs& in,
+                                                                              const data::ChatTokenizer& tok,
+                                                                              bool leader) {
+  data::LoadStats tst, vst;
+  auto train_rows = data::load_rl_dataset(resolve_files(in.train_files, true), tok, in.train_data, &tst);
+  if (!train_rows) KS_FAIL(train_rows.status().message());
+  std::vector<data::RlSample> val_rows;
+  if (!in.val_files.empty()) {
+    auto v = data::load_rl_dataset(resolve_files(in.val_files, false), tok, in.val_data, &vst);
+    if (!v) KS_FAIL(v.status().message());
+    val_rows = std::move(v).value();
+  }
+  if (leader) std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+  return {std::move(train_rows).value(), std::move(val_rows)};
+}
+
+// The end-of-run summary: validation scores first -> last, where the outputs are.
+void print_summary(const rl::RlTrainer& trainer, double wall, const std::string& ckpt_root,
+                   const train::MetricsOptions& mo) {
+  std::fprintf(stderr, "\ntrain: done, %lld steps, wall time %s\n", (long long)trainer.global_step(),
+               train::ProgressBar::format_duration(wall).c_str());
+  for (const auto& [k, v] : trainer.last_validation()) {
+    if (k.rfind("val-core/", 0) != 0) continue;
+    auto f = trainer.first_validation().find(k);
+    if (f != trainer.first_validation().end() && &trainer.first_validation() != &trainer.last_validation())
+      std::fprintf(stderr, "  %s: %.4f -> %.4f (%+.1f points)\n", k.c_str(), f->second, v, 100 * (v - f->second));
+    else
+      std::fprintf(stderr, "  %s: %.4f\n", k.c_str(), v);
+  }
+  std::fprintf(stderr, "  checkpoints: %s\n", ckpt_root.c_str());
+  if (!mo.jsonl_path.empty()) std::fprintf(stderr, "  metrics: %s\n", mo.jsonl_path.c_str());
+  if (!mo.tensorboard_dir.empty()) std::fprintf(stderr, "  tensorboard: %s\n", mo.tensorboard_dir.c_str());
+}
+
+// The metrics logger; a resumed run keeps the metrics up to its checkpoint.
+std::unique_ptr<train::MetricsLogger> open_logger(const rl::RlOptions& o, const train::MetricsOptions& mo) {
+  int64_t resume_step = -1;
+  if (o.resume_mode == "auto") {
+    auto latest = train::latest_checkpoint_step(o.ckpt_root);
+    if (latest && latest->has_value()) resume_step = **latest;
+  } else if (o.resume_mode == "resume_path" && !o.resume_from_path.empty()) {
+    auto s = train::checkpoint_step_of(o.resume_from_path);
+    if (s) resume_step = *s;
+  }
+  auto l = train::MetricsLogger::open(mo, resume_step);
+  if (!l) KS_FAIL(l.status().message());
+  return std::move(l).value();
+}
+
+// Under mpirun: the process grid (tp from the actor, dp = world / tp), the
+// model's share of it and the trainer's groups (rl/distributed.h).
+std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, const TrainInputs& in,
+                                                      const std::string& model_dir, model::ModelOptions& mopt,
+                                                      rl::RlParallel& par) {
+  auto mc = io::load_model_config(model_dir);
+  if (!mc) KS_FAIL(mc.status().message());
+  auto g = parallel::make_process_grid(world, parallel::dims_for(int(in.tp), in.sequence_parallel), model::model_facts(*mc));
+  if (!g) KS_FAIL("kestrel train: ", g.status().message());
+  std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
+  mopt.parallel = model::model_parallel_for(*grid);
+  par.world = world.group();
+  par.dp = grid->group(parallel::GroupKind::Dp);
+  par.distributed_optimizer = in.distributed_optimizer;
+  if (in.rollout_tp != in.tp)
+    par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
+  return grid;
+}
+
+// Both tensor-parallel sizes must divide the number of processes.
+void check_sizes_divide(const config::Config& c, const TrainInputs& in, int world_size) {
+  const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", in.tp},
+                                  std::pair{R + "tensor_model_parallel_size", in.rollout_tp}})
+    if (size < 1 || world_size % size != 0)
+      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
+              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
+}
+
+// The reward manager, checked against every row's data_source.
+Result<std::unique_ptr<rl::RewardManager>> make_rewards(const TrainInputs& in, const std::vector<data::RlSample>& train,
+                                                        const std::vector<data::RlSample>& val) {
+  auto rm = rl::RewardManager::create(in.reward);
+  if (!rm) KS_FAIL(rm.status().message());
+  {
+    std::vector<std::string> srcs;
+    for (const auto& r : train) srcs.push_back(r.data_source);
+    for (const auto& r : val) srcs.push_back(r.data_source);
+    (*rm)->validate_data_sources(srcs).throw_if_error();
+  }
+  return rm;
+}
+
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& argv) {
@@ -178,18 +271,13 @@ int cmd_train(const std::vector<std::string>& argv) {
   const config::Config c = load_command_config(config::ppo_schema(), argv, first);
   const TrainInputs in = train_inputs(c);
 
-  const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+  const std::string R = "actor_rollout_ref.rollout.";
   // Under mpirun/srun: tp from the actor's megatron config, dp = world / tp,
   // the rollout's tp from rollout.tensor_model_parallel_size (rl/distributed.h).
   const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
-  const int64_t tp = in.tp, rtp = in.rollout_tp;
-  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", tp},
-                                  std::pair{R + "tensor_model_parallel_size", rtp}})
-    if (size < 1 || world_size % size != 0)
-      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
-              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
+  check_sizes_divide(c, in, world_size);
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();
   const std::string model_dir = resolve_model(in.model_path);
@@ -201,42 +289,16 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (!tok_r) KS_FAIL(tok_r.status().message());
   const data::ChatTokenizer& tok = *tok_r;
 
-  data::LoadStats tst, vst;
-  auto train_rows = data::load_rl_dataset(resolve_files(in.train_files, true), tok, in.train_data, &tst);
-  if (!train_rows) KS_FAIL(train_rows.status().message());
-  std::vector<data::RlSample> val_rows;
-  if (!in.val_files.empty()) {
-    auto v = data::load_rl_dataset(resolve_files(in.val_files, false), tok, in.val_data, &vst);
-    if (!v) KS_FAIL(v.status().message());
-    val_rows = std::move(v).value();
-  }
-  if (leader) std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+  const auto [train_rows_v, val_rows] = load_rows(in, tok, leader);
+  const std::vector<data::RlSample>* train_rows = &train_rows_v;
 
-  auto rm = rl::RewardManager::create(in.reward);
-  if (!rm) KS_FAIL(rm.status().message());
-  {
-    std::vector<std::string> srcs;
-    for (const auto& r : *train_rows) srcs.push_back(r.data_source);
-    for (const auto& r : val_rows) srcs.push_back(r.data_source);
-    (*rm)->validate_data_sources(srcs).throw_if_error();
-  }
+  auto rm = make_rewards(in, *train_rows, val_rows);
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
-  if (world_size > 1) {
-    auto mc = io::load_model_config(model_dir);
-    if (!mc) KS_FAIL(mc.status().message());
-    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), in.sequence_parallel), model::model_facts(*mc));
-    if (!g) KS_FAIL("kestrel train: ", g.status().message());
-    grid = std::move(g).value();
-    mopt.parallel = model::model_parallel_for(*grid);
-    par.world = world->group();
-    par.dp = grid->group(parallel::GroupKind::Dp);
-    par.distributed_optimizer = in.distributed_optimizer;
-    if (rtp != tp) par.rollout_tp = world->split(world_rank / int(rtp), world_rank, "rollout_tp");
-  }
+  if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& actor = **loaded;
@@ -274,21 +336,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   mo.jsonl_path = o.ckpt_root + "/metrics.jsonl";
   mo.tensorboard_dir = o.ckpt_root + "/tensorboard";
   fs::create_directories(o.ckpt_root);
-  int64_t resume_step = -1;
-  if (o.resume_mode == "auto") {
-    auto latest = train::latest_checkpoint_step(o.ckpt_root);
-    if (latest && latest->has_value()) resume_step = **latest;
-  } else if (o.resume_mode == "resume_path" && !o.resume_from_path.empty()) {
-    auto s = train::checkpoint_step_of(o.resume_from_path);
-    if (s) resume_step = *s;
-  }
-  // Only world rank 0 logs (every rank computes the same metrics).
-  std::unique_ptr<train::MetricsLogger> logger;
-  if (leader) {
-    auto l = train::MetricsLogger::open(mo, resume_step);
-    if (!l) KS_FAIL(l.status().message());
-    logger = std::move(l).value();
-  }
+  std::unique_ptr<train::MetricsLogger> logger = leader ? open_logger(o, mo) : nullptr;
 
   if (leader)
     std::fprintf(stderr,
@@ -308,19 +356,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (!leader) return 0;
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::fprintf(stderr, "\ntrain: done, %lld steps, wall time %s\n", (long long)trainer.global_step(),
-               train::ProgressBar::format_duration(wall).c_str());
-  for (const auto& [k, v] : trainer.last_validation()) {
-    if (k.rfind("val-core/", 0) != 0) continue;
-    auto f = trainer.first_validation().find(k);
-    if (f != trainer.first_validation().end() && &trainer.first_validation() != &trainer.last_validation())
-      std::fprintf(stderr, "  %s: %.4f -> %.4f (%+.1f points)\n", k.c_str(), f->second, v, 100 * (v - f->second));
-    else
-      std::fprintf(stderr, "  %s: %.4f\n", k.c_str(), v);
-  }
-  std::fprintf(stderr, "  checkpoints: %s\n", o.ckpt_root.c_str());
-  if (!mo.jsonl_path.empty()) std::fprintf(stderr, "  metrics: %s\n", mo.jsonl_path.c_str());
-  if (!mo.tensorboard_dir.empty()) std::fprintf(stderr, "  tensorboard: %s\n", mo.tensorboard_dir.c_str());
+  print_summary(trainer, wall, o.ckpt_root, mo);
   return 0;
 }
 
