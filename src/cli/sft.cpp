@@ -39,9 +39,10 @@ namespace fs = std::filesystem;
 using oj = nlohmann::ordered_json;
 
 std::string help_text() {
-  return "usage: kestrel sft [--config FILE.yaml | --config-path DIR --config-name NAME] [key=value ...]\n\n"
+  return std::string("usage: kestrel sft [--config FILE.yaml | --config-path DIR --config-name NAME] [key=value ...]\n\n"
          "Supervised fine-tuning with verl's sft_trainer keys (Hydra overrides: key=value, +key=value, ~key).\n"
-         "'kestrel config docs sft_trainer' lists every key; 'kestrel config show sft_trainer ...' the resolved config.\n";
+         "'kestrel config show sft_trainer ...' prints the resolved config. The keys ('kestrel config docs sft_trainer'):\n\n") +
+         config::docs(config::sft_schema());
 }
 
 // builtin:arith -> the task's JSONL files, written once per settings.
@@ -86,6 +87,7 @@ std::string resolve_model(const std::string& spec, const std::string& builtin_ro
 std::map<std::string, double> generation_eval(const model::CausalLM& m, const std::vector<data::SftSample>& val,
                                               const data::ChatTokenizer& tok, int64_t n, int64_t max_tokens) {
   rollout::EngineConfig ec;
+  // The SFT tree has no rollout keys: a fixed 256 MiB evaluation cache (greedy, <= 64 sequences).
   ec.kv_cache_bytes = int64_t(256) << 20;
   ec.max_num_seqs = 64;
   auto eng = rollout::Engine::create(m, ec);
