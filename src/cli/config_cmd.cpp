@@ -31,7 +31,7 @@ int cmd_config(const std::vector<std::string>& args) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   // An optional tree name first (a word without '=' or a leading '-').
   const config::Schema* tree = &config::ppo_schema();
-  if (!rest.empty() && rest[0].find('=') == std::string::npos && rest[0][0] != '-') {
+  if (!rest.empty() && rest[0].find('=') == std::string::npos && rest[0][0] != '-' && rest[0][0] != '~') {
     tree = config::find_schema(rest[0]);
     if (!tree) {
       std::fprintf(stderr, "kestrel config %s: unknown tree '%s' (ppo_trainer, sft_trainer, generate, logprobs)\n",

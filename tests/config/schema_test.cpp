@@ -88,5 +88,25 @@ TEST(ConfigSchema, Suggestions) {
   EXPECT_TRUE(suggest_keys("completely.unrelated.thing").empty());
 }
 
+// Every command tree: its defaults pass its own validation, every key is
+// documented, and a view's keys are the PPO declarations it names.
+TEST(ConfigSchema, EveryTreeLoadsItsDefaultsAndDocumentsEveryKey) {
+  for (const Schema* s : all_schemas()) {
+    LoadOptions lo;
+    lo.schema = s;
+    auto c = load(lo);
+    ASSERT_TRUE(c.is_ok()) << s->name() << ": " << c.status().message();
+    EXPECT_TRUE(c->notices().empty()) << s->name();
+    const std::string text = docs(*s);
+    for (const auto& d : s->keys()) {
+      EXPECT_NE(text.find("\n" + d.path + "\n"), std::string::npos) << s->name() << " docs miss " << d.path;
+      if (s->parent()) EXPECT_NE(s->parent()->find(d.path), nullptr) << s->name() << ": " << d.path;
+    }
+    EXPECT_EQ(find_schema(s->name()), s);
+  }
+  EXPECT_EQ(find_schema("sft"), &sft_schema());
+  EXPECT_EQ(find_schema("nope"), nullptr);
+}
+
 }  // namespace
 }  // namespace kestrel::config
