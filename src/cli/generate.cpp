@@ -14,6 +14,8 @@
 #include <optional>
 
 #include "cli/args.h"
+#include "cli/options.h"
+#include "config/config.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
 #include "data/chat_tokenizer.h"
@@ -25,49 +27,27 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The rollout keys: name, help, default.
-const std::vector<FlagSpec>& rollout_flags() {
-  static const std::vector<FlagSpec> f = {
-      {"temperature", "sampling temperature (0 = greedy)", true, "1.0"},
-      {"top_k", "keep the k most likely tokens (-1 = off)", true, "-1"},
-      {"top_p", "nucleus sampling mass", true, "1.0"},
-      {"min_p", "drop tokens below min_p * p_max", true, "0.0"},
-      {"n", "samples per prompt", true, "1"},
-      {"response_length", "max new tokens per sample", true, "512"},
-      {"max_num_batched_tokens", "tokens per engine step", true, "8192"},
-      {"max_num_seqs", "sequences per engine step", true, "256"},
-      {"enable_chunked_prefill", "split long prompts across steps (true/false)", true, "true"},
-      {"enable_prefix_caching", "reuse K/V of shared prompt prefixes (true/false)", true, "true"},
-      {"block_size", "tokens per KV block", true, "16"},
-      {"swap_space", "GiB of host swap area for preemption_mode=swap", true, "4"},
-      {"preemption_mode", "recompute or swap", true, "recompute"},
-      {"seed", "base seed; line i uses seed + i unless it gives its own \"seed\"", true, "0"},
-  };
-  return f;
+constexpr const char* kRollout = "actor_rollout_ref.rollout.";
+
+// The view's rollout keys a bare name may stand for (`temperature=0`, `--top_p 0.9`).
+std::vector<std::string> bare_rollout_keys() {
+  std::vector<std::string> out;
+  const std::string r = kRollout;
+  for (const auto& d : config::generate_schema().keys())
+    if (d.path.rfind(r, 0) == 0 && d.status == config::Support::Supported && d.path.find('.', r.size()) == std::string::npos)
+      out.push_back(d.path.substr(r.size()));
+  return out;
 }
 
-bool parse_bool(const std::string& k, const std::string& v) {
-  if (v == "true" || v == "True" || v == "1") return true;
-  if (v == "false" || v == "False" || v == "0") return false;
-  KS_FAIL("kestrel generate: ", k, " must be true or false, got '", v, "'");
-}
-double parse_double(const std::string& k, const std::string& v) {
-  try {
-    size_t pos = 0;
-    const double x = std::stod(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  KS_FAIL("kestrel generate: ", k, " must be a number, got '", v, "'");
-}
-int64_t parse_int(const std::string& k, const std::string& v) {
-  try {
-    size_t pos = 0;
-    const int64_t x = std::stoll(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  KS_FAIL("kestrel generate: ", k, " must be an integer, got '", v, "'");
+// `key=value` with a bare rollout key gets its full name; Hydra's +, ++ and ~ stay in front.
+std::string qualify(const std::string& o) {
+  size_t ops = 0;
+  while (ops < o.size() && (o[ops] == '+' || o[ops] == '~')) ++ops;
+  const size_t eq = o.find('=');
+  const std::string key = o.substr(ops, eq == std::string::npos ? std::string::npos : eq - ops);
+  const config::Schema& s = config::generate_schema();
+  if (s.find(key) || s.is_section(key) || !s.find(kRollout + key)) return o;
+  return o.substr(0, ops) + kRollout + o.substr(ops);
 }
 
 struct Prompt {
@@ -85,89 +65,9 @@ void progress(int64_t done, int64_t total, int64_t out_tokens, double secs) {
   std::fflush(stderr);
 }
 
-}  // namespace
-
-int cmd_generate(const std::vector<std::string>& argv) {
-  std::vector<FlagSpec> specs = {
-      {"model", "HF model folder (config.json + safetensors; tokenizer.json for text prompts)", true, ""},
-      {"input", "JSONL: {\"input_ids\": [...]}, {\"prompt\": \"...\"} or {\"messages\": [...]} per line", true, ""},
-      {"output", "JSONL written atomically, one line per input line", true, ""},
-      {"dtype", "compute dtype: f32 or bf16", true, "f32"},
-      {"threads", "CPU threads (0 = all cores)", true, "0"},
-      {"kv_cache_gib", "GiB of KV cache", true, "1"},
-      {"max_model_len", "longest prompt + response (0 = max_position_embeddings)", true, "0"},
-      {"ignore_eos", "keep generating past EOS", false, ""},
-      {"logprobs", "also return the top-k logprobs per token", true, "0"},
-      {"quiet", "no progress bar", false, ""},
-  };
-  const auto& rf = rollout_flags();
-  specs.insert(specs.end(), rf.begin(), rf.end());
-  ParsedArgs args("generate", specs, argv);
-  if (args.help()) {
-    std::printf("%s  KEY=VALUE or actor_rollout_ref.rollout.KEY=VALUE overrides any rollout option above.\n",
-                args.usage().c_str());
-    return 0;
-  }
-  // Rollout options: flags, then key=value overrides (which win).
-  std::map<std::string, std::string> opt;
-  for (const auto& f : rf) opt[f.name] = args.get(f.name);
-  for (const auto& p : args.positional()) {
-    const auto eq = p.find('=');
-    if (eq == std::string::npos) KS_FAIL("kestrel generate: unexpected argument '", p, "' (options are --key value or key=value)");
-    std::string key = p.substr(0, eq);
-    const std::string prefix = "actor_rollout_ref.rollout.";
-    if (key.rfind(prefix, 0) == 0) key = key.substr(prefix.size());
-    if (!opt.count(key)) {
-      std::string valid;
-      for (const auto& f : rf) valid += " " + f.name;
-      KS_FAIL("kestrel generate: unknown rollout key '", key, "' in override '", p, "'; valid keys:", valid);
-    }
-    opt[key] = p.substr(eq + 1);
-  }
-
-  const std::string model_dir = args.require("model"), in = args.require("input"), out = args.require("output");
-  DType dtype;
-  if (!parse_dtype(args.get("dtype"), &dtype) || (dtype != DType::F32 && dtype != DType::BF16))
-    KS_FAIL("kestrel generate: --dtype must be f32 or bf16, got '", args.get("dtype"), "'");
-  set_num_threads(int(args.get_int("threads")));
-
-  model::ModelOptions mo;
-  mo.dtype = dtype;
-  auto loaded = model::CausalLM::load(model_dir, mo);
-  if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
-  const model::CausalLM& m = *loaded.value();
-
-  std::optional<data::ChatTokenizer> tok;
-  if (std::filesystem::exists(model_dir + "/tokenizer.json")) {
-    auto t = data::ChatTokenizer::from_dir(model_dir);
-    if (!t.is_ok()) KS_FAIL(t.status().message());
-    tok.emplace(std::move(t.value()));
-  }
-
-  rollout::EngineConfig ec;
-  ec.block_size = parse_int("block_size", opt["block_size"]);
-  ec.kv_cache_bytes = int64_t(parse_double("kv_cache_gib", args.get("kv_cache_gib")) * double(int64_t(1) << 30));
-  ec.max_num_batched_tokens = parse_int("max_num_batched_tokens", opt["max_num_batched_tokens"]);
-  ec.max_num_seqs = parse_int("max_num_seqs", opt["max_num_seqs"]);
-  ec.enable_chunked_prefill = parse_bool("enable_chunked_prefill", opt["enable_chunked_prefill"]);
-  ec.enable_prefix_caching = parse_bool("enable_prefix_caching", opt["enable_prefix_caching"]);
-  ec.preemption_mode = opt["preemption_mode"];
-  ec.swap_space_gib = parse_double("swap_space", opt["swap_space"]);
-  ec.max_model_len = args.get_int("max_model_len");
-  if (tok) ec.detokenize = [&](const std::vector<int32_t>& ids) { return tok->tokenizer().decode(ids); };
-
-  rollout::SamplingParams sp;
-  sp.temperature = parse_double("temperature", opt["temperature"]);
-  sp.top_k = parse_int("top_k", opt["top_k"]);
-  sp.top_p = parse_double("top_p", opt["top_p"]);
-  sp.min_p = parse_double("min_p", opt["min_p"]);
-  sp.n = parse_int("n", opt["n"]);
-  sp.max_tokens = parse_int("response_length", opt["response_length"]);
-  sp.ignore_eos = args.has("ignore_eos");
-  sp.logprobs = args.get_int("logprobs");
-  const uint64_t base_seed = uint64_t(parse_int("seed", opt["seed"]));
-
-  const int64_t V = m.config().vocab_size;
+// Input lines -> prompts: token ids, text (tokenizer) or chat messages (chat template).
+std::vector<Prompt> read_prompts(const std::string& in, int64_t V, const data::ChatTokenizer* tok,
+                                 const std::string& tok_dir) {
   std::vector<Prompt> prompts;
   Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
     if (!j.is_object()) return KS_ERR("expected a JSON object per line");
@@ -185,13 +85,13 @@ int cmd_generate(const std::vector<std::string>& argv) {
         p.ids.push_back(int32_t(v));
       }
     } else if (j.contains("prompt") || j.contains("messages")) {
-      if (!tok) return KS_ERR("text prompts need ", model_dir, "/tokenizer.json (or give \"input_ids\")");
+      if (!tok) return KS_ERR("text prompts need ", tok_dir, "/tokenizer.json (or give \"input_ids\")");
       if (j.contains("prompt")) {
         if (!j["prompt"].is_string()) return KS_ERR("\"prompt\" must be a string");
         p.ids = tok->tokenizer().encode(j["prompt"].get<std::string>(), true);
       } else {
         if (!tok->has_chat_template())
-          return KS_ERR("\"messages\" need a chat template in ", model_dir, "/tokenizer_config.json");
+          return KS_ERR("\"messages\" need a chat template in ", tok_dir, "/tokenizer_config.json");
         auto text = tok->render(nlohmann::ordered_json::parse(j["messages"].dump()), true);
         if (!text.is_ok()) return text.status();
         p.ids = tok->encode(text.value());
@@ -204,6 +104,117 @@ int cmd_generate(const std::vector<std::string>& argv) {
     return Status::ok();
   });
   if (!st.is_ok()) KS_FAIL(st.message());
+  return prompts;
+}
+
+// One output line per input line, in input order, written atomically.
+void write_outputs(const std::string& out, const std::vector<std::optional<rollout::RequestOutput>>& results,
+                   const data::ChatTokenizer* tok) {
+  AtomicFile f(out);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = *results[i];
+    nlohmann::ordered_json o;
+    o["prompt_ids"] = r.prompt_token_ids;
+    nlohmann::ordered_json outs = nlohmann::ordered_json::array();
+    for (const auto& c : r.outputs) {
+      nlohmann::ordered_json x;
+      x["token_ids"] = c.token_ids;
+      x["logprobs"] = c.logprobs;
+      x["finish_reason"] = c.finish_reason;
+      if (!c.top_logprobs.empty()) {
+        nlohmann::ordered_json tl = nlohmann::ordered_json::array();
+        for (const auto& step : c.top_logprobs) {
+          nlohmann::ordered_json s = nlohmann::ordered_json::array();
+          for (const auto& [id, lp] : step) s.push_back({id, lp});
+          tl.push_back(s);
+        }
+        x["top_logprobs"] = tl;
+      }
+      if (tok) x["text"] = tok->tokenizer().decode(c.token_ids, true);
+      outs.push_back(x);
+    }
+    o["outputs"] = outs;
+    Status ws = f.write(o.dump() + "\n");
+    if (!ws.is_ok()) KS_FAIL(ws.message());
+  }
+  Status cs = f.commit();
+  if (!cs.is_ok()) KS_FAIL(cs.message());
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& argv) {
+  std::vector<FlagSpec> specs = {
+      {"model", "HF model folder (config.json + safetensors; tokenizer.json for text prompts)", true, ""},
+      {"input", "JSONL: {\"input_ids\": [...]}, {\"prompt\": \"...\"} or {\"messages\": [...]} per line", true, ""},
+      {"output", "JSONL written atomically, one line per input line", true, ""},
+      {"dtype", "compute dtype f32 | bf16 (actor_rollout_ref.rollout.dtype)", true, "f32"},
+      {"threads", "CPU threads (0 = all cores)", true, "0"},
+      {"logprobs", "also return the top-k logprobs per token", true, "0"},
+      {"quiet", "no progress bar", false, ""},
+      {"config", "YAML file of actor_rollout_ref.rollout / model keys", true, ""},
+  };
+  // Every rollout key as --key VALUE too (help and default from the table).
+  const std::vector<std::string> bare = bare_rollout_keys();
+  for (const auto& k : bare) {
+    const config::KeyDecl* d = config::generate_schema().find(kRollout + k);
+    // --ignore_eos stays a switch; the other keys take a value (--enable_prefix_caching false).
+    specs.push_back({k, d->doc, k != "ignore_eos", d->default_yaml});
+  }
+  ParsedArgs args("generate", specs, argv);
+  if (args.help()) {
+    std::printf("%s  KEY=VALUE or actor_rollout_ref.rollout.KEY=VALUE overrides any rollout key "
+                "('kestrel config docs generate' lists them).\n",
+                args.usage().c_str());
+    return 0;
+  }
+  // Flags that name keys come first; key=value overrides (which win) after them.
+  std::vector<std::string> first, rest;
+  if (args.has("model")) first.push_back("actor_rollout_ref.model.path=" + args.get("model"));
+  if (args.has("dtype"))
+    first.push_back(std::string(kRollout) + "dtype=" +
+                    std::string(parse_compute_dtype(args.get("dtype"), "--dtype") == DType::BF16 ? "bfloat16" : "float32"));
+  for (const auto& k : bare)
+    if (args.has(k)) first.push_back(std::string(kRollout) + k + "=" + args.get(k));
+  if (args.has("config")) rest.push_back("--config=" + args.get("config"));
+  for (const auto& p : args.positional()) {
+    if (p.find('=') == std::string::npos && p[0] != '~')
+      KS_FAIL("kestrel generate: unexpected argument '", p, "' (options are --key value or key=value)");
+    rest.push_back(qualify(p));
+  }
+  const config::Config cfg = load_command_config(config::generate_schema(), rest, first);
+  GenerateSettings gs = generate_settings(cfg);
+
+  const std::string model_dir = gs.model_path, in = args.require("input"), out = args.require("output");
+  set_num_threads(int(args.get_int("threads")));
+
+  model::ModelOptions mo;
+  mo.dtype = gs.dtype;
+  auto loaded = model::CausalLM::load(model_dir, mo);
+  if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
+  const model::CausalLM& m = *loaded.value();
+
+  const std::string tok_dir = gs.tokenizer_path.empty() ? model_dir : gs.tokenizer_path;
+  std::optional<data::ChatTokenizer> tok;
+  if (std::filesystem::exists(tok_dir + "/tokenizer.json")) {
+    auto t = data::ChatTokenizer::from_dir(tok_dir);
+    if (!t.is_ok()) KS_FAIL(t.status().message());
+    tok.emplace(std::move(t.value()));
+  }
+
+  rollout::EngineConfig ec = gs.engine;
+  auto mem = rollout::device_memory_bytes(local_ranks());
+  if (!mem) KS_FAIL(mem.status().message());
+  auto kv = rollout::kv_cache_bytes_for(gs.gpu_memory_utilization, *mem, rollout::weight_bytes(m));
+  if (!kv) KS_FAIL(cfg.origin(std::string(kRollout) + "gpu_memory_utilization"), ": ", kv.status().message());
+  ec.kv_cache_bytes = *kv;
+  if (tok) ec.detokenize = [&](const std::vector<int32_t>& ids) { return tok->tokenizer().decode(ids); };
+
+  rollout::SamplingParams sp = gs.sampling;
+  sp.logprobs = args.get_int("logprobs");
+  const uint64_t base_seed = gs.base_seed;
+
+  const std::vector<Prompt> prompts = read_prompts(in, m.config().vocab_size, tok ? &*tok : nullptr, tok_dir);
 
   auto created = rollout::Engine::create(m, ec);
   if (!created.is_ok()) KS_FAIL(created.status().message());
@@ -236,35 +247,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!quiet) std::fprintf(stderr, "\n");
 
-  AtomicFile f(out);
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = *results[i];
-    nlohmann::ordered_json o;
-    o["prompt_ids"] = r.prompt_token_ids;
-    nlohmann::ordered_json outs = nlohmann::ordered_json::array();
-    for (const auto& c : r.outputs) {
-      nlohmann::ordered_json x;
-      x["token_ids"] = c.token_ids;
-      x["logprobs"] = c.logprobs;
-      x["finish_reason"] = c.finish_reason;
-      if (!c.top_logprobs.empty()) {
-        nlohmann::ordered_json tl = nlohmann::ordered_json::array();
-        for (const auto& step : c.top_logprobs) {
-          nlohmann::ordered_json s = nlohmann::ordered_json::array();
-          for (const auto& [id, lp] : step) s.push_back({id, lp});
-          tl.push_back(s);
-        }
-        x["top_logprobs"] = tl;
-      }
-      if (tok) x["text"] = tok->tokenizer().decode(c.token_ids, true);
-      outs.push_back(x);
-    }
-    o["outputs"] = outs;
-    Status ws = f.write(o.dump() + "\n");
-    if (!ws.is_ok()) KS_FAIL(ws.message());
-  }
-  Status cs = f.commit();
-  if (!cs.is_ok()) KS_FAIL(cs.message());
+  write_outputs(out, results, tok ? &*tok : nullptr);
 
   const rollout::EngineStats s = eng.stats();
   std::fprintf(stderr,

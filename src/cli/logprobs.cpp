@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
 #include "comm/world.h"
@@ -23,38 +24,56 @@ int cmd_logprobs(const Args& argv) {
                   {{"model", "HF model folder (config.json + safetensors)"},
                    {"input", "JSONL, one {\"input_ids\": [...]} per line"},
                    {"output", "JSONL written atomically, one line per input line"},
-                   {"dtype", "compute dtype: f32 or bf16", true, "f32"},
+                   {"dtype", "compute dtype f32 | bf16 (actor_rollout_ref.actor.megatron.dtype)", true, "f32"},
                    {"threads", "CPU threads (0 = all cores)", true, "0"},
-                   {"max-batch-tokens", "tokens packed into one forward pass", true, "4096"},
-                   {"tp", "tensor-parallel size (run under mpirun -np N with N a multiple of it)", true, "1"},
-                   {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""}},
+                   {"max-batch-tokens", "tokens packed into one forward pass "
+                                        "(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu)", true, "4096"},
+                   {"tp", "tensor-parallel size, under mpirun -np N with N a multiple of it "
+                          "(actor_rollout_ref.actor.megatron.tensor_model_parallel_size)", true, "1"},
+                   {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""},
+                   {"config", "YAML file of the keys below", true, ""}},
                   argv);
   if (args.help()) {
-    std::printf("%s", args.usage().c_str());
+    std::printf("%s  key=value overrides: the keys 'kestrel config docs logprobs' lists.\n", args.usage().c_str());
     return 0;
   }
-  const std::string model_dir = args.require("model"), in = args.require("input"), out = args.require("output");
-  DType dtype;
-  if (!parse_dtype(args.get("dtype"), &dtype) || (dtype != DType::F32 && dtype != DType::BF16))
-    KS_FAIL("kestrel logprobs: --dtype must be f32 or bf16, got '", args.get("dtype"), "'");
+  // Flags that name keys come first; key=value overrides after them.
+  const std::string M = "actor_rollout_ref.actor.megatron.";
+  std::vector<std::string> first, rest;
+  if (args.has("model")) first.push_back("actor_rollout_ref.model.path=" + args.get("model"));
+  if (args.has("dtype"))
+    first.push_back(M + "dtype=" + (parse_compute_dtype(args.get("dtype"), "--dtype") == DType::BF16 ? "bfloat16" : "float32"));
+  if (args.has("tp")) first.push_back(M + "tensor_model_parallel_size=" + args.get("tp"));
+  if (args.has("sequence-parallel")) first.push_back(M + "sequence_parallel=true");
+  if (args.has("max-batch-tokens"))
+    first.push_back("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=" + args.get("max-batch-tokens"));
+  if (args.has("config")) rest.push_back("--config=" + args.get("config"));
+  for (const auto& p : args.positional()) {
+    if (p.find('=') == std::string::npos && p[0] != '~')
+      KS_FAIL("kestrel logprobs: unexpected argument '", p, "' (options are --flag value or key=value)");
+    rest.push_back(p);
+  }
+  const config::Config cfg = load_command_config(config::logprobs_schema(), rest, first);
+  const LogprobsSettings ls = logprobs_settings(cfg);
+
+  const std::string model_dir = ls.model_path, in = args.require("input"), out = args.require("output");
   set_num_threads(int(args.get_int("threads")));
-  const int64_t budget = args.get_int("max-batch-tokens");
-  if (budget <= 0) KS_FAIL("kestrel logprobs: --max-batch-tokens must be positive");
+  const int64_t budget = ls.max_batch_tokens;
 
   model::ModelOptions opts;
-  opts.dtype = dtype;
+  opts.dtype = ls.dtype;
   // Under mpirun every rank scores every batch (the forward is collective over
   // the tp group); only world rank 0 writes the output and the summary.
   std::unique_ptr<parallel::ProcessGrid> grid;
-  const int64_t tp = args.get_int("tp");
+  const int64_t tp = ls.tp;
   const comm::World* world = comm::World::current();
   const bool writer = !world || world->rank() == 0;
   if (tp > 1 || (world && world->size() > 1)) {
     KS_CHECK(world, "no comm::World: main() constructs it");
-    auto cfg = io::load_model_config(model_dir);
-    if (!cfg.is_ok()) KS_FAIL(cfg.status().message());
-    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), args.has("sequence-parallel")),
-                                         model::model_facts(cfg.value()));
+    auto mc = io::load_model_config(model_dir);
+    if (!mc.is_ok()) KS_FAIL(mc.status().message());
+    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), ls.sequence_parallel),
+                                         model::model_facts(mc.value()));
     if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
     grid = std::move(g).value();
     opts.parallel = model::model_parallel_for(*grid);

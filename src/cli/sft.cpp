@@ -6,8 +6,6 @@
 // `builtin:arith` as a data file and `builtin:tiny` / `builtin:small` as
 // model.partial_pretrain are materialised under
 // {trainer.default_local_dir}/builtin/ so a run needs nothing downloaded.
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/loader_source.h"
+#include "cli/options.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
 #include "data/arith.h"
@@ -39,264 +38,24 @@ namespace {
 namespace fs = std::filesystem;
 using oj = nlohmann::ordered_json;
 
-struct SftKey {
-  const char* path;
-  const char* default_yaml;
-  const char* doc;
-};
-
-// verl's sft_trainer.yaml names where they exist; Kestrel additions are marked.
-const SftKey kSftKeys[] = {
-    {"data.train_files", "builtin:arith", "SFT JSONL file(s); builtin:arith = the built-in task's train split."},
-    {"data.val_files", "builtin:arith", "Validation JSONL file(s); builtin:arith = the task's test split; null = none."},
-    {"data.prompt_key", "prompt", "Row field with the prompt (string or chat messages)."},
-    {"data.response_key", "response", "Row field with the response text."},
-    {"data.multiturn.messages_key", "messages", "Row field with a whole conversation (loss on assistant turns)."},
-    {"data.max_length", "512", "Maximum tokens per sample (prompt + response)."},
-    {"data.truncation", "error", "Longer samples: error | left | right | middle."},
-    {"data.train_batch_size", "64", "Samples per optimizer step."},
-    {"data.micro_batch_size_per_gpu", "8", "Samples per micro-batch when use_dynamic_bsz is false."},
-    {"data.use_dynamic_bsz", "true", "Micro-batches by token budget (max_token_len_per_gpu) instead of count."},
-    {"data.max_token_len_per_gpu", "4096", "Token budget of one micro-batch (dynamic batch size)."},
-    {"data.shuffle", "true", "Shuffle the training set every epoch."},
-    {"data.seed", "null", "Shuffle seed; null = trainer.seed."},
-    {"data.skip_malformed", "false", "Skip (and count) malformed rows instead of failing. [Kestrel]"},
-    {"data.train_max_samples", "-1", "Use at most this many training rows; -1 = all."},
-    {"data.val_max_samples", "-1", "Use at most this many validation rows; -1 = all."},
-    {"data.max_response_length", "128", "Generation length for evaluation by generation. [Kestrel]"},
-    {"data.arith.num_train", "20000", "builtin:arith training problems. [Kestrel]"},
-    {"data.arith.num_test", "500", "builtin:arith test problems. [Kestrel]"},
-    {"data.arith.seed", "1234", "builtin:arith generator seed. [Kestrel]"},
-    {"data.arith.min_steps", "1", "builtin:arith fewest events per problem. [Kestrel]"},
-    {"data.arith.max_steps", "2", "builtin:arith most events per problem. [Kestrel]"},
-    {"data.arith.max_operand", "20", "builtin:arith largest +/- operand. [Kestrel]"},
-    {"model.partial_pretrain", "builtin:tiny", "HF model folder, or builtin:tiny | builtin:small (random init)."},
-    {"model.tokenizer_path", "null", "Tokenizer folder; null = the model folder."},
-    {"model.dtype", "f32", "Compute dtype: f32 | bf16 (bf16 keeps f32 masters). [Kestrel]"},
-    {"optim.lr", "1e-5", "Peak learning rate."},
-    {"optim.betas", "[0.9, 0.95]", "AdamW betas."},
-    {"optim.eps", "1e-8", "AdamW epsilon."},
-    {"optim.weight_decay", "0.01", "AdamW decoupled weight decay."},
-    {"optim.warmup_steps_ratio", "0.1", "Warmup steps as a fraction of the total steps."},
-    {"optim.clip_grad", "1.0", "Global gradient-norm clip; <= 0 disables."},
-    {"optim.lr_scheduler", "cosine", "cosine | constant | linear."},
-    {"optim.min_lr_ratio", "0.0", "Floor of the decayed learning rate, as a fraction of optim.lr."},
-    {"trainer.default_local_dir", "checkpoints/sft", "Checkpoint root: global_step_N folders and the latest pointer."},
-    {"trainer.project_name", "kestrel-sft", "Project name (logs)."},
-    {"trainer.experiment_name", "arith", "Run name (logs)."},
-    {"trainer.total_epochs", "1", "Passes over the training set."},
-    {"trainer.total_training_steps", "null", "Stop after this many steps; null = steps per epoch * total_epochs."},
-    {"trainer.logger", "[console]", "Metric sinks: console, file (metrics.jsonl), tensorboard."},
-    {"trainer.seed", "1", "Seed of the built-in model's init and the default shuffle seed."},
-    {"trainer.save_freq", "-1", "Checkpoint every N steps and at the end; -1 = never."},
-    {"trainer.test_freq", "-1", "Validate every N steps and at the end; -1 = never."},
-    {"trainer.val_before_train", "false", "Validate before the first step."},
-    {"trainer.max_ckpt_to_keep", "null", "Keep the newest N checkpoints; null = all."},
-    {"trainer.resume_mode", "auto", "auto | disable | resume_path."},
-    {"trainer.resume_from_path", "null", "global_step_N folder for resume_mode=resume_path."},
-    {"trainer.export_dir", "null", "Write the final model as an HF folder here. [Kestrel]"},
-    {"trainer.val_generations", "0", "Validation prompts greedy-decoded for val/acc; 0 = off. [Kestrel]"},
-    {"trainer.threads", "0", "CPU threads; 0 = all cores. [Kestrel]"},
-};
-
-const SftKey* find_sft_key(const std::string& p) {
-  for (const auto& k : kSftKeys)
-    if (p == k.path) return &k;
-  return nullptr;
-}
-
-oj yaml_to_json(const YAML::Node& n) {
-  switch (n.Type()) {
-    case YAML::NodeType::Null: return nullptr;
-    case YAML::NodeType::Sequence: {
-      oj a = oj::array();
-      for (const auto& e : n) a.push_back(yaml_to_json(e));
-      return a;
-    }
-    case YAML::NodeType::Map: {
-      oj o = oj::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = yaml_to_json(kv.second);
-      return o;
-    }
-    default: {
-      const std::string s = n.Scalar();
-      if (n.Tag() == "!" || n.Tag() == "tag:yaml.org,2002:str") return s;  // quoted
-      if (s == "null" || s == "~" || s.empty()) return nullptr;
-      if (s == "true" || s == "True") return true;
-      if (s == "false" || s == "False") return false;
-      try {
-        size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return int64_t(i);
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
-      } catch (...) {
-      }
-      return s;
-    }
-  }
-}
-
-// The SFT configuration: a flat map from dotted key to value.
-class SftConfig {
- public:
-  static SftConfig load(const std::string& file, const std::vector<std::string>& overrides) {
-    SftConfig c;
-    for (const auto& k : kSftKeys) c.set(k.path, yaml_to_json(YAML::Load(k.default_yaml)), "default");
-    if (!file.empty()) {
-      YAML::Node root;
-      try {
-        root = YAML::LoadFile(file);
-      } catch (const YAML::Exception& e) {
-        KS_FAIL(file, ": ", e.what());
-      }
-      c.merge(yaml_to_json(root), "", file);
-    }
-    for (const auto& o : overrides) {
-      const size_t eq = o.find('=');
-      if (eq == std::string::npos || eq == 0)
-        KS_FAIL("kestrel sft: '", o, "' is not a key=value override (e.g. optim.lr=1e-4)");
-      std::string key = o.substr(0, eq);
-      while (!key.empty() && key[0] == '+') key.erase(0, 1);
-      oj v;
-      try {
-        v = yaml_to_json(YAML::Load(o.substr(eq + 1)));
-      } catch (const YAML::Exception& e) {
-        KS_FAIL("command line: ", key, ": cannot parse value '", o.substr(eq + 1), "': ", e.what());
-      }
-      c.set(key, v, "command line");
-    }
-    return c;
-  }
-  void merge(const oj& node, const std::string& prefix, const std::string& origin) {
-    if (!node.is_object()) KS_FAIL(origin, ": expected a mapping at '", prefix.empty() ? "<root>" : prefix, "'");
-    for (const auto& [k, v] : node.items()) {
-      const std::string p = prefix.empty() ? k : prefix + "." + k;
-      if (v.is_object() && !find_sft_key(p)) merge(v, p, origin);
-      else set(p, v, origin);
-    }
-  }
-  void set(const std::string& key, const oj& v, const std::string& origin) {
-    if (!find_sft_key(key)) {
-      // Nearest key by edit distance, to catch typos.
-      auto dist = [](const std::string& a, const std::string& b) {
-        std::vector<size_t> row(b.size() + 1);
-        for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-        for (size_t i = 1; i <= a.size(); ++i) {
-          size_t diag = row[0];
-          row[0] = i;
-          for (size_t j = 1; j <= b.size(); ++j) {
-            const size_t up = row[j];
-            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-            diag = up;
-          }
-        }
-        return row[b.size()];
-      };
-      std::string near;
-      size_t best = std::max<size_t>(4, key.size() / 3) + 1;
-      for (const auto& k : kSftKeys) {
-        const size_t d = dist(key, k.path);
-        if (d < best) { best = d; near = k.path; }
-      }
-      KS_FAIL(origin, ": unknown SFT config key '", key, "'", near.empty() ? "" : " (did you mean '" + near + "'?)",
-              "; 'kestrel sft --help' lists the keys");
-    }
-    values_[key] = v;
-    origins_[key] = origin;
-  }
-  const oj& at(const std::string& k) const { return values_.at(k); }
-  bool is_null(const std::string& k) const { return at(k).is_null(); }
-  template <class T>
-  T get(const std::string& k) const {
-    try {
-      return at(k).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      KS_FAIL(origins_.at(k), ": ", k, " = ", at(k).dump(), " has the wrong type (", doc(k), ")");
-    }
-  }
-  std::string str(const std::string& k) const { return at(k).is_string() ? at(k).get<std::string>() : at(k).dump(); }
-  std::vector<std::string> str_list(const std::string& k) const {
-    if (is_null(k)) return {};
-    if (at(k).is_string()) return {at(k).get<std::string>()};
-    return get<std::vector<std::string>>(k);
-  }
-  static std::string doc(const std::string& k) { return find_sft_key(k)->doc; }
-  // The resolved configuration as nested YAML (saved in every checkpoint).
-  std::string to_yaml() const {
-    oj nested = oj::object();
-    for (const auto& k : kSftKeys) {
-      oj* node = &nested;
-      std::string p = k.path;
-      size_t dot;
-      while ((dot = p.find('.')) != std::string::npos) {
-        node = &(*node)[p.substr(0, dot)];
-        p = p.substr(dot + 1);
-      }
-      (*node)[p] = values_.at(k.path);
-    }
-    YAML::Emitter e;
-    emit(e, nested);
-    return std::string(e.c_str()) + "\n";
-  }
-
- private:
-  static void emit(YAML::Emitter& e, const oj& v) {
-    if (v.is_object()) {
-      e << YAML::BeginMap;
-      for (const auto& [k, x] : v.items()) {
-        e << YAML::Key << k << YAML::Value;
-        emit(e, x);
-      }
-      e << YAML::EndMap;
-    } else if (v.is_array()) {
-      e << YAML::Flow << YAML::BeginSeq;
-      for (const auto& x : v) emit(e, x);
-      e << YAML::EndSeq;
-    } else if (v.is_null()) {
-      e << YAML::Null;
-    } else if (v.is_string()) {
-      e << v.get<std::string>();
-    } else {
-      e << v.dump();
-    }
-  }
-  std::map<std::string, oj> values_;
-  std::map<std::string, std::string> origins_;
-};
-
 std::string help_text() {
-  std::string s =
-      "usage: kestrel sft [--config FILE.yaml] [key=value ...]\n\n"
-      "Supervised fine-tuning (verl sft_trainer names). Keys and defaults:\n";
-  for (const auto& k : kSftKeys) {
-    char line[512];
-    std::snprintf(line, sizeof line, "  %-32s %-16s %s\n", k.path, k.default_yaml, k.doc);
-    s += line;
-  }
-  return s;
-}
-
-data::ArithOptions arith_options(const SftConfig& c) {
-  data::ArithOptions o;
-  o.seed = c.get<uint64_t>("data.arith.seed");
-  o.min_steps = c.get<int>("data.arith.min_steps");
-  o.max_steps = c.get<int>("data.arith.max_steps");
-  o.max_operand = c.get<int>("data.arith.max_operand");
-  return o;
+  return std::string("usage: kestrel sft [--config FILE.yaml | --config-path DIR --config-name NAME] [key=value ...]\n\n"
+         "Supervised fine-tuning with verl's sft_trainer keys (Hydra overrides: key=value, +key=value, ~key).\n"
+         "'kestrel config show sft_trainer ...' prints the resolved config. The keys ('kestrel config docs sft_trainer'):\n\n") +
+         config::docs(config::sft_schema());
 }
 
 // builtin:arith -> the task's JSONL files, written once per settings.
-std::vector<std::string> resolve_files(const SftConfig& c, const std::string& key, const std::string& builtin_root,
-                                       bool train) {
+std::vector<std::string> resolve_files(const SftInputs& in, const std::vector<std::string>& files,
+                                       const std::string& builtin_root, bool train) {
   std::vector<std::string> out;
-  for (const auto& f : c.str_list(key)) {
+  for (const auto& f : files) {
     if (f != "builtin:arith") {
       out.push_back(f);
       continue;
     }
-    const auto o = arith_options(c);
-    const int64_t ntr = c.get<int64_t>("data.arith.num_train"), nte = c.get<int64_t>("data.arith.num_test");
+    const auto& o = in.arith;
+    const int64_t ntr = in.arith_num_train, nte = in.arith_num_test;
     char tag[128];
     std::snprintf(tag, sizeof tag, "arith_s%llu_%d-%d_op%d_%lld_%lld", (unsigned long long)o.seed, o.min_steps,
                   o.max_steps, o.max_operand, (long long)ntr, (long long)nte);
@@ -328,6 +87,7 @@ std::string resolve_model(const std::string& spec, const std::string& builtin_ro
 std::map<std::string, double> generation_eval(const model::CausalLM& m, const std::vector<data::SftSample>& val,
                                               const data::ChatTokenizer& tok, int64_t n, int64_t max_tokens) {
   rollout::EngineConfig ec;
+  // The SFT tree has no rollout keys: a fixed 256 MiB evaluation cache (greedy, <= 64 sequences).
   ec.kv_cache_bytes = int64_t(256) << 20;
   ec.max_num_seqs = 64;
   auto eng = rollout::Engine::create(m, ec);
@@ -362,47 +122,31 @@ std::map<std::string, double> generation_eval(const model::CausalLM& m, const st
 }  // namespace
 
 int cmd_sft(const Args& argv) {
-  ParsedArgs args("sft", {{"config", "YAML file with SFT keys (see below)", true, ""}}, argv);
-  if (args.help()) {
-    std::printf("%s%s", args.usage().c_str(), help_text().c_str());
-    return 0;
-  }
-  const SftConfig c = SftConfig::load(args.get("config"), args.positional());
-  set_num_threads(c.get<int>("trainer.threads"));
-  // Settings checked before any work is done.
-  const std::string mode = c.str("trainer.resume_mode");
-  if (mode != "auto" && mode != "disable" && mode != "resume_path")
-    KS_FAIL("trainer.resume_mode: '", mode, "' is not one of auto, disable, resume_path");
-  for (const auto& l : c.str_list("trainer.logger"))
-    if (l != "console" && l != "file" && l != "tensorboard")
-      KS_FAIL("trainer.logger: '", l, "' is not one of console, file, tensorboard");
-  (void)data::parse_truncation(c.str("data.truncation"), "data.truncation").value();
-  (void)optim::parse_lr_style(c.str("optim.lr_scheduler"), "optim.lr_scheduler").value();
-  const std::string root = c.str("trainer.default_local_dir");
+  for (const auto& a : argv)
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", help_text().c_str());
+      return 0;
+    }
+  const config::Config c = load_command_config(config::sft_schema(), argv);
+  const SftInputs in = sft_inputs(c);
+  set_num_threads(in.threads);
+  const std::string root = in.ckpt_root;
   const std::string builtin_root = root + "/builtin";
-  const uint64_t seed = c.get<uint64_t>("trainer.seed");
 
-  const std::string model_dir = resolve_model(c.str("model.partial_pretrain"), builtin_root, seed);
-  const std::string tok_dir = c.is_null("model.tokenizer_path") ? model_dir : c.str("model.tokenizer_path");
+  const std::string model_dir = resolve_model(in.model_spec, builtin_root, in.seed);
+  const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());
   const data::ChatTokenizer& tok = *tok_r;
 
-  data::SftDatasetOptions dopt;
-  dopt.prompt_key = c.str("data.prompt_key");
-  dopt.response_key = c.str("data.response_key");
-  dopt.messages_key = c.str("data.multiturn.messages_key");
-  dopt.max_length = c.get<int64_t>("data.max_length");
-  dopt.truncation = data::parse_truncation(c.str("data.truncation"), "data.truncation").value();
-  dopt.skip_malformed = c.get<bool>("data.skip_malformed");
-  dopt.max_samples = c.get<int64_t>("data.train_max_samples");
+  data::SftDatasetOptions dopt = in.data;
   data::LoadStats tst, vst;
-  auto train_rows = data::load_sft_dataset(resolve_files(c, "data.train_files", builtin_root, true), tok, dopt, &tst);
+  auto train_rows = data::load_sft_dataset(resolve_files(in, in.train_files, builtin_root, true), tok, dopt, &tst);
   if (!train_rows) KS_FAIL(train_rows.status().message());
-  dopt.max_samples = c.get<int64_t>("data.val_max_samples");
+  dopt.max_samples = in.val_max_samples;
   std::vector<data::SftSample> val_rows;
-  if (!c.is_null("data.val_files")) {
-    auto v = data::load_sft_dataset(resolve_files(c, "data.val_files", builtin_root, false), tok, dopt, &vst);
+  if (!in.val_files.empty()) {
+    auto v = data::load_sft_dataset(resolve_files(in, in.val_files, builtin_root, false), tok, dopt, &vst);
     if (!v) KS_FAIL(v.status().message());
     val_rows = std::move(v).value();
   }
@@ -410,8 +154,7 @@ int cmd_sft(const Args& argv) {
   for (const auto& s : tst.first_skipped) std::fprintf(stderr, "  skipped: %s\n", s.c_str());
 
   model::ModelOptions mopt;
-  if (!parse_dtype(c.str("model.dtype"), &mopt.dtype) || (mopt.dtype != DType::F32 && mopt.dtype != DType::BF16))
-    KS_FAIL("model.dtype must be f32 or bf16, got '", c.str("model.dtype"), "'");
+  mopt.dtype = in.dtype;
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& m = **loaded;
@@ -424,42 +167,18 @@ int cmd_sft(const Args& argv) {
     for (const auto& r : rows) out.push_back({r.ids, r.loss_mask});
     return out;
   };
-  const int64_t batch = c.get<int64_t>("data.train_batch_size");
-  const uint64_t data_seed = c.is_null("data.seed") ? seed : c.get<uint64_t>("data.seed");
-  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, c.get<bool>("data.shuffle"), data_seed);
+  const int64_t batch = in.train_batch_size;
+  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
 
-  train::SftOptions o;
   const int64_t per_epoch = source->batches_per_epoch();
-  o.total_steps = c.is_null("trainer.total_training_steps") ? per_epoch * c.get<int64_t>("trainer.total_epochs")
-                                                            : c.get<int64_t>("trainer.total_training_steps");
-  if (o.total_steps <= 0) KS_FAIL("kestrel sft: no steps to run (check trainer.total_epochs / total_training_steps)");
-  o.micro_batch_size = c.get<int64_t>("data.micro_batch_size_per_gpu");
-  o.max_token_len_per_micro = c.get<bool>("data.use_dynamic_bsz") ? c.get<int64_t>("data.max_token_len_per_gpu") : 0;
-  const auto betas = c.get<std::vector<double>>("optim.betas");
-  if (betas.size() != 2) KS_FAIL("optim.betas must hold two numbers");
-  o.adamw = {betas[0], betas[1], c.get<double>("optim.eps"), c.get<double>("optim.weight_decay")};
-  o.lr.lr = c.get<double>("optim.lr");
-  o.lr.style = optim::parse_lr_style(c.str("optim.lr_scheduler"), "optim.lr_scheduler").value();
-  o.lr.total_steps = o.total_steps;
-  o.lr.warmup_steps = int64_t(c.get<double>("optim.warmup_steps_ratio") * double(o.total_steps));
-  o.lr.min_lr_ratio = c.get<double>("optim.min_lr_ratio");
-  o.clip_grad = c.get<double>("optim.clip_grad");
-  o.save_freq = c.get<int64_t>("trainer.save_freq");
-  o.test_freq = c.get<int64_t>("trainer.test_freq");
-  o.val_before_train = c.get<bool>("trainer.val_before_train");
-  o.max_ckpt_to_keep = c.is_null("trainer.max_ckpt_to_keep") ? 0 : c.get<int64_t>("trainer.max_ckpt_to_keep");
-  o.ckpt_root = root;
-  o.resume_mode = c.str("trainer.resume_mode");
-  o.resume_from_path = c.is_null("trainer.resume_from_path") ? "" : c.str("trainer.resume_from_path");
-  o.export_dir = c.is_null("trainer.export_dir") ? "" : c.str("trainer.export_dir");
-  o.resolved_config_yaml = c.to_yaml();
+  train::SftOptions o = sft_options(c, per_epoch);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
     if (fs::exists(tok_dir + "/" + f)) o.model_extra_files[f] = read_file(tok_dir + "/" + f).value();
   }
 
   train::MetricsOptions mo;
   mo.console = false;
-  for (const auto& l : c.str_list("trainer.logger")) {
+  for (const auto& l : in.loggers) {
     if (l == "console") mo.console = true;
     else if (l == "file") mo.jsonl_path = root + "/metrics.jsonl";
     else if (l == "tensorboard") mo.tensorboard_dir = root + "/tensorboard";
@@ -479,8 +198,8 @@ int cmd_sft(const Args& argv) {
   if (!logger) KS_FAIL(logger.status().message());
 
   train::SftHooks hooks;
-  const int64_t ngen = c.get<int64_t>("trainer.val_generations");
-  const int64_t max_resp = c.get<int64_t>("data.max_response_length");
+  const int64_t ngen = in.val_generations;
+  const int64_t max_resp = in.max_response_length;
   if (ngen > 0) {
     hooks.generate_eval = [&](const model::CausalLM& mm) { return generation_eval(mm, val_rows, tok, ngen, max_resp); };
   }

@@ -11,12 +11,14 @@
 
 #include "cli/commands.h"
 #include "cli/loader_source.h"
+#include "cli/options.h"
 #include "comm/world.h"
 #include "config/config.h"
 #include "core/files.h"
 #include "data/arith.h"
 #include "data/chat_tokenizer.h"
 #include "data/config_options.h"
+#include "rollout/engine.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "io/model_config.h"
@@ -46,6 +48,7 @@ const char* const kBuiltinRun[] = {
     "actor_rollout_ref.model.path=builtin:arith-sft",
     "actor_rollout_ref.actor.megatron.dtype=float32",
     "actor_rollout_ref.rollout.dtype=float32",
+    "critic.megatron.dtype=float32",
     "actor_rollout_ref.rollout.n=8",
     // Below 1 the samples stay near the greedy path that validation scores
     // (T=1 samples are right 30% of the time against 47% greedy).
@@ -143,74 +146,112 @@ std::vector<rl::RlPrompt> to_prompts(const std::vector<data::RlSample>& rows) {
   return out;
 }
 
-void reject_unbuilt(const config::Config& c) {
-  auto fail_if = [&](bool bad, const std::string& what) {
-    if (bad) KS_FAIL("not supported yet: ", what);
-  };
-  fail_if(c.get_string("algorithm.kl_penalty") == "full", "algorithm.kl_penalty=full (use kl, abs, mse or low_var_kl)");
-  const std::string lm = c.get_string("actor_rollout_ref.actor.policy_loss.loss_mode");
-  fail_if(lm != "vanilla", "actor_rollout_ref.actor.policy_loss.loss_mode=" + lm);
-  fail_if(c.get_int("actor_rollout_ref.rollout.data_parallel_size") != 1,
-          "actor_rollout_ref.rollout.data_parallel_size (the rollout's data parallelism is world size / rollout "
-          "tensor_model_parallel_size)");
-}
-
-// The learning-rate schedule of `<prefix>optim.*` (actor or critic).
-optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::string& prefix, int64_t total_steps) {
-  const std::string P = prefix + "optim.";
-  optim::LrScheduleConfig lr;
-  lr.lr = c.get_float(P + "lr");
-  const std::string style = c.is_null(P + "warmup_style") ? c.get_string(P + "lr_decay_style")
-                                                          : c.get_string(P + "warmup_style");
-  lr.style = optim::parse_lr_style(style, P + "lr_decay_style").value();
-  lr.total_steps = c.get_int(P + "total_training_steps") > 0 ? c.get_int(P + "total_training_steps") : total_steps;
-  lr.warmup_steps = optim::resolve_warmup_steps(c.get_int(P + "lr_warmup_steps"), c.get_float(P + "lr_warmup_steps_ratio"),
-                                                lr.total_steps);
-  lr.min_lr_ratio = c.is_null(P + "min_lr_ratio") ? (lr.lr > 0 ? c.get_float(P + "min_lr") / lr.lr : 0)
-                                                  : c.get_float(P + "min_lr_ratio");
-  lr.init_lr_ratio = lr.lr > 0 ? c.get_float(P + "lr_warmup_init") / lr.lr : 0;
-  return lr;
-}
-
-// The PPO critic (critic.*): on when critic.enable says so, or (null) exactly
-// for adv_estimator=gae. Its value model starts from critic.model.path, an
-// actor folder (lm_head dropped, a seeded score head) or a critic checkpoint.
-std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const rl::RlOptions& o, const std::string& actor_dir,
-                                        const model::ModelOptions& actor_opts) {
-  const bool gae = o.adv_estimator == rl::AdvEstimator::GAE;
-  const bool on = c.is_null("critic.enable") ? gae : c.get_bool("critic.enable");
-  if (!on) {
-    if (gae) KS_FAIL(c.origin("critic.enable"), ": algorithm.adv_estimator=gae needs the critic (critic.enable=true)");
-    return nullptr;
-  }
-  const std::string C = "critic.";
-  const std::string path = c.get_string(C + "model.path");
-  const std::string dir = path == c.get_string("actor_rollout_ref.model.path") ? actor_dir : resolve_model(path);
+// The PPO critic (critic.*): its value model starts from critic.model.path,
+// an actor folder (lm_head dropped, a seeded score head) or a critic checkpoint.
+std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const TrainInputs& in, const rl::RlOptions& o,
+                                        const std::string& actor_dir, const model::ModelOptions& actor_opts) {
+  if (!in.critic) return nullptr;
+  const std::string dir = in.critic_model_path == in.model_path ? actor_dir : resolve_model(in.critic_model_path);
   model::ModelOptions mo = actor_opts;
   mo.value_head = true;
-  mo.value_head_seed = uint64_t(c.get_int(C + "megatron.seed"));
+  mo.value_head_seed = in.critic_seed;
+  mo.dtype = in.critic_dtype;
   auto m = model::CausalLM::load(dir, mo);
-  if (!m) KS_FAIL(c.origin(C + "model.path"), ": ", m.status().message());
-  rl::CriticOptions co;
-  co.ppo_mini_batch_size = c.get_int(C + "ppo_mini_batch_size");
-  co.n = o.n;
-  co.ppo_epochs = c.get_int(C + "ppo_epochs");
-  co.shuffle = c.get_bool(C + "shuffle");
-  co.data_loader_seed = uint64_t(c.get_int(C + "data_loader_seed"));
-  co.micro_batch_size = c.get_int_or(C + "ppo_micro_batch_size_per_gpu", 0);
-  co.max_token_len = c.get_bool(C + "use_dynamic_bsz") ? c.get_int(C + "ppo_max_token_len_per_gpu") : 0;
-  co.forward_max_token_len = c.get_int(C + "forward_max_token_len_per_gpu");
-  co.cliprange_value = c.get_float(C + "cliprange_value");
-  co.loss_agg_mode = rl::parse_agg_mode(c.get_string(C + "loss_agg_mode")).value();
-  co.loss_scale_factor = o.loss_scale_factor;
-  co.response_length = o.response_length;
-  const auto betas = c.get_float_list(C + "optim.betas");
-  if (betas.size() != 2) KS_FAIL(c.origin(C + "optim.betas"), ": ", C, "optim.betas must hold two numbers");
-  co.adamw = {betas[0], betas[1], c.get_float(C + "optim.eps"), c.get_float(C + "optim.weight_decay")};
-  co.lr = lr_schedule_config(c, C, o.total_steps);
-  co.clip_grad = c.get_float(C + "optim.clip_grad");
-  co.share_prompts = o.share_prompts;
-  return std::make_unique<rl::Critic>(std::move(m).value(), co);
+  if (!m) KS_FAIL(c.origin("critic.model.path"), ": ", m.status().message());
+  return std::make_unique<rl::Critic>(std::move(m).value(), critic_options(c, o));
+}
+
+// The training and validation rows (data.train_files / val_files).
+std::pair<std::vector<data::RlSample>, std::vector<data::RlSample>> load_rows(const TrainInputs& in,
+                                                                              const data::ChatTokenizer& tok,
+                                                                              bool leader) {
+  data::LoadStats tst, vst;
+  auto train_rows = data::load_rl_dataset(resolve_files(in.train_files, true), tok, in.train_data, &tst);
+  if (!train_rows) KS_FAIL(train_rows.status().message());
+  std::vector<data::RlSample> val_rows;
+  if (!in.val_files.empty()) {
+    auto v = data::load_rl_dataset(resolve_files(in.val_files, false), tok, in.val_data, &vst);
+    if (!v) KS_FAIL(v.status().message());
+    val_rows = std::move(v).value();
+  }
+  if (leader) std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+  return {std::move(train_rows).value(), std::move(val_rows)};
+}
+
+// The end-of-run summary: validation scores first -> last, where the outputs are.
+void print_summary(const rl::RlTrainer& trainer, double wall, const std::string& ckpt_root,
+                   const train::MetricsOptions& mo) {
+  std::fprintf(stderr, "\ntrain: done, %lld steps, wall time %s\n", (long long)trainer.global_step(),
+               train::ProgressBar::format_duration(wall).c_str());
+  for (const auto& [k, v] : trainer.last_validation()) {
+    if (k.rfind("val-core/", 0) != 0) continue;
+    auto f = trainer.first_validation().find(k);
+    if (f != trainer.first_validation().end() && &trainer.first_validation() != &trainer.last_validation())
+      std::fprintf(stderr, "  %s: %.4f -> %.4f (%+.1f points)\n", k.c_str(), f->second, v, 100 * (v - f->second));
+    else
+      std::fprintf(stderr, "  %s: %.4f\n", k.c_str(), v);
+  }
+  std::fprintf(stderr, "  checkpoints: %s\n", ckpt_root.c_str());
+  if (!mo.jsonl_path.empty()) std::fprintf(stderr, "  metrics: %s\n", mo.jsonl_path.c_str());
+  if (!mo.tensorboard_dir.empty()) std::fprintf(stderr, "  tensorboard: %s\n", mo.tensorboard_dir.c_str());
+}
+
+// The metrics logger; a resumed run keeps the metrics up to its checkpoint.
+std::unique_ptr<train::MetricsLogger> open_logger(const rl::RlOptions& o, const train::MetricsOptions& mo) {
+  int64_t resume_step = -1;
+  if (o.resume_mode == "auto") {
+    auto latest = train::latest_checkpoint_step(o.ckpt_root);
+    if (latest && latest->has_value()) resume_step = **latest;
+  } else if (o.resume_mode == "resume_path" && !o.resume_from_path.empty()) {
+    auto s = train::checkpoint_step_of(o.resume_from_path);
+    if (s) resume_step = *s;
+  }
+  auto l = train::MetricsLogger::open(mo, resume_step);
+  if (!l) KS_FAIL(l.status().message());
+  return std::move(l).value();
+}
+
+// Under mpirun: the process grid (tp from the actor, dp = world / tp), the
+// model's share of it and the trainer's groups (rl/distributed.h).
+std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, const TrainInputs& in,
+                                                      const std::string& model_dir, model::ModelOptions& mopt,
+                                                      rl::RlParallel& par) {
+  auto mc = io::load_model_config(model_dir);
+  if (!mc) KS_FAIL(mc.status().message());
+  auto g = parallel::make_process_grid(world, parallel::dims_for(int(in.tp), in.sequence_parallel), model::model_facts(*mc));
+  if (!g) KS_FAIL("kestrel train: ", g.status().message());
+  std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
+  mopt.parallel = model::model_parallel_for(*grid);
+  par.world = world.group();
+  par.dp = grid->group(parallel::GroupKind::Dp);
+  par.distributed_optimizer = in.distributed_optimizer;
+  if (in.rollout_tp != in.tp)
+    par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
+  return grid;
+}
+
+// Both tensor-parallel sizes must divide the number of processes.
+void check_sizes_divide(const config::Config& c, const TrainInputs& in, int world_size) {
+  const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", in.tp},
+                                  std::pair{R + "tensor_model_parallel_size", in.rollout_tp}})
+    if (size < 1 || world_size % size != 0)
+      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
+              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
+}
+
+// The reward manager, checked against every row's data_source.
+Result<std::unique_ptr<rl::RewardManager>> make_rewards(const TrainInputs& in, const std::vector<data::RlSample>& train,
+                                                        const std::vector<data::RlSample>& val) {
+  auto rm = rl::RewardManager::create(in.reward);
+  if (!rm) KS_FAIL(rm.status().message());
+  {
+    std::vector<std::string> srcs;
+    for (const auto& r : train) srcs.push_back(r.data_source);
+    for (const auto& r : val) srcs.push_back(r.data_source);
+    (*rm)->validate_data_sources(srcs).throw_if_error();
+  }
+  return rm;
 }
 
 }  // namespace
@@ -222,166 +263,60 @@ int cmd_train(const std::vector<std::string>& argv) {
       return 0;
     }
   const auto t_start = std::chrono::steady_clock::now();
+  // Without --config the built-in run layer comes before the user's overrides.
   auto lo = config::options_from_args(argv);
   if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
-  if (lo->config_files.empty()) {
-    std::vector<std::string> o(std::begin(kBuiltinRun), std::end(kBuiltinRun));
-    o.insert(o.end(), lo->overrides.begin(), lo->overrides.end());
-    lo->overrides = std::move(o);
-  }
-  auto cr = config::load(*lo);
-  if (!cr) KS_FAIL(cr.status().message());
-  const config::Config& c = *cr;
-  reject_unbuilt(c);
+  std::vector<std::string> first;
+  if (lo->config_files.empty()) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
+  const config::Config c = load_command_config(config::ppo_schema(), argv, first);
+  const TrainInputs in = train_inputs(c);
 
-  const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+  const std::string R = "actor_rollout_ref.rollout.";
   // Under mpirun/srun: tp from the actor's megatron config, dp = world / tp,
   // the rollout's tp from rollout.tensor_model_parallel_size (rl/distributed.h).
   const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
-  const int64_t tp = c.get_int(A + "megatron.tensor_model_parallel_size");
-  const int64_t rtp = c.get_int(R + "tensor_model_parallel_size");
-  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", tp},
-                                  std::pair{R + "tensor_model_parallel_size", rtp}})
-    if (size < 1 || world_size % size != 0)
-      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
-              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
+  check_sizes_divide(c, in, world_size);
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();
-  const std::string model_dir = resolve_model(c.get_string("actor_rollout_ref.model.path"));
-  for (const char* k : {"data.train_files", "data.val_files"})
-    if (!c.is_null(k)) (void)resolve_files(c.get_string_list(k), true);
+  const std::string model_dir = resolve_model(in.model_path);
+  (void)resolve_files(in.train_files, true);
+  (void)resolve_files(in.val_files, false);
   if (world_size > 1 && leader) world->group()->barrier();
-  const std::string tok_dir =
-      c.is_null("actor_rollout_ref.model.tokenizer_path") ? model_dir : c.get_string("actor_rollout_ref.model.tokenizer_path");
+  const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());
   const data::ChatTokenizer& tok = *tok_r;
 
-  auto dopt = data::rl_dataset_options(c, false);
-  if (!dopt) KS_FAIL(dopt.status().message());
-  data::LoadStats tst, vst;
-  auto train_rows = data::load_rl_dataset(resolve_files(c.get_string_list("data.train_files"), true), tok, *dopt, &tst);
-  if (!train_rows) KS_FAIL(train_rows.status().message());
-  auto vopt = data::rl_dataset_options(c, true);
-  if (!vopt) KS_FAIL(vopt.status().message());
-  std::vector<data::RlSample> val_rows;
-  if (!c.is_null("data.val_files")) {
-    auto v = data::load_rl_dataset(resolve_files(c.get_string_list("data.val_files"), false), tok, *vopt, &vst);
-    if (!v) KS_FAIL(v.status().message());
-    val_rows = std::move(v).value();
-  }
-  if (leader) std::fprintf(stderr, "train: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+  const auto [train_rows_v, val_rows] = load_rows(in, tok, leader);
+  const std::vector<data::RlSample>* train_rows = &train_rows_v;
 
-  auto ropt = rl::reward_options_from_config(c);
-  auto rm = rl::RewardManager::create(ropt);
-  if (!rm) KS_FAIL(rm.status().message());
-  {
-    std::vector<std::string> srcs;
-    for (const auto& r : *train_rows) srcs.push_back(r.data_source);
-    for (const auto& r : val_rows) srcs.push_back(r.data_source);
-    (*rm)->validate_data_sources(srcs).throw_if_error();
-  }
+  auto rm = make_rewards(in, *train_rows, val_rows);
 
   model::ModelOptions mopt;
-  const std::string dt = c.get_string(A + "megatron.dtype");
-  mopt.dtype = dt == "bfloat16" ? DType::BF16 : DType::F32;
+  mopt.dtype = in.dtype;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
-  if (world_size > 1) {
-    auto mc = io::load_model_config(model_dir);
-    if (!mc) KS_FAIL(mc.status().message());
-    const bool sp = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
-    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), sp), model::model_facts(*mc));
-    if (!g) KS_FAIL("kestrel train: ", g.status().message());
-    grid = std::move(g).value();
-    mopt.parallel = model::model_parallel_for(*grid);
-    par.world = world->group();
-    par.dp = grid->group(parallel::GroupKind::Dp);
-    par.distributed_optimizer = c.get_bool(A + "megatron.use_distributed_optimizer");
-    if (rtp != tp) par.rollout_tp = world->split(world_rank / int(rtp), world_rank, "rollout_tp");
-  }
+  if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& actor = **loaded;
 
-  rl::RlOptions o;
-  o.train_batch_size = c.get_int("data.train_batch_size");
-  o.n = c.get_int(R + "n");
-  const bool sample = c.get_bool(R + "do_sample");
-  o.temperature = sample ? c.get_float(R + "temperature") : 0.0;
-  o.top_k = c.get_int(R + "top_k");
-  o.top_p = c.get_float(R + "top_p");
-  o.response_length = c.get_int(R + "response_length");
-  o.max_prompt_length = c.get_int(R + "prompt_length");
-  o.rollout_seed = uint64_t(c.get_int(R + "seed"));
-  o.engine.block_size = c.get_int(R + "block_size");
-  o.engine.max_num_batched_tokens = c.get_int(R + "max_num_batched_tokens");
-  o.engine.max_num_seqs = c.get_int(R + "max_num_seqs");
-  o.engine.enable_chunked_prefill = c.get_bool(R + "enable_chunked_prefill");
-  o.engine.enable_prefix_caching = c.get_bool(R + "enable_prefix_caching");
-  o.engine.preemption_mode = c.get_string(R + "preemption_mode");
-  o.engine.max_model_len = c.get_int_or(R + "max_model_len", o.max_prompt_length + o.response_length);
-  o.engine.kv_cache_bytes = int64_t(512) << 20;
-  o.val_n = c.get_int(R + "val_kwargs.n");
-  o.val_temperature = c.get_bool(R + "val_kwargs.do_sample") ? c.get_float(R + "val_kwargs.temperature") : 0.0;
-  o.val_top_k = c.get_int(R + "val_kwargs.top_k");
-  o.val_top_p = c.get_float(R + "val_kwargs.top_p");
-  o.ppo_mini_batch_size = c.get_int(A + "ppo_mini_batch_size");
-  o.ppo_epochs = c.get_int(A + "ppo_epochs");
-  o.shuffle = c.get_bool(A + "shuffle");
-  o.data_loader_seed = uint64_t(c.get_int(A + "data_loader_seed"));
-  o.micro_batch_size = c.get_int_or(A + "ppo_micro_batch_size_per_gpu", 0);
-  o.max_token_len = c.get_bool(A + "use_dynamic_bsz") ? c.get_int(A + "ppo_max_token_len_per_gpu") : 0;
-  o.log_prob_max_token_len = c.get_int(R + "log_prob_max_token_len_per_gpu");
-  o.share_prompts = c.get_bool(A + "use_prefix_grouper");
-  o.loss.clip_ratio_low = c.get_float(A + "clip_ratio_low");
-  o.loss.clip_ratio_high = c.get_float(A + "clip_ratio_high");
-  o.loss.clip_ratio_c = c.get_float(A + "clip_ratio_c");
-  o.loss.entropy_coeff = c.get_float(A + "entropy_coeff");
-  o.loss.use_kl_loss = c.get_bool(A + "use_kl_loss");
-  o.loss.kl_loss_coef = c.get_float(A + "kl_loss_coef");
-  o.loss.kl_loss_type = c.get_string(A + "kl_loss_type");
-  o.loss.agg.mode = rl::parse_agg_mode(c.get_string(A + "loss_agg_mode")).value();
-  o.loss_scale_factor = c.get_float_or(A + "loss_scale_factor", 0.0);
-  o.adv_estimator = rl::parse_adv_estimator(c.get_string("algorithm.adv_estimator")).value();
-  o.norm_adv_by_std_in_grpo = c.get_bool("algorithm.norm_adv_by_std_in_grpo");
-  o.gamma = c.get_float("algorithm.gamma");
-  o.lam = c.get_float("algorithm.lam");
-  const auto betas = c.get_float_list(A + "optim.betas");
-  if (betas.size() != 2) KS_FAIL(c.origin(A + "optim.betas"), ": ", A, "optim.betas must hold two numbers");
-  o.adamw = {betas[0], betas[1], c.get_float(A + "optim.eps"), c.get_float(A + "optim.weight_decay")};
-  o.clip_grad = c.get_float(A + "optim.clip_grad");
-
-  const int64_t batch = o.train_batch_size;
+  const int64_t batch = in.train_batch_size;
   if (int64_t(train_rows->size()) < batch)
     KS_FAIL("data.train_batch_size=", batch, " but the training set has only ", train_rows->size(), " prompts");
-  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, c.get_bool("data.shuffle"),
-                                               data::data_seed(c));
-  o.total_steps = c.is_null("trainer.total_training_steps")
-                      ? source->batches_per_epoch() * c.get_int("trainer.total_epochs")
-                      : c.get_int("trainer.total_training_steps");
-  o.lr = lr_schedule_config(c, A, o.total_steps);
-  o.use_kl_in_reward = c.get_bool("algorithm.use_kl_in_reward");
-  o.kl_penalty = c.get_string("algorithm.kl_penalty");
-  o.kl_ctrl.type = c.get_string("algorithm.kl_ctrl.type");
-  o.kl_ctrl.value = c.get_float("algorithm.kl_ctrl.kl_coef");
-  o.kl_ctrl.horizon = c.get_int("algorithm.kl_ctrl.horizon");
-  o.kl_ctrl.target_kl = c.get_float("algorithm.kl_ctrl.target_kl");
-  o.critic_warmup = c.get_int("trainer.critic_warmup");
-  o.balance_batch = c.get_bool("trainer.balance_batch");
-  o.save_freq = c.get_int("trainer.save_freq");
-  o.time_budget_s = c.get_float_or("trainer.time_budget_s", 0.0);
-  o.test_freq = c.get_int("trainer.test_freq");
-  o.val_before_train = c.get_bool("trainer.val_before_train");
-  o.max_ckpt_to_keep = c.get_int_or("trainer.max_actor_ckpt_to_keep", 0);
-  o.ckpt_root = c.get_string("trainer.default_local_dir");
-  o.resume_mode = c.get_string("trainer.resume_mode");
-  o.resume_from_path = c.get_string_or("trainer.resume_from_path", "");
+  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
+  rl::RlOptions o = rl_options(c, source->batches_per_epoch());
+  // The rollout reads the actor's weights in place: its share of the memory
+  // (gpu_memory_utilization) holds those weights and the KV cache.
+  auto mem = rollout::device_memory_bytes(local_ranks());
+  if (!mem) KS_FAIL(mem.status().message());
+  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout::weight_bytes(actor));
+  if (!kv) KS_FAIL(c.origin(R + "gpu_memory_utilization"), ": ", kv.status().message());
+  o.engine.kv_cache_bytes = *kv;
   o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;
   o.parallel = par;
-  o.resolved_config_yaml = c.to_yaml();
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
     if (fs::exists(tok_dir + "/" + f)) o.model_extra_files[f] = read_file(tok_dir + "/" + f).value();
 
@@ -392,39 +327,23 @@ int cmd_train(const std::vector<std::string>& argv) {
     ref = std::move(r).value();
   }
 
-  std::unique_ptr<rl::Critic> critic = make_critic(c, o, model_dir, mopt);
+  std::unique_ptr<rl::Critic> critic = make_critic(c, in, o, model_dir, mopt);
 
   // metrics.jsonl and TensorBoard events always go next to the checkpoints
   // (the config layer accepts only trainer.logger=[console] so far).
   train::MetricsOptions mo;
-  mo.console = false;
-  for (const auto& l : c.get_string_list("trainer.logger"))
-    if (l == "console") mo.console = true;
+  mo.console = in.console_logger;
   mo.jsonl_path = o.ckpt_root + "/metrics.jsonl";
   mo.tensorboard_dir = o.ckpt_root + "/tensorboard";
   fs::create_directories(o.ckpt_root);
-  int64_t resume_step = -1;
-  if (o.resume_mode == "auto") {
-    auto latest = train::latest_checkpoint_step(o.ckpt_root);
-    if (latest && latest->has_value()) resume_step = **latest;
-  } else if (o.resume_mode == "resume_path" && !o.resume_from_path.empty()) {
-    auto s = train::checkpoint_step_of(o.resume_from_path);
-    if (s) resume_step = *s;
-  }
-  // Only world rank 0 logs (every rank computes the same metrics).
-  std::unique_ptr<train::MetricsLogger> logger;
-  if (leader) {
-    auto l = train::MetricsLogger::open(mo, resume_step);
-    if (!l) KS_FAIL(l.status().message());
-    logger = std::move(l).value();
-  }
+  std::unique_ptr<train::MetricsLogger> logger = leader ? open_logger(o, mo) : nullptr;
 
   if (leader)
     std::fprintf(stderr,
                "train: %s on %s (%lld params); %lld steps of %lld prompts x %lld responses; rewards: %s\n",
                rl::adv_estimator_name(o.adv_estimator), model_dir.c_str(), (long long)actor.num_parameters(),
                (long long)o.total_steps, (long long)o.train_batch_size, (long long)o.n, (*rm)->describe().c_str());
-  const bool val_only = c.get_bool("trainer.val_only");
+  const bool val_only = in.val_only;
   rl::RlTrainer trainer(actor, std::move(ref), to_prompts(*train_rows), to_prompts(val_rows), std::move(source), **rm,
                         [&tok](const std::vector<int32_t>& ids) { return tok.tokenizer().decode(ids, true); }, o,
                         logger.get(), std::move(critic));
@@ -437,19 +356,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   if (!leader) return 0;
 
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::fprintf(stderr, "\ntrain: done, %lld steps, wall time %s\n", (long long)trainer.global_step(),
-               train::ProgressBar::format_duration(wall).c_str());
-  for (const auto& [k, v] : trainer.last_validation()) {
-    if (k.rfind("val-core/", 0) != 0) continue;
-    auto f = trainer.first_validation().find(k);
-    if (f != trainer.first_validation().end() && &trainer.first_validation() != &trainer.last_validation())
-      std::fprintf(stderr, "  %s: %.4f -> %.4f (%+.1f points)\n", k.c_str(), f->second, v, 100 * (v - f->second));
-    else
-      std::fprintf(stderr, "  %s: %.4f\n", k.c_str(), v);
-  }
-  std::fprintf(stderr, "  checkpoints: %s\n", o.ckpt_root.c_str());
-  if (!mo.jsonl_path.empty()) std::fprintf(stderr, "  metrics: %s\n", mo.jsonl_path.c_str());
-  if (!mo.tensorboard_dir.empty()) std::fprintf(stderr, "  tensorboard: %s\n", mo.tensorboard_dir.c_str());
+  print_summary(trainer, wall, o.ckpt_root, mo);
   return 0;
 }
 

@@ -8,12 +8,13 @@
 namespace kestrel::config {
 
 const Value& Config::leaf(const std::string& path, std::initializer_list<Type> types) const {
-  const KeyDecl* d = find_key(path);
-  if (!d) KS_FAIL("Config: no config key '", path, "' (a programming error; ", unknown_key_message(path), ")");
+  const KeyDecl* d = schema().find(path);
+  if (!d) KS_FAIL("Config: no config key '", path, "' (a programming error; ", unknown_key_message(path, schema()), ")");
   if (std::find(types.begin(), types.end(), d->type) == types.end())
     KS_FAIL("Config: config key '", path, "' is a ", type_name(d->type), "; use the matching getter");
   const Value* v = detail::lookup(root_, path);
   KS_CHECK(v, "config value missing for declared key ", path);
+  reads_->insert(path);
   return *v;
 }
 
@@ -112,13 +113,15 @@ std::string Config::get_string_or(const std::string& path, const std::string& if
 }
 
 bool Config::is_null(const std::string& path) const {
-  const KeyDecl* d = find_key(path);
+  const KeyDecl* d = schema().find(path);
   return leaf(path, {d ? d->type : Type::Bool}).is_null();
 }
 
 std::string Config::origin(const std::string& path) const {
-  const KeyDecl* d = find_key(path);
-  return leaf(path, {d ? d->type : Type::Bool}).origin;
+  // Not a read: error messages name where a value came from.
+  const Value* v = schema().find(path) ? detail::lookup(root_, path) : nullptr;
+  if (!v) KS_FAIL("Config: no config key '", path, "' (a programming error)");
+  return v->origin;
 }
 
 namespace {
@@ -140,18 +143,21 @@ std::string Config::to_yaml() const {
   return out;
 }
 
-std::string docs() {
-  std::string out =
-      "Kestrel configuration keys: verl's names and defaults (kestrel config docs).\n"
+std::string docs(const Schema& s) {
+  std::string out = "Kestrel configuration keys of " + s.command() + " (" + s.name() +
+                    "): verl's names and defaults (kestrel config docs " + s.name() + ").\n"
       "Set them in a YAML file (--config FILE) or on the command line: key=value, +key=value, ++key=value, ~key.\n"
-      "Status 'not supported yet': only the default value is accepted.\n";
+      "Status 'not supported yet': only the default value is accepted.\n"
+      "Status 'no effect in Kestrel': verl's key, accepted, changes nothing here (the doc says why).\n";
+  if (s.parent())
+    out += "The keys of " + s.parent()->command() + " that apply to " + s.command() + "; the others are refused.\n";
   std::string section;
-  for (const auto& d : schema()) {
+  for (const auto& d : s.keys()) {
     const std::string top = d.path.substr(0, d.path.find('.'));
     if (top != section) out += "\n## " + (section = top) + "\n";
     out += "\n" + d.path + "\n";
     out += "    " + std::string(type_name(d.type)) + ", default " + d.default_yaml + ", " +
-           (d.status == Support::Supported ? "supported" : "not supported yet") + "\n";
+           support_name(d.status) + "\n";
     out += "    " + d.doc + "\n";
     if (!d.allowed.empty()) {
       out += "    allowed:";
@@ -168,11 +174,11 @@ std::string docs() {
 
 namespace {
 // Block YAML of the default tree with each key's doc as a comment above it.
-void emit_commented(const Value& map, const std::string& path, int indent, std::string& out) {
+void emit_commented(const Schema& s, const Value& map, const std::string& path, int indent, std::string& out) {
   for (const auto& [k, v] : map.map) {
     const std::string p = path.empty() ? k : path + "." + k;
     const std::string pad(indent, ' ');
-    if (const KeyDecl* d = find_key(p)) {
+    if (const KeyDecl* d = s.find(p)) {
       out += pad + "# " + d->doc + "\n";
       if (!d->allowed.empty()) {
         out += pad + "# one of:";
@@ -185,24 +191,31 @@ void emit_commented(const Value& map, const std::string& path, int indent, std::
         out += "\n";
       }
       if (d->status == Support::NotSupportedYet) out += pad + "# not supported yet: only this default works\n";
+      if (d->status == Support::NoEffect) out += pad + "# no effect in Kestrel\n";
       out += pad + k + ": " + to_flow_yaml(v) + "\n\n";
     } else {
       if (indent == 0) out += "\n";
       out += pad + k + ":\n";
-      emit_commented(v, p, indent + 2, out);
+      emit_commented(s, v, p, indent + 2, out);
     }
   }
 }
 }  // namespace
 
-std::string defaults_yaml() {
+std::string defaults_yaml(const Schema& s) {
+  if (&s != &ppo_schema()) {
+    std::string out = "# Kestrel " + s.command() + " config (" + s.name() +
+                      "): generated from src/config/schema_*.cpp (kestrel config defaults " + s.name() + ").\n";
+    emit_commented(s, detail::default_tree(s), "", 0, out);
+    return out;
+  }
   std::string out =
       "# Kestrel PPO/GRPO trainer config: the keys and defaults of verl's ppo_megatron_trainer.yaml.\n"
       "# Generated from src/config/schema_*.cpp; edit the schema, then regenerate with\n"
       "#   kestrel config defaults > configs/ppo_trainer.yaml   (or: KESTREL_UPDATE_GOLDEN=1 test_config\n"
       "#   --gtest_filter=ConfigYaml.ShippedDefaultsFileMatchesSchema)\n"
       "# Use: kestrel train --config-path=configs --config-name=ppo_trainer key=value ...\n";
-  emit_commented(detail::default_tree(), "", 0, out);
+  emit_commented(s, detail::default_tree(s), "", 0, out);
   return out;
 }
 

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@ namespace kestrel::config {
 struct LoadOptions {
   std::vector<std::string> config_files;  // merged in order, later files win
   std::vector<std::string> overrides;     // Hydra syntax, applied after the files
+  const Schema* schema = nullptr;         // the command's tree; nullptr = ppo_schema()
 };
 
 // Splits command-line arguments into config files and overrides. Understands
@@ -58,25 +61,39 @@ class Config {
   std::string to_yaml() const;
 
   const Value& tree() const { return root_; }
+  const Schema& schema() const { return schema_ ? *schema_ : ppo_schema(); }
+
+  // One line per key of status NoEffect set to a non-default value; the
+  // commands print them on stderr (cli/config_load.h).
+  const std::vector<std::string>& notices() const { return notices_; }
+
+  // Every key read through a getter or is_null() since load (copies of a
+  // Config share the record). tests/cli/consumers_test.cpp builds each
+  // command's options and fails for a Supported key nobody read.
+  std::set<std::string> reads() const { return *reads_; }
 
  private:
   friend Result<Config> load(const LoadOptions&);
   const Value& leaf(const std::string& path, std::initializer_list<Type> types) const;
   Value root_;
+  const Schema* schema_ = nullptr;
+  std::vector<std::string> notices_;
+  std::shared_ptr<std::set<std::string>> reads_ = std::make_shared<std::set<std::string>>();
 };
 
 Result<Config> load(const LoadOptions& opts);
 
 // Every key: path, type, default, allowed values, status and doc (for `kestrel config docs`).
-std::string docs();
+std::string docs(const Schema& s = ppo_schema());
 // The built-in defaults as a commented YAML file, interpolations kept
 // (verl comment style: a comment above each field). configs/ppo_trainer.yaml is this text.
-std::string defaults_yaml();
+std::string defaults_yaml(const Schema& s = ppo_schema());
 
 // Nearest valid keys for a mistyped path (edit distance over full paths, then
 // over the last component). Empty when nothing is close.
-std::vector<std::string> suggest_keys(const std::string& path);
-// "unknown config key 'x' (did you mean 'y'?)"
-std::string unknown_key_message(const std::string& path);
+std::vector<std::string> suggest_keys(const std::string& path, const Schema& s = ppo_schema());
+// "unknown config key 'x' (did you mean 'y'?)"; in a view, a key of the
+// parent tree "does not apply to kestrel generate".
+std::string unknown_key_message(const std::string& path, const Schema& s = ppo_schema());
 
 }  // namespace kestrel::config

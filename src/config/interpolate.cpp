@@ -81,11 +81,18 @@ std::string as_text(const Value& v) {
   return to_flow_yaml(v);
 }
 
-bool known_path(const std::string& p) { return find_key(p) || is_section(p) || free_form_ancestor(p); }
+}  // namespace
+
+bool known_path(const Schema& s, const std::string& p) {
+  if (s.find(p) || s.is_section(p) || s.free_form_ancestor(p)) return true;
+  return s.parent() && known_path(*s.parent(), p);
+}
+
+namespace {
 
 class Resolver {
  public:
-  explicit Resolver(const Value& raw) : raw_(raw) {}
+  Resolver(const Schema& s, const Value& raw) : schema_(s), raw_(raw) {}
 
   // Resolved value of the node at `path` in the merged tree.
   Result<Value> node(const std::string& path) {
@@ -184,7 +191,7 @@ class Resolver {
       return fail(holder, path, "unknown resolver '" + e.substr(0, colon) + "' (supported: oc.select)");
     }
     const std::string target = absolute(key, path);
-    if (!known_path(target)) return fail(holder, path, unknown_key_message(target));
+    if (!known_path(schema_, target)) return fail(holder, path, unknown_key_message(target, schema_));
     if (lookup(raw_, target)) {
       KS_ASSIGN(Value v, node(target));
       return v;
@@ -197,6 +204,7 @@ class Resolver {
     return parsed;
   }
 
+  const Schema& schema_;
   const Value& raw_;
   std::map<std::string, Value> memo_;
   std::vector<std::string> stack_;
@@ -235,16 +243,16 @@ void collect(Resolver& r, const Value& raw, const std::string& path, Value& out,
 
 }  // namespace
 
-Value resolve_all(const Value& raw, std::vector<std::string>& errors) {
-  Resolver r(raw);
+Value resolve_all(const Schema& s, const Value& raw, std::vector<std::string>& errors) {
+  Resolver r(s, raw);
   Value out;
   std::set<std::string> seen;
   collect(r, raw, "", out, errors, seen);
   return out;
 }
 
-Result<Value> resolve_as(const Value& raw, const Value& v, const std::string& path) {
-  Resolver r(raw);
+Result<Value> resolve_as(const Schema& s, const Value& raw, const Value& v, const std::string& path) {
+  Resolver r(s, raw);
   return r.value(v, path);
 }
 

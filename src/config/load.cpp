@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <regex>
 
 #include "config/config.h"
@@ -56,16 +58,15 @@ Value parse_default(const KeyDecl& d) {
   return v;
 }
 
-const Value& default_tree() {
-  static const Value tree = [] {
-    Value root = Value::empty_map(kDefaultOrigin);
-    for (const auto& d : schema()) {
-      Value& slot = ensure(root, d.path);
-      slot = parse_default(d);
-    }
-    return root;
-  }();
-  return tree;
+const Value& default_tree(const Schema& s) {
+  static std::mutex mu;
+  static std::map<const Schema*, Value> trees;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = trees.find(&s);
+  if (it != trees.end()) return it->second;
+  Value root = Value::empty_map(kDefaultOrigin);
+  for (const auto& d : s.keys()) ensure(root, d.path) = parse_default(d);
+  return trees.emplace(&s, std::move(root)).first->second;
 }
 
 std::string from(const std::string& origin) { return " (from " + origin + ")"; }
@@ -92,20 +93,20 @@ void deep_merge(Value& dst, const Value& src) {
   dst.origin = src.origin;
 }
 
-std::string first_key_under(const std::string& section) {
-  for (const auto& d : schema())
+std::string first_key_under(const Schema& s, const std::string& section) {
+  for (const auto& d : s.keys())
     if (d.path.rfind(section + ".", 0) == 0) return d.path;
   return section;
 }
 
 // Puts `v` at `path`, which must be the root, a section, a key or an entry of a
 // free-form map. Sections merge key by key; free-form maps merge deeply.
-void merge_at(Value& tree, const std::string& path, const Value& v, std::vector<std::string>& errors) {
-  if (path.empty() || is_section(path)) {
+void merge_at(const Schema& s, Value& tree, const std::string& path, const Value& v, std::vector<std::string>& errors) {
+  if (path.empty() || s.is_section(path)) {
     if (v.is_null()) return;  // "actor:" with nothing below it
     if (!v.is_map()) {
       errors.push_back(located(v.origin, "config key '" + path + "' is a section, not a value; set one of its keys, e.g. '" +
-                                             first_key_under(path) + "=...'"));
+                                             first_key_under(s, path) + "=...'"));
       return;
     }
     for (const auto& [k, child] : v.map) {
@@ -115,24 +116,24 @@ void merge_at(Value& tree, const std::string& path, const Value& v, std::vector<
                                                "or pass several --config FILE options"));
         continue;
       }
-      merge_at(tree, join(path, k), child, errors);
+      merge_at(s, tree, join(path, k), child, errors);
     }
     return;
   }
-  if (const KeyDecl* d = find_key(path)) {
+  if (const KeyDecl* d = s.find(path)) {
     Value& slot = detail::ensure(tree, path);
     if (d->type == Type::Map && v.is_map() && slot.is_map()) deep_merge(slot, v);
     else slot = v;
     return;
   }
-  if (free_form_ancestor(path)) {
+  if (s.free_form_ancestor(path)) {
     deep_merge(detail::ensure(tree, path), v);
     return;
   }
-  errors.push_back(located(v.origin, unknown_key_message(path)));
+  errors.push_back(located(v.origin, unknown_key_message(path, s)));
 }
 
-Status apply_file(Value& tree, const std::string& file) {
+Status apply_file(const Schema& s, Value& tree, const std::string& file) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) return KS_ERR("config file not found: ", file);
   YAML::Node node;
@@ -145,7 +146,7 @@ Status apply_file(Value& tree, const std::string& file) {
   if (!v.is_null() && !v.is_map())
     return KS_ERR(file, ": a config file must be a YAML mapping of sections (data:, trainer:, ...)");
   std::vector<std::string> errors;
-  merge_at(tree, "", v, errors);
+  merge_at(s, tree, "", v, errors);
   if (!errors.empty()) {
     std::string msg;
     for (const auto& e : errors) msg += (msg.empty() ? "" : "\n") + e;
@@ -154,7 +155,7 @@ Status apply_file(Value& tree, const std::string& file) {
   return Status::ok();
 }
 
-Status apply_override(Value& tree, const std::string& text) {
+Status apply_override(const Schema& s, Value& tree, const std::string& text) {
   static const std::regex key_re(R"([A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*)");
   enum class Op { Set, Add, Force, Delete } op = Op::Set;
   std::string body = text;
@@ -167,10 +168,10 @@ Status apply_override(Value& tree, const std::string& text) {
       (op == Op::Delete && eq != std::string::npos))
     return KS_ERR("bad override '", text, "': expected key=value, +key=value, ++key=value or ~key");
 
-  const KeyDecl* d = find_key(key);
-  const bool section = is_section(key);
-  const bool free_entry = !d && !section && free_form_ancestor(key);
-  if (!d && !section && !free_entry) return Status::error(unknown_key_message(key));
+  const KeyDecl* d = s.find(key);
+  const bool section = s.is_section(key);
+  const bool free_entry = !d && !section && s.free_form_ancestor(key);
+  if (!d && !section && !free_entry) return Status::error(unknown_key_message(key, s));
   const Value* existing = detail::lookup(tree, key);
 
   if (op == Op::Delete) {
@@ -180,7 +181,7 @@ Status apply_override(Value& tree, const std::string& text) {
       detail::lookup(tree, key.substr(0, dot))->erase(key.substr(dot + 1));
     } else {
       // A declared key (or section) cannot vanish: deleting restores the default.
-      detail::ensure(tree, key) = *detail::lookup(detail::default_tree(), key);
+      detail::ensure(tree, key) = *detail::lookup(detail::default_tree(s), key);
     }
     return Status::ok();
   }
@@ -193,8 +194,8 @@ Status apply_override(Value& tree, const std::string& text) {
     return KS_ERR("config key '", key, "' is not set; use '+", key, "=...' to add it");
   std::vector<std::string> errors;
   if (d && d->type == Type::Map) detail::ensure(tree, key) = v;  // `map=...` replaces the whole map
-  else merge_at(tree, key, v, errors);
-  if (free_entry) detail::lookup(tree, free_form_ancestor(key)->path)->origin = kCommandLine;
+  else merge_at(s, tree, key, v, errors);
+  if (free_entry) detail::lookup(tree, s.free_form_ancestor(key)->path)->origin = kCommandLine;
   if (!errors.empty()) return Status::error(errors.front());
   return Status::ok();
 }
@@ -251,21 +252,24 @@ Result<LoadOptions> options_from_args(const std::vector<std::string>& args, std:
 }
 
 Result<Config> load(const LoadOptions& opts) {
-  Value raw = detail::default_tree();
-  for (const auto& f : opts.config_files) KS_TRY(apply_file(raw, f));
-  std::vector<std::string> errors;
+  const Schema& s = opts.schema ? *opts.schema : ppo_schema();
+  Value raw = detail::default_tree(s);
+  for (const auto& f : opts.config_files) KS_TRY(apply_file(s, raw, f));
+  std::vector<std::string> errors, notices;
   for (const auto& o : opts.overrides) {
-    Status st = apply_override(raw, o);
+    Status st = apply_override(s, raw, o);
     if (!st.is_ok()) errors.push_back(st.message());
   }
   // Bad overrides were skipped; still check the rest so one run reports everything.
   // (Values left unresolved by a bad interpolation would only add type errors.)
   const size_t override_errors = errors.size();
-  Value resolved = detail::resolve_all(raw, errors);
-  if (errors.size() == override_errors) detail::validate(resolved, raw, errors);
+  Value resolved = detail::resolve_all(s, raw, errors);
+  if (errors.size() == override_errors) detail::validate(s, resolved, raw, errors, notices);
   if (errors.empty()) {
     Config c;
+    c.schema_ = &s;
     c.root_ = std::move(resolved);
+    c.notices_ = std::move(notices);
     return c;
   }
   std::string msg;

@@ -1,8 +1,5 @@
 #include "config/schema.h"
 
-#include <set>
-#include <unordered_map>
-
 #include "core/status.h"
 
 namespace kestrel::config {
@@ -31,65 +28,120 @@ KeyDecl& Builder::k(const std::string& rel, Type t, std::string def, Support s, 
 }
 }  // namespace schema_detail
 
-namespace {
+const char* support_name(Support s) {
+  switch (s) {
+    case Support::Supported: return "supported";
+    case Support::NotSupportedYet: return "not supported yet";
+    case Support::NoEffect: return "no effect in Kestrel";
+  }
+  return "?";
+}
 
-struct Index {
-  std::vector<KeyDecl> keys;
-  std::unordered_map<std::string, size_t> by_path;
-  std::set<std::string, std::less<>> sections;
-  std::vector<std::string> paths;
-};
-
-const Index& index() {
-  static const Index idx = [] {
-    Index ix;
-    schema_detail::Builder b(ix.keys);
-    schema_detail::declare_data_and_model(b);
-    schema_detail::declare_actor_ref_critic(b);
-    schema_detail::declare_rollout(b);
-    schema_detail::declare_reward_algorithm_trainer(b);
-    for (size_t i = 0; i < ix.keys.size(); ++i) {
-      const std::string& p = ix.keys[i].path;
-      // A duplicate declaration is a bug in the table, caught on first use.
-      KS_CHECK(ix.by_path.emplace(p, i).second, "config key declared twice: ", p);
-      for (size_t dot = p.find('.'); dot != std::string::npos; dot = p.find('.', dot + 1))
-        ix.sections.insert(p.substr(0, dot));
-      const KeyDecl& d = ix.keys[i];
-      for (const auto& s : d.supported) {
-        bool ok = false;
-        for (const auto& a : d.allowed) ok |= a == s;
-        KS_CHECK(ok, "config key ", p, ": supported value '", s, "' is not in its allowed set");
-      }
+Schema::Schema(std::string name, std::string command, std::vector<KeyDecl> keys, const Schema* parent)
+    : name_(std::move(name)), command_(std::move(command)), keys_(std::move(keys)), parent_(parent) {
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    const std::string& p = keys_[i].path;
+    // A duplicate declaration is a bug in the table, caught on first use.
+    KS_CHECK(by_path_.emplace(p, i).second, "config key declared twice in ", name_, ": ", p);
+    for (size_t dot = p.find('.'); dot != std::string::npos; dot = p.find('.', dot + 1))
+      sections_.insert(p.substr(0, dot));
+    const KeyDecl& d = keys_[i];
+    for (const auto& s : d.supported) {
+      bool ok = false;
+      for (const auto& a : d.allowed) ok |= a == s;
+      KS_CHECK(ok, "config key ", p, ": supported value '", s, "' is not in its allowed set");
     }
-    for (const auto& s : ix.sections) KS_CHECK(!ix.by_path.count(s), "config path is both key and section: ", s);
-    for (const auto& d : ix.keys) ix.paths.push_back(d.path);
-    for (const auto& s : ix.sections) ix.paths.push_back(s);
-    return ix;
-  }();
-  return idx;
+    KS_CHECK(!d.doc.empty(), "config key ", p, " has no doc");
+  }
+  for (const auto& s : sections_) KS_CHECK(!by_path_.count(s), "config path is both key and section: ", s);
+  for (const auto& d : keys_) paths_.push_back(d.path);
+  for (const auto& s : sections_) paths_.push_back(s);
 }
 
-}  // namespace
-
-const std::vector<KeyDecl>& schema() { return index().keys; }
-
-const KeyDecl* find_key(std::string_view path) {
-  const auto& ix = index();
-  auto it = ix.by_path.find(std::string(path));
-  return it == ix.by_path.end() ? nullptr : &ix.keys[it->second];
+const KeyDecl* Schema::find(std::string_view path) const {
+  auto it = by_path_.find(std::string(path));
+  return it == by_path_.end() ? nullptr : &keys_[it->second];
 }
 
-bool is_section(std::string_view path) { return index().sections.count(path) > 0; }
+bool Schema::is_section(std::string_view path) const { return sections_.count(path) > 0; }
 
-const KeyDecl* free_form_ancestor(std::string_view path) {
+const KeyDecl* Schema::free_form_ancestor(std::string_view path) const {
   for (std::string_view p = path;;) {
-    if (const KeyDecl* d = find_key(p); d && d->type == Type::Map) return d;
+    if (const KeyDecl* d = find(p); d && d->type == Type::Map) return d;
     const size_t dot = p.rfind('.');
     if (dot == std::string_view::npos) return nullptr;
     p = p.substr(0, dot);
   }
 }
 
-const std::vector<std::string>& all_paths() { return index().paths; }
+namespace {
+
+using Declare = void (*)(schema_detail::Builder&);
+
+std::vector<KeyDecl> build(std::initializer_list<Declare> parts) {
+  std::vector<KeyDecl> keys;
+  schema_detail::Builder b(keys);
+  for (Declare d : parts) d(b);
+  return keys;
+}
+
+// A view: copies of the parent's declarations, defaults and docs restated where given.
+std::vector<KeyDecl> view(const Schema& parent, const std::vector<schema_detail::ViewKey>& keys) {
+  std::vector<KeyDecl> out;
+  for (const auto& k : keys) {
+    const KeyDecl* d = parent.find(k.path);
+    KS_CHECK(d, "config view: no key ", k.path, " in ", parent.name());
+    out.push_back(*d);
+    if (!k.default_yaml.empty()) out.back().default_yaml = k.default_yaml;
+    if (!k.doc.empty()) out.back().doc = k.doc;
+    if (k.status) out.back().status = *k.status;
+  }
+  return out;
+}
+
+}  // namespace
+
+const Schema& ppo_schema() {
+  static const Schema s("ppo_trainer", "kestrel train",
+                        build({schema_detail::declare_data_and_model, schema_detail::declare_actor_ref_critic,
+                               schema_detail::declare_rollout, schema_detail::declare_reward_algorithm_trainer}));
+  return s;
+}
+
+const Schema& sft_schema() {
+  static const Schema s("sft_trainer", "kestrel sft", build({schema_detail::declare_sft}));
+  return s;
+}
+
+const Schema& generate_schema() {
+  static const Schema s("generate", "kestrel generate", view(ppo_schema(), schema_detail::generate_view()),
+                        &ppo_schema());
+  return s;
+}
+
+const Schema& logprobs_schema() {
+  static const Schema s("logprobs", "kestrel logprobs", view(ppo_schema(), schema_detail::logprobs_view()),
+                        &ppo_schema());
+  return s;
+}
+
+const std::vector<const Schema*>& all_schemas() {
+  static const std::vector<const Schema*> v = {&ppo_schema(), &sft_schema(), &generate_schema(), &logprobs_schema()};
+  return v;
+}
+
+const Schema* find_schema(std::string_view name) {
+  if (name == "ppo" || name == "train") return &ppo_schema();
+  if (name == "sft") return &sft_schema();
+  for (const Schema* s : all_schemas())
+    if (s->name() == name) return s;
+  return nullptr;
+}
+
+const std::vector<KeyDecl>& schema() { return ppo_schema().keys(); }
+const KeyDecl* find_key(std::string_view path) { return ppo_schema().find(path); }
+bool is_section(std::string_view path) { return ppo_schema().is_section(path); }
+const KeyDecl* free_form_ancestor(std::string_view path) { return ppo_schema().free_form_ancestor(path); }
+const std::vector<std::string>& all_paths() { return ppo_schema().all_paths(); }
 
 }  // namespace kestrel::config

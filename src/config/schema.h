@@ -6,18 +6,27 @@
 // graphs, distributed optimizer), the default is what Kestrel does and the doc
 // says "verl default: ...".
 #pragma once
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kestrel::config {
 
 enum class Type { Bool, Int, Float, String, IntList, FloatList, StringList, Map };
 
-// Supported: every valid value works. NotSupportedYet: only the default is
-// accepted (the default names what Kestrel does); anything else fails with
-// "not supported yet: <key>=<value>". Flip the field when a feature lands.
-enum class Support { Supported, NotSupportedYet };
+// Supported: every valid value works, and code reads the key and acts on it
+// (tests/cli/consumers_test.cpp fails for a Supported key nothing reads).
+// NotSupportedYet: only the default is accepted (the default names what
+// Kestrel does); anything else fails with "not supported yet: <key>=<value>".
+// Flip the field when a feature lands.
+// NoEffect: verl has the key, Kestrel has nothing it would change (the doc
+// says why: no Ray, no torch.compile, ...). Any valid value is accepted; a
+// non-default one prints a one-line notice on stderr.
+enum class Support { Supported, NotSupportedYet, NoEffect };
+const char* support_name(Support s);  // "supported", "not supported yet", "no effect in Kestrel"
 
 struct KeyDecl {
   std::string path;          // full dotted path, e.g. "actor_rollout_ref.actor.optim.lr"
@@ -30,19 +39,59 @@ struct KeyDecl {
   // May be added with Hydra's `+key=value` although it already exists
   // (override_transformer_config: verl's yaml does not list these keys).
   bool addable = false;
+  // null is a valid value although the default is not null (data.val_files=null: no validation).
+  bool nullable = false;
 };
 
 const char* type_name(Type t);
 
-// All keys in declaration order (the order of `config show` and the yaml file).
+// One command tree's keys. Each tree has one table: verl's PPO trainer tree
+// (ppo_megatron_trainer.yaml; `kestrel train`), verl's SFT trainer tree
+// (sft_trainer.yaml; `kestrel sft`), and two views of the PPO tree for the
+// commands that run one piece of it: `kestrel generate` (the rollout engine)
+// and `kestrel logprobs` (scoring). A view holds copies of the PPO
+// declarations it applies (a view may restate a default for its command,
+// said in the doc); a PPO key outside the view "does not apply" there.
+class Schema {
+ public:
+  Schema(std::string name, std::string command, std::vector<KeyDecl> keys, const Schema* parent = nullptr);
+  const std::string& name() const { return name_; }        // "ppo_trainer", "sft_trainer", "generate", "logprobs"
+  const std::string& command() const { return command_; }  // "kestrel train", ...
+  // All keys in declaration order (the order of `config show` and the yaml file).
+  const std::vector<KeyDecl>& keys() const { return keys_; }
+  // nullptr when `path` is not a key.
+  const KeyDecl* find(std::string_view path) const;
+  // True for a strict prefix of some key ("actor_rollout_ref.actor.optim").
+  bool is_section(std::string_view path) const;
+  // The Map-typed key at or above `path` (free-form section), or nullptr.
+  const KeyDecl* free_form_ancestor(std::string_view path) const;
+  // Every key path and section path, for suggestions.
+  const std::vector<std::string>& all_paths() const { return paths_; }
+  // The tree a view was cut from (nullptr for a full tree).
+  const Schema* parent() const { return parent_; }
+
+ private:
+  std::string name_, command_;
+  std::vector<KeyDecl> keys_;
+  std::unordered_map<std::string, size_t> by_path_;
+  std::set<std::string, std::less<>> sections_;
+  std::vector<std::string> paths_;
+  const Schema* parent_;
+};
+
+const Schema& ppo_schema();
+const Schema& sft_schema();
+const Schema& generate_schema();
+const Schema& logprobs_schema();
+// By name() ("ppo_trainer" also answers to "ppo" and "train", "sft_trainer" to "sft"); nullptr otherwise.
+const Schema* find_schema(std::string_view name);
+const std::vector<const Schema*>& all_schemas();
+
+// The PPO tree (ppo_schema()), for code that only knows `kestrel train`'s keys.
 const std::vector<KeyDecl>& schema();
-// nullptr when `path` is not a key.
 const KeyDecl* find_key(std::string_view path);
-// True for a strict prefix of some key ("actor_rollout_ref.actor.optim").
 bool is_section(std::string_view path);
-// The Map-typed key at or above `path` (free-form section), or nullptr.
 const KeyDecl* free_form_ancestor(std::string_view path);
-// Every key path and section path, for suggestions.
 const std::vector<std::string>& all_paths();
 
 namespace schema_detail {
@@ -64,6 +113,16 @@ void declare_data_and_model(Builder& b);
 void declare_actor_ref_critic(Builder& b);
 void declare_rollout(Builder& b);
 void declare_reward_algorithm_trainer(Builder& b);
+void declare_sft(Builder& b);
+// The PPO key paths each view takes, with the defaults and docs it restates.
+struct ViewKey {
+  std::string path;
+  std::string default_yaml;  // empty: the PPO default
+  std::string doc;           // empty: the PPO doc
+  std::optional<Support> status = std::nullopt;  // unset: the PPO status
+};
+std::vector<ViewKey> generate_view();
+std::vector<ViewKey> logprobs_view();
 }  // namespace schema_detail
 
 }  // namespace kestrel::config

@@ -9,6 +9,7 @@ namespace kestrel::config::schema_detail {
 namespace {
 constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
+constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, IL = Type::IntList,
                FL = Type::FloatList, SL = Type::StringList, M = Type::Map;
 
@@ -82,10 +83,14 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("use_flash_attn", B, "false", NO, "MindSpeed fused flash attention.");
   add("use_fused_rmsnorm", B, "false", NO, "MindSpeed fused RMSNorm kernel.");
   add("use_fused_swiglu", B, "false", NO, "MindSpeed fused SwiGLU kernel.");
+  const bool critic = meg.rfind("critic.", 0) == 0;
   add_own("sequence_parallel", YES,
-      "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
-  add_own("use_distributed_optimizer", YES,
-      "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
+      is_ref ? "Sequence parallelism of the reference model; must equal the actor's (it runs on the actor's grid)."
+             : "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
+  add_own("use_distributed_optimizer", is_ref ? NOP : critic ? NO : YES,
+      is_ref ? "The reference model has no optimizer."
+             : critic ? "Shard the critic's optimizer state over DP ranks (the critic has no data parallelism yet)."
+                      : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
   add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
   add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
   add("num_layers", I, "null", NO, "Override the model's layer count (used with noop_layers).");
@@ -124,7 +129,14 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("param_offload", B, "false", NO, "Offload parameters to host memory between phases.");
   b.k("grad_offload", B, "false", NO, "Offload gradients to host memory between phases.");
   b.k("optimizer_offload", B, "false", NO, "Offload optimizer state to host memory between phases.");
-  b.k("tensor_model_parallel_size", I, d("tensor_model_parallel_size", "1"), YES, "Tensor-parallel size (TP).");
+  const bool critic = owner == "critic";
+  // The reference model is built with the actor's layout and dtype; its keys follow the actor's.
+  const Support own = YES;
+  const std::string as_actor = " Must equal the actor's: the reference model runs on the actor's process grid in its "
+                               "dtype (the default follows the actor's).";
+  const std::string critic_same = critic ? " Must equal the actor's: the critic runs on the actor's process grid." : "";
+  b.k("tensor_model_parallel_size", I, d("tensor_model_parallel_size", "1"), own,
+      "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic_same));
   b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
       "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size.");
@@ -132,30 +144,37 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), NO,
       "Virtual pipeline stages per PP rank (interleaved 1F1B).");
   b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
-  b.k("sequence_parallel", B, d("sequence_parallel", "true"), YES,
-      "Sequence parallelism: shard norm/dropout activations over TP ranks.");
-  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), YES,
-      "Shard optimizer state over DP ranks (ZeRO-1). verl default: true.");
+  b.k("sequence_parallel", B, d("sequence_parallel", "true"), own,
+      "Sequence parallelism: shard norm/dropout activations over TP ranks." + (is_ref ? as_actor : critic_same));
+  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), is_ref ? NOP : critic ? NO : YES,
+      is_ref ? "The reference model has no optimizer."
+             : critic ? "Shard the critic's optimizer state over DP ranks (the critic has no data parallelism yet)."
+                      : "Shard optimizer state over DP ranks (ZeRO-1). verl default: true.");
   b.k("use_dist_checkpointing", B, d("use_dist_checkpointing", "false"), NO, "Load Megatron dist checkpoints instead of HF weights.");
   b.k("dist_checkpointing_path", S, d("dist_checkpointing_path", "null"), NO, "Megatron dist checkpoint directory.");
   b.k("dist_checkpointing_prefix", S, "\"\"", NO, "Key prefix inside the dist checkpoint.");
-  b.k("seed", I, d("seed", "42"), YES, "Seed of parameter init and dropout.");
+  b.k("seed", I, d("seed", "42"), critic ? YES : NOP,
+      critic ? "Seed of the value head's initialisation."
+             : "Seed of parameter init and dropout; this model loads its weights from HF and Kestrel has no dropout.");
   b.k("override_ddp_config", M, "{}", NO, "Extra Megatron DistributedDataParallelConfig fields.");
   declare_transformer_overrides(b, meg, is_ref);
   b.scope(meg);
   b.k("override_mcore_model_config", M, "{}", NO, "Extra fields for the Megatron model constructor.");
-  b.k("use_mbridge", B, d("use_mbridge", "true"), YES, "HF<->Megatron weight bridge; Kestrel always reads HF weights directly.");
-  b.k("vanilla_mbridge", B, d("vanilla_mbridge", "true"), YES, "Use the vanilla mbridge; no effect in Kestrel.");
+  b.k("use_mbridge", B, d("use_mbridge", "true"), NOP, "HF<->Megatron weight bridge; Kestrel always reads HF weights directly.");
+  b.k("vanilla_mbridge", B, d("vanilla_mbridge", "true"), NOP, "Use the vanilla mbridge; Kestrel has no mbridge.");
   b.k("use_remove_padding", B, "true", NO, "Packed (THD) sequences without padding; false uses padded BSHD.");
   b.k("forward_only", B, is_ref ? "true" : "false", NO, "Build the engine for inference only (set for the reference model).");
-  b.k("dtype", S, "bfloat16", YES, "Compute dtype of the training engine.", kDtypes, kDtypesOk);
+  b.k("dtype", S, is_ref ? follow(std::string(kActorMeg) + ".dtype", "bfloat16") : "bfloat16", own,
+      "Compute dtype of the training engine." + (is_ref ? as_actor : std::string()), kDtypes, kDtypesOk);
 }
 
 void declare_checkpoint(Builder& b, const std::string& owner) {
   b.scope(owner + ".checkpoint");
-  b.k("save_contents", SL, "[model, optimizer, extra]", YES, "What a checkpoint holds.",
+  b.k("save_contents", SL, "[model, optimizer, extra]", NOP,
+      "What a checkpoint holds; Kestrel always saves the model, optimizer and trainer state (a resume needs them all).",
       {"model", "optimizer", "extra", "hf_model"});
-  b.k("load_contents", SL, "${.save_contents}", YES, "What resuming loads.", {"model", "optimizer", "extra", "hf_model"});
+  b.k("load_contents", SL, "${.save_contents}", NOP, "What resuming loads; Kestrel always loads all of it.",
+      {"model", "optimizer", "extra", "hf_model"});
   b.k("async_save", B, "false", NO, "Save checkpoints in the background.");
 }
 
@@ -164,8 +183,10 @@ void declare_checkpoint(Builder& b, const std::string& owner) {
 void declare_actor_ref_critic(Builder& b) {
   const std::string actor = "actor_rollout_ref.actor";
   b.scope(actor);
-  b.k("strategy", S, "megatron", YES, "Training backend name; both names run Kestrel's engine.", {"megatron", "fsdp"});
-  b.k("rollout_n", I, "${actor_rollout_ref.rollout.n}", YES, "Responses per prompt (follows rollout.n).");
+  b.k("strategy", S, "megatron", NOP, "Training backend name; both names run Kestrel's one training engine.",
+      {"megatron", "fsdp"});
+  b.k("rollout_n", I, "${actor_rollout_ref.rollout.n}", NOP,
+      "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
   b.k("ppo_mini_batch_size", I, "256", YES,
       "Prompts per optimizer step (global); train_batch_size / ppo_mini_batch_size steps per PPO epoch.");
   b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
@@ -176,28 +197,31 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("shuffle", B, "false", YES, "Shuffle the batch between PPO epochs.");
   b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.");
   b.k("clip_ratio", F, "0.2", YES, "PPO clip epsilon (default for clip_ratio_low/high).");
-  b.k("clip_ratio_low", F, "0.2", YES, "Lower clip epsilon: ratio >= 1 - clip_ratio_low.");
-  b.k("clip_ratio_high", F, "0.2", YES, "Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher).");
+  b.k("clip_ratio_low", F, "${.clip_ratio}", YES,
+      "Lower clip epsilon: ratio >= 1 - clip_ratio_low; null or unset = clip_ratio (verl default: 0.2).");
+  b.k("clip_ratio_high", F, "${.clip_ratio}", YES,
+      "Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null or unset = clip_ratio (verl default: 0.2).");
   b.k("clip_ratio_c", F, "3.0", YES, "Dual-clip constant for negative advantages; must be > 1.");
-  b.k("tau_pos", F, "1.0", YES, "SAPO temperature for positive advantages.");
-  b.k("tau_neg", F, "1.05", YES, "SAPO temperature for negative advantages.");
+  b.k("tau_pos", F, "1.0", NO, "SAPO temperature for positive advantages (policy_loss.loss_mode=sapo).");
+  b.k("tau_neg", F, "1.05", NO, "SAPO temperature for negative advantages (policy_loss.loss_mode=sapo).");
   b.k("policy_loss.loss_mode", S, "vanilla", YES, "Policy loss.",
       {"vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "bypass_mode"}, {"vanilla"});
-  b.k("policy_loss.clip_cov_ratio", F, "0.0002", YES, "clip_cov: fraction of tokens clipped.");
-  b.k("policy_loss.clip_cov_lb", F, "1.0", YES, "clip_cov: lower covariance bound.");
-  b.k("policy_loss.clip_cov_ub", F, "5.0", YES, "clip_cov: upper covariance bound.");
-  b.k("policy_loss.kl_cov_ratio", F, "0.0002", YES, "kl_cov: fraction of tokens with the KL penalty.");
-  b.k("policy_loss.ppo_kl_coef", F, "0.1", YES, "kl_cov: KL coefficient.");
+  b.k("policy_loss.clip_cov_ratio", F, "0.0002", NO, "clip_cov: fraction of tokens clipped.");
+  b.k("policy_loss.clip_cov_lb", F, "1.0", NO, "clip_cov: lower covariance bound.");
+  b.k("policy_loss.clip_cov_ub", F, "5.0", NO, "clip_cov: upper covariance bound.");
+  b.k("policy_loss.kl_cov_ratio", F, "0.0002", NO, "kl_cov: fraction of tokens with the KL penalty.");
+  b.k("policy_loss.ppo_kl_coef", F, "0.1", NO, "kl_cov: KL coefficient.");
   b.k("loss_agg_mode", S, "token-mean", YES, "How per-token losses are reduced.", kLossAgg);
   b.k("loss_scale_factor", F, "null", YES, "Divisor for seq-mean-token-sum-norm; null = response length.");
   b.k("entropy_coeff", F, "0", YES, "Entropy bonus coefficient.");
-  b.k("calculate_entropy", B, "false", YES, "Compute entropy in the update even when entropy_coeff is 0.");
+  b.k("calculate_entropy", B, "false", NO,
+      "Compute entropy in the update even when entropy_coeff is 0 (Kestrel computes it only for entropy_coeff != 0).");
   b.k("use_kl_loss", B, "false", YES, "Add a KL(actor || ref) loss term (GRPO); builds the reference model.");
   b.k("kl_loss_coef", F, "0.001", YES, "Coefficient of the KL loss.");
   b.k("kl_loss_type", S, "low_var_kl", YES, "KL estimator of the KL loss; a '+' suffix uses a straight-through k2 gradient.",
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"},
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
-  b.k("use_torch_compile", B, "true", YES, "torch.compile in verl; no effect in Kestrel.");
+  b.k("use_torch_compile", B, "true", NOP, "torch.compile in verl; Kestrel is compiled C++.");
   b.k("use_prefix_grouper", B, "true", YES,
       "Pack each prompt once per micro-batch, its responses continuing it (actor update, old/ref log-probs, critic): "
       "the same loss and gradients, the prompt computed once instead of rollout.n times. verl's default: false.");
@@ -211,24 +235,29 @@ void declare_actor_ref_critic(Builder& b) {
 
   const std::string ref = "actor_rollout_ref.ref";
   b.scope(ref);
-  b.k("strategy", S, "${actor_rollout_ref.actor.strategy}", YES, "Backend of the reference model.", {"megatron", "fsdp"});
-  b.k("use_torch_compile", B, follow("actor_rollout_ref.actor.use_torch_compile", "true"), YES, "No effect in Kestrel.");
+  b.k("strategy", S, "${actor_rollout_ref.actor.strategy}", NOP,
+      "Backend of the reference model; both names run Kestrel's one engine.", {"megatron", "fsdp"});
+  b.k("use_torch_compile", B, follow("actor_rollout_ref.actor.use_torch_compile", "true"), NOP,
+      "torch.compile in verl; Kestrel is compiled C++.");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
   b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per reference log-prob forward on one rank.");
-  b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), YES,
-      "Token-budget micro-batches for reference log-probs.");
-  b.k("log_prob_max_token_len_per_gpu", I, follow("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"), YES,
-      "Token budget per reference log-prob micro-batch.");
+  b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), NO,
+      "Token-budget micro-batches for reference log-probs; Kestrel batches the reference pass as the old-log-prob "
+      "pass (actor_rollout_ref.rollout.log_prob_*).");
+  b.k("log_prob_max_token_len_per_gpu", I, follow("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"), NO,
+      "Token budget per reference log-prob micro-batch; Kestrel uses actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu.");
   declare_megatron(b, ref, true);
 
   const std::string critic = "critic";
   b.scope(critic);
   b.k("enable", B, "null", YES, "Train a value model; null enables it exactly when algorithm.adv_estimator is gae.");
-  b.k("strategy", S, "megatron", YES, "Critic backend name; both names run Kestrel's engine.", {"megatron", "fsdp"});
-  b.k("rollout_n", I, "${oc.select:actor_rollout_ref.rollout.n,1}", YES, "Responses per prompt (follows rollout.n).");
+  b.k("strategy", S, "megatron", NOP, "Critic backend name; both names run Kestrel's one engine.", {"megatron", "fsdp"});
+  b.k("rollout_n", I, "${oc.select:actor_rollout_ref.rollout.n,1}", NOP,
+      "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
   b.k("model.path", S, "${actor_rollout_ref.model.path}", YES,
       "HF model directory the value model starts from (verl: ~/models/deepseek-llm-7b-chat; Kestrel: the actor's).");
-  b.k("model.tokenizer_path", S, "${oc.select:actor_rollout_ref.model.path,null}", YES, "Tokenizer directory.");
+  b.k("model.tokenizer_path", S, "${oc.select:actor_rollout_ref.model.path,null}", NOP,
+      "Tokenizer directory; Kestrel's critic scores the actor's token ids and needs none.");
   b.k("model.override_config", M, "{}", NO, "Fields overriding the critic's HF config.json.");
   b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
@@ -236,6 +265,9 @@ void declare_actor_ref_critic(Builder& b) {
       "Prompts per critic optimizer step (global).");
   b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
   b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per critic forward/backward on one rank.");
+  b.k("forward_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use forward_micro_batch_size_per_gpu.");
+  b.k("forward_micro_batch_size_per_gpu", I, "${oc.select:.ppo_micro_batch_size_per_gpu,null}", YES,
+      "Sequences per value forward (no gradient) on one rank; null = ppo_micro_batch_size_per_gpu.");
   b.k("use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), YES, "Token-budget micro-batches.");
   b.k("ppo_max_token_len_per_gpu", I, "32768", YES, "Token budget per critic micro-batch.");
   b.k("forward_max_token_len_per_gpu", I, "${.ppo_max_token_len_per_gpu}", YES, "Token budget per value forward micro-batch.");

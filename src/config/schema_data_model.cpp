@@ -6,6 +6,7 @@ namespace kestrel::config::schema_detail {
 namespace {
 constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
+constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList, M = Type::Map;
 }  // namespace
 
@@ -19,23 +20,29 @@ void declare_data_and_model(Builder& b) {
   b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 uses all.");
   b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 uses all.");
   b.k("prompt_key", S, "prompt", YES, "Row field holding the chat messages of the prompt.");
-  b.k("reward_fn_key", S, "data_source", YES, "Row field that selects the rule-based reward function.");
+  b.k("reward_fn_key", S, "data_source", NO,
+      "Row field that selects the rule-based reward function; Kestrel's loader reads data_source.");
   b.k("max_prompt_length", I, "512", YES, "Maximum prompt length in tokens (after the chat template).");
   b.k("max_response_length", I, "512", YES, "Maximum generated response length in tokens.");
   b.k("train_batch_size", I, "1024", YES,
       "Prompts per training step; responses per step = train_batch_size * actor_rollout_ref.rollout.n.");
-  b.k("val_batch_size", I, "null", YES, "Prompts per validation batch; null validates the whole set at once.");
+  b.k("val_batch_size", I, "null", NOP,
+      "Prompts per validation batch; deprecated in verl, where validation runs the whole set in one batch, as "
+      "Kestrel's does.");
   b.k("return_raw_input_ids", B, "false", NO, "Also return prompt ids before the chat template (for a separate RM tokenizer).");
   b.k("return_raw_chat", B, "true", NO, "Keep the raw chat messages next to the tokenized prompt (Kestrel always does).");
   b.k("return_full_prompt", B, "false", NO, "Also return the full templated prompt text.");
   b.k("shuffle", B, "true", YES, "Shuffle the training set every epoch.");
   b.k("seed", I, "null", YES, "Shuffle seed; null uses a fixed default seed.");
-  b.k("validation_shuffle", B, "false", YES, "Shuffle the validation set.");
-  b.k("dataloader_num_workers", I, "8", YES, "Python dataloader workers; no effect in Kestrel (loads in-process).");
+  b.k("validation_shuffle", B, "false", NOP,
+      "Shuffle the validation set; Kestrel validates the whole set at once and its metrics (means over the set) "
+      "do not depend on the order.");
+  b.k("dataloader_num_workers", I, "8", NOP, "Python dataloader workers; Kestrel loads the data in-process.");
   b.k("filter_overlong_prompts", B, "false", YES, "Drop prompts longer than max_prompt_length before training.");
   b.k("skip_malformed", B, "false", YES,
       "Skip (and count) dataset lines that fail to parse instead of stopping with file:line (Kestrel).");
-  b.k("filter_overlong_prompts_workers", I, "1", YES, "Workers for filter_overlong_prompts; no effect in Kestrel.");
+  b.k("filter_overlong_prompts_workers", I, "1", NOP,
+      "Python workers for filter_overlong_prompts; Kestrel filters in-process while loading.");
   b.k("truncation", S, "error", YES, "What to do with a prompt longer than max_prompt_length.",
       {"error", "left", "right", "middle"});
   b.k("image_key", S, "images", NO, "Row field with images (multimodal).");
@@ -54,7 +61,8 @@ void declare_data_and_model(Builder& b) {
 
   b.scope("actor_rollout_ref");
   b.k("hybrid_engine", B, "true", NO, "Actor, rollout and reference share devices (Kestrel is always colocated).");
-  b.k("nccl_timeout", I, "600", YES, "Timeout in seconds for collective operations.");
+  b.k("nccl_timeout", I, "600", NOP,
+      "Timeout in seconds of NCCL collectives; Kestrel's collectives run over MPI, which has no such timeout.");
 
   b.scope("actor_rollout_ref.model");
   b.k("path", S, "~/models/deepseek-llm-7b-chat", YES, "HuggingFace model directory (config.json + safetensors).");

@@ -8,6 +8,7 @@ namespace kestrel::config::schema_detail {
 namespace {
 constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
+constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, IL = Type::IntList, M = Type::Map;
 }  // namespace
 
@@ -20,19 +21,24 @@ void declare_rollout(Builder& b) {
   b.k("temperature", F, "1.0", YES, "Sampling temperature.");
   b.k("top_k", I, "-1", YES, "Top-k sampling; -1 (or 0) disables.");
   b.k("top_p", F, "1.0", YES, "Nucleus sampling mass; 1 disables.");
-  b.k("min_p", F, "0.0", YES, "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables.");
+  b.k("min_p", F, "0.0", NO, "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables (kestrel generate only so far).");
   b.k("do_sample", B, "true", YES, "Sample; false decodes greedily.");
-  b.k("ignore_eos", B, "false", YES, "Keep generating past EOS until response_length.");
+  b.k("ignore_eos", B, "false", NO, "Keep generating past EOS until response_length (kestrel generate only so far).");
   b.k("n", I, "1", YES, "Responses per prompt (group size; > 1 for GRPO/RLOO).");
   b.k("seed", I, "0", YES, "Seed of the sampler's random streams.");
   b.k("prompt_length", I, "${oc.select:data.max_prompt_length,512}", YES, "Maximum prompt tokens.");
   b.k("response_length", I, "${oc.select:data.max_response_length,512}", YES, "Maximum generated tokens.");
-  b.k("dtype", S, "bfloat16", YES, "Compute dtype of the rollout engine.", {"bfloat16", "float16", "float32"},
-      {"bfloat16", "float32"});
-  b.k("gpu_memory_utilization", F, "0.5", YES, "Fraction of device memory for rollout weights + KV cache.");
+  b.k("dtype", S, "bfloat16", YES,
+      "Compute dtype of the rollout engine; in kestrel train it must equal actor.megatron.dtype (the rollout reads "
+      "the actor's weights in place).",
+      {"bfloat16", "float16", "float32"}, {"bfloat16", "float32"});
+  b.k("gpu_memory_utilization", F, "0.5", YES,
+      "Fraction of device memory for rollout weights + KV cache: kv_cache = this x memory - weights (CPU: "
+      "MemTotal / processes on the machine; KESTREL_DEVICE_MEMORY=bytes overrides).");
   b.k("enforce_eager", B, "true", NO, "Run without CUDA graphs. verl default: false (CUDA graphs on).");
   b.k("cudagraph_capture_sizes", IL, "null", NO, "Batch sizes captured as CUDA graphs.");
-  b.k("free_cache_engine", B, "true", YES, "Release the KV cache after generation so training can use the memory.");
+  b.k("free_cache_engine", B, "true", NO,
+      "Release the KV cache after generation so training can use the memory (Kestrel always does).");
   b.k("load_format", S, "dummy", YES, "Initial rollout weights; dummy: the trainer pushes its weights before the first rollout.",
       {"dummy", "hf", "megatron", "dtensor", "safetensors", "auto"}, {"dummy"});
   b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.");
@@ -46,13 +52,17 @@ void declare_rollout(Builder& b) {
   b.k("enable_prefix_caching", B, "true", YES, "Reuse KV blocks of shared prompt prefixes (GRPO groups share prompts).");
   b.k("scheduling_policy", S, "fcfs", YES, "Scheduler queue order.", {"fcfs", "priority"}, {"fcfs"});
   b.k("block_size", I, "16", YES, "Tokens per KV-cache block.");
-  b.k("swap_space", I, "4", YES, "Host memory (GiB) for swapped-out KV blocks when preemption_mode is swap.");
-  b.k("preemption_mode", S, "recompute", YES, "What happens to a preempted sequence's KV cache.", {"recompute", "swap"},
-      {"recompute"});
+  b.k("swap_space", I, "4", YES,
+      "Host memory (GiB) for swapped-out KV blocks when preemption_mode is swap: caps the blocks swapped out at once.");
+  b.k("preemption_mode", S, "recompute", YES,
+      "What happens to a preempted sequence's KV cache: dropped and recomputed, or swapped to host memory (vLLM's modes).",
+      {"recompute", "swap"});
   b.k("logprobs_mode", S, "processed_logprobs", YES, "Which log-probs the engine reports.",
       {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}, {"processed_logprobs"});
-  b.k("calculate_log_probs", B, "false", YES, "Return rollout log-probs (needed by rollout correction).");
-  b.k("disable_log_stats", B, "true", YES, "Do not print engine statistics.");
+  b.k("calculate_log_probs", B, "false", NOP,
+      "Return rollout log-probs (needed by rollout correction); Kestrel's engine always returns them.");
+  b.k("disable_log_stats", B, "true", NOP,
+      "Do not print vLLM's periodic engine statistics; Kestrel's engine prints none (rollout metrics are logged).");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
   b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per old-log-prob forward on one rank.");
   b.k("log_prob_use_dynamic_bsz", B, "${oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false}", YES,
@@ -63,7 +73,7 @@ void declare_rollout(Builder& b) {
   b.k("multi_stage_wake_up", B, "false", NO, "Wake weights and KV cache in stages (SGLang).");
   b.k("skip_rollout", B, "false", NO, "Replay dumped rollouts instead of generating.");
   b.k("skip_dump_dir", S, "/tmp/rollout_dump", NO, "Directory of dumped rollouts for skip_rollout.");
-  b.k("skip_tokenizer_init", B, "true", YES, "The engine takes token ids; no effect in Kestrel.");
+  b.k("skip_tokenizer_init", B, "true", NOP, "vLLM tokenizer start-up; Kestrel's engine takes token ids.");
   b.k("enable_rollout_routing_replay", B, "false", NO, "Record MoE routing in the rollout for replay in training.");
   b.k("quantization", S, "null", NO, "Rollout weight quantization (e.g. fp8).", {"fp8"});
   b.k("engine_kwargs.vllm", M, "{}", NO, "Extra vLLM engine arguments.");
@@ -99,7 +109,8 @@ void declare_rollout(Builder& b) {
 
   b.k("checkpoint_engine.backend", S, "naive", YES, "Trainer -> rollout weight sync.", {"naive", "nccl", "nixl", "hccl"},
       {"naive"});
-  b.k("checkpoint_engine.update_weights_bucket_megabytes", I, "2048", YES, "Bucket size of the weight sync.");
+  b.k("checkpoint_engine.update_weights_bucket_megabytes", I, "2048", NOP,
+      "Bucket size of the weight sync; Kestrel's rollout reads the trainer's weights in place (or one resharded copy).");
   b.k("checkpoint_engine.engine_kwargs", M, "{}", NO, "Extra weight-sync arguments.");
   b.k("trace.backend", S, "null", NO, "Rollout tracing backend.", {"mlflow", "weave"});
   b.k("prometheus.enable", B, "false", NO, "Export engine metrics to Prometheus.");

@@ -7,6 +7,7 @@ namespace kestrel::config::schema_detail {
 namespace {
 constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
+constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList, M = Type::Map;
 }  // namespace
 
@@ -16,7 +17,8 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("enable_resource_pool", B, "false", NO, "Give the reward model its own devices.");
   b.k("n_gpus_per_node", I, "8", NO, "Devices per node of the reward-model pool.");
   b.k("nnodes", I, "0", NO, "Nodes of the reward-model pool.");
-  b.k("strategy", S, "megatron", YES, "Reward-model backend name.", {"megatron", "fsdp"});
+  b.k("strategy", S, "megatron", NOP, "Reward-model backend name; Kestrel has no reward model (reward_model.enable).",
+      {"megatron", "fsdp"});
   b.k("reward_command", S, "null", YES,
       "External reward program (run via /bin/sh -c) speaking JSON lines on stdin/stdout (Kestrel).");
   b.k("arith_step_credit", F, "0.0", YES,
@@ -31,7 +33,7 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("reward_manager", S, "naive", YES, "How rule-based rewards are computed and placed on tokens.",
       {"naive", "prime", "batch", "dapo"}, {"naive"});
   b.k("launch_reward_fn_async", B, "false", NO, "Compute rewards in the background during the old-log-prob pass.");
-  b.k("use_reward_loop", B, "true", YES, "Compute rewards in the reward loop; no effect in Kestrel.");
+  b.k("use_reward_loop", B, "true", NOP, "Compute rewards in verl's reward loop; Kestrel computes them in-process.");
   b.k("num_workers", I, "1", NO, "Reward-loop workers.");
   b.k("sandbox_fusion.url", S, "null", NO, "Code-execution sandbox endpoint.");
   b.k("sandbox_fusion.max_concurrent", I, "64", NO, "Concurrent sandbox requests.");
@@ -87,18 +89,19 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("logger", SL, "[console]", YES, "Metric sinks. verl default: [console, wandb].",
       {"console", "wandb", "swanlab", "mlflow", "tensorboard", "trackio", "vemlp_wandb", "clearml", "file"},
       {"console", "tensorboard", "file"});
-  b.k("log_val_generations", I, "0", YES, "Validation generations printed per validation.");
+  b.k("log_val_generations", I, "0", NO, "Validation generations printed per validation.");
   b.k("rollout_data_dir", S, "null", NO, "Dump each step's rollouts as JSONL here.");
   b.k("validation_data_dir", S, "null", NO, "Dump validation generations as JSONL here.");
-  b.k("nnodes", I, "1", YES, "Nodes.");
-  b.k("n_gpus_per_node", I, "8", YES, "Devices (ranks) per node.");
-  b.k("device", S, "cuda", YES, "Device type.", {"cuda", "npu", "cpu"}, {"cuda", "cpu"});
+  b.k("nnodes", I, "1", NOP, "Nodes; Kestrel's processes are the ones mpirun/srun starts (-np).");
+  b.k("n_gpus_per_node", I, "8", NOP, "Devices (ranks) per node; Kestrel's processes are the ones mpirun/srun starts.");
+  b.k("device", S, "cuda", NOP, "Device type; Kestrel has only its CPU backend so far, and runs there for both values.",
+      {"cuda", "npu", "cpu"}, {"cuda", "cpu"});
   b.k("save_freq", I, "-1", YES, "Save a checkpoint every N steps and at the end; -1 never saves.");
   b.k("esi_redundant_time", I, "0", NO, "Save before an ESI instance expires (seconds of margin).");
   b.k("resume_mode", S, "auto", YES, "auto: latest checkpoint in default_local_dir; disable: fresh; resume_path: resume_from_path.",
       {"auto", "disable", "resume_path"});
   b.k("resume_from_path", S, "null", YES, "Checkpoint directory (global_step_N) for resume_mode=resume_path.");
-  b.k("del_local_ckpt_after_load", B, "false", YES, "Delete the local checkpoint after resuming from it.");
+  b.k("del_local_ckpt_after_load", B, "false", NO, "Delete the local checkpoint after resuming from it.");
   b.k("val_before_train", B, "true", YES, "Validate before the first step.");
   b.k("val_only", B, "false", YES, "Validate and exit.");
   b.k("test_freq", I, "-1", YES, "Validate every N steps; -1 never.");
@@ -110,9 +113,12 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("default_local_dir", S, "checkpoints/${trainer.project_name}/${trainer.experiment_name}", YES,
       "Checkpoint root: {default_local_dir}/global_step_{N}/.");
   b.k("max_actor_ckpt_to_keep", I, "null", YES, "Keep at most this many actor checkpoints; null keeps all.");
-  b.k("max_critic_ckpt_to_keep", I, "null", YES, "Keep at most this many critic checkpoints; null keeps all.");
-  b.k("ray_wait_register_center_timeout", I, "300", YES, "Ray start-up timeout; no effect in Kestrel (no Ray).");
-  b.k("use_legacy_worker_impl", S, "auto", YES, "verl worker implementation; no effect in Kestrel.", {"auto", "enable", "disable"});
+  b.k("max_critic_ckpt_to_keep", I, "null", NO,
+      "Keep at most this many critic checkpoints; Kestrel saves the critic inside each global_step_N, which "
+      "max_actor_ckpt_to_keep prunes.");
+  b.k("ray_wait_register_center_timeout", I, "300", NOP, "Ray start-up timeout; Kestrel has no Ray.");
+  b.k("use_legacy_worker_impl", S, "auto", NOP, "verl's worker implementation; Kestrel has its own workers.",
+      {"auto", "enable", "disable"});
 }
 
 }  // namespace kestrel::config::schema_detail

@@ -29,9 +29,9 @@ size_t budget(std::string_view s) { return std::max<size_t>(2, s.size() / 4); }
 
 }  // namespace
 
-std::vector<std::string> suggest_keys(const std::string& path) {
+std::vector<std::string> suggest_keys(const std::string& path, const Schema& s) {
   constexpr size_t kMax = 3;
-  const auto& paths = all_paths();
+  const auto& paths = s.all_paths();
   // 1) Whole-path typos: keep the closest ones.
   std::vector<std::pair<size_t, std::string>> full;
   for (const auto& p : paths) {
@@ -57,7 +57,7 @@ std::vector<std::string> suggest_keys(const std::string& path) {
   //    match the last component, rank by whole-path distance.
   const std::string_view last = last_component(path);
   std::vector<std::tuple<size_t, size_t, std::string>> by_last;
-  for (const auto& d : schema()) {
+  for (const auto& d : s.keys()) {
     const size_t dl = edit_distance(last, last_component(d.path));
     if (dl <= budget(last) / 2) by_last.emplace_back(dl, edit_distance(path, d.path), d.path);
   }
@@ -67,10 +67,14 @@ std::vector<std::string> suggest_keys(const std::string& path) {
   return out;
 }
 
-std::string unknown_key_message(const std::string& path) {
-  const auto s = suggest_keys(path);
+std::string unknown_key_message(const std::string& path, const Schema& schema) {
+  if (const Schema* p = schema.parent(); p && (p->find(path) || p->is_section(path)))
+    return "config key '" + path + "' does not apply to " + schema.command() + " (it is a " + p->command() +
+           " key; 'kestrel config docs " + schema.name() + "' lists the keys " + schema.command() + " takes)";
+  const auto s = suggest_keys(path, schema);
   std::string msg = "unknown config key '" + path + "'";
-  if (s.empty()) return msg + " (see 'kestrel config docs' for every key)";
+  const std::string tree = &schema == &ppo_schema() ? "" : " " + schema.name();
+  if (s.empty()) return msg + " (see 'kestrel config docs" + tree + "' for every key)";
   msg += " (did you mean ";
   for (size_t i = 0; i < s.size(); ++i) msg += (i ? (i + 1 == s.size() ? " or '" : ", '") : "'") + s[i] + "'";
   return msg + "?)";

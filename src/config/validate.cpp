@@ -24,7 +24,7 @@ std::string lower(std::string s) {
 }
 
 bool nullable(const KeyDecl& d) {
-  return d.default_yaml == "null" || d.default_yaml.find("${") != std::string::npos;
+  return d.nullable || d.default_yaml == "null" || d.default_yaml.find("${") != std::string::npos;
 }
 
 Type element_type(Type t) {
@@ -136,10 +136,11 @@ std::string copied_key(const Value* raw, const std::string& path) {
 }
 }  // namespace
 
-void validate(Value& resolved, const Value& raw, std::vector<std::string>& all_errors) {
+void validate(const Schema& schema, Value& resolved, const Value& raw, std::vector<std::string>& all_errors,
+              std::vector<std::string>& notices) {
   // One message per mistake: a key that only copies a rejected key is not reported again.
   std::vector<std::pair<std::string, std::string>> found;
-  for (const auto& d : schema()) {
+  for (const auto& d : schema.keys()) {
     auto report = [&](std::string msg) { found.emplace_back(d.path, std::move(msg)); };
     Value* v = lookup(resolved, d.path);
     KS_CHECK(v, "config key missing after merge: ", d.path);
@@ -167,14 +168,17 @@ void validate(Value& resolved, const Value& raw, std::vector<std::string>& all_e
       report("not supported yet: " + shown + " (from " + v->origin + "; supported: " + join(d.supported) + ")");
       continue;
     }
-    if (d.status == Support::NotSupportedYet) {
+    if (d.status != Support::Supported) {
       // Compared with the default resolved in this config: a ref key that
       // follows the actor's value is still "the default".
-      auto def = resolve_as(raw, parse_default(d), d.path);
+      auto def = resolve_as(schema, raw, parse_default(d), d.path);
       Value dv = def.is_ok() ? std::move(def).value() : Value::null();
-      if (!coerce(dv, d) || !(dv == *v))
+      const bool is_default = coerce(dv, d) && dv == *v;
+      if (d.status == Support::NotSupportedYet && !is_default)
         report("not supported yet: " + shown + " (from " + v->origin + "; only the default " +
                          to_flow_yaml(dv) + " works)");
+      if (d.status == Support::NoEffect && !is_default)
+        notices.push_back("note: " + shown + " (from " + v->origin + ") has no effect in Kestrel: " + d.doc);
     }
   }
   std::set<std::string> failed;

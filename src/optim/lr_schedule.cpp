@@ -32,17 +32,21 @@ LrSchedule::LrSchedule(LrScheduleConfig cfg) : cfg_(cfg) {
     KS_FAIL("lr schedule: min_lr_ratio must be in [0, 1], got ", cfg_.min_lr_ratio);
   if (!(cfg_.init_lr_ratio >= 0 && cfg_.init_lr_ratio <= 1))
     KS_FAIL("lr schedule: init_lr_ratio must be in [0, 1], got ", cfg_.init_lr_ratio);
-  if (cfg_.style != LrStyle::Constant && cfg_.total_steps <= 0)
+  if (cfg_.decay_steps < 0) KS_FAIL("lr schedule: decay_steps must be >= 0, got ", cfg_.decay_steps);
+  if (cfg_.style != LrStyle::Constant && cfg_.total_steps <= 0 && cfg_.decay_steps <= 0)
     KS_FAIL("lr schedule: the ", lr_style_name(cfg_.style), " style needs total_steps > 0, got ", cfg_.total_steps);
 }
 
 double LrSchedule::factor(int64_t step) const {
-  const double s = double(step), w = double(cfg_.warmup_steps), t = double(cfg_.total_steps);
+  const bool own_decay = cfg_.decay_steps > 0;
+  const double s = double(step), w = double(cfg_.warmup_steps),
+               t = double(own_decay ? cfg_.decay_steps : cfg_.total_steps);
   const double r = cfg_.min_lr_ratio, i = cfg_.init_lr_ratio;
   if (step < cfg_.warmup_steps) return i + (1.0 - i) * (s / std::max(1.0, w));
   switch (cfg_.style) {
     case LrStyle::Constant: return 1.0;
     case LrStyle::Cosine: {
+      if (own_decay && step >= cfg_.decay_steps) return r;
       const double p = (s - w) / std::max(1.0, t - w);
       const double x = std::cos(M_PI * cfg_.num_cycles * 2.0 * p);
       // verl's form: x * coef + intercept with coef = (1-r)/2, intercept = (1+r)/2.

@@ -9,12 +9,15 @@
 //
 // W = warmup_steps, T = total_steps, r = min_lr_ratio, c = num_cycles,
 // i = init_lr_ratio (verl's cosine init_lr_ratio; default 0):
+// D = decay_steps (Megatron's lr_decay_steps: the step where the decay ends;
+//     0 = T, verl's "null decays over total_training_steps"):
 //   warmup (s < W, all styles): factor = i + (1 - i) * s / max(1, W)
 //   constant: factor = 1 after warmup (so W = 0 gives 1 from step 0; verl's
 //             older min(1, s / max(1, W)) form gave 0 at step 0)
-//   cosine:   p = (s - W) / max(1, T - W)   (not clamped, as in verl)
+//   cosine:   p = (s - W) / max(1, D - W)   (not clamped, as in verl, when D = T)
 //             factor = max(r, r + (1 - r) * 0.5 * (1 + cos(2*pi*c*p)))
-//   linear:   factor = r + (1 - r) * max(0, (T - s) / max(1, T - W))
+//             with D given and s >= D: factor = r (Megatron: min_lr after the decay)
+//   linear:   factor = r + (1 - r) * max(0, (D - s) / max(1, D - W))
 //             (transformers' get_linear_schedule_with_warmup, with verl's
 //              min_lr_ratio floor; verl's FSDP path has no linear style)
 // lr(s) = base_lr * factor(s).
@@ -39,6 +42,7 @@ struct LrScheduleConfig {
   LrStyle style = LrStyle::Constant;
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;  // needed by linear and cosine
+  int64_t decay_steps = 0;  // > 0: the decay ends here (then min_lr); 0 = total_steps
   double min_lr_ratio = 0.0;
   double num_cycles = 0.5;
   double init_lr_ratio = 0.0;  // warmup starts at init_lr_ratio * lr

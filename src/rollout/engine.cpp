@@ -15,6 +15,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <map>
 #include <unordered_set>
@@ -389,6 +392,50 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::CausalLM& model, con
     return KS_ERR(w, ": max_model_len ", max_len, " exceeds the model's RoPE table (", rope_len,
                   " positions; raise ModelOptions::max_positions or lower max_model_len)");
   return std::unique_ptr<Engine>(new EngineImpl(model, cfg, g, max_len));
+}
+
+Result<int64_t> kv_cache_bytes_for(double utilization, int64_t memory_bytes, int64_t weight_bytes) {
+  constexpr const char* kKey = "actor_rollout_ref.rollout.gpu_memory_utilization";
+  if (!(utilization > 0 && utilization <= 1))
+    return KS_ERR(kKey, " must be in (0, 1], got ", utilization);
+  const double budget = utilization * double(memory_bytes);
+  const double kv = budget - double(weight_bytes);
+  if (kv <= 0)
+    return KS_ERR(kKey, "=", utilization, " of ", memory_bytes, " bytes of memory (", int64_t(budget),
+                  " bytes) does not hold the rollout weights (", weight_bytes,
+                  " bytes) and a KV cache; raise it, or set KESTREL_DEVICE_MEMORY (bytes) when the memory is wrong");
+  return int64_t(kv);
+}
+
+Result<int64_t> parse_meminfo_total(const std::string& text) {
+  const size_t at = text.find("MemTotal:");
+  if (at == std::string::npos) return KS_ERR("/proc/meminfo has no MemTotal line");
+  size_t pos = at + 9;
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  size_t end = pos;
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  if (end == pos) return KS_ERR("/proc/meminfo: cannot read the MemTotal value");
+  const int64_t kib = std::stoll(text.substr(pos, end - pos));
+  return kib * 1024;  // the kernel writes "kB", meaning KiB
+}
+
+Result<int64_t> device_memory_bytes(int64_t ranks_sharing) {
+  if (const char* e = std::getenv("KESTREL_DEVICE_MEMORY"); e && *e) {
+    char* endp = nullptr;
+    const long long v = std::strtoll(e, &endp, 10);
+    if (*endp != '\0' || v <= 0) return KS_ERR("KESTREL_DEVICE_MEMORY must be a positive number of bytes, got '", e, "'");
+    return int64_t(v);
+  }
+  std::ifstream f("/proc/meminfo");
+  if (!f) return KS_ERR("cannot read /proc/meminfo; set KESTREL_DEVICE_MEMORY to the memory in bytes");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  KS_ASSIGN(const int64_t total, parse_meminfo_total(ss.str()));
+  return total / std::max<int64_t>(1, ranks_sharing);
+}
+
+int64_t weight_bytes(const model::CausalLM& model) {
+  return model.num_parameters() * int64_t(dtype_size(model.dtype()));
 }
 
 }  // namespace kestrel::rollout

@@ -20,7 +20,7 @@ struct SamplingParams {
   int64_t top_k = -1;        // -1 = off
   double top_p = 1.0;
   double min_p = 0.0;
-  int64_t max_tokens = 256;
+  int64_t max_tokens = 512;  // rollout.response_length's default
   int64_t n = 1;             // samples per prompt, sharing the prompt's KV blocks
   uint64_t seed = 0;         // with (sample index, position): output independent of batching
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
@@ -43,6 +43,21 @@ struct EngineConfig {
   // Turns token ids into text for stop strings; may be empty when none are used.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
 };
+
+// Memory sizing of the engine (verl/vLLM gpu_memory_utilization): the engine
+// may use utilization x device memory for weights + KV cache, so
+//   kv_cache_bytes = utilization * memory_bytes - weight_bytes.
+// An error names actor_rollout_ref.rollout.gpu_memory_utilization when that
+// leaves nothing (or utilization is outside (0, 1]).
+Result<int64_t> kv_cache_bytes_for(double utilization, int64_t memory_bytes, int64_t weight_bytes);
+// The memory one engine plans with: KESTREL_DEVICE_MEMORY (bytes) when set;
+// else, on the CPU, MemTotal of /proc/meminfo divided by `ranks_sharing`
+// (processes of one job on this machine, which share its memory).
+Result<int64_t> device_memory_bytes(int64_t ranks_sharing = 1);
+// Parses the text of /proc/meminfo: MemTotal in bytes.
+Result<int64_t> parse_meminfo_total(const std::string& meminfo_text);
+// Bytes of the model's weights in its compute dtype (this rank's shard).
+int64_t weight_bytes(const model::CausalLM& model);
 
 struct CompletionOutput {
   int64_t index = 0;                // sample index within its request

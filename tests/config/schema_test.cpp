@@ -67,7 +67,7 @@ TEST(ConfigSchema, DocsListEveryKey) {
   const std::string text = docs();
   for (const auto& d : schema()) {
     const std::string entry = "\n" + d.path + "\n    " + type_name(d.type) + ", default " + d.default_yaml + ", " +
-                              (d.status == Support::Supported ? "supported" : "not supported yet") + "\n    " + d.doc +
+                              support_name(d.status) + "\n    " + d.doc +
                               "\n";
     EXPECT_NE(text.find(entry), std::string::npos) << "docs() misses " << d.path;
   }
@@ -86,6 +86,26 @@ TEST(ConfigSchema, Suggestions) {
   EXPECT_EQ(suggest_keys("actor_rollout_ref.actor.megatron.tensor_parallel_size"),
             (std::vector<std::string>{"actor_rollout_ref.actor.megatron.tensor_model_parallel_size"}));
   EXPECT_TRUE(suggest_keys("completely.unrelated.thing").empty());
+}
+
+// Every command tree: its defaults pass its own validation, every key is
+// documented, and a view's keys are the PPO declarations it names.
+TEST(ConfigSchema, EveryTreeLoadsItsDefaultsAndDocumentsEveryKey) {
+  for (const Schema* s : all_schemas()) {
+    LoadOptions lo;
+    lo.schema = s;
+    auto c = load(lo);
+    ASSERT_TRUE(c.is_ok()) << s->name() << ": " << c.status().message();
+    EXPECT_TRUE(c->notices().empty()) << s->name();
+    const std::string text = docs(*s);
+    for (const auto& d : s->keys()) {
+      EXPECT_NE(text.find("\n" + d.path + "\n"), std::string::npos) << s->name() << " docs miss " << d.path;
+      if (s->parent()) EXPECT_NE(s->parent()->find(d.path), nullptr) << s->name() << ": " << d.path;
+    }
+    EXPECT_EQ(find_schema(s->name()), s);
+  }
+  EXPECT_EQ(find_schema("sft"), &sft_schema());
+  EXPECT_EQ(find_schema("nope"), nullptr);
 }
 
 }  // namespace

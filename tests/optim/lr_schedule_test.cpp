@@ -62,3 +62,26 @@ TEST(LrSchedule, WarmupFromRatioAndValidation) {
   EXPECT_THROW(LrSchedule({.style = LrStyle::Cosine, .total_steps = 0}), Error);
   EXPECT_THROW(LrSchedule({.min_lr_ratio = 1.5}), Error);
 }
+
+// optim.lr_decay_steps (Megatron): the decay reaches min_lr at step D instead
+// of total_steps, then stays there; D = 0 (null) decays over total_steps.
+TEST(LrSchedule, DecayStepsSetTheDecayLength) {
+  // Linear, W = 2, D = 6, T = 10, r = 0.1: factor = r + (1 - r) * (D - s) / (D - W).
+  LrSchedule lin({.lr = 1.0, .style = LrStyle::Linear, .warmup_steps = 2, .total_steps = 10, .decay_steps = 6,
+                  .min_lr_ratio = 0.1});
+  EXPECT_DOUBLE_EQ(lin.lr(2), 1.0);
+  EXPECT_DOUBLE_EQ(lin.lr(4), 0.1 + 0.9 * 0.5);
+  EXPECT_DOUBLE_EQ(lin.lr(6), 0.1);
+  EXPECT_DOUBLE_EQ(lin.lr(9), 0.1);
+  // Cosine, W = 0, D = 4, T = 100: half-way (s = 2) is (1 + r) / 2; at and after D it is r.
+  LrSchedule cos({.lr = 2.0, .style = LrStyle::Cosine, .warmup_steps = 0, .total_steps = 100, .decay_steps = 4,
+                  .min_lr_ratio = 0.2});
+  EXPECT_DOUBLE_EQ(cos.lr(0), 2.0);
+  EXPECT_NEAR(cos.lr(2), 2.0 * 0.6, 1e-12);
+  EXPECT_DOUBLE_EQ(cos.lr(4), 2.0 * 0.2);
+  EXPECT_DOUBLE_EQ(cos.lr(50), 2.0 * 0.2);
+  // decay_steps = 0 is the old schedule over total_steps.
+  LrSchedule over_total({.lr = 1.0, .style = LrStyle::Linear, .warmup_steps = 0, .total_steps = 4});
+  EXPECT_DOUBLE_EQ(over_total.lr(2), 0.5);
+  EXPECT_THROW(LrSchedule({.lr = 1.0, .style = LrStyle::Linear, .total_steps = 4, .decay_steps = -1}), Error);
+}

@@ -381,3 +381,36 @@ TEST(Engine, Bf16RolloutTracksBf16Scoring) {
   ASSERT_EQ(r.outs.size(), 6u);
   EXPECT_LE(max_logprob_diff(*m, r.outs), 0.1);
 }
+
+// actor_rollout_ref.rollout.gpu_memory_utilization: kv = utilization x memory - weights.
+TEST(EngineMemory, KvCacheBytesFromUtilization) {
+  const int64_t GiB = int64_t(1) << 30;
+  EXPECT_EQ(kv_cache_bytes_for(0.5, 16 * GiB, 3 * GiB).value(), 5 * GiB);
+  EXPECT_EQ(kv_cache_bytes_for(1.0, 1000, 400).value(), 600);
+  EXPECT_EQ(kv_cache_bytes_for(0.25, 4000, 0).value(), 1000);
+  // Nothing left for the cache: the error names the key and both sides.
+  auto r = kv_cache_bytes_for(0.1, 1000, 100);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("actor_rollout_ref.rollout.gpu_memory_utilization"), std::string::npos);
+  EXPECT_NE(r.status().message().find("(100 bytes)"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(kv_cache_bytes_for(0.0, 1000, 1).is_ok());
+  EXPECT_FALSE(kv_cache_bytes_for(1.5, 1000, 1).is_ok());
+}
+
+TEST(EngineMemory, DeviceMemoryFromMeminfoOrEnv) {
+  EXPECT_EQ(parse_meminfo_total("MemTotal:       24683584 kB\nMemFree: 1 kB\n").value(), int64_t(24683584) * 1024);
+  EXPECT_FALSE(parse_meminfo_total("MemFree: 1 kB\n").is_ok());
+  ::setenv("KESTREL_DEVICE_MEMORY", "123456789", 1);
+  EXPECT_EQ(device_memory_bytes(4).value(), 123456789);  // the variable is one process's memory
+  ::setenv("KESTREL_DEVICE_MEMORY", "12x", 1);
+  EXPECT_FALSE(device_memory_bytes().is_ok());
+  ::unsetenv("KESTREL_DEVICE_MEMORY");
+  const int64_t all = device_memory_bytes(1).value();
+  EXPECT_GT(all, 0);
+  EXPECT_EQ(device_memory_bytes(2).value(), all / 2);  // MemTotal shared by the processes on the machine
+}
+
+TEST(EngineMemory, WeightBytesAreParametersTimesDtype) {
+  auto m = tiny_model();
+  EXPECT_EQ(weight_bytes(*m), m->num_parameters() * int64_t(dtype_size(m->dtype())));
+}

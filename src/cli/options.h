@@ -1,0 +1,110 @@
+// Config -> option structs, one builder per command: the only code in cli/
+// that reads config keys. Each builder reads its keys through the Config
+// getters, which record every read; tests/cli/consumers_test.cpp calls the
+// builders on the default config (and with each optional branch on) and fails
+// for a Supported key nothing read. The commands (train.cpp, sft.cpp,
+// generate.cpp, logprobs.cpp) call the builders and then do the work.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/arith.h"
+#include "data/dataset.h"
+#include "rl/critic.h"
+#include "rl/reward_manager.h"
+#include "rl/trainer.h"
+#include "rollout/engine.h"
+#include "train/sft_trainer.h"
+
+namespace kestrel::cli {
+
+// Loads the command's configuration (cli/args: --config FILE, -cp/-cn,
+// key=value overrides) in the tree `s`; `first` overrides come before the
+// user's (flags that name keys). Throws kestrel::Error with every problem;
+// prints the "no effect in Kestrel" notices on stderr.
+config::Config load_command_config(const config::Schema& s, const std::vector<std::string>& args,
+                                   const std::vector<std::string>& first = {});
+
+// Processes of this job on this machine (OpenMPI / MPICH / Slurm env), >= 1.
+int64_t local_ranks();
+
+// ---- kestrel train (ppo_trainer) ------------------------------------------
+
+// What is read before the data and the model are loaded.
+struct TrainInputs {
+  std::string model_path, tokenizer_path;  // tokenizer_path "" = the model folder
+  std::vector<std::string> train_files, val_files;  // val_files empty = no validation
+  data::RlDatasetOptions train_data, val_data;
+  int64_t train_batch_size = 0;
+  bool shuffle = true;
+  uint64_t data_seed = 1;
+  rl::RewardManagerOptions reward;
+  DType dtype = DType::F32;
+  int64_t tp = 1, rollout_tp = 1;
+  bool sequence_parallel = false, distributed_optimizer = false;
+  double gpu_memory_utilization = 0.5;
+  bool console_logger = true, val_only = false;
+  // The critic (critic.enable, or null = exactly for adv_estimator=gae).
+  bool critic = false;
+  std::string critic_model_path;  // == model_path: the actor's folder
+  uint64_t critic_seed = 0;
+  DType critic_dtype = DType::F32;  // critic.megatron.dtype
+};
+// Fails with "not supported yet: ..." for settings the config layer accepts
+// but the trainer does not build.
+TrainInputs train_inputs(const config::Config& c);
+// The RL options; the schedule lengths need the data set (batches per epoch).
+// engine.kv_cache_bytes is left for rollout_kv_cache_bytes once the model is loaded.
+rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch);
+rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o);
+// The learning-rate schedule of `<prefix>optim.*` (actor or critic).
+optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::string& prefix, int64_t total_steps);
+
+// ---- kestrel sft (sft_trainer) --------------------------------------------
+
+struct SftInputs {
+  std::string model_spec, tokenizer_path;  // model.partial_pretrain; "" = the model folder
+  std::string ckpt_root;                   // trainer.default_local_dir
+  std::vector<std::string> train_files, val_files;  // val_files empty = none
+  data::SftDatasetOptions data;               // max_samples = data.train_max_samples
+  int64_t val_max_samples = -1;
+  data::ArithOptions arith;
+  int64_t arith_num_train = 0, arith_num_test = 0;
+  DType dtype = DType::F32;
+  int64_t train_batch_size = 0;
+  bool shuffle = true;
+  uint64_t seed = 1, data_seed = 1;
+  int threads = 0;
+  std::vector<std::string> loggers;
+  int64_t val_generations = 0, max_response_length = 0;
+};
+SftInputs sft_inputs(const config::Config& c);
+train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch);
+
+// ---- kestrel generate / kestrel logprobs (views of the PPO tree) -----------
+
+struct GenerateSettings {
+  std::string model_path, tokenizer_path;  // tokenizer_path "" = the model folder
+  DType dtype = DType::F32;
+  double gpu_memory_utilization = 0.5;
+  rollout::EngineConfig engine;  // kv_cache_bytes set from gpu_memory_utilization by the command
+  rollout::SamplingParams sampling;
+  uint64_t base_seed = 0;
+};
+GenerateSettings generate_settings(const config::Config& c);
+
+struct LogprobsSettings {
+  std::string model_path;
+  DType dtype = DType::F32;
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  int64_t max_batch_tokens = 4096;
+};
+LogprobsSettings logprobs_settings(const config::Config& c);
+
+// "bfloat16" | "float32" (PPO names) or "bf16" | "f32" (flag names) -> DType.
+DType parse_compute_dtype(const std::string& name, const std::string& key);
+
+}  // namespace kestrel::cli

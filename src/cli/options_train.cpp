@@ -1,0 +1,239 @@
+// kestrel train's option builders: ppo_trainer keys -> TrainInputs,
+// rl::RlOptions, rl::CriticOptions (see options.h).
+#include <cstdlib>
+
+#include "cli/options.h"
+#include "data/config_options.h"
+
+namespace kestrel::cli {
+
+namespace {
+
+const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+
+void reject_unbuilt(const config::Config& c) {
+  auto fail_if = [&](bool bad, const std::string& what) {
+    if (bad) KS_FAIL("not supported yet: ", what);
+  };
+  fail_if(c.get_string("algorithm.kl_penalty") == "full", "algorithm.kl_penalty=full (use kl, abs, mse or low_var_kl)");
+  const std::string lm = c.get_string(A + "policy_loss.loss_mode");
+  fail_if(lm != "vanilla", A + "policy_loss.loss_mode=" + lm);
+  fail_if(c.get_int(R + "data_parallel_size") != 1,
+          R + "data_parallel_size (the rollout's data parallelism is world size / rollout tensor_model_parallel_size)");
+}
+
+std::vector<std::string> list_or_empty(const config::Config& c, const std::string& key) {
+  return c.is_null(key) ? std::vector<std::string>{} : c.get_string_list(key);
+}
+
+optim::AdamWConfig adamw_config(const config::Config& c, const std::string& P) {
+  const auto betas = c.get_float_list(P + "optim.betas");
+  if (betas.size() != 2) KS_FAIL(c.origin(P + "optim.betas"), ": ", P, "optim.betas must hold two numbers");
+  return {betas[0], betas[1], c.get_float(P + "optim.eps"), c.get_float(P + "optim.weight_decay")};
+}
+
+// clip_ratio_low / clip_ratio_high: their own value, or actor.clip_ratio when
+// null (verl's core_algos: `clip_ratio_low if not None else clip_ratio`).
+double clip_ratio_side(const config::Config& c, const std::string& side) {
+  const double base = c.get_float(A + "clip_ratio");
+  return c.get_float_or(A + side, base);
+}
+
+}  // namespace
+
+DType parse_compute_dtype(const std::string& name, const std::string& key) {
+  if (name == "float32" || name == "f32" || name == "fp32") return DType::F32;
+  if (name == "bfloat16" || name == "bf16") return DType::BF16;
+  KS_FAIL(key, ": compute dtype must be float32 (f32) or bfloat16 (bf16), got '", name, "'");
+}
+
+int64_t local_ranks() {
+  for (const char* e : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* v = std::getenv(e); v && *v) {
+      const long long n = std::atoll(v);
+      if (n > 0) return n;
+    }
+  return 1;
+}
+
+TrainInputs train_inputs(const config::Config& c) {
+  reject_unbuilt(c);
+  TrainInputs in;
+  in.model_path = c.get_string("actor_rollout_ref.model.path");
+  in.tokenizer_path = c.get_string_or("actor_rollout_ref.model.tokenizer_path", "");
+  // data.tokenizer (verl: the tokenizer of the data set) wins over the model's.
+  if (!c.is_null("data.tokenizer")) in.tokenizer_path = c.get_string("data.tokenizer");
+  in.train_files = c.get_string_list("data.train_files");
+  in.val_files = list_or_empty(c, "data.val_files");
+  auto td = data::rl_dataset_options(c, false);
+  if (!td) KS_FAIL(td.status().message());
+  in.train_data = std::move(td).value();
+  auto vd = data::rl_dataset_options(c, true);
+  if (!vd) KS_FAIL(vd.status().message());
+  in.val_data = std::move(vd).value();
+  in.train_batch_size = c.get_int("data.train_batch_size");
+  in.shuffle = c.get_bool("data.shuffle");
+  in.data_seed = data::data_seed(c);
+  in.reward = rl::reward_options_from_config(c);
+  in.dtype = parse_compute_dtype(c.get_string(A + "megatron.dtype"), A + "megatron.dtype");
+  in.tp = c.get_int(A + "megatron.tensor_model_parallel_size");
+  in.rollout_tp = c.get_int(R + "tensor_model_parallel_size");
+  in.sequence_parallel = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
+  in.distributed_optimizer = c.get_bool(A + "megatron.override_transformer_config.use_distributed_optimizer");
+  in.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
+  in.console_logger = false;
+  for (const auto& l : c.get_string_list("trainer.logger"))
+    if (l == "console") in.console_logger = true;
+  in.val_only = c.get_bool("trainer.val_only");
+
+  const bool gae = c.get_string("algorithm.adv_estimator") == "gae";
+  in.critic = c.is_null("critic.enable") ? gae : c.get_bool("critic.enable");
+  if (gae && !in.critic)
+    KS_FAIL(c.origin("critic.enable"), ": algorithm.adv_estimator=gae needs the critic (critic.enable=true)");
+  in.critic_model_path = c.get_string("critic.model.path");
+  in.critic_seed = uint64_t(c.get_int("critic.megatron.seed"));
+  in.critic_dtype = parse_compute_dtype(c.get_string("critic.megatron.dtype"), "critic.megatron.dtype");
+
+  // The rollout reads the actor's weights in place, so it computes in their dtype.
+  const std::string rdt = c.get_string(R + "dtype"), adt = c.get_string(A + "megatron.dtype");
+  if (rdt != adt)
+    KS_FAIL("not supported yet: ", R, "dtype=", rdt, " with ", A, "megatron.dtype=", adt,
+            " (the rollout reads the actor's weights in place; set both to the same dtype)");
+  // The critic runs on the actor's process grid.
+  const int64_t ctp = c.get_int("critic.megatron.tensor_model_parallel_size");
+  const bool csp = c.get_bool("critic.megatron.override_transformer_config.sequence_parallel");
+  if (in.critic && ctp != in.tp)
+    KS_FAIL("not supported yet: critic.megatron.tensor_model_parallel_size=", ctp, " differs from the actor's ", in.tp,
+            " (the critic runs on the actor's process grid)");
+  if (in.critic && in.tp > 1 && csp != in.sequence_parallel)
+    KS_FAIL("not supported yet: critic.megatron.sequence_parallel=", csp ? "true" : "false", " differs from the actor's",
+            " (the critic runs on the actor's process grid)");
+  // The reference model (use_kl_loss or use_kl_in_reward) is the actor's copy on the actor's grid.
+  const std::string F = "actor_rollout_ref.ref.megatron.";
+  const bool ref = c.get_bool(A + "use_kl_loss") || c.get_bool("algorithm.use_kl_in_reward");
+  const int64_t rtp_ref = c.get_int(F + "tensor_model_parallel_size");
+  const bool rsp = c.get_bool(F + "override_transformer_config.sequence_parallel") &&
+                   c.get_bool(F + "sequence_parallel");
+  const std::string rdt_ref = c.get_string(F + "dtype");
+  if (ref && (rtp_ref != in.tp || (in.tp > 1 && rsp != in.sequence_parallel) || rdt_ref != adt))
+    KS_FAIL("not supported yet: actor_rollout_ref.ref.megatron.{tensor_model_parallel_size, sequence_parallel, dtype} "
+            "differing from the actor's (the reference model is the actor's copy on its process grid)");
+  return in;
+}
+
+optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::string& prefix, int64_t total_steps) {
+  const std::string P = prefix + "optim.";
+  optim::LrScheduleConfig lr;
+  lr.lr = c.get_float(P + "lr");
+  const std::string decay_style = c.get_string(P + "lr_decay_style");
+  const std::string style = c.is_null(P + "warmup_style") ? decay_style : c.get_string(P + "warmup_style");
+  lr.style = optim::parse_lr_style(style, P + "lr_decay_style").value();
+  const int64_t own_total = c.get_int(P + "total_training_steps");
+  lr.total_steps = own_total > 0 ? own_total : total_steps;
+  lr.warmup_steps = optim::resolve_warmup_steps(c.get_int(P + "lr_warmup_steps"), c.get_float(P + "lr_warmup_steps_ratio"),
+                                                lr.total_steps);
+  // Megatron's lr_decay_steps: the step where the decay reaches min_lr; null = total_training_steps.
+  lr.decay_steps = c.get_int_or(P + "lr_decay_steps", 0);
+  if (lr.decay_steps < 0) KS_FAIL(c.origin(P + "lr_decay_steps"), ": ", P, "lr_decay_steps must be >= 0 or null");
+  const double min_lr = c.get_float(P + "min_lr");
+  lr.min_lr_ratio = c.is_null(P + "min_lr_ratio") ? (lr.lr > 0 ? min_lr / lr.lr : 0) : c.get_float(P + "min_lr_ratio");
+  lr.init_lr_ratio = lr.lr > 0 ? c.get_float(P + "lr_warmup_init") / lr.lr : 0;
+  return lr;
+}
+
+rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
+  rl::RlOptions o;
+  o.train_batch_size = c.get_int("data.train_batch_size");
+  o.n = c.get_int(R + "n");
+  const double temperature = c.get_float(R + "temperature");
+  o.temperature = c.get_bool(R + "do_sample") ? temperature : 0.0;
+  o.top_k = c.get_int(R + "top_k");
+  o.top_p = c.get_float(R + "top_p");
+  o.response_length = c.get_int(R + "response_length");
+  o.max_prompt_length = c.get_int(R + "prompt_length");
+  o.rollout_seed = uint64_t(c.get_int(R + "seed"));
+  o.engine.block_size = c.get_int(R + "block_size");
+  o.engine.max_num_batched_tokens = c.get_int(R + "max_num_batched_tokens");
+  o.engine.max_num_seqs = c.get_int(R + "max_num_seqs");
+  o.engine.enable_chunked_prefill = c.get_bool(R + "enable_chunked_prefill");
+  o.engine.enable_prefix_caching = c.get_bool(R + "enable_prefix_caching");
+  o.engine.preemption_mode = c.get_string(R + "preemption_mode");
+  o.engine.swap_space_gib = double(c.get_int(R + "swap_space"));
+  o.engine.max_model_len = c.get_int_or(R + "max_model_len", o.max_prompt_length + o.response_length);
+  o.engine.kv_cache_bytes = 0;  // the command sizes it: rollout.gpu_memory_utilization
+  o.val_n = c.get_int(R + "val_kwargs.n");
+  const double val_temperature = c.get_float(R + "val_kwargs.temperature");
+  o.val_temperature = c.get_bool(R + "val_kwargs.do_sample") ? val_temperature : 0.0;
+  o.val_top_k = c.get_int(R + "val_kwargs.top_k");
+  o.val_top_p = c.get_float(R + "val_kwargs.top_p");
+  o.ppo_mini_batch_size = c.get_int(A + "ppo_mini_batch_size");
+  o.ppo_epochs = c.get_int(A + "ppo_epochs");
+  o.shuffle = c.get_bool(A + "shuffle");
+  o.data_loader_seed = uint64_t(c.get_int(A + "data_loader_seed"));
+  o.micro_batch_size = c.get_int_or(A + "ppo_micro_batch_size_per_gpu", 0);
+  const int64_t max_tokens = c.get_int(A + "ppo_max_token_len_per_gpu");
+  o.max_token_len = c.get_bool(A + "use_dynamic_bsz") ? max_tokens : 0;
+  o.log_prob_max_token_len = c.get_int(R + "log_prob_max_token_len_per_gpu");
+  o.share_prompts = c.get_bool(A + "use_prefix_grouper");
+  o.loss.clip_ratio_low = clip_ratio_side(c, "clip_ratio_low");
+  o.loss.clip_ratio_high = clip_ratio_side(c, "clip_ratio_high");
+  o.loss.clip_ratio_c = c.get_float(A + "clip_ratio_c");
+  o.loss.entropy_coeff = c.get_float(A + "entropy_coeff");
+  o.loss.use_kl_loss = c.get_bool(A + "use_kl_loss");
+  o.loss.kl_loss_coef = c.get_float(A + "kl_loss_coef");
+  o.loss.kl_loss_type = c.get_string(A + "kl_loss_type");
+  o.loss.agg.mode = rl::parse_agg_mode(c.get_string(A + "loss_agg_mode")).value();
+  o.loss_scale_factor = c.get_float_or(A + "loss_scale_factor", 0.0);
+  o.adv_estimator = rl::parse_adv_estimator(c.get_string("algorithm.adv_estimator")).value();
+  o.norm_adv_by_std_in_grpo = c.get_bool("algorithm.norm_adv_by_std_in_grpo");
+  o.gamma = c.get_float("algorithm.gamma");
+  o.lam = c.get_float("algorithm.lam");
+  o.adamw = adamw_config(c, A);
+  o.clip_grad = c.get_float(A + "optim.clip_grad");
+  const int64_t epochs = c.get_int("trainer.total_epochs");
+  o.total_steps = c.get_int_or("trainer.total_training_steps", batches_per_epoch * epochs);
+  o.lr = lr_schedule_config(c, A, o.total_steps);
+  o.use_kl_in_reward = c.get_bool("algorithm.use_kl_in_reward");
+  o.kl_penalty = c.get_string("algorithm.kl_penalty");
+  o.kl_ctrl.type = c.get_string("algorithm.kl_ctrl.type");
+  o.kl_ctrl.value = c.get_float("algorithm.kl_ctrl.kl_coef");
+  o.kl_ctrl.horizon = c.get_int("algorithm.kl_ctrl.horizon");
+  o.kl_ctrl.target_kl = c.get_float("algorithm.kl_ctrl.target_kl");
+  o.critic_warmup = c.get_int("trainer.critic_warmup");
+  o.balance_batch = c.get_bool("trainer.balance_batch");
+  o.save_freq = c.get_int("trainer.save_freq");
+  o.time_budget_s = c.get_float_or("trainer.time_budget_s", 0.0);
+  o.test_freq = c.get_int("trainer.test_freq");
+  o.val_before_train = c.get_bool("trainer.val_before_train");
+  o.max_ckpt_to_keep = c.get_int_or("trainer.max_actor_ckpt_to_keep", 0);
+  o.ckpt_root = c.get_string("trainer.default_local_dir");
+  o.resume_mode = c.get_string("trainer.resume_mode");
+  o.resume_from_path = c.get_string_or("trainer.resume_from_path", "");
+  o.resolved_config_yaml = c.to_yaml();
+  return o;
+}
+
+rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o) {
+  const std::string C = "critic.";
+  rl::CriticOptions co;
+  co.ppo_mini_batch_size = c.get_int(C + "ppo_mini_batch_size");
+  co.n = o.n;
+  co.ppo_epochs = c.get_int(C + "ppo_epochs");
+  co.shuffle = c.get_bool(C + "shuffle");
+  co.data_loader_seed = uint64_t(c.get_int(C + "data_loader_seed"));
+  co.micro_batch_size = c.get_int_or(C + "ppo_micro_batch_size_per_gpu", 0);
+  const int64_t max_tokens = c.get_int(C + "ppo_max_token_len_per_gpu");
+  co.max_token_len = c.get_bool(C + "use_dynamic_bsz") ? max_tokens : 0;
+  co.forward_max_token_len = c.get_int(C + "forward_max_token_len_per_gpu");
+  co.cliprange_value = c.get_float(C + "cliprange_value");
+  co.loss_agg_mode = rl::parse_agg_mode(c.get_string(C + "loss_agg_mode")).value();
+  co.loss_scale_factor = o.loss_scale_factor;
+  co.response_length = o.response_length;
+  co.adamw = adamw_config(c, C);
+  co.lr = lr_schedule_config(c, C, o.total_steps);
+  co.clip_grad = c.get_float(C + "optim.clip_grad");
+  co.share_prompts = o.share_prompts;
+  return co;
+}
+
+}  // namespace kestrel::cli

@@ -1,0 +1,83 @@
+// `kestrel sft`: verl's SFT trainer tree (trainer/config/sft_trainer.yaml),
+// which differs from the PPO tree (data.max_length, model.partial_pretrain,
+// optim.lr_scheduler, ...). Kestrel additions say "(Kestrel)"; defaults are
+// Kestrel's (the built-in arith task and tiny model, so a run needs nothing
+// downloaded) where verl's name a dataset or model on disk.
+#include "config/schema.h"
+
+namespace kestrel::config::schema_detail {
+
+namespace {
+constexpr Support YES = Support::Supported;
+constexpr Support NOP = Support::NoEffect;
+constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, FL = Type::FloatList,
+               SL = Type::StringList;
+}  // namespace
+
+void declare_sft(Builder& b) {
+  b.scope("data");
+  b.k("train_files", SL, "[builtin:arith]", YES, "SFT JSONL file(s); builtin:arith = the built-in task's train split.");
+  b.k("val_files", SL, "[builtin:arith]", YES,
+      "Validation JSONL file(s); builtin:arith = the task's test split; null = no validation.")
+      .nullable = true;
+  b.k("prompt_key", S, "prompt", YES, "Row field with the prompt (string or chat messages).");
+  b.k("response_key", S, "response", YES, "Row field with the response text.");
+  b.k("multiturn.messages_key", S, "messages", YES, "Row field with a whole conversation (loss on assistant turns).");
+  b.k("max_length", I, "512", YES, "Maximum tokens per sample (prompt + response).");
+  b.k("truncation", S, "error", YES, "What to do with a longer sample.", {"error", "left", "right", "middle"});
+  b.k("train_batch_size", I, "64", YES, "Samples per optimizer step.");
+  b.k("micro_batch_size_per_gpu", I, "8", YES, "Samples per micro-batch when use_dynamic_bsz is false.");
+  b.k("use_dynamic_bsz", B, "true", YES, "Micro-batches by token budget (max_token_len_per_gpu) instead of count.");
+  b.k("max_token_len_per_gpu", I, "4096", YES, "Token budget of one micro-batch (dynamic batch size).");
+  b.k("shuffle", B, "true", YES, "Shuffle the training set every epoch.");
+  b.k("seed", I, "null", YES, "Shuffle seed; null = trainer.seed.");
+  b.k("skip_malformed", B, "false", YES, "Skip (and count) malformed rows instead of failing (Kestrel).");
+  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 = all.");
+  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 = all.");
+  b.k("max_response_length", I, "128", YES, "Generation length of the evaluation by generation (Kestrel).");
+  b.k("arith.num_train", I, "20000", YES, "builtin:arith training problems (Kestrel).");
+  b.k("arith.num_test", I, "500", YES, "builtin:arith test problems (Kestrel).");
+  b.k("arith.seed", I, "1234", YES, "builtin:arith generator seed (Kestrel).");
+  b.k("arith.min_steps", I, "1", YES, "builtin:arith fewest events per problem (Kestrel).");
+  b.k("arith.max_steps", I, "2", YES, "builtin:arith most events per problem (Kestrel).");
+  b.k("arith.max_operand", I, "20", YES, "builtin:arith largest +/- operand (Kestrel).");
+
+  b.scope("model");
+  b.k("partial_pretrain", S, "builtin:tiny", YES, "HF model folder, or builtin:tiny | builtin:small (random init).");
+  b.k("tokenizer_path", S, "null", YES, "Tokenizer folder; null = the model folder.");
+  b.k("dtype", S, "f32", YES, "Compute dtype; bf16 keeps f32 master weights (Kestrel).", {"f32", "bf16"});
+
+  b.scope("optim");
+  b.k("lr", F, "1e-5", YES, "Peak learning rate.");
+  b.k("betas", FL, "[0.9, 0.95]", YES, "AdamW betas.");
+  b.k("eps", F, "1e-8", YES, "AdamW epsilon.");
+  b.k("weight_decay", F, "0.01", YES, "AdamW decoupled weight decay.");
+  b.k("warmup_steps_ratio", F, "0.1", YES, "Warmup steps as a fraction of the total steps.");
+  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; <= 0 disables.");
+  b.k("lr_scheduler", S, "cosine", YES, "Learning-rate schedule after warmup.", {"cosine", "constant", "linear"});
+  b.k("min_lr_ratio", F, "0.0", YES, "Floor of the decayed learning rate, as a fraction of optim.lr.");
+
+  b.scope("trainer");
+  b.k("default_local_dir", S, "checkpoints/sft", YES, "Checkpoint root: global_step_N folders and the latest pointer.");
+  b.k("project_name", S, "kestrel-sft", NOP,
+      "Names the run in verl's experiment trackers (wandb, ...); Kestrel's loggers (console, file, tensorboard) "
+      "write under default_local_dir and have no run name.");
+  b.k("experiment_name", S, "arith", NOP, "Names the run in verl's experiment trackers; see trainer.project_name.");
+  b.k("total_epochs", I, "1", YES, "Passes over the training set.");
+  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.");
+  b.k("logger", SL, "[console]", YES, "Metric sinks: console, file (metrics.jsonl), tensorboard.",
+      {"console", "file", "tensorboard"});
+  b.k("seed", I, "1", YES, "Seed of the built-in model's init and the default shuffle seed.");
+  b.k("save_freq", I, "-1", YES, "Checkpoint every N steps and at the end; -1 = never.");
+  b.k("test_freq", I, "-1", YES, "Validate every N steps and at the end; -1 = never.");
+  b.k("val_before_train", B, "false", YES, "Validate before the first step.");
+  b.k("max_ckpt_to_keep", I, "null", YES, "Keep the newest N checkpoints; null = all.");
+  b.k("resume_mode", S, "auto", YES, "auto: latest checkpoint in default_local_dir; disable: fresh; resume_path.",
+      {"auto", "disable", "resume_path"});
+  b.k("resume_from_path", S, "null", YES, "global_step_N folder for resume_mode=resume_path.");
+  b.k("export_dir", S, "null", YES, "Write the final model as an HF folder here (Kestrel).");
+  b.k("val_generations", I, "0", YES, "Validation prompts greedy-decoded for val/acc; 0 = off (Kestrel).");
+  b.k("threads", I, "0", YES, "CPU threads; 0 = all cores (Kestrel).");
+}
+
+}  // namespace kestrel::config::schema_detail

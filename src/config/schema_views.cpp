@@ -1,0 +1,54 @@
+// The PPO keys `kestrel generate` and `kestrel logprobs` take: each command
+// runs one piece of the PPO tree (the rollout engine; scoring), so it takes
+// the keys of that piece with their PPO declarations. A default restated here
+// is the command's own, and its doc says so.
+#include "config/schema.h"
+
+namespace kestrel::config::schema_detail {
+
+namespace {
+constexpr const char* R = "actor_rollout_ref.rollout.";
+constexpr const char* kModelDoc = "HF model folder (config.json + safetensors); the --model flag sets it.";
+}  // namespace
+
+std::vector<ViewKey> generate_view() {
+  const std::string r = R;
+  std::vector<ViewKey> v = {
+      {"actor_rollout_ref.model.path", "null", kModelDoc},
+      {"actor_rollout_ref.model.tokenizer_path", "", "Tokenizer folder for text and chat prompts; null = model.path."},
+      {r + "dtype", "float32",
+       "Compute dtype of the engine; the --dtype flag (f32 | bf16) sets it. kestrel generate: float32 (train: bfloat16)."},
+      {r + "max_model_len", "", "Longest prompt + response; null = the model's max_position_embeddings."},
+  };
+  // The engine's own sampling options, which the trainer does not pass yet.
+  v.push_back({r + "min_p", "", "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables.", Support::Supported});
+  v.push_back({r + "ignore_eos", "", "Keep generating past EOS until response_length; --ignore_eos sets it.",
+               Support::Supported});
+  for (const char* k : {"temperature", "top_k", "top_p", "do_sample", "n", "seed",
+                        "response_length", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
+                        "enable_chunked_prefill", "enable_prefix_caching", "block_size", "swap_space", "preemption_mode"})
+    v.push_back({r + k, "", ""});
+  // The rollout keys Kestrel refuses or ignores: refused or noticed here too.
+  for (const auto& d : ppo_schema().keys())
+    if (d.path.rfind(r, 0) == 0 && d.status != Support::Supported && d.path.find(".val_kwargs.") == std::string::npos &&
+        d.path != r + "min_p" && d.path != r + "ignore_eos")
+      v.push_back({d.path, "", ""});
+  return v;
+}
+
+std::vector<ViewKey> logprobs_view() {
+  const std::string m = "actor_rollout_ref.actor.megatron.";
+  return {
+      {"actor_rollout_ref.model.path", "null", kModelDoc},
+      {m + "dtype", "float32",
+       "Compute dtype of scoring; the --dtype flag (f32 | bf16) sets it. kestrel logprobs: float32 (train: bfloat16)."},
+      {m + "tensor_model_parallel_size", "1", "Tensor-parallel size (run under mpirun -np N, N a multiple); --tp sets it."},
+      {m + "sequence_parallel", "false",
+       "Shard activations along the sequence between TP regions; --sequence-parallel sets it. "
+       "kestrel logprobs: false (train: true)."},
+      {std::string(R) + "log_prob_max_token_len_per_gpu", "4096",
+       "Tokens packed into one scoring forward; --max-batch-tokens sets it. kestrel logprobs: 4096."},
+  };
+}
+
+}  // namespace kestrel::config::schema_detail
