@@ -1,5 +1,6 @@
 // kestrel train's option builders: ppo_trainer keys -> TrainInputs,
 // rl::RlOptions, rl::CriticOptions (see options.h).
+#include <algorithm>
 #include <cstdlib>
 
 #include "cli/options.h"
@@ -174,6 +175,17 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   const int64_t max_tokens = c.get_int(A + "ppo_max_token_len_per_gpu");
   o.max_token_len = c.get_bool(A + "use_dynamic_bsz") ? max_tokens : 0;
   o.log_prob_max_token_len = c.get_int(R + "log_prob_max_token_len_per_gpu");
+  // verl: the old log-probs use rollout.log_prob_micro_batch_size_per_gpu and
+  // the reference's its own key; one scoring micro-batch size serves both here.
+  // With log_prob_use_dynamic_bsz (or neither size set) micro-batches are cut by
+  // the token budget alone.
+  const int64_t old_lp_micro = c.get_int_or(R + "log_prob_micro_batch_size_per_gpu", 0);
+  const int64_t ref_lp_micro = c.get_int_or("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 0);
+  if (ref_lp_micro > 0 && old_lp_micro > 0 && ref_lp_micro != old_lp_micro)
+    KS_FAIL("not supported yet: actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=", ref_lp_micro,
+            " different from actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=", old_lp_micro,
+            " (one scoring micro-batch size serves both); set them equal");
+  o.log_prob_micro_batch_size = c.get_bool(R + "log_prob_use_dynamic_bsz") ? 0 : std::max(old_lp_micro, ref_lp_micro);
   o.share_prompts = c.get_bool(A + "use_prefix_grouper");
   o.loss.clip_ratio_low = clip_ratio_side(c, "clip_ratio_low");
   o.loss.clip_ratio_high = clip_ratio_side(c, "clip_ratio_high");
@@ -225,6 +237,10 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   const int64_t max_tokens = c.get_int(C + "ppo_max_token_len_per_gpu");
   co.max_token_len = c.get_bool(C + "use_dynamic_bsz") ? max_tokens : 0;
   co.forward_max_token_len = c.get_int(C + "forward_max_token_len_per_gpu");
+  // verl's critic cuts its values pass like its update: by the token budget
+  // under use_dynamic_bsz, else forward_micro_batch_size_per_gpu sequences.
+  co.forward_micro_batch_size =
+      c.get_bool(C + "use_dynamic_bsz") ? 0 : c.get_int_or(C + "forward_micro_batch_size_per_gpu", 0);
   co.cliprange_value = c.get_float(C + "cliprange_value");
   co.loss_agg_mode = rl::parse_agg_mode(c.get_string(C + "loss_agg_mode")).value();
   co.loss_scale_factor = o.loss_scale_factor;

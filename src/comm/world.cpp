@@ -1,5 +1,8 @@
 #include "comm/world.h"
 
+#include <chrono>
+#include <thread>
+
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -131,6 +134,11 @@ void abort_world(const std::string& message) {
   }
   std::cerr << "kestrel: rank " << rank << ": " << message << std::endl;
 #if defined(KESTREL_HAVE_MPI)
+  // mpirun forwards a rank's stderr through a pipe that MPI_Abort's kill can
+  // cut before it is read (seen on a loaded 2-core machine: the message was
+  // lost). The message is the one thing the user needs, so give the forwarder
+  // a moment to drain it before the job goes down.
+  if (mpi::is_active()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   mpi::abort(1);
 #endif
 }

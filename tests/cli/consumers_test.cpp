@@ -18,19 +18,6 @@
 namespace kestrel::cli {
 namespace {
 
-// Supported keys whose option fields another branch adds; the lead wires them
-// at merge (rl/trainer.h and rl/critic.h are not this branch's files).
-const std::set<std::string> kWiredByTheLeadAtMerge = {
-    // wired by the lead at merge: RlOptions::log_prob_micro_batch_size (old log-prob pass)
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    // wired by the lead at merge: RlOptions::log_prob_micro_batch_size (reference log-prob pass)
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    // wired by the lead at merge: picks RlOptions::log_prob_micro_batch_size (false) or the token budget
-    // RlOptions::log_prob_max_token_len (true) for the old/ref log-prob passes
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
-    // wired by the lead at merge: CriticOptions::forward_micro_batch_size (values pass)
-    "critic.forward_micro_batch_size_per_gpu",
-};
 
 config::Config load_tree(const config::Schema& s, const std::vector<std::string>& overrides) {
   config::LoadOptions lo;
@@ -72,7 +59,7 @@ std::vector<std::string> unconsumed(const config::Schema& s, const std::set<std:
   }
   std::vector<std::string> out;
   for (const auto& d : s.keys()) {
-    if (d.status != config::Support::Supported || consumed.count(d.path) || kWiredByTheLeadAtMerge.count(d.path))
+    if (d.status != config::Support::Supported || consumed.count(d.path))
       continue;
     if (d.supported.size() == 1 && d.type == config::Type::String) continue;  // only the default works
     out.push_back(d.path);
@@ -122,14 +109,6 @@ TEST(ConfigConsumers, EverySupportedGenerateAndLogprobsKeyIsRead) {
   EXPECT_TRUE(missing.empty()) << "Supported logprobs keys nothing reads:" << listing(missing);
 }
 
-// The lead's allowlist names real Supported keys (a typo would hide nothing).
-TEST(ConfigConsumers, AllowlistNamesSupportedKeys) {
-  for (const auto& k : kWiredByTheLeadAtMerge) {
-    const config::KeyDecl* d = config::find_key(k);
-    ASSERT_NE(d, nullptr) << k;
-    EXPECT_EQ(d->status, config::Support::Supported) << k;
-  }
-}
 
 }  // namespace
 }  // namespace kestrel::cli
