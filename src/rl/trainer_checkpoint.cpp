@@ -18,15 +18,10 @@ Status RlTrainer::save_checkpoint() {
   return train::write_checkpoint(
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {
-        if (opt_.parallel.dp->rank() == 0) {
-          KS_TRY(actor_->model().save(dir + "/actor/model", actor_->model().dtype()));
-          if (leader)
-            for (const auto& [name, content] : opt_.model_extra_files)
-              KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
-        }
-        std::error_code ec;
-        std::filesystem::create_directories(dir + "/actor", ec);
-        KS_TRY(actor_->engine().save_optimizer(dir + "/actor/" + actor_->engine().optimizer_file_name()));
+        KS_TRY(actor_->save(dir + "/actor"));
+        if (leader && opt_.parallel.dp->rank() == 0)  // tokenizer files next to the weights
+          for (const auto& [name, content] : opt_.model_extra_files)
+            KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
         if (critic_) KS_TRY(critic_->save(dir + "/critic"));
         if (!leader) return Status::ok();
         nlohmann::ordered_json ts;
@@ -51,13 +46,7 @@ Status RlTrainer::save_checkpoint() {
 }
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
-  KS_TRY(train::load_weights_into(actor_->model(), dir + "/actor/model"));
-  const std::string opath = dir + "/actor/" + actor_->engine().optimizer_file_name();
-  if (!std::filesystem::exists(opath))
-    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
-                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
-                  "use_distributed_optimizer");
-  KS_TRY(actor_->engine().load_optimizer(opath));  // re-gathers the distributed optimizer's parameters
+  KS_TRY(actor_->load(dir + "/actor", dir));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;

@@ -1,6 +1,7 @@
 #include "rl/workers/actor_worker.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
@@ -123,6 +124,23 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
     m["training/rollout_probs_diff_max"] = first.rollout_diff_max;
   }
   return m;
+}
+
+Status ActorWorker::save(const std::string& dir) const {
+  if (parallel_.dp->rank() == 0) KS_TRY(model_.save(dir + "/model", model_.dtype()));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
+}
+
+Status ActorWorker::load(const std::string& dir, const std::string& context) {
+  KS_TRY(train::load_weights_into(model_, dir + "/model"));
+  const std::string opath = dir + "/" + engine_->optimizer_file_name();
+  if (!std::filesystem::exists(opath))
+    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", context,
+                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
+                  "use_distributed_optimizer");
+  return engine_->load_optimizer(opath);  // re-gathers the distributed optimizer's parameters
 }
 
 }  // namespace kestrel::rl
