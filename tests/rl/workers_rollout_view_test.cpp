@@ -14,10 +14,11 @@
 namespace kestrel::rl {
 namespace {
 
+// Prompts longer than a KV block, so the prefix cache keeps their KV.
 std::vector<std::vector<int32_t>> test_prompts() {
   std::vector<std::vector<int32_t>> p(2);
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 5 + i; ++j) p[size_t(i)].push_back(int32_t((i * 37 + j * 11) % 128));
+    for (int j = 0; j < 37 + i; ++j) p[size_t(i)].push_back(int32_t((i * 37 + j * 11) % 128));
   return p;
 }
 
@@ -89,7 +90,7 @@ TEST(WorkersRolloutView, InPlaceFollowsTheActorAndACopyIsStaleUntilRefreshed) {
   score_log_probs(actor.model(), b, lp, *par.dp, actor_before);
   EXPECT_LT(max_abs_diff(copy_before, actor_before), 0.05);  // bf16 rounding only
 
-  rollout.sleep(true);
+  // The engine stays awake (its prefix cache holds KV of version 0).
   const auto metrics = actor.update(b, 0);
   ASSERT_EQ(metrics.at("actor/step_skipped"), 0.0);
   ASSERT_EQ(actor.weight_version(), 1);
@@ -114,9 +115,16 @@ TEST(WorkersRolloutView, InPlaceFollowsTheActorAndACopyIsStaleUntilRefreshed) {
   score_log_probs(copy.model(), b, lp, *par.dp, copy_after);
   EXPECT_LT(max_abs_diff(copy_after, actor_after), 0.05);
 
-  // The rollout generates with (and tags) the version its view holds.
+  // The rollout generates with (and tags) the version its view holds: in
+  // place the new weights even before the sync, with no KV cached from the
+  // old ones (the same tokens as after the sync).
+  const RolloutBatch unsynced = rollout.generate(test_prompts(), 1);
+  EXPECT_EQ(unsynced.weight_version, 1);
   rollout.sync();
-  EXPECT_EQ(rollout.generate(test_prompts(), 1).weight_version, 1);
+  const RolloutBatch synced = rollout.generate(test_prompts(), 1);
+  EXPECT_EQ(synced.weight_version, 1);
+  EXPECT_EQ(synced.responses, unsynced.responses);
+  EXPECT_EQ(synced.rollout_logp, unsynced.rollout_logp);
 }
 
 }  // namespace
