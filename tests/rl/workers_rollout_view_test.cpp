@@ -127,5 +127,28 @@ TEST(WorkersRolloutView, InPlaceFollowsTheActorAndACopyIsStaleUntilRefreshed) {
   EXPECT_EQ(synced.rollout_logp, unsynced.rollout_logp);
 }
 
+TEST(WorkersRolloutView, ACopyRolloutTagsItsBatchesWithTheVersionItHolds) {
+  auto m = rollout::testing::tiny_model(false, DType::F32, 11);
+  RlParallel par;
+  ActorWorker actor(*m, actor_options(), par);
+  RolloutOptions ro = rollout_options();
+  ro.weights_dtype = DType::BF16;  // the rollout reads a bf16 copy
+  RolloutWorker rollout(actor.model(), [&] { return actor.weight_version(); }, ro, par);
+  ASSERT_FALSE(rollout.view().in_place());
+  RolloutBatch b = rollout.generate(test_prompts(), 0);
+  EXPECT_EQ(b.weight_version, 0);
+  add_advantages(b);
+  rollout.sleep(true);  // the copy is released while the actor trains
+  actor.update(b, 0);
+  ASSERT_EQ(actor.weight_version(), 1);
+  EXPECT_TRUE(rollout.view().stale());
+  EXPECT_EQ(rollout.version(), 0);
+  EXPECT_THROW(rollout.generate(test_prompts(), 1), std::exception);  // released: sync first
+  const rollout::ReshardStats& rs = rollout.sync();
+  EXPECT_GT(rs.bytes_copied, 0);
+  EXPECT_EQ(rollout.version(), 1);
+  EXPECT_EQ(rollout.generate(test_prompts(), 1).weight_version, 1);
+}
+
 }  // namespace
 }  // namespace kestrel::rl

@@ -36,7 +36,7 @@ RolloutWorker::RolloutWorker(const model::CausalLM& actor, std::function<int64_t
                              RolloutOptions opt, const RlParallel& parallel)
     : opt_(std::move(opt)),
       parallel_(parallel),
-      view_(actor, rollout::RolloutWeightsOptions{parallel.rollout_tp, std::nullopt}, std::move(actor_version)) {
+      view_(actor, rollout::RolloutWeightsOptions{parallel.rollout_tp, opt_.weights_dtype}, std::move(actor_version)) {
   const int world = parallel_.world->size();
   const int rtp = parallel_.rollout_tp ? parallel_.rollout_tp->size() : actor.tp().size();
   KS_CHECK(world % rtp == 0, "rollout tensor-parallel size ", rtp, " must divide the world size ", world);
@@ -60,6 +60,7 @@ void RolloutWorker::reset_cache_if_moved() {
 std::vector<WireResponse> RolloutWorker::run(const std::vector<std::vector<int32_t>>& prompts,
                                              rollout::SamplingParams sp, const std::function<uint64_t(int64_t)>& seed,
                                              bool logprobs) {
+  KS_CHECK(!view_.released(), "rollout: its weight copy was released while the actor trained; sync() first");
   wake();
   reset_cache_if_moved();
   // This rollout group's share of the prompts; the seeds use the step-wide

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/transformer.h"
@@ -46,6 +47,7 @@ class RolloutWeightView {
   const rollout::ReshardStats& refresh();
   // Frees a copy while training runs (no-op in place); refresh() before use.
   void release() { weights_->release(); }
+  bool released() const { return weights_->released(); }
 
  private:
   std::unique_ptr<rollout::RolloutWeights> weights_;
@@ -64,6 +66,9 @@ struct RolloutOptions {
   int64_t response_length = 64;
   uint64_t seed = 0;  // rollout_request_seed's
   rollout::EngineConfig engine;
+  // Storage dtype of the rollout's weights; nullopt = the actor's. Another
+  // dtype (f32 training, bf16 rollout) makes the view a copy.
+  std::optional<DType> weights_dtype;
   // Validation sampling (rollout.val_kwargs.*).
   int64_t val_n = 1;
   double val_temperature = 0.0;  // 0 = greedy
