@@ -6,7 +6,8 @@
 //   0.5 * agg(max((v - G)^2, (clip(v, v_old - c, v_old + c) - G)^2))
 // over ppo_mini_batch_size mini-batches x ppo_epochs, micro-batched with the
 // mini-batch's global denominators (so the update does not depend on the
-// split), exactly as the actor update of rl/trainer.cpp.
+// split), exactly as the actor update (rl/workers/actor_worker.cpp). The
+// driver reaches it through rl::CriticWorker (rl/workers/critic_worker.h).
 //
 // Under mpirun (use_parallel) each dp rank computes the values of its share
 // of the sequences (rl::dp_share, as the actor's log-probs) and every rank

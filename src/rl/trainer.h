@@ -1,12 +1,24 @@
-// The RL trainer (verl's RayPPOTrainer.fit, in one process): each step takes
-// data.train_batch_size prompts, generates rollout.n responses each with the
-// in-process rollout engine on the actor's weights (read in place), scores
-// them with the RewardManager, computes old / reference log-probs when
-// needed, advantages (GRPO, RLOO, REINFORCE++), and updates the actor over
-// ppo_mini_batch_size mini-batches x ppo_epochs with micro-batched gradient
-// accumulation (global denominators), gradient clipping and AdamW. The loss
-// is on response tokens only: the packed sequence is prompt + response and
-// prompt rows carry no weight.
+// The RL trainer (verl's RayPPOTrainer.fit, in one process): the driver of
+// the RL workers (rl/workers/). Each step takes data.train_batch_size
+// prompts and passes one RolloutBatch through them:
+//   rollout worker   generates rollout.n responses per prompt with the
+//                    in-process engine on a versioned view of the actor's
+//                    weights; the batch carries the version it was made with
+//   reward worker    scores them (RewardManager or an in-process function)
+//   actor worker     old log-probs when needed (several mini-batches or
+//                    epochs, the in-reward KL, or data of older weights)
+//   ref worker       reference log-probs (KL loss / in-reward KL)
+//   critic worker    values (GAE)
+//   driver           in-reward KL penalty, advantages (GRPO, RLOO,
+//                    REINFORCE++, GAE), data metrics
+//   critic worker    value update
+//   actor worker     PPO update over ppo_mini_batch_size mini-batches x
+//                    ppo_epochs (micro-batched, global denominators, clipping,
+//                    AdamW; the loss on response tokens only)
+//   rollout worker   sync: its view to the actor's new version
+//
+// RlOptions is the flat user-facing struct (the config keys); split_options
+// cuts it into each worker's own options.
 //
 // Randomness is a pure function of (seeds, global step): sampling seeds and
 // the mini-batch shuffle are derived from the step, so a run resumed from a
@@ -32,14 +44,15 @@
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
 #include "rl/rollout_batch.h"
+#include "rl/workers/actor_worker.h"
+#include "rl/workers/critic_worker.h"
+#include "rl/workers/ref_worker.h"
+#include "rl/workers/reward_worker.h"
+#include "rl/workers/rollout_worker.h"
 #include "rollout/engine.h"
 #include "train/engine.h"
 #include "train/logging.h"
 #include "train/sft_trainer.h"
-
-namespace kestrel::rollout {
-class RolloutWeights;
-}
 
 namespace kestrel::rl {
 
@@ -115,6 +128,16 @@ struct RlOptions {
   RlParallel parallel;
 };
 
+// Each worker's options, cut out of RlOptions (the critic's, CriticOptions,
+// come with its Critic).
+struct RlWorkerOptions {
+  ActorOptions actor;
+  LogProbOptions ref;
+  RolloutOptions rollout;
+};
+// `opt.lr.total_steps` must be resolved (> 0).
+RlWorkerOptions split_options(const RlOptions& opt);
+
 class RlTrainer {
  public:
   // `ref` (may be null): frozen reference policy, needed when loss.use_kl_loss
@@ -140,7 +163,7 @@ class RlTrainer {
 
   // An in-process reward function used instead of the RewardManager (tests,
   // embedding programs); score of one response.
-  void set_reward_function(std::function<double(const RewardRequest&)> fn) { reward_fn_ = std::move(fn); }
+  void set_reward_function(std::function<double(const RewardRequest&)> fn) { reward_->set_function(std::move(fn)); }
 
   int64_t global_step() const { return step_; }
   // Metrics of the first and the latest validation (for the CLI summary).
@@ -148,10 +171,11 @@ class RlTrainer {
   const std::map<std::string, double>& last_validation() const { return last_val_; }
 
   // The actor's weight version (optimizer steps applied) and the version the
-  // rollout engine generates with (they differ between an update and the
-  // next weight sync). generate() tags its batch with the latter.
-  int64_t actor_weight_version() const { return actor_engine_->weight_version(); }
-  int64_t rollout_weight_version() const { return rollout_version_; }
+  // rollout's weight view holds (in place: always the actor's; a copy: its
+  // latest sync, behind between an update and the next sync). generate()
+  // tags its batch with the latter.
+  int64_t actor_weight_version() const { return actor_->weight_version(); }
+  int64_t rollout_weight_version() const { return rollout_->version(); }
 
   // Pieces of a step, public for tests.
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
@@ -165,38 +189,31 @@ class RlTrainer {
   std::map<std::string, double> update_actor(const RolloutBatch& b);
 
  private:
-  void wake_engine();
   bool is_world_leader() const { return opt_.parallel.world->rank() == 0; }
-  // This dp rank's sequences of b: a balanced partition (balance_batch) or
-  // those of its contiguous share of the prompts. Every sequence belongs to
-  // exactly one rank; advantages are computed on the whole batch before.
-  std::vector<int64_t> dp_share(const RolloutBatch& b) const;
+  // The training prompts of a step, by index within the step.
+  std::vector<std::vector<int32_t>> prompt_ids(const std::vector<int64_t>& prompt_idx) const;
+  // verl's compute_data_metrics (scores, rewards, advantages, returns,
+  // lengths) and the step's throughput.
+  void add_data_metrics(const RolloutBatch& b, double step_seconds, std::map<std::string, double>& m) const;
 
-  model::CausalLM& actor_;
-  std::unique_ptr<model::CausalLM> ref_;
   std::vector<RlPrompt> train_, val_;
   std::unique_ptr<train::BatchSource> source_;
-  RewardManager& rewards_;
   std::function<std::string(const std::vector<int32_t>&)> decode_;
   RlOptions opt_;
   train::MetricsLogger* logger_;
-  std::function<double(const RewardRequest&)> reward_fn_;
-  std::unique_ptr<Critic> critic_;
-  std::unique_ptr<rollout::RolloutWeights> rollout_weights_;
-  std::unique_ptr<rollout::Engine> engine_;
-  int rollout_groups_ = 1, rollout_group_ = 0;  // rollout tp groups, and this rank's
-  bool rollout_leader_ = true;                  // first rank of its rollout group
-  std::unique_ptr<train::TrainingEngine> actor_engine_;  // the actor's AdamW, schedule, dp, clipping
+  // The workers (ref_ and critic_ may be null). The rollout worker is built
+  // last: its view reads the actor's parameters where the engine placed them.
+  std::unique_ptr<ActorWorker> actor_;
+  std::unique_ptr<RefWorker> ref_;
+  std::unique_ptr<CriticWorker> critic_;
+  std::unique_ptr<RewardWorker> reward_;
+  std::unique_ptr<RolloutWorker> rollout_;
   int64_t step_ = 0;
-  int64_t rollout_version_ = 0;  // actor weight version the rollout engine reads (synced after each update)
   std::map<std::string, double> first_val_, last_val_;
 };
 
 // maj@N of one prompt (verl's calc_maj_val): the answer ("pred") most of its
 // samples gave, the first seen among ties, scores as its first sample did.
 double majority_vote_accuracy(const std::vector<std::pair<std::string, double>>& samples);
-
-// Sampling seed of prompt `index` of step `step` (its n samples differ by sample index).
-uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index);
 
 }  // namespace kestrel::rl

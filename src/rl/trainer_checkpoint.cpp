@@ -6,7 +6,6 @@
 #include <filesystem>
 
 #include "core/files.h"
-#include "rollout/reshard.h"
 #include "train/checkpoint.h"
 
 namespace kestrel::rl {
@@ -19,15 +18,10 @@ Status RlTrainer::save_checkpoint() {
   return train::write_checkpoint(
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {
-        if (opt_.parallel.dp->rank() == 0) {
-          KS_TRY(actor_.save(dir + "/actor/model", actor_.dtype()));
-          if (leader)
-            for (const auto& [name, content] : opt_.model_extra_files)
-              KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
-        }
-        std::error_code ec;
-        std::filesystem::create_directories(dir + "/actor", ec);
-        KS_TRY(actor_engine_->save_optimizer(dir + "/actor/" + actor_engine_->optimizer_file_name()));
+        KS_TRY(actor_->save(dir + "/actor"));
+        if (leader && opt_.parallel.dp->rank() == 0)  // tokenizer files next to the weights
+          for (const auto& [name, content] : opt_.model_extra_files)
+            KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
         if (critic_) KS_TRY(critic_->save(dir + "/critic"));
         if (!leader) return Status::ok();
         nlohmann::ordered_json ts;
@@ -42,7 +36,7 @@ Status RlTrainer::save_checkpoint() {
                      {"data_loader_seed", opt_.data_loader_seed}};
         ts["kl_ctrl"] = {{"type", opt_.kl_ctrl.type}, {"value", opt_.kl_ctrl.value}};
         ts["parallel"] = {{"world", opt_.parallel.world->size()},
-                          {"tp", actor_.tp().size()},
+                          {"tp", actor_->model().tp().size()},
                           {"dp", opt_.parallel.dp->size()},
                           {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
         KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
@@ -52,13 +46,7 @@ Status RlTrainer::save_checkpoint() {
 }
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
-  KS_TRY(train::load_weights_into(actor_, dir + "/actor/model"));
-  const std::string opath = dir + "/actor/" + actor_engine_->optimizer_file_name();
-  if (!std::filesystem::exists(opath))
-    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", dir,
-                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
-                  "use_distributed_optimizer");
-  KS_TRY(actor_engine_->load_optimizer(opath));  // re-gathers the distributed optimizer's parameters
+  KS_TRY(actor_->load(dir + "/actor", dir));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;
@@ -73,9 +61,7 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
     opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
   if (critic_) KS_TRY(critic_->load(dir + "/critic"));
   KS_TRY(source_->restore(ts["data_loader"], tpath));
-  rollout_weights_->refresh();
-  engine_->update_weights_version();  // the prefix cache holds KV of the old weights
-  rollout_version_ = actor_weight_version();
+  rollout_->reload();  // the view to the loaded weights, the prefix cache reset
   return Status::ok();
 }
 

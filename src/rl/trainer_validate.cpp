@@ -1,5 +1,5 @@
-// RlTrainer::validate (verl's _validate): generation on the validation
-// prompts with val_kwargs, scored on world rank 0, reported per data source as
+// RlTrainer::validate (verl's _validate): the rollout worker generates on the
+// validation prompts with val_kwargs, scored on world rank 0, reported per data source as
 // mean@N, best@N, worst@N, maj@N and std@N.
 #include "rl/trainer.h"
 
@@ -35,31 +35,11 @@ std::map<std::string, double> RlTrainer::validate() {
   std::map<std::string, double> out;
   if (val_.empty()) return out;
   const auto t0 = Clock::now();
-  wake_engine();
-  rollout::SamplingParams sp;
-  sp.temperature = opt_.val_temperature;
-  sp.top_k = opt_.val_top_k;
-  sp.top_p = opt_.val_top_p;
-  sp.max_tokens = opt_.response_length;
-  sp.n = opt_.val_n;
+  std::vector<std::vector<int32_t>> prompts;
+  for (const RlPrompt& v : val_) prompts.push_back(v.ids);
   // Each rollout group generates a share; world rank 0 scores everything
   // (the other ranks return no metrics: only rank 0 logs).
-  const auto [p0, p1] = share_range(int64_t(val_.size()), rollout_group_, rollout_groups_);
-  for (int64_t k = p0; k < p1; ++k) {
-    sp.seed = rollout_request_seed(opt_.rollout_seed ^ 0x76616c69ull, 0, k);  // fixed: comparable across steps
-    engine_->add_request(std::to_string(k), val_[size_t(k)].ids, sp).throw_if_error();
-  }
-  const auto outs = engine_->run_to_completion();
-  // Training rollouts never reuse validation KV: prefix-cached blocks are not
-  // bit-identical to recomputed ones, so a step after a validation would
-  // otherwise depend on whether the run was resumed in between.
-  engine_->update_weights_version();
-  std::vector<WireResponse> mine;
-  for (size_t k = 0; k < outs.size(); ++k)
-    for (const auto& c : outs[k].outputs) mine.push_back({p0 + int64_t(k), c.index, c.token_ids, {}});
-  const std::vector<WireResponse> all = opt_.parallel.world->size() > 1
-                                            ? all_gather_responses(*opt_.parallel.world, mine, rollout_leader_)
-                                            : mine;
+  const std::vector<WireResponse> all = rollout_->generate_validation(prompts);
   if (!is_world_leader()) return out;
   std::vector<RewardRequest> reqs;
   std::vector<size_t> owner;
@@ -70,13 +50,7 @@ std::map<std::string, double> RlTrainer::validate() {
     owner.push_back(size_t(w.prompt));
     len += double(w.tokens.size());
   }
-  RewardBatchResult r;
-  if (reward_fn_) {
-    for (const auto& q : reqs) r.scores.push_back(reward_fn_(q));
-    r.extra.resize(reqs.size());
-  } else {
-    r = rewards_.score(reqs);
-  }
+  const RewardBatchResult r = reward_->score_here(reqs);
   // Per data source: the accuracy and the extracted answer ("pred", the
   // majority-vote key) of every sample, grouped by prompt.
   struct Sample {

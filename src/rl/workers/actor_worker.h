@@ -1,0 +1,82 @@
+// The actor worker (verl's ActorRolloutRefWorker, actor role): the policy
+// model trained by its train::TrainingEngine. It scores old log-probs and
+// runs the PPO update of a rollout batch: ppo_mini_batch_size mini-batches x
+// ppo_epochs, micro-batched with the mini-batch's global denominators (summed
+// over dp), the loss on response tokens only (prompt rows carry no weight).
+//
+// Its weight version (TrainingEngine::weight_version: optimizer steps
+// applied) is what a rollout view follows (rl::RolloutWeightView).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "rl/distributed.h"
+#include "rl/policy_loss.h"
+#include "rl/rollout_batch.h"
+#include "rl/workers/log_probs.h"
+#include "train/engine.h"
+
+namespace kestrel::rl {
+
+struct ActorOptions {
+  int64_t n = 4;                    // rollout.n: sequences per prompt
+  int64_t response_length = 64;     // data.max_response_length (the default loss_scale_factor)
+  int64_t ppo_mini_batch_size = 8;  // prompts; x n sequences
+  int64_t ppo_epochs = 1;
+  bool shuffle = false;
+  uint64_t data_loader_seed = 42;
+  int64_t micro_batch_size = 0;     // sequences per micro-batch (0 = whole mini-batch)
+  int64_t max_token_len = 0;        // > 0: dynamic micro-batches by token budget
+  bool share_prompts = true;        // actor.use_prefix_grouper
+  bool balance_batch = true;        // trainer.balance_batch (rl::dp_share)
+  PolicyLossConfig loss;            // agg.mode set; denominators filled per mini-batch
+  double loss_scale_factor = 0;     // seq-mean-token-sum-norm divisor; 0 = response_length
+  optim::AdamWConfig adamw;
+  optim::LrScheduleConfig lr;       // total_steps resolved (> 0)
+  double clip_grad = 1.0;           // <= 0: no clipping
+  LogProbOptions log_prob;          // the old log-prob pass
+};
+
+class ActorWorker {
+ public:
+  // `model` must outlive the worker. parallel: the dp group and distributed
+  // optimizer (size-1 groups = one process).
+  ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParallel& parallel);
+
+  model::CausalLM& model() { return model_; }
+  const model::CausalLM& model() const { return model_; }
+  train::TrainingEngine& engine() { return *engine_; }
+  const train::TrainingEngine& engine() const { return *engine_; }
+  const ActorOptions& options() const { return opt_; }
+  int64_t weight_version() const { return engine_->weight_version(); }
+
+  // b.old_logp: the current weights' log-probs of b's response tokens
+  // (collective over dp).
+  void compute_log_probs(RolloutBatch& b) const;
+
+  // The PPO update at global step `step` (the lr schedule's and the shuffle's
+  // step). Metrics actor/{pg_loss, grad_norm, lr, num_updates, ...}.
+  std::map<std::string, double> update(const RolloutBatch& b, int64_t step);
+
+  // A checkpoint's actor folder (verl: global_step_N/actor/): model/ (HF
+  // weights, written by the tp ranks of dp rank 0: gathered, tp rank 0
+  // writes) and this rank's optimizer file (TrainingEngine::optimizer_file_name).
+  // Collective under mpirun.
+  Status save(const std::string& dir) const;
+  // Restores both (same model shape and process layout; the error names the
+  // layout to resume with otherwise). `context`: the checkpoint folder, for it.
+  Status load(const std::string& dir, const std::string& context);
+
+ private:
+  model::CausalLM& model_;
+  ActorOptions opt_;
+  RlParallel parallel_;
+  std::unique_ptr<train::TrainingEngine> engine_;
+};
+
+}  // namespace kestrel::rl

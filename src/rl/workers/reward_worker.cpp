@@ -1,0 +1,31 @@
+#include "rl/workers/reward_worker.h"
+
+#include "rl/distributed.h"
+
+namespace kestrel::rl {
+
+RewardWorker::RewardWorker(RewardManager& rewards, std::shared_ptr<comm::ProcessGroup> world)
+    : rewards_(rewards), world_(std::move(world)) {}
+
+RewardBatchResult RewardWorker::score_here(const std::vector<RewardRequest>& reqs) const {
+  if (!fn_) return rewards_.score(reqs);
+  RewardBatchResult r;
+  for (const auto& q : reqs) r.scores.push_back(fn_(q));
+  r.extra.resize(reqs.size());
+  return r;
+}
+
+void RewardWorker::score(RolloutBatch& b, const std::vector<RewardRequest>& reqs,
+                         std::map<std::string, double>& m) const {
+  KS_CHECK(int64_t(reqs.size()) == b.size(), "reward: ", reqs.size(), " requests for ", b.size(), " responses");
+  RewardBatchResult r;
+  if (is_leader()) r = score_here(reqs);
+  broadcast_doubles(*world_, r.scores);
+  b.scores = r.scores;
+  b.token_rewards.assign(size_t(b.layout.num_tokens()), 0.0);
+  for (int64_t i = 0; i < b.size(); ++i)
+    if (b.layout.length(i) > 0) b.token_rewards[size_t(b.layout.end(i) - 1)] = b.scores[size_t(i)];
+  for (const auto& [k, v] : RewardManager::metrics(r.failures)) m[k] = v;
+}
+
+}  // namespace kestrel::rl

@@ -1,0 +1,146 @@
+#include "rl/workers/rollout_worker.h"
+
+#include <string>
+
+namespace kestrel::rl {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index) {
+  return splitmix64(splitmix64(seed) ^ splitmix64(uint64_t(step) * 0x100000001B3ull + uint64_t(index)));
+}
+
+RolloutWeightView::RolloutWeightView(const model::CausalLM& actor, const rollout::RolloutWeightsOptions& opts,
+                                     std::function<int64_t()> actor_version)
+    : weights_(rollout::RolloutWeights::create(actor, opts)), actor_version_(std::move(actor_version)) {
+  KS_CHECK(actor_version_ != nullptr, "rollout view: no actor version source");
+  version_ = actor_version_();  // create() fills a copy from the actor's current weights
+}
+
+const rollout::ReshardStats& RolloutWeightView::refresh() {
+  const rollout::ReshardStats& rs = weights_->refresh();
+  version_ = actor_version_();
+  return rs;
+}
+
+RolloutWorker::RolloutWorker(const model::CausalLM& actor, std::function<int64_t()> actor_version,
+                             RolloutOptions opt, const RlParallel& parallel)
+    : opt_(std::move(opt)),
+      parallel_(parallel),
+      view_(actor, rollout::RolloutWeightsOptions{parallel.rollout_tp, opt_.weights_dtype}, std::move(actor_version)) {
+  const int world = parallel_.world->size();
+  const int rtp = parallel_.rollout_tp ? parallel_.rollout_tp->size() : actor.tp().size();
+  KS_CHECK(world % rtp == 0, "rollout tensor-parallel size ", rtp, " must divide the world size ", world);
+  groups_ = world / rtp;
+  group_ = parallel_.world->rank() / rtp;
+  leader_ = parallel_.world->rank() % rtp == 0;
+  auto eng = rollout::Engine::create(view_.model(), opt_.engine);
+  if (!eng) KS_FAIL("RL: cannot start the rollout engine: ", eng.status().message());
+  engine_ = std::move(eng).value();
+  engine_version_ = view_.version();
+}
+
+void RolloutWorker::reset_cache_if_moved() {
+  // In place the view follows the actor at once: KV cached from older
+  // weights must not be reused.
+  if (engine_version_ == view_.version()) return;
+  engine_->update_weights_version();
+  engine_version_ = view_.version();
+}
+
+std::vector<WireResponse> RolloutWorker::run(const std::vector<std::vector<int32_t>>& prompts,
+                                             rollout::SamplingParams sp, const std::function<uint64_t(int64_t)>& seed,
+                                             bool logprobs) {
+  KS_CHECK(!view_.released(), "rollout: its weight copy was released while the actor trained; sync() first");
+  wake();
+  reset_cache_if_moved();
+  // This rollout group's share of the prompts; the seeds use the step-wide
+  // index, so the samples do not depend on the layout.
+  const auto [p0, p1] = share_range(int64_t(prompts.size()), group_, groups_);
+  for (int64_t k = p0; k < p1; ++k) {
+    sp.seed = seed(k);
+    engine_->add_request(std::to_string(k), prompts[size_t(k)], sp).throw_if_error();
+  }
+  const auto outs = engine_->run_to_completion();
+  KS_CHECK(int64_t(outs.size()) == p1 - p0, "rollout: ", outs.size(), " outputs for ", p1 - p0, " prompts");
+  std::vector<WireResponse> mine;
+  for (size_t k = 0; k < outs.size(); ++k)
+    for (const auto& c : outs[k].outputs)
+      mine.push_back({p0 + int64_t(k), c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{}});
+  return parallel_.world->size() > 1 ? all_gather_responses(*parallel_.world, mine, leader_) : mine;
+}
+
+RolloutBatch RolloutWorker::generate(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
+  rollout::SamplingParams sp;
+  sp.temperature = opt_.temperature;
+  sp.top_k = opt_.top_k;
+  sp.top_p = opt_.top_p;
+  sp.max_tokens = opt_.response_length;
+  sp.n = opt_.n;
+  const std::vector<WireResponse> all =
+      run(prompts, sp, [&](int64_t k) { return rollout_request_seed(opt_.seed, step, k); }, true);
+  KS_CHECK(int64_t(all.size()) == int64_t(prompts.size()) * opt_.n, "rollout: ", all.size(), " responses for ",
+           prompts.size(), " prompts x n=", opt_.n);
+  RolloutBatch b;
+  for (const WireResponse& r : all) {
+    b.prompts.push_back(prompts[size_t(r.prompt)]);
+    b.responses.push_back(r.tokens);
+    b.group.push_back(r.prompt);
+    b.rollout_logp.insert(b.rollout_logp.end(), r.logprobs.begin(), r.logprobs.end());
+  }
+  b.finalize_layout();
+  if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
+  b.weight_version = view_.version();
+  return b;
+}
+
+std::vector<WireResponse> RolloutWorker::generate_validation(const std::vector<std::vector<int32_t>>& prompts) {
+  rollout::SamplingParams sp;
+  sp.temperature = opt_.val_temperature;
+  sp.top_k = opt_.val_top_k;
+  sp.top_p = opt_.val_top_p;
+  sp.max_tokens = opt_.response_length;
+  sp.n = opt_.val_n;
+  // Fixed seeds: comparable across steps.
+  std::vector<WireResponse> all =
+      run(prompts, sp, [&](int64_t k) { return rollout_request_seed(opt_.seed ^ 0x76616c69ull, 0, k); }, false);
+  // Training rollouts never reuse validation KV: prefix-cached blocks are not
+  // bit-identical to recomputed ones, so a step after a validation would
+  // otherwise depend on whether the run was resumed in between.
+  engine_->update_weights_version();
+  return all;
+}
+
+void RolloutWorker::sleep(bool release_weights) {
+  engine_->sleep();
+  if (release_weights) view_.release();  // no-op in place
+}
+
+void RolloutWorker::wake() {
+  if (engine_->is_sleeping()) engine_->wake_up();
+}
+
+const rollout::ReshardStats& RolloutWorker::sync() {
+  const rollout::ReshardStats& rs = view_.refresh();  // train -> rollout layout (no-op in place)
+  engine_->wake_up();
+  engine_->update_weights_version();
+  engine_version_ = view_.version();
+  return rs;
+}
+
+void RolloutWorker::reload() {
+  view_.refresh();
+  engine_->update_weights_version();  // the prefix cache holds KV of the old weights
+  engine_version_ = view_.version();
+}
+
+}  // namespace kestrel::rl
