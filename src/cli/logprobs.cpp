@@ -62,6 +62,7 @@ int cmd_logprobs(const Args& argv) {
 
   model::ModelOptions opts;
   opts.dtype = ls.dtype;
+  opts.make_vocab_size_divisible_by = ls.vocab_divisible_by;
   // Under mpirun every rank scores every batch (the forward is collective over
   // the tp group); only world rank 0 writes the output and the summary.
   std::unique_ptr<parallel::ProcessGrid> grid;

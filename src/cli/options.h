@@ -43,6 +43,7 @@ struct TrainInputs {
   rl::RewardManagerOptions reward;
   DType dtype = DType::F32;
   int64_t tp = 1, rollout_tp = 1;
+  int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
   bool sequence_parallel = false, distributed_optimizer = false;
   double gpu_memory_utilization = 0.5;
   bool console_logger = true, val_only = false;
@@ -101,6 +102,7 @@ struct LogprobsSettings {
   int64_t tp = 1;
   bool sequence_parallel = false;
   int64_t max_batch_tokens = 4096;
+  int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
 };
 LogprobsSettings logprobs_settings(const config::Config& c);
 

@@ -126,6 +126,8 @@ LogprobsSettings logprobs_settings(const config::Config& c) {
   l.dtype = parse_compute_dtype(c.get_string(M + "dtype"), M + "dtype");
   l.tp = c.get_int(M + "tensor_model_parallel_size");
   l.sequence_parallel = c.get_bool(M + "sequence_parallel");
+  l.vocab_divisible_by = c.get_int(M + "override_transformer_config.make_vocab_size_divisible_by");
+  if (l.vocab_divisible_by < 1) KS_FAIL("kestrel logprobs: make_vocab_size_divisible_by must be >= 1");
   l.max_batch_tokens = c.get_int("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu");
   if (l.max_batch_tokens <= 0) KS_FAIL("kestrel logprobs: --max-batch-tokens must be positive");
   return l;

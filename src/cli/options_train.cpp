@@ -79,6 +79,11 @@ TrainInputs train_inputs(const config::Config& c) {
   in.dtype = parse_compute_dtype(c.get_string(A + "megatron.dtype"), A + "megatron.dtype");
   in.tp = c.get_int(A + "megatron.tensor_model_parallel_size");
   in.rollout_tp = c.get_int(R + "tensor_model_parallel_size");
+  in.vocab_divisible_by = c.get_int(A + "megatron.override_transformer_config.make_vocab_size_divisible_by");
+  if (in.vocab_divisible_by < 1)
+    KS_FAIL(c.origin(A + "megatron.override_transformer_config.make_vocab_size_divisible_by"),
+            ": actor_rollout_ref.actor.megatron.override_transformer_config.make_vocab_size_divisible_by must be >= 1, got ",
+            in.vocab_divisible_by);
   in.sequence_parallel = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
   in.distributed_optimizer = c.get_bool(A + "megatron.override_transformer_config.use_distributed_optimizer");
   in.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
@@ -100,7 +105,11 @@ TrainInputs train_inputs(const config::Config& c) {
   if (rdt != adt)
     KS_FAIL("not supported yet: ", R, "dtype=", rdt, " with ", A, "megatron.dtype=", adt,
             " (the rollout reads the actor's weights in place; set both to the same dtype)");
-  // The critic runs on the actor's process grid.
+  // The critic runs on the actor's process grid, with the actor's model options.
+  const std::string cvocab_key = "critic.megatron.override_transformer_config.make_vocab_size_divisible_by";
+  if (in.critic && c.get_int(cvocab_key) != in.vocab_divisible_by)
+    KS_FAIL("not supported yet: ", cvocab_key, "=", c.get_int(cvocab_key), " differs from the actor's ",
+            in.vocab_divisible_by, " (the critic is built with the actor's model options)");
   const int64_t ctp = c.get_int("critic.megatron.tensor_model_parallel_size");
   const bool csp = c.get_bool("critic.megatron.override_transformer_config.sequence_parallel");
   if (in.critic && ctp != in.tp)
@@ -116,8 +125,11 @@ TrainInputs train_inputs(const config::Config& c) {
   const bool rsp = c.get_bool(F + "override_transformer_config.sequence_parallel") &&
                    c.get_bool(F + "sequence_parallel");
   const std::string rdt_ref = c.get_string(F + "dtype");
-  if (ref && (rtp_ref != in.tp || (in.tp > 1 && rsp != in.sequence_parallel) || rdt_ref != adt))
-    KS_FAIL("not supported yet: actor_rollout_ref.ref.megatron.{tensor_model_parallel_size, sequence_parallel, dtype} "
+  const int64_t rvocab = c.get_int(F + "override_transformer_config.make_vocab_size_divisible_by");
+  if (ref && (rtp_ref != in.tp || (in.tp > 1 && rsp != in.sequence_parallel) || rdt_ref != adt ||
+              rvocab != in.vocab_divisible_by))
+    KS_FAIL("not supported yet: actor_rollout_ref.ref.megatron.{tensor_model_parallel_size, sequence_parallel, dtype, "
+            "override_transformer_config.make_vocab_size_divisible_by} "
             "differing from the actor's (the reference model is the actor's copy on its process grid)");
   return in;
 }

@@ -296,6 +296,7 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
+  mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
   if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);

@@ -1,8 +1,5 @@
 #include "comm/world.h"
 
-#include <chrono>
-#include <thread>
-
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -132,13 +129,12 @@ void abort_world(const std::string& message) {
     auto launch = detect_launch();
     if (launch.is_ok()) rank = launch->rank;
   }
-  std::cerr << "kestrel: rank " << rank << ": " << message << std::endl;
+  // One write of the whole line: cerr is unbuffered, so piecewise insertion
+  // interleaved with other ranks' output in mpirun's merged stream (seen:
+  // "kestrel: rank " ... a gtest banner ... "1: abort demo ...").
+  const std::string line = "kestrel: rank " + std::to_string(rank) + ": " + message + "\n";
+  std::cerr << line << std::flush;
 #if defined(KESTREL_HAVE_MPI)
-  // mpirun forwards a rank's stderr through a pipe that MPI_Abort's kill can
-  // cut before it is read (seen on a loaded 2-core machine: the message was
-  // lost). The message is the one thing the user needs, so give the forwarder
-  // a moment to drain it before the job goes down.
-  if (mpi::is_active()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   mpi::abort(1);
 #endif
 }

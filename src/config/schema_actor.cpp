@@ -70,6 +70,9 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
     const std::string src = is_ref ? std::string(kActorMeg) + ".override_transformer_config." + key : meg + "." + key;
     b.k(key, key == "context_parallel_size" ? I : B, "${" + src + "}", s, doc).addable = true;
   };
+  add("make_vocab_size_divisible_by", I, "128", YES,
+      "Megatron's vocabulary padding: under tp > 1 a vocabulary tp does not divide is padded to a multiple of this "
+      "x tp (rows that never win, stripped on export); tp = 1 and divisible vocabularies are not padded.");
   // verl's defaults (engine/megatron.yaml).
   add("recompute_granularity", S, "null", NO, "Activation recompute: full layers or selective (attention core).",
       {"full", "selective"});

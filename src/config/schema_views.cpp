@@ -46,6 +46,8 @@ std::vector<ViewKey> logprobs_view() {
       {m + "sequence_parallel", "false",
        "Shard activations along the sequence between TP regions; --sequence-parallel sets it. "
        "kestrel logprobs: false (train: true)."},
+      {m + "override_transformer_config.make_vocab_size_divisible_by", "128",
+       "Under --tp N a vocabulary N does not divide is padded to a multiple of this x N (Megatron's rule)."},
       {std::string(R) + "log_prob_max_token_len_per_gpu", "4096",
        "Tokens packed into one scoring forward; --max-batch-tokens sets it. kestrel logprobs: 4096."},
   };

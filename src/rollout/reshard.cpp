@@ -46,6 +46,9 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   }
   model::ModelOptions mo;
   mo.dtype = dt;
+  // The same padded vocabulary rule as the training model (a copy with another
+  // rule would pad to another shape and not fit the shards).
+  mo.make_vocab_size_divisible_by = train.options().make_vocab_size_divisible_by;
   mo.parallel.tp = opts.tp ? opts.tp : comm::local_group("rollout_tp");
   mo.parallel.sequence_parallel = false;  // inference has no SP
   mo.max_positions = train.rope().cos.defined() ? train.rope().cos.size(0) : train.options().max_positions;

@@ -17,7 +17,7 @@ void score_log_probs(const model::CausalLM& model, const RolloutBatch& b, const 
     micro.push_back({std::move(packed.batch), std::move(grp), std::move(packed.rows)});
   }
   train::score_micro_batches(model, micro, [&](size_t g, const Tensor& logprob) {  // f32 [T]
-    const float* lp = logprob.data<float>();
+    const std::vector<float> lp = logprob.to_host<float>();  // [T]
     const std::vector<int64_t>& rows = micro[g].rows;
     size_t k = 0;
     for (int64_t i : micro[g].seqs)
