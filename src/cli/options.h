@@ -96,6 +96,11 @@ struct GenerateSettings {
 };
 GenerateSettings generate_settings(const config::Config& c);
 
+// The rollout engine's settings (actor_rollout_ref.rollout.*), for train and
+// generate alike. kv_cache_bytes is 0: the command sizes it from
+// gpu_memory_utilization and the model; max_model_len 0 when null.
+rollout::EngineConfig rollout_engine_config(const config::Config& c);
+
 struct LogprobsSettings {
   std::string model_path;
   DType dtype = DType::F32;

@@ -87,15 +87,9 @@ train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch
   return o;
 }
 
-GenerateSettings generate_settings(const config::Config& c) {
+rollout::EngineConfig rollout_engine_config(const config::Config& c) {
   const std::string R = "actor_rollout_ref.rollout.";
-  GenerateSettings g;
-  g.model_path = c.get_string_or("actor_rollout_ref.model.path", "");
-  if (g.model_path.empty()) KS_FAIL("kestrel generate: give the model folder: --model DIR (or actor_rollout_ref.model.path=DIR)");
-  g.tokenizer_path = c.get_string_or("actor_rollout_ref.model.tokenizer_path", "");
-  g.dtype = parse_compute_dtype(c.get_string(R + "dtype"), R + "dtype");
-  g.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
-  rollout::EngineConfig& e = g.engine;
+  rollout::EngineConfig e;
   e.block_size = c.get_int(R + "block_size");
   e.kv_cache_bytes = 0;  // the command sizes it from gpu_memory_utilization and the model
   e.max_num_batched_tokens = c.get_int(R + "max_num_batched_tokens");
@@ -105,6 +99,18 @@ GenerateSettings generate_settings(const config::Config& c) {
   e.preemption_mode = c.get_string(R + "preemption_mode");
   e.swap_space_gib = double(c.get_int(R + "swap_space"));
   e.max_model_len = c.get_int_or(R + "max_model_len", 0);
+  return e;
+}
+
+GenerateSettings generate_settings(const config::Config& c) {
+  const std::string R = "actor_rollout_ref.rollout.";
+  GenerateSettings g;
+  g.model_path = c.get_string_or("actor_rollout_ref.model.path", "");
+  if (g.model_path.empty()) KS_FAIL("kestrel generate: give the model folder: --model DIR (or actor_rollout_ref.model.path=DIR)");
+  g.tokenizer_path = c.get_string_or("actor_rollout_ref.model.tokenizer_path", "");
+  g.dtype = parse_compute_dtype(c.get_string(R + "dtype"), R + "dtype");
+  g.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
+  g.engine = rollout_engine_config(c);
   rollout::SamplingParams& sp = g.sampling;
   const double temperature = c.get_float(R + "temperature");
   sp.temperature = c.get_bool(R + "do_sample") ? temperature : 0.0;

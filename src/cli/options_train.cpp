@@ -165,15 +165,8 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.response_length = c.get_int(R + "response_length");
   o.max_prompt_length = c.get_int(R + "prompt_length");
   o.rollout_seed = uint64_t(c.get_int(R + "seed"));
-  o.engine.block_size = c.get_int(R + "block_size");
-  o.engine.max_num_batched_tokens = c.get_int(R + "max_num_batched_tokens");
-  o.engine.max_num_seqs = c.get_int(R + "max_num_seqs");
-  o.engine.enable_chunked_prefill = c.get_bool(R + "enable_chunked_prefill");
-  o.engine.enable_prefix_caching = c.get_bool(R + "enable_prefix_caching");
-  o.engine.preemption_mode = c.get_string(R + "preemption_mode");
-  o.engine.swap_space_gib = double(c.get_int(R + "swap_space"));
-  o.engine.max_model_len = c.get_int_or(R + "max_model_len", o.max_prompt_length + o.response_length);
-  o.engine.kv_cache_bytes = 0;  // the command sizes it: rollout.gpu_memory_utilization
+  o.engine = rollout_engine_config(c);
+  if (c.is_null(R + "max_model_len")) o.engine.max_model_len = o.max_prompt_length + o.response_length;
   o.val_n = c.get_int(R + "val_kwargs.n");
   const double val_temperature = c.get_float(R + "val_kwargs.temperature");
   o.val_temperature = c.get_bool(R + "val_kwargs.do_sample") ? val_temperature : 0.0;
