@@ -1,7 +1,8 @@
 #include "parallel/reshard.h"
 
 #include <algorithm>
-#include <cstring>
+
+#include "ops/copy.h"
 
 namespace kestrel::parallel {
 
@@ -55,10 +56,7 @@ void cut_shard_into(const Tensor& full, const ShardSpec& spec, int rank, int siz
   const Tensor pieces = full.view({out * size, w});
   Tensor d = dst.view({out, w});
   if (full.dtype() == dst.dtype()) {
-    const size_t bytes = size_t(w) * dtype_size(dst.dtype());
-    const char* src = static_cast<const char*>(pieces.raw());
-    char* out_p = static_cast<char*>(d.raw());
-    for (int64_t r = 0; r < out; ++r) std::memcpy(out_p + size_t(r) * bytes, src + size_t(r * size + rank) * bytes, bytes);
+    ops::copy_cols(full.view({out, size * w}), rank * w, d, 0, w);  // [out, n*w] -> [out, w]
     return;
   }
   for (int64_t r = 0; r < out; ++r) {

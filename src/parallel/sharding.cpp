@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/copy.h"
+
 namespace kestrel::parallel {
 
 const char* shard_kind_name(ShardKind k) {
@@ -105,16 +107,18 @@ Tensor shard_tensor(const Tensor& full, const ShardSpec& spec, int rank, int n, 
   const int64_t real_end = spec.kind == ShardKind::Row ? e : std::min(e, fs[0]);
   const Shape ss = shard_shape(fs, spec, n, name);
   Tensor out = real_end < e ? Tensor::zeros(ss, full.dtype(), cat) : Tensor::empty(ss, full.dtype(), cat);
-  const size_t es = dtype_size(full.dtype());
-  const char* src = static_cast<const char*>(full.raw());
-  char* dst = static_cast<char*>(out.raw());
   if (spec.kind != ShardKind::Row) {
+    // Rows [b, real_end) of the full tensor, viewed as [rows, inner], are the top of the shard.
     const int64_t inner = inner_of(fs, 1);
-    if (real_end > b) std::memcpy(dst, src + size_t(b * inner) * es, size_t((real_end - b) * inner) * es);
+    if (real_end > b) {
+      Tensor top = out.view({e - b, inner}).slice_rows(0, real_end - b);
+      top.copy_from(full.view({fs[0], inner}).slice_rows(b, real_end));
+    }
   } else {
+    // Columns [b, e) of every row: [rows, cols*inner] -> [rows, w].
     const int64_t rows = fs[0], cols = fs[1], inner = inner_of(fs, 2), w = (e - b) * inner;
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + size_t(r * w) * es, src + size_t(r * cols * inner + b * inner) * es, size_t(w) * es);
+    Tensor o = out.view({rows, w});
+    ops::copy_cols(full.view({rows, cols * inner}), b * inner, o, 0, w);
   }
   return out;
 }
@@ -125,23 +129,26 @@ Tensor gather_tensor(comm::ProcessGroup& tp, const Tensor& shard, const ShardSpe
   if (spec.kind == ShardKind::Replicated || n == 1) return shard.clone(cat);
   KS_CHECK(shard.shape() == shard_shape(full_shape, spec, n), "gather_tensor: shard ", shard.describe(),
            " does not match full shape ", shape_str(full_shape), " split ", shard_kind_name(spec.kind), " ", n, " ways");
-  const size_t es = dtype_size(shard.dtype());
-  std::vector<char> all(size_t(n) * shard.nbytes());
-  tp.all_gather(shard.raw(), all.data(), shard.numel(), shard.dtype());
+  // [n, shard numel]: every rank's shard, in rank order.
+  Tensor all = Tensor::empty({int64_t(n), shard.numel()}, shard.dtype(), MemCategory::Other);
+  tp.all_gather(shard, all);
   Tensor out = Tensor::empty(full_shape, shard.dtype(), cat);
-  char* dst = static_cast<char*>(out.raw());
   for (int r = 0; r < n; ++r) {
     auto [b, e] = block_of(full_shape, spec, r, n, "");
-    const char* src = all.data() + size_t(r) * shard.nbytes();
+    const Tensor piece = all.slice_rows(r, r + 1);  // [1, shard numel]
     if (spec.kind != ShardKind::Row) {
       // Replicated kv heads arrive from every replica; each copy is identical.
       // Vocabulary padding rows (past the full tensor's) are dropped.
       const int64_t inner = inner_of(full_shape, 1), real_end = std::min(e, full_shape[0]);
-      if (real_end > b) std::memcpy(dst + size_t(b * inner) * es, src, size_t((real_end - b) * inner) * es);
+      if (real_end > b) {
+        Tensor rows = out.view({full_shape[0], inner}).slice_rows(b, real_end);
+        rows.copy_from(piece.view({e - b, inner}).slice_rows(0, real_end - b));
+      }
     } else {
+      // Columns [b, e) of every row: [rows, w] -> [rows, cols*inner].
       const int64_t rows = full_shape[0], cols = full_shape[1], inner = inner_of(full_shape, 2), w = (e - b) * inner;
-      for (int64_t row = 0; row < rows; ++row)
-        std::memcpy(dst + size_t(row * cols * inner + b * inner) * es, src + size_t(row * w) * es, size_t(w) * es);
+      Tensor o = out.view({rows, cols * inner});
+      ops::copy_cols(piece.view({rows, w}), 0, o, b * inner, w);
     }
   }
   return out;

@@ -1,7 +1,5 @@
 #include "parallel/tp_attention.h"
 
-#include <cstring>
-
 #include "ops/attention.h"
 #include "ops/linear.h"
 
@@ -37,10 +35,13 @@ void reduce_kv_replica_grad(comm::ProcessGroup& tp, const TpHeads& heads, Tensor
     return;
   }
   const int64_t n_kv_total = tp.size() / heads.kv_replicas, per = partial.numel();
-  Tensor all = Tensor::zeros({n_kv_total * per}, DType::F32, MemCategory::Activations);  // [all kv heads, ...]
-  std::memcpy(all.data<float>() + heads.kv_head_begin * per, partial.raw(), size_t(per) * 4);
+  // [all kv heads, per]: this rank's kv head in its row, zeros elsewhere, so
+  // the sum over the group adds up the replicas of each head.
+  Tensor all = Tensor::zeros({n_kv_total, per}, DType::F32, MemCategory::Activations);
+  Tensor mine = all.slice_rows(heads.kv_head_begin, heads.kv_head_begin + 1);  // [1, per]
+  mine.copy_from(partial);
   tp.all_reduce(all, comm::ReduceOp::Sum);
-  std::memcpy(partial.raw(), all.data<float>() + heads.kv_head_begin * per, size_t(per) * 4);
+  partial.copy_from(mine);
   ops::add_inplace(grad, partial);
 }
 

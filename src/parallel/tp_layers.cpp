@@ -27,7 +27,7 @@ void check_rows_divisible(comm::ProcessGroup& tp, const Tensor& t, const char* w
 Tensor gather_sequence(comm::ProcessGroup& tp, const Tensor& local) {
   if (tp.size() == 1) return local;
   Tensor full = act(with_rows(local, local.size(0) * tp.size()), local.dtype());
-  tp.all_gather(local.raw(), full.raw(), local.numel(), local.dtype());
+  tp.all_gather(local, full);
   return full;
 }
 
