@@ -47,6 +47,13 @@ class ProcessGroup {
              " into ", recv.describe(), " over ", size(), " ranks");
     all_gather(send.raw(), recv.raw(), send.numel(), send.dtype());
   }
+  // send: size() * recv.numel() elements of recv's dtype; rank r receives the
+  // reduction of every rank's block r.
+  void reduce_scatter(const Tensor& send, Tensor& recv, ReduceOp op = ReduceOp::Sum) {
+    KS_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel() * size(), "reduce_scatter: ",
+             send.describe(), " into ", recv.describe(), " over ", size(), " ranks");
+    reduce_scatter(send.raw(), recv.raw(), recv.numel(), send.dtype(), op);
+  }
   // Counts in elements of the tensors' dtype; send and recv hold their sums.
   void all_to_allv(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                    const std::vector<int64_t>& recv_counts) {

@@ -35,7 +35,7 @@ Tensor reduce_scatter_sequence(comm::ProcessGroup& tp, const Tensor& full) {
   if (tp.size() == 1) return full;
   check_rows_divisible(tp, full, "reduce_scatter_sequence");
   Tensor local = act(with_rows(full, full.size(0) / tp.size()), full.dtype());
-  tp.reduce_scatter(full.raw(), local.raw(), local.numel(), full.dtype(), ReduceOp::Sum);
+  tp.reduce_scatter(full, local, ReduceOp::Sum);
   return local;
 }
 
@@ -92,7 +92,7 @@ void column_linear_bwd(comm::ProcessGroup& tp, bool sp, const Tensor& x_full, co
   ops::linear_bwd(x_full, w, dy, &partial, dw, db);
   KS_CHECK(dx->dtype() == DType::F32 && dx->numel() * tp.size() == partial.numel(),
            "column_linear_bwd: dx must be f32 [T/n, in], got ", dx->describe());
-  tp.reduce_scatter(partial.raw(), dx->raw(), dx->numel(), DType::F32, ReduceOp::Sum);
+  tp.reduce_scatter(partial, *dx, ReduceOp::Sum);
 }
 
 void row_linear_fwd(comm::ProcessGroup& tp, bool sp, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
@@ -143,7 +143,7 @@ void vocab_embedding_fwd(comm::ProcessGroup& tp, bool sp, const Tensor& ids, con
   Tensor e = act({ids.size(0), table.size(1)}, y.dtype());  // [T, D]
   ops::embedding_fwd(ids, table, e, vocab_start);
   KS_CHECK(y.numel() * tp.size() == e.numel(), "vocab_embedding_fwd: y must be [T/n, D], got ", y.describe());
-  tp.reduce_scatter(e.raw(), y.raw(), y.numel(), y.dtype(), ReduceOp::Sum);
+  tp.reduce_scatter(e, y, ReduceOp::Sum);
 }
 
 void vocab_embedding_bwd(comm::ProcessGroup& tp, bool sp, const Tensor& ids, const Tensor& dy, Tensor& dtable,
