@@ -117,9 +117,10 @@ int cmd_logprobs(const Args& argv) {
     }
     model::PackedBatch b = model::pack_sequences(group);
     model::TokenScores s = model::score_tokens(m, b);
-    const float* lp = s.logprob.data<float>();
-    const float* en = s.entropy.data<float>();
-    const int32_t* cu = b.cu_seqlens.data<int32_t>();
+    const std::vector<float> lpv = s.logprob.to_host<float>(), env = s.entropy.to_host<float>();  // [T]
+    const float* lp = lpv.data();
+    const float* en = env.data();
+    const std::vector<int32_t>& cu = b.host.cu_seqlens;
     for (size_t g = 0; g < group.size(); ++g) {
       nlohmann::json o;
       o["logprobs"] = std::vector<float>(lp + cu[g], lp + cu[g + 1] - 1);

@@ -1,35 +1,50 @@
 #include "model/batch.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 
 namespace kestrel::model {
 
 namespace {
 
-// Appends one sequence at rows [t, t + q.size()) with positions from `pos0`.
-void put_sequence(const std::vector<int32_t>& q, int32_t pos0, PackedBatch& b, int64_t& t, int64_t s) {
-  auto* ids = b.input_ids.data<int32_t>();
-  auto* pos = b.positions.data<int32_t>();
-  auto* tgt = b.targets.data<int32_t>();
-  for (size_t j = 0; j < q.size(); ++j, ++t) {
-    ids[t] = q[j];
-    pos[t] = pos0 + int32_t(j);
-    tgt[t] = j + 1 < q.size() ? q[j + 1] : -1;
+// Appends one sequence (sequence s, from row h.input_ids.size()) to the host
+// mirrors with positions from `pos0`.
+void put_sequence(const std::vector<int32_t>& q, int32_t pos0, PackedBatch& b) {
+  PackedBatch::Host& h = b.host;
+  for (size_t j = 0; j < q.size(); ++j) {
+    h.input_ids.push_back(q[j]);
+    h.positions.push_back(pos0 + int32_t(j));
+    h.targets.push_back(j + 1 < q.size() ? q[j + 1] : -1);
   }
-  b.cu_seqlens.data<int32_t>()[s + 1] = int32_t(t);
+  h.cu_seqlens.push_back(int32_t(h.input_ids.size()));
   b.max_seqlen = std::max<int64_t>(b.max_seqlen, int64_t(pos0) + int64_t(q.size()));
 }
 
-PackedBatch allocate(int64_t tokens, int64_t seqs) {
+PackedBatch start(int64_t tokens, int64_t seqs) {
   PackedBatch b;
   b.num_tokens = tokens;
   b.num_seqs = seqs;
-  b.input_ids = Tensor::empty({tokens}, DType::I32, MemCategory::Activations);
-  b.positions = Tensor::empty({tokens}, DType::I32, MemCategory::Activations);
-  b.targets = Tensor::empty({tokens}, DType::I32, MemCategory::Activations);
-  b.cu_seqlens = Tensor::empty({seqs + 1}, DType::I32, MemCategory::Activations);
-  b.cu_seqlens.data<int32_t>()[0] = 0;
+  b.host.input_ids.reserve(size_t(tokens));
+  b.host.positions.reserve(size_t(tokens));
+  b.host.targets.reserve(size_t(tokens));
+  b.host.cu_seqlens.reserve(size_t(seqs + 1));
+  b.host.cu_seqlens.push_back(0);
   return b;
+}
+
+// The tensors from the complete host mirrors.
+void upload(PackedBatch& b) {
+  const PackedBatch::Host& h = b.host;
+  KS_CHECK(int64_t(h.input_ids.size()) == b.num_tokens && int64_t(h.cu_seqlens.size()) == b.num_seqs + 1,
+           "pack: ", h.input_ids.size(), " tokens and ", h.cu_seqlens.size(), " offsets for ", b.num_tokens,
+           " tokens and ", b.num_seqs, " sequences");
+  const int64_t T = b.num_tokens, B = b.num_seqs;
+  b.input_ids = Tensor::from_host(h.input_ids, {T}, MemCategory::Activations);
+  b.positions = Tensor::from_host(h.positions, {T}, MemCategory::Activations);
+  b.targets = Tensor::from_host(h.targets, {T}, MemCategory::Activations);
+  b.cu_seqlens = Tensor::from_host(h.cu_seqlens, {B + 1}, MemCategory::Activations);
+  if (!h.prefix_of.empty()) b.prefix_of = Tensor::from_host(h.prefix_of, {B}, MemCategory::Activations);
 }
 
 }  // namespace
@@ -41,9 +56,9 @@ PackedBatch pack_sequences(const std::vector<std::vector<int32_t>>& seqs) {
     KS_CHECK(!seqs[i].empty(), "pack_sequences: sequence ", i, " is empty");
     total += int64_t(seqs[i].size());
   }
-  PackedBatch b = allocate(total, int64_t(seqs.size()));
-  int64_t t = 0;
-  for (size_t s = 0; s < seqs.size(); ++s) put_sequence(seqs[s], 0, b, t, int64_t(s));
+  PackedBatch b = start(total, int64_t(seqs.size()));
+  for (const auto& q : seqs) put_sequence(q, 0, b);
+  upload(b);
   return b;
 }
 
@@ -65,22 +80,24 @@ PackedBatch pack_prefix_groups(const std::vector<PrefixGroup>& groups) {
       ++n_seqs;
     }
   }
-  PackedBatch b = allocate(total, n_seqs);
-  if (shared) b.prefix_of = Tensor::empty({n_seqs}, DType::I32, MemCategory::Activations);
-  int32_t* pre = shared ? b.prefix_of.data<int32_t>() : nullptr;
-  int64_t t = 0, s = 0;
+  PackedBatch b = start(total, n_seqs);
+  std::vector<int32_t>& pre = b.host.prefix_of;  // stays empty when no group has a prefix
+  if (shared) pre.reserve(size_t(n_seqs));
+  int32_t s = 0;
   for (const auto& grp : groups) {
     int32_t parent = -1;
     if (!grp.prefix.empty()) {
-      parent = int32_t(s);
-      pre[s] = -1;
-      put_sequence(grp.prefix, 0, b, t, s++);
+      parent = s++;
+      pre.push_back(-1);
+      put_sequence(grp.prefix, 0, b);
     }
     for (const auto& c : grp.continuations) {
-      if (pre) pre[s] = parent;
-      put_sequence(c, int32_t(grp.prefix.size()), b, t, s++);
+      if (shared) pre.push_back(parent);
+      ++s;
+      put_sequence(c, int32_t(grp.prefix.size()), b);
     }
   }
+  upload(b);
   return b;
 }
 

@@ -18,6 +18,17 @@ struct PackedBatch {
   // its queries see all of p's keys first and its positions continue p's. The
   // samples of one prompt share the prompt's rows this way.
   Tensor prefix_of;
+  // Host mirrors of the tensors above, equal to them element for element
+  // (pack_sequences / pack_prefix_groups fill both; the tensors are built
+  // from these). Code on the host -- loss bookkeeping, row selections, index
+  // checks -- reads the mirror, never the tensor, which may live on a device.
+  struct Host {
+    std::vector<int32_t> input_ids;   // [T]
+    std::vector<int32_t> positions;   // [T]
+    std::vector<int32_t> cu_seqlens;  // [B+1]
+    std::vector<int32_t> targets;     // [T]
+    std::vector<int32_t> prefix_of;   // [B], or empty when prefix_of is undefined
+  } host;
   int64_t num_tokens = 0;
   int64_t num_seqs = 0;
   int64_t max_seqlen = 0;  // the largest position + 1 (a continuation counts its prefix)

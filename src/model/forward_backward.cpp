@@ -7,7 +7,6 @@
 // runs exactly the ops (and rounding) of the plain single-process model.
 // Shapes as model/train_exec.h: T tokens, Tp rows inside the tp regions, Tl
 // rows of the residual stream on this rank (hidden_rows()).
-#include <cstring>
 
 #include "model/train_exec.h"
 #include "model/transformer.h"
@@ -119,8 +118,8 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
              opts_.value_head ? "]" : "] (this rank's vocab columns)", ", got ", dout.describe());
     Tensor dlog = dout;  // [Tp, V/tp] ([Tp, 1] for values): padding rows get zero gradient
     if (Tp != T) {
-      dlog = Tensor::zeros({Tp, output_dim()}, DType::F32, MemCategory::Activations);
-      std::memcpy(dlog.raw(), dout.raw(), dout.nbytes());
+      dlog = Tensor::empty({Tp, output_dim()}, DType::F32, MemCategory::Activations);
+      ops::pad_rows(dout.view({T, output_dim()}), dlog);
     }
     Tensor dnorm = ex.grad_buf(GradBuf::DNorm, {Tp, D});  // [Tp, D] (partial under tp)
     if (opts_.value_head) {

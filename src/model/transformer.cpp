@@ -97,6 +97,15 @@ std::string value_model_config_json(const io::ModelConfig& cfg, bool bias) {
   return j.dump(2) + "\n";
 }
 
+// w = float(std * N(0, 1)) with element i drawn from Philox{seed, stream} at
+// counter i, rounded to w's dtype as copy_from rounds (nearest even).
+void fill_normal(Tensor& w, uint64_t seed, uint64_t stream, double std) {
+  const Philox rng{seed, stream};
+  std::vector<float> v(size_t(w.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(std * rng.normal(uint64_t(i)));
+  w.copy_from(Tensor::from_host(v, w.shape()));
+}
+
 }  // namespace
 
 CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)), opts_(std::move(opts)) {
@@ -237,8 +246,7 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
     } else {
       // Under tp the full tensor is drawn (same values as one process) and cut.
       Tensor full = tp.size() == 1 ? p->weight : Tensor::empty(p->full_shape, p->weight.dtype(), MemCategory::Other);
-      Philox rng{seed, stream};
-      for (int64_t i = 0; i < full.numel(); ++i) full.set(i, float(init_std * rng.normal(uint64_t(i))));
+      fill_normal(full, seed, stream, init_std);
       if (tp.size() > 1) p->weight = parallel::shard_tensor(full, p->shard, tp.rank(), tp.size(), p->name);
     }
   }
@@ -262,9 +270,7 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
       // An actor checkpoint: a fresh head, as HF's _init_weights (normal
       // weight, zero bias). Replicated: every tp rank draws the same values.
       if (p == &m->score_bias_) continue;  // zeros already
-      Philox rng{o.value_head_seed, 0};
-      for (int64_t i = 0; i < p->weight.numel(); ++i)
-        p->weight.set(i, float(fc.initializer_range * rng.normal(uint64_t(i))));
+      fill_normal(p->weight, o.value_head_seed, 0, fc.initializer_range);
       continue;
     }
     // Every rank reads the full tensor and keeps its shard (mmap'd files: only

@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "model/batch.h"
+#include "ops/copy.h"
 #include "train/checkpoint.h"
 
 namespace kestrel::rl {
@@ -44,11 +45,19 @@ train::ValueObjective value_objective(const RolloutBatch& b, const std::vector<i
         G.push_back(returns[size_t(t)]);
       }
     }
-    for (int64_t r : rows) vpred.push_back(double(v.get(r)));  // v: [T, 1]
+    const std::vector<float> vh = v.to_float_vector();  // v: [T, 1]
+    for (int64_t r : rows) vpred.push_back(double(vh[size_t(r)]));
     const Ragged L = Ragged::from_lengths(lens);
     const ValueLossOutput out = value_loss(L, vpred, old, G, nullptr, cliprange_value, scope);
-    float* d = dv.data<float>();  // [T, 1]: 0 on prompt rows
-    for (size_t k = 0; k < rows.size(); ++k) d[rows[k]] = float(out.dloss_dvalue[k]);
+    // dv [T, 1] stays 0 on prompt rows: the response rows' gradients are scattered in.
+    const int64_t n = int64_t(rows.size());
+    std::vector<float> d(rows.size());
+    std::vector<int32_t> at(rows.size());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      d[k] = float(out.dloss_dvalue[k]);
+      at[k] = int32_t(rows[k]);
+    }
+    if (n > 0) ops::scatter_rows(Tensor::from_host(d, {n, 1}), Tensor::from_host(at, {n}), dv);
     if (totals) {
       const double n = double(rows.size());
       totals->loss += out.loss;
@@ -90,9 +99,10 @@ void values_of(const model::CausalLM& critic, const RolloutBatch& b, const std::
   }
   train::score_micro_batches(critic, micro, [&](size_t g, const Tensor& v) {  // v: [T, 1]
     const std::vector<int64_t>& rows = micro[g].rows;
+    const std::vector<float> vh = v.to_float_vector();
     size_t k = 0;
     for (int64_t i : micro[g].seqs)
-      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(v.get(rows[k++]));
+      for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) out[size_t(t)] = double(vh[size_t(rows[k++])]);
   });
 }
 

@@ -226,14 +226,15 @@ std::vector<RequestOutput> EngineImpl::step() {
   // logprob = logit - lse is computed exactly as in scoring.
   Tensor lse = Tensor::empty({S}, DType::F32, MemCategory::Activations);
   {
-    Tensor none = Tensor::empty({S}, DType::I32, MemCategory::Activations);
-    for (int64_t i = 0; i < S; ++i) none.data<int32_t>()[i] = -1;
+    const Tensor none = Tensor::from_host(std::vector<int32_t>(size_t(S), -1), {S}, MemCategory::Activations);
     Tensor lp = Tensor::empty({S}, DType::F32, MemCategory::Activations);
     ops::logprob_entropy_fwd(logits, none, lp, nullptr, lse);
   }
-  const Tensor lf = logits.dtype() == DType::F32 ? logits : logits.to(DType::F32, MemCategory::Activations);
-  const float* L = lf.data<float>();
-  const float* lse_p = lse.data<float>();
+  // Host copies for the sampler: [S, V] logits (bf16/f16 widen exactly) and [S] lse.
+  const std::vector<float> lf = logits.dtype() == DType::F32 ? logits.to_host<float>() : logits.to_float_vector();
+  const std::vector<float> lse_h = lse.to_host<float>();
+  const float* L = lf.data();
+  const float* lse_p = lse_h.data();
 
   // Which scheduled sequences sample, and how many samples each row feeds.
   std::vector<Sequence*> row_seq;

@@ -3,7 +3,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "ops/ops.h"
 #include "ops/paged_attention.h"
@@ -16,11 +15,7 @@ namespace {
 
 const Tensor* bias_of(const model::Param& p) { return p.weight.defined() ? &p.weight : nullptr; }
 Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
-Tensor ints(const std::vector<int32_t>& v, Shape s) {
-  Tensor t = Tensor::empty(std::move(s), DType::I32, MemCategory::Activations);
-  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(int32_t));
-  return t;
-}
+Tensor ints(const std::vector<int32_t>& v, Shape s) { return Tensor::from_host(v, std::move(s), MemCategory::Activations); }
 
 }  // namespace
 
@@ -144,19 +139,14 @@ Tensor ModelRunner::gather_vocab(const Tensor& local) {
   const int n = tp.size();
   const int64_t S = local.size(0), Vl = local.size(1), V = m_.config().vocab_size;
   Tensor blocks = act({n, S, Vl}, local.dtype());  // [tp, S, V/tp]: rank r's vocab slice r
-  tp.all_gather(local.raw(), blocks.raw(), local.numel(), local.dtype());
+  tp.all_gather(local, blocks);
   // [S, V]: the vocabulary padding columns (past V, on the last ranks) are
   // dropped, so no caller can sample them.
   Tensor full = act({S, V}, local.dtype());
-  const size_t es = dtype_size(local.dtype()), row = size_t(Vl) * es;
-  const char* src = static_cast<const char*>(blocks.raw());
-  char* dst = static_cast<char*>(full.raw());
   for (int r = 0; r < n; ++r) {
     const int64_t cols = std::min<int64_t>(Vl, V - int64_t(r) * Vl);
     if (cols <= 0) break;
-    for (int64_t s = 0; s < S; ++s)
-      std::memcpy(dst + (size_t(s) * size_t(V) + size_t(r) * size_t(Vl)) * es,
-                  src + size_t(r) * size_t(S) * row + size_t(s) * row, size_t(cols) * es);
+    ops::copy_cols(blocks.slice_rows(r, r + 1).view({S, Vl}), 0, full, int64_t(r) * Vl, cols);
   }
   return full;
 }
@@ -187,11 +177,8 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   if (S == 0) return Tensor();
 
   // Final norm and lm_head on the sampled rows only (the norm is per row).
-  Tensor xs = act({S, D}, dt);
-  const size_t row = size_t(D) * dtype_size(dt);
-  for (int64_t i = 0; i < S; ++i)
-    std::memcpy(static_cast<char*>(xs.raw()) + size_t(i) * row,
-                static_cast<const char*>(x.raw()) + size_t(b.sample_rows[size_t(i)]) * row, row);
+  Tensor xs = act({S, D}, dt);  // [S, D]: x's rows b.sample_rows
+  ops::gather_rows(x, ints(b.sample_rows, {S}), xs);
   Tensor normf = act({S, D}, dt), rstdf = act({S}, DType::F32);
   ops::rmsnorm_fwd(xs, m_.final_norm().weight, float(c.rms_norm_eps), normf, rstdf);
   Tensor logits = act({S, m_.local_vocab()}, dt);  // [S, V/tp]: this rank's vocab rows

@@ -100,7 +100,7 @@ std::map<std::string, double> SftTrainer::validate() {
       const model::PackedBatch b = model::pack_sequences(gather_ids(val_, grp));
       // The vocab-parallel scoring under tp (each rank holds [T, V/tp] logits).
       const model::TokenScores scores = model::score_tokens(model_, b);  // f32 [T]
-      const float* l = scores.logprob.data<float>();
+      const std::vector<float> l = scores.logprob.to_host<float>();
       int64_t t = 0;
       for (int64_t i : grp) {
         const auto& m = val_[size_t(i)].loss_mask;

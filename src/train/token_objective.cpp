@@ -15,16 +15,17 @@ ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBa
   Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   model::logprob_entropy_fwd(m, logits, b.targets, r.logprob, &r.entropy, lse);
 
-  Tensor dlogprob = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
-  Tensor dentropy = Tensor::zeros({T}, DType::F32, MemCategory::Activations);
-  TokenView view{r.logprob.data<float>(), r.entropy.data<float>(), T};
-  r.loss = objective(view, dlogprob.data<float>(), dentropy.data<float>());
+  // The objective runs on the host: [T] copies of the scores in, of the gradients out.
+  const std::vector<float> lp = r.logprob.to_host<float>(), ent = r.entropy.to_host<float>();
+  std::vector<float> dlp(size_t(T), 0.f), dent(size_t(T), 0.f);
+  TokenView view{lp.data(), ent.data(), T};
+  r.loss = objective(view, dlp.data(), dent.data());
+  const Tensor dlogprob = Tensor::from_host(dlp, {T}, MemCategory::Activations);
+  const Tensor dentropy = Tensor::from_host(dent, {T}, MemCategory::Activations);
 
   bool any_entropy = false;
-  if (need_entropy_grad) {
-    const float* de = dentropy.data<float>();
-    for (int64_t t = 0; t < T && !any_entropy; ++t) any_entropy = de[t] != 0.f;
-  }
+  if (need_entropy_grad)
+    for (int64_t t = 0; t < T && !any_entropy; ++t) any_entropy = dent[size_t(t)] != 0.f;
   // f32 logits are overwritten by their gradient: the single [T, V] buffer
   // (under tensor parallelism, this rank's [T, V/tp] shard).
   Tensor dlogits = logits.dtype() == DType::F32 ? logits
