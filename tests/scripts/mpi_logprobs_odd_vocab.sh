@@ -7,6 +7,7 @@
 # 1001 equal one process (tests/mpi/vocab_padding_test.cpp).
 # usage: bash tests/scripts/mpi_logprobs_odd_vocab.sh <kestrel-binary> <build-dir>
 set -euo pipefail
+source "$(dirname "$0")/lib/compare_jsonl.sh"
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
 if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
@@ -35,16 +36,5 @@ JSONL
 "$KESTREL" logprobs --model "$MODEL" --input "$TMP/in.jsonl" --output "$TMP/single.jsonl"
 timeout -k 5 120 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" logprobs --model "$MODEL" --tp 2 \
   --input "$TMP/in.jsonl" --output "$TMP/tp2.jsonl" || fail "kestrel logprobs --tp 2 on vocab 1001"
-[[ -s "$TMP/tp2.jsonl" ]] || fail "the --tp 2 run wrote no output"
-[[ $(wc -l <"$TMP/single.jsonl") -eq $(wc -l <"$TMP/tp2.jsonl") ]] || fail "line counts differ"
-# Numbers only, one line per input line (keys removed), compared relative to each line's max |value|.
-nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
-paste -d '|' <(nums "$TMP/single.jsonl") <(nums "$TMP/tp2.jsonl") | awk -F'|' '
-  { na = split($1, a, " "); nb = split($2, b, " ");
-    if (na != nb) { printf "line %d: %d vs %d numbers\n", NR, na, nb; bad = 1; next }
-    scale = 1e-30; err = 0;
-    for (i = 1; i <= na; i++) { v = a[i] + 0; if (v < 0) v = -v; if (v > scale) scale = v;
-                                d = a[i] - b[i]; if (d < 0) d = -d; if (d > err) err = d }
-    if (err > 1e-5 * scale) { printf "line %d: max error %g, scale %g\n", NR, err, scale; bad = 1 } }
-  END { exit bad }' || fail "--tp 2 output differs from the single-process output"
+same_numbers "$TMP/single.jsonl" "$TMP/tp2.jsonl" 1e-5 || fail "--tp 2 output differs from the single-process output"
 echo "mpi_logprobs_odd_vocab: passed (--tp 2 on vocab 1001 under mpirun -np 2 equals one process)"
