@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "data/loader.h"
+#include "cli/loader_source.h"
 #include "rl/trainer.h"
 #include "rollout/tiny_model.h"
 
@@ -40,19 +40,6 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   for (size_t t = 0; t < got.size(); ++t) EXPECT_NEAR(got[t], want[t], 1e-5 * (1 + std::abs(want[t]))) << what << " " << t;
 }
 
-class Source final : public train::BatchSource {
- public:
-  Source() : l_(3, 3, false, 1) {}
-  std::vector<int64_t> next_batch() override { return l_.next_batch(); }
-  int64_t batches_per_epoch() const override { return l_.batches_per_epoch(); }
-  int64_t epoch() const override { return l_.epoch(); }
-  nlohmann::json state() const override { return l_.state().to_json(); }
-  Status restore(const nlohmann::json&, const std::string&) override { return Status::ok(); }
-
- private:
-  data::EpochLoader l_;
-};
-
 TEST(EngineMicroBatches, LogProbMicroBatchSizeGivesTheTokenBudgetLogProbs) {
   const RolloutBatch base = batch();
   std::vector<double> want;
@@ -71,7 +58,7 @@ TEST(EngineMicroBatches, LogProbMicroBatchSizeGivesTheTokenBudgetLogProbs) {
     std::vector<RlPrompt> prompts(3);
     for (int i = 0; i < 3; ++i) prompts[size_t(i)].ids = base.prompts[size_t(2 * i)];
     auto rm = RewardManager::create({}).value();
-    RlTrainer t(*m, nullptr, prompts, {}, std::make_unique<Source>(), *rm,
+    RlTrainer t(*m, nullptr, prompts, {}, std::make_unique<cli::LoaderSource>(3, 3, false, 1), *rm,
                 [](const std::vector<int32_t>&) { return std::string(); }, o, nullptr);
     RolloutBatch b = base;
     t.compute_log_probs(b, true, false);

@@ -3,25 +3,12 @@
 // the version the rollout engine read, synced after each update.
 #include <gtest/gtest.h>
 
-#include "data/loader.h"
+#include "cli/loader_source.h"
 #include "rl/trainer.h"
 #include "rollout/tiny_model.h"
 
 namespace kestrel::rl {
 namespace {
-
-class Source final : public train::BatchSource {
- public:
-  Source() : l_(4, 2, false, 1) {}
-  std::vector<int64_t> next_batch() override { return l_.next_batch(); }
-  int64_t batches_per_epoch() const override { return l_.batches_per_epoch(); }
-  int64_t epoch() const override { return l_.epoch(); }
-  nlohmann::json state() const override { return l_.state().to_json(); }
-  Status restore(const nlohmann::json&, const std::string&) override { return Status::ok(); }
-
- private:
-  data::EpochLoader l_;
-};
 
 TEST(EngineWeightVersion, RolloutBatchesCarryTheWeightsThatGeneratedThem) {
   auto m = rollout::testing::tiny_model(false, DType::F32, 11);
@@ -41,7 +28,7 @@ TEST(EngineWeightVersion, RolloutBatchesCarryTheWeightsThatGeneratedThem) {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4 + i; ++j) prompts[size_t(i)].ids.push_back(int32_t((i * 37 + j * 11) % 128));
   auto rm = RewardManager::create({}).value();
-  RlTrainer t(*m, nullptr, prompts, {}, std::make_unique<Source>(), *rm,
+  RlTrainer t(*m, nullptr, prompts, {}, std::make_unique<cli::LoaderSource>(4, 2, false, 1), *rm,
               [](const std::vector<int32_t>& ids) { return std::string(ids.size() % 3, 'a'); }, o, nullptr);
   t.set_reward_function([](const RewardRequest& r) { return double(r.solution_str.size()); });
   EXPECT_EQ(t.actor_weight_version(), 0);

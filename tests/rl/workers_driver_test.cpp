@@ -4,25 +4,12 @@
 // worker the RlOptions fields it reads.
 #include <gtest/gtest.h>
 
-#include "data/loader.h"
+#include "cli/loader_source.h"
 #include "rl/trainer.h"
 #include "rollout/tiny_model.h"
 
 namespace kestrel::rl {
 namespace {
-
-class Source final : public train::BatchSource {
- public:
-  Source() : l_(4, 2, false, 1) {}
-  std::vector<int64_t> next_batch() override { return l_.next_batch(); }
-  int64_t batches_per_epoch() const override { return l_.batches_per_epoch(); }
-  int64_t epoch() const override { return l_.epoch(); }
-  nlohmann::json state() const override { return l_.state().to_json(); }
-  Status restore(const nlohmann::json&, const std::string&) override { return Status::ok(); }
-
- private:
-  data::EpochLoader l_;
-};
 
 RlOptions options() {
   RlOptions o;
@@ -76,7 +63,7 @@ TEST(WorkersDriver, TrainStepEqualsTheWorkersComposedByHand) {
   RlOptions o = options();
   auto driven = rollout::testing::tiny_model(false, DType::F32, 11);
   auto rm = RewardManager::create({}).value();
-  RlTrainer t(*driven, nullptr, prompts(), {}, std::make_unique<Source>(), *rm, decode, o, nullptr);
+  RlTrainer t(*driven, nullptr, prompts(), {}, std::make_unique<cli::LoaderSource>(4, 2, false, 1), *rm, decode, o, nullptr);
   t.set_reward_function(reward);
   const auto want = t.train_step();
 
@@ -88,7 +75,7 @@ TEST(WorkersDriver, TrainStepEqualsTheWorkersComposedByHand) {
   RewardWorker rewards(*rm, o.parallel.world);
   rewards.set_function(reward);
   RolloutWorker rollout(actor.model(), [&] { return actor.weight_version(); }, w.rollout, o.parallel);
-  Source src;
+  cli::LoaderSource src(4, 2, false, 1);
   const std::vector<int64_t> idx = src.next_batch();
   const std::vector<RlPrompt> all = prompts();
   std::vector<std::vector<int32_t>> ids;
