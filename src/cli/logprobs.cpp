@@ -20,6 +20,8 @@
 namespace kestrel::cli {
 
 int cmd_logprobs(const Args& argv) {
+  // The help's defaults come from the logprobs key table (one source of truth).
+  const auto table_default = [](const std::string& key) { return config::logprobs_schema().find(key)->default_yaml; };
   ParsedArgs args("logprobs",
                   {{"model", "HF model folder (config.json + safetensors)"},
                    {"input", "JSONL, one {\"input_ids\": [...]} per line"},
@@ -27,9 +29,11 @@ int cmd_logprobs(const Args& argv) {
                    {"dtype", "compute dtype f32 | bf16 (actor_rollout_ref.actor.megatron.dtype)", true, "f32"},
                    {"threads", "CPU threads (0 = all cores)", true, "0"},
                    {"max-batch-tokens", "tokens packed into one forward pass "
-                                        "(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu)", true, "4096"},
+                                        "(actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu)", true,
+                    table_default("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")},
                    {"tp", "tensor-parallel size, under mpirun -np N with N a multiple of it "
-                          "(actor_rollout_ref.actor.megatron.tensor_model_parallel_size)", true, "1"},
+                          "(actor_rollout_ref.actor.megatron.tensor_model_parallel_size)", true,
+                    table_default("actor_rollout_ref.actor.megatron.tensor_model_parallel_size")},
                    {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""},
                    {"config", "YAML file of the keys below", true, ""}},
                   argv);
