@@ -1,6 +1,7 @@
 // Rule-based rewards, chosen per data_source as verl's default_compute_score
-// does: GSM8K '####' answers, MATH-style \boxed{} answers, and the built-in
-// arith task.
+// does (the scorers themselves live in rl/reward_score/scorers.h: gsm8k,
+// MATH, math_dapo, searchR1), and the built-in arith task. These are the
+// float views of them the CLI and validation use.
 #pragma once
 #include <optional>
 #include <string>
@@ -31,8 +32,8 @@ double arith_score(const std::string& text, const std::string& ground_truth);
 // correct arithmetic. Validation accuracy stays arith_score (exact match).
 double arith_step_credit_score(const std::string& text, const std::string& ground_truth, double credit);
 
-// Dispatch by data_source (openai/gsm8k, lighteval/MATH and DigitalLearningGmbH/MATH-lighteval,
-// arith); std::nullopt when no rule is registered for it.
+// The score of reward_score::default_compute_score (a dict result's "score");
+// std::nullopt when no rule is registered for the data source.
 std::optional<double> rule_score(const std::string& data_source, const std::string& text,
                                  const std::string& ground_truth);
 
