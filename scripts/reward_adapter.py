@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Serve a verl-style Python reward function over Kestrel's JSON-lines reward protocol.
 
-    python3 scripts/reward_adapter.py --path my_reward.py --name compute_score [--kwargs '{"k": 1}'] [--check]
+    python3 scripts/reward_adapter.py --path my_reward.py --name compute_score [--kwargs '{"k": 1}'] [--check] [--batch]
 
 The function is verl's custom_reward_function:
 
@@ -9,6 +9,14 @@ The function is verl's custom_reward_function:
 
 called with keyword arguments (as verl's NaiveRewardManager does), plus the
 --kwargs JSON object (custom_reward_function.reward_kwargs).
+
+With --batch (reward_model.reward_manager=batch) it is verl's batch function
+
+    def compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list
+
+called once per batch: Kestrel sends a line {"batch": B} before the B request
+lines, and the list's items (floats or dicts) are answered in order. An
+exception, or a result that is not a list of B items, fails all B answers.
 
 Protocol: one request per stdin line
     {"id": 3, "data_source": ..., "solution_str": ..., "ground_truth": ..., "extra_info": ...}
@@ -53,17 +61,64 @@ def load_function(path, name):
     return fn
 
 
-def check_signature(fn, name, kwargs):
+def check_signature(fn, name, kwargs, batch=False):
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # builtins etc.: nothing to check
+    args = ("data_sources", "solution_strs", "ground_truths", "extra_infos") if batch else (
+        "data_source", "solution_str", "ground_truth", "extra_info")
     try:
-        sig.bind(data_source="", solution_str="", ground_truth="", extra_info=None, **kwargs)
+        sig.bind(**{a: None for a in args}, **kwargs)
     except TypeError as e:
         raise RuntimeError(
-            f"'{name}{sig}' cannot be called as {name}(data_source=..., solution_str=..., ground_truth=..., "
-            f"extra_info=...{', ' + ', '.join(k + '=...' for k in kwargs) if kwargs else ''}): {e}")
+            f"'{name}{sig}' cannot be called as {name}({', '.join(a + '=...' for a in args)}"
+            f"{', ' + ', '.join(k + '=...' for k in kwargs) if kwargs else ''}): {e}")
+
+
+def error_line(req_id, e):
+    print(f"reward_adapter: request id {req_id}: {type(e).__name__}: {e}", file=sys.stderr)
+    if not isinstance(e, ValueError):
+        traceback.print_exc(file=sys.stderr)
+    return json.dumps({"id": req_id, "score": None, "error": f"{type(e).__name__}: {e}"}, default=repr)
+
+
+def answer_line(req_id, result):
+    return json.dumps(to_answer(req_id, result), ensure_ascii=False, allow_nan=False, default=repr)
+
+
+def serve_batch(fn, kwargs, n, lines, proto):
+    """One call of the batch function for the n request lines that follow a {"batch": n} header."""
+    reqs = []
+    for _ in range(n):
+        raw = next(lines, None)
+        if raw is None:
+            return False
+        try:
+            reqs.append(json.loads(raw))
+        except Exception:  # noqa: BLE001 - answered below as a failed batch
+            reqs.append({})
+    ids = [r.get("id") for r in reqs]
+    try:
+        results = fn(data_sources=[r.get("data_source") for r in reqs],
+                     solution_strs=[r.get("solution_str") for r in reqs],
+                     ground_truths=[r.get("ground_truth") for r in reqs],
+                     extra_infos=[r.get("extra_info") for r in reqs], **kwargs)
+        results = list(results)
+        if len(results) != n:
+            raise ValueError(f"the batch function returned {len(results)} results for {n} requests")
+    except Exception as e:  # noqa: BLE001
+        out = [error_line(i, e) for i in ids]
+    else:
+        out = []
+        for i, res in zip(ids, results):
+            try:
+                out.append(answer_line(i, res))
+            except Exception as e:  # noqa: BLE001
+                out.append(error_line(i, e))
+    proto.write("\n".join(out) + "\n")
+    proto.flush()
+    return True
 
 
 def to_answer(req_id, result):
@@ -94,6 +149,7 @@ def main():
     ap.add_argument("--name", default="compute_score", help="function name in --path")
     ap.add_argument("--kwargs", default="{}", help="JSON object of extra keyword arguments")
     ap.add_argument("--check", action="store_true", help="load and check the function, then exit")
+    ap.add_argument("--batch", action="store_true", help="call a batch function once per {\"batch\": B} group")
     args = ap.parse_args()
 
     # Keep the protocol on a private copy of stdout; fd 1 becomes stderr so
@@ -107,7 +163,7 @@ def main():
         if not isinstance(kwargs, dict):
             raise RuntimeError(f"--kwargs must be a JSON object, got {args.kwargs}")
         fn = load_function(args.path, args.name)
-        check_signature(fn, args.name, kwargs)
+        check_signature(fn, args.name, kwargs, batch=args.batch)
     except Exception as e:  # noqa: BLE001 - report anything the user's module raises
         traceback.print_exc(file=sys.stderr)
         print(f"reward_adapter: {e}", file=sys.stderr)
@@ -115,8 +171,17 @@ def main():
     if args.check:
         return 0
 
-    for raw in sys.stdin.buffer:
-        if not raw.strip():
+    lines = (raw for raw in sys.stdin.buffer if raw.strip())
+    for raw in lines:
+        if args.batch:
+            try:
+                header = json.loads(raw)
+                n = int(header["batch"])
+            except Exception as e:  # noqa: BLE001
+                print(f"reward_adapter: --batch expects a {{\"batch\": B}} line, got {raw[:80]!r}: {e}", file=sys.stderr)
+                return 1
+            if not serve_batch(fn, kwargs, n, lines, proto):
+                return 0
             continue
         req_id = None
         try:
@@ -124,13 +189,9 @@ def main():
             req_id = req.get("id")
             result = fn(data_source=req.get("data_source"), solution_str=req.get("solution_str"),
                         ground_truth=req.get("ground_truth"), extra_info=req.get("extra_info"), **kwargs)
-            answer = to_answer(req_id, result)
-            line = json.dumps(answer, ensure_ascii=False, allow_nan=False, default=repr)
+            line = answer_line(req_id, result)
         except Exception as e:  # noqa: BLE001
-            print(f"reward_adapter: request id {req_id}: {type(e).__name__}: {e}", file=sys.stderr)
-            if not isinstance(e, ValueError):
-                traceback.print_exc(file=sys.stderr)
-            line = json.dumps({"id": req_id, "score": None, "error": f"{type(e).__name__}: {e}"}, default=repr)
+            line = error_line(req_id, e)
         proto.write(line + "\n")
         proto.flush()
     return 0

@@ -1,6 +1,7 @@
 // kestrel train's option builders: ppo_trainer keys -> TrainInputs,
 // rl::RlOptions, rl::CriticOptions (see options.h).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "cli/options.h"
@@ -72,7 +73,11 @@ TrainInputs train_inputs(const config::Config& c) {
   auto vd = data::rl_dataset_options(c, true);
   if (!vd) KS_FAIL(vd.status().message());
   in.val_data = std::move(vd).value();
-  in.train_batch_size = c.get_int("data.train_batch_size");
+  // The data loader gives generation batches: data.gen_batch_size prompts
+  // (the DAPO recipe's key; its default is data.train_batch_size).
+  in.train_batch_size = c.get_int("data.gen_batch_size");
+  if (in.train_batch_size < 1)
+    KS_FAIL(c.origin("data.gen_batch_size"), ": data.gen_batch_size must be >= 1, got ", in.train_batch_size);
   in.shuffle = c.get_bool("data.shuffle");
   in.data_seed = data::data_seed(c);
   in.reward = rl::reward_options_from_config(c);
@@ -157,6 +162,18 @@ optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::s
 rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   rl::RlOptions o;
   o.train_batch_size = c.get_int("data.train_batch_size");
+  o.gen_batch_size = c.get_int("data.gen_batch_size");
+  o.filter_groups.enable = c.get_bool("algorithm.filter_groups.enable");
+  o.filter_groups.metric = c.get_string_or("algorithm.filter_groups.metric", "");
+  o.filter_groups.max_num_gen_batches = c.get_int("algorithm.filter_groups.max_num_gen_batches");
+  if (o.filter_groups.enable && o.filter_groups.metric.empty())
+    KS_FAIL(c.origin("algorithm.filter_groups.metric"),
+            ": algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric (acc, score, seq_reward, "
+            "seq_final_reward, or a reward_extra_info key)");
+  if (!o.filter_groups.enable && o.gen_batch_size != o.train_batch_size)
+    std::fprintf(stderr, "train: data.gen_batch_size=%lld differs from data.train_batch_size=%lld without "
+                         "algorithm.filter_groups.enable: each step trains on %lld prompts (as verl does)\n",
+                 (long long)o.gen_batch_size, (long long)o.train_batch_size, (long long)o.gen_batch_size);
   o.n = c.get_int(R + "n");
   const double temperature = c.get_float(R + "temperature");
   o.temperature = c.get_bool(R + "do_sample") ? temperature : 0.0;
@@ -209,6 +226,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.clip_grad = c.get_float(A + "optim.clip_grad");
   const int64_t epochs = c.get_int("trainer.total_epochs");
   o.total_steps = c.get_int_or("trainer.total_training_steps", batches_per_epoch * epochs);
+  if (o.filter_groups.enable) o.total_epochs = epochs;
   o.lr = lr_schedule_config(c, A, o.total_steps);
   o.use_kl_in_reward = c.get_bool("algorithm.use_kl_in_reward");
   o.kl_penalty = c.get_string("algorithm.kl_penalty");

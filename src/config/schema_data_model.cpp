@@ -26,6 +26,10 @@ void declare_data_and_model(Builder& b) {
   b.k("max_response_length", I, "512", YES, "Maximum generated response length in tokens.");
   b.k("train_batch_size", I, "1024", YES,
       "Prompts per training step; responses per step = train_batch_size * actor_rollout_ref.rollout.n.");
+  b.k("gen_batch_size", I, "${data.train_batch_size}", YES,
+      "Prompts per generation batch (DAPO recipe): each batch the data loader gives; with "
+      "algorithm.filter_groups.enable batches are generated until data.train_batch_size groups are kept, else a step "
+      "trains on the whole generation batch.");
   b.k("val_batch_size", I, "null", NOP,
       "Prompts per validation batch; deprecated in verl, where validation runs the whole set in one batch, as "
       "Kestrel's does.");

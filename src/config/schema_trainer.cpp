@@ -30,17 +30,35 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
   b.k("micro_batch_size_per_gpu", I, "null", NO, "Sequences per reward-model forward on one rank.");
   b.k("max_length", I, "null", NO, "Maximum reward-model input length.");
-  b.k("reward_manager", S, "naive", YES, "How rule-based rewards are computed and placed on tokens.",
-      {"naive", "prime", "batch", "dapo"}, {"naive"});
+  b.k("reward_manager", S, "naive", YES,
+      "verl's reward manager: naive (one response at a time), dapo (naive + overlong penalty, acc logged), batch "
+      "(one call of a batch function per batch; needs custom_reward_function.path), prime (naive without "
+      "reward_extra_info; a dict result zeroes the batch), remote (= naive).",
+      {"naive", "prime", "batch", "dapo", "remote", "rate_limited"}, {"naive", "prime", "batch", "dapo", "remote"});
   b.k("launch_reward_fn_async", B, "false", NO, "Compute rewards in the background during the old-log-prob pass.");
   b.k("use_reward_loop", B, "true", NOP, "Compute rewards in verl's reward loop; Kestrel computes them in-process.");
   b.k("num_workers", I, "1", NO, "Reward-loop workers.");
   b.k("sandbox_fusion.url", S, "null", NO, "Code-execution sandbox endpoint.");
   b.k("sandbox_fusion.max_concurrent", I, "64", NO, "Concurrent sandbox requests.");
   b.k("sandbox_fusion.memory_limit_mb", I, "1024", NO, "Sandbox memory limit.");
-  b.k("overlong_buffer.enable", B, "false", NO, "DAPO overlong penalty.");
-  b.k("overlong_buffer.len", I, "0", NO, "DAPO overlong buffer length L_buf.");
-  b.k("overlong_buffer.penalty_factor", F, "0.0", NO, "DAPO penalty: min(-(L - (L_max - L_buf)) / L_buf * factor, 0).");
+  b.k("overlong_buffer.enable", B, "false", YES,
+      "DAPO overlong penalty (reward_manager=dapo; the recipe's run scripts set it here).");
+  b.k("overlong_buffer.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).");
+  b.k("overlong_buffer.penalty_factor", F, "0.0", YES,
+      "DAPO penalty added to the score: min(-(L - (max_resp_len - L_buf)) / L_buf * factor, 0); max_resp_len = "
+      "reward.reward_kwargs.max_resp_len, else data.max_response_length.");
+  b.k("overlong_buffer.log", B, "false", YES, "Log overlong_reward and overlong in reward_extra_info.");
+
+  // The DAPO recipe's newer layout (recipe/dapo/config/dapo_trainer.yaml).
+  b.scope("reward");
+  b.k("reward_manager.name", S, "null", YES, "Reward manager (as reward_model.reward_manager, which null keeps).",
+      {"naive", "prime", "batch", "dapo", "remote", "rate_limited"}, {"naive", "prime", "batch", "dapo", "remote"});
+  b.k("reward_kwargs.overlong_buffer_cfg.enable", B, "false", YES, "DAPO overlong penalty (reward_manager=dapo).");
+  b.k("reward_kwargs.overlong_buffer_cfg.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).");
+  b.k("reward_kwargs.overlong_buffer_cfg.penalty_factor", F, "0.0", YES,
+      "DAPO penalty: min(-(L - (max_resp_len - L_buf)) / L_buf * factor, 0).");
+  b.k("reward_kwargs.overlong_buffer_cfg.log", B, "false", YES, "Log overlong_reward and overlong in reward_extra_info.");
+  b.k("reward_kwargs.max_resp_len", I, "null", YES, "max_resp_len of the overlong penalty; null = data.max_response_length.");
 
   b.scope("custom_reward_function");
   b.k("path", S, "null", YES, "Python file with fn(data_source, solution_str, ground_truth, extra_info).");
@@ -69,9 +87,13 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("use_pf_ppo", B, "false", NO, "Preference-feedback PPO reweighting.");
   b.k("pf_ppo.reweight_method", S, "pow", NO, "PF-PPO reweighting.", {"pow", "max_min", "max_random"});
   b.k("pf_ppo.weight_pow", F, "2.0", NO, "PF-PPO weight power.");
-  b.k("filter_groups.enable", B, "false", NO, "DAPO dynamic sampling: drop groups whose metric is all equal.");
-  b.k("filter_groups.metric", S, "null", NO, "Metric for filter_groups (e.g. acc, score).");
-  b.k("filter_groups.max_num_gen_batches", I, "0", NO, "Generation batches tried per step; 0 = unlimited.");
+  b.k("filter_groups.enable", B, "false", YES,
+      "DAPO dynamic sampling: generate data.gen_batch_size prompts at a time and keep only groups whose metric "
+      "varies, until data.train_batch_size groups are kept.");
+  b.k("filter_groups.metric", S, "null", YES,
+      "Per-response metric whose std over a group must be > 0: acc, score (a reward_extra_info key), seq_reward "
+      "(the score), seq_final_reward (after the in-reward KL), or another reward_extra_info key.");
+  b.k("filter_groups.max_num_gen_batches", I, "0", YES, "Generation batches tried per step; <= 0 = unlimited.");
   b.k("rollout_correction.rollout_is", S, "null", NO, "Importance weights for rollout/train mismatch.", {"token", "sequence"});
   b.k("rollout_correction.rollout_is_threshold", F, "2.0", NO, "Importance weight cap.");
   b.k("rollout_correction.rollout_rs", S, "null", NO, "Rejection sampling for mismatch.", {"token", "sequence", "geometric"});

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "config/schema.h"
 #include "rl/reward_rules.h"
+#include "rl/reward_score/scorers.h"
 
 namespace kestrel::rl {
 
@@ -29,10 +31,59 @@ std::string join_command(const std::vector<std::string>& argv) {
   return s;
 }
 
+OverlongBufferConfig overlong_from(const config::Config& cfg, const std::string& p) {
+  OverlongBufferConfig c;
+  c.enable = cfg.get_bool(p + "enable");
+  c.len = cfg.get_int(p + "len");
+  c.penalty_factor = cfg.get_float(p + "penalty_factor");
+  c.log = cfg.get_bool(p + "log");
+  return c;
+}
+
 }  // namespace
+
+Result<RewardManagerKind> parse_reward_manager(const std::string& name) {
+  if (name == "naive" || name == "remote") return RewardManagerKind::Naive;
+  if (name == "dapo") return RewardManagerKind::Dapo;
+  if (name == "batch") return RewardManagerKind::Batch;
+  if (name == "prime") return RewardManagerKind::Prime;
+  return KS_ERR("not supported yet: reward_manager=", name, " (Kestrel has naive, dapo, batch, prime and remote)");
+}
+
+double overlong_reward(const OverlongBufferConfig& c, int64_t max_resp_len, int64_t length) {
+  if (!c.enable) return 0.0;
+  const double expected_len = double(max_resp_len - c.len);
+  const double exceed_len = double(length) - expected_len;
+  return std::min(-exceed_len / double(c.len) * c.penalty_factor, 0.0);
+}
 
 RewardManagerOptions reward_options_from_config(const config::Config& cfg) {
   RewardManagerOptions o;
+  // The manager: verl's reward_model.reward_manager, or the DAPO recipe's
+  // newer reward.reward_manager.name (which wins; both set differently is an error).
+  o.manager = cfg.get_string_or("reward_model.reward_manager", "naive");
+  if (const std::string n = declared("reward.reward_manager.name") ? cfg.get_string_or("reward.reward_manager.name", "")
+                                                                       : std::string();
+      !n.empty()) {
+    if (o.manager != "naive" && o.manager != n)
+      o.config_error = "reward_model.reward_manager=" + o.manager + " and reward.reward_manager.name=" + n +
+                       " disagree; set one of them";
+    o.manager = n;
+  }
+  // The overlong buffer: reward_model.overlong_buffer.* (the recipe's run
+  // scripts) or reward.reward_kwargs.overlong_buffer_cfg.* (its newer yaml).
+  const std::string legacy = "reward_model.overlong_buffer.", kw = "reward.reward_kwargs.overlong_buffer_cfg.";
+  if (declared("reward_model.overlong_buffer.enable")) o.overlong = overlong_from(cfg, legacy);
+  if (declared("reward.reward_kwargs.overlong_buffer_cfg.enable")) {
+    OverlongBufferConfig k = overlong_from(cfg, kw);
+    if (k.enable && o.overlong.enable)
+      o.config_error = "both reward_model.overlong_buffer.enable and "
+                       "reward.reward_kwargs.overlong_buffer_cfg.enable are set; configure one of them";
+    if (k.enable) o.overlong = k;
+  }
+  o.max_resp_len = cfg.get_int_or("data.max_response_length", -1);
+  if (declared("reward.reward_kwargs.max_resp_len"))
+    o.max_resp_len = cfg.get_int_or("reward.reward_kwargs.max_resp_len", o.max_resp_len);
   o.custom_path = cfg.get_string_or("custom_reward_function.path", "");
   o.custom_name = cfg.get_string_or("custom_reward_function.name", "compute_score");
   // Keys that a later schema may add; read only when declared.
@@ -83,6 +134,8 @@ Result<std::string> locate_reward_adapter() {
 
 Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOptions opt) {
   std::unique_ptr<RewardManager> m(new RewardManager());
+  if (!opt.config_error.empty()) return KS_ERR(opt.config_error);
+  KS_ASSIGN(m->kind_, parse_reward_manager(opt.manager));
   const bool has_custom = !opt.custom_path.empty();
   const bool has_command = !opt.command_argv.empty() || !opt.command_shell.empty();
   if (has_custom && has_command)
@@ -92,6 +145,21 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
     return KS_ERR("reward_model.reward_command: give a list (argv) or a string (shell command), not both");
   if (!(opt.timeout_s > 0))
     return KS_ERR("custom_reward_function.timeout_s must be > 0 seconds, got ", opt.timeout_s);
+  if (m->kind_ == RewardManagerKind::Batch && !has_custom && !has_command)
+    return KS_ERR("reward_model.reward_manager=batch needs a batch function: set custom_reward_function.path to a .py "
+                  "file defining compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) "
+                  "-> list (the built-in rules score one response at a time; use reward_manager=naive for them)");
+  if (opt.overlong.enable) {
+    if (m->kind_ != RewardManagerKind::Dapo)
+      return KS_ERR("the overlong buffer (reward_model.overlong_buffer.enable) needs reward_model.reward_manager=dapo, "
+                    "got ", opt.manager);
+    if (opt.overlong.len <= 0)
+      return KS_ERR("reward_model.overlong_buffer.len must be > 0 tokens when the overlong buffer is enabled, got ",
+                    opt.overlong.len);
+    if (opt.max_resp_len < opt.overlong.len)
+      return KS_ERR("max_resp_len (reward.reward_kwargs.max_resp_len, else data.max_response_length) = ",
+                    opt.max_resp_len, " must be >= overlong_buffer.len = ", opt.overlong.len);
+  }
 
   RewardProgramOptions po;
   po.timeout_s = opt.timeout_s;
@@ -115,6 +183,10 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
       po.argv.push_back("--kwargs");
       po.argv.push_back(opt.reward_kwargs.dump());
     }
+    if (m->kind_ == RewardManagerKind::Batch) {
+      po.argv.push_back("--batch");
+      po.batch_header = true;
+    }
     // A check run loads the file first, so that an import error or a missing
     // function stops the run here with Python's message, not mid-run as zeros.
     std::vector<std::string> check = po.argv;
@@ -135,6 +207,10 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
   } else {
     m->description_ = "rule-based rewards by data_source";
   }
+  m->description_ = "reward_manager=" + opt.manager + ", " + m->description_;
+  if (opt.overlong.enable)
+    m->description_ += ", overlong buffer " + std::to_string(opt.overlong.len) + " of " +
+                       std::to_string(opt.max_resp_len) + " tokens";
   if (has_custom || has_command) {
     KS_ASSIGN(m->program_, RewardProgram::start(std::move(po)));
   }
@@ -144,43 +220,87 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
 
 Status RewardManager::validate_data_sources(const std::vector<std::string>& data_sources) const {
   if (program_) return Status::ok();
-  for (const auto& ds : data_sources) {
-    if (!rule_score(ds, "", "").has_value())
-      return KS_ERR("no reward function for data_source '", ds,
-                    "' (set custom_reward_function.path or reward_model.reward_command)");
-  }
+  for (const auto& ds : data_sources) KS_TRY(reward_score::rule_support(ds));
   return Status::ok();
 }
 
 RewardBatchResult RewardManager::score(const std::vector<RewardRequest>& batch) {
   RewardBatchResult r;
+  std::vector<uint8_t> dict;  // [B] the scorer gave a dict (its extra keys are reward_extra_info)
   if (program_) {
     RewardProgramBatch b = program_->score(batch);
     r.scores = std::move(b.scores);
     r.extra = std::move(b.extra);
     r.failures = b.failures;
+    dict = std::move(b.dict);
   } else {
     r.scores.assign(batch.size(), 0.0);
     r.extra.assign(batch.size(), nlohmann::ordered_json::object());
+    dict.assign(batch.size(), 0);
     for (size_t i = 0; i < batch.size(); ++i) {
       // A rule never sees user code, but stay inside the no-throw promise.
-      std::optional<double> s;
+      std::optional<reward_score::RuleResult> s;
       const bool arith = batch[i].data_source == "arith" || batch[i].data_source == "kestrel/arith";
       try {
-        s = rule_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
+        s = reward_score::default_compute_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
         if (s && arith && opt_.arith_step_credit > 0) {
-          r.extra[i]["acc"] = *s;  // validation accuracy: exact match
-          s = arith_step_credit_score(batch[i].solution_str, batch[i].ground_truth, opt_.arith_step_credit);
+          s->extra["acc"] = s->score;  // validation accuracy: exact match
+          s->score = arith_step_credit_score(batch[i].solution_str, batch[i].ground_truth, opt_.arith_step_credit);
         }
       } catch (const std::exception&) {
         s = std::nullopt;
       }
-      if (s) r.scores[i] = *s;
-      else ++r.failures.no_rule;
+      if (s) {
+        r.scores[i] = s->score;
+        dict[i] = s->is_dict ? 1 : 0;
+        r.extra[i] = std::move(s->extra);
+        if (s->is_dict) r.extra[i].erase("score");  // put back first by apply_manager
+      } else {
+        ++r.failures.no_rule;
+      }
     }
   }
+  apply_manager(batch, dict, r);
   total_.add(r.failures);
   return r;
+}
+
+void RewardManager::apply_manager(const std::vector<RewardRequest>& batch, const std::vector<uint8_t>& dict,
+                                  RewardBatchResult& r) {
+  const size_t B = r.scores.size();
+  if (kind_ == RewardManagerKind::Prime) {
+    // verl: float(result[0]) of a dict raises, and verify() sets the whole batch to 0.
+    const bool any_dict = std::any_of(dict.begin(), dict.end(), [](uint8_t d) { return d != 0; });
+    if (any_dict) {
+      if (!warned_prime_dict_)
+        std::fprintf(stderr, "reward: reward_manager=prime got a dict result; the whole batch scores 0, as in verl "
+                             "(use reward_manager=naive or dapo for dict-returning scorers)\n");
+      warned_prime_dict_ = true;
+      std::fill(r.scores.begin(), r.scores.end(), 0.0);
+    }
+    for (auto& e : r.extra) e = nlohmann::ordered_json::object();  // prime returns no reward_extra_info
+    return;
+  }
+  for (size_t i = 0; i < B; ++i) {
+    const double raw = r.scores[i];
+    if (dict[i]) {  // the dict's keys, "score" first as verl's result dict has it
+      nlohmann::ordered_json e = nlohmann::ordered_json::object();
+      e["score"] = raw;
+      for (auto it = r.extra[i].begin(); it != r.extra[i].end(); ++it) e[it.key()] = it.value();
+      r.extra[i] = std::move(e);
+    }
+    if (kind_ != RewardManagerKind::Dapo) continue;
+    if (!dict[i] && !r.extra[i].contains("acc")) r.extra[i]["acc"] = raw;
+    if (opt_.overlong.enable) {
+      KS_CHECK(batch[i].response_length >= 0, "reward: the overlong penalty needs each response's length");
+      const double ov = overlong_reward(opt_.overlong, opt_.max_resp_len, batch[i].response_length);
+      r.scores[i] = raw + ov;
+      if (opt_.overlong.log) {
+        r.extra[i]["overlong_reward"] = ov;
+        r.extra[i]["overlong"] = ov < 0;
+      }
+    }
+  }
 }
 
 std::map<std::string, double> RewardManager::metrics(const RewardFailureCounts& c) {

@@ -1,6 +1,23 @@
-// Reward manager with verl's NaiveRewardManager semantics: each response is
-// scored on its own by compute_score(data_source, solution_str, ground_truth,
-// extra_info); a dict result gives the score and reward_extra_info.
+// Reward manager with the semantics of verl's reward managers
+// (reward_model.reward_manager, or the DAPO recipe's reward.reward_manager.name):
+//   naive   each response scored on its own by compute_score(data_source,
+//           solution_str, ground_truth, extra_info); a dict result gives the
+//           score and reward_extra_info (its keys, "score" included);
+//   dapo    naive, plus DAPO's overlong penalty (overlong_buffer.*,
+//           max_resp_len) added to the score; a float result is also logged
+//           as reward_extra_info["acc"];
+//   batch   one call of a batch function per batch:
+//           compute_score(data_sources, solution_strs, ground_truths,
+//           extra_infos, **reward_kwargs) -> list (custom_reward_function.path
+//           through the adapter's --batch mode, or reward_model.reward_command,
+//           which gets the whole batch anyway); the rules cannot serve it, as
+//           in verl, where default_compute_score takes one response;
+//   prime   naive scores without reward_extra_info, failures 0; a dict result
+//           zeroes the whole batch (verl's PrimeRewardManager turns a dict into
+//           float(result[0]), whose KeyError sets every score of the batch to 0);
+//   remote  naive (verl computes it in a separate process, as Kestrel's
+//           external programs always are).
+// Others (rate_limited, custom classes) fail with "not supported yet".
 //
 // Scoring source, in verl's order of precedence:
 //   1. custom_reward_function.path (a .py file): run through
@@ -30,7 +47,28 @@
 
 namespace kestrel::rl {
 
+enum class RewardManagerKind { Naive, Dapo, Batch, Prime };
+// "naive", "dapo", "batch", "prime", "remote" (= naive); else "not supported yet: reward_manager=<name>".
+Result<RewardManagerKind> parse_reward_manager(const std::string& name);
+
+// DAPO's overlong buffer (reward_model.overlong_buffer.* or
+// reward.reward_kwargs.overlong_buffer_cfg.*).
+struct OverlongBufferConfig {
+  bool enable = false;
+  int64_t len = 0;             // L_buf, tokens
+  double penalty_factor = 0.0;
+  bool log = false;            // reward_extra_info overlong_reward / overlong
+};
+// verl's DAPORewardManager: with expected = max_resp_len - len,
+// min(-(length - expected) / len * penalty_factor, 0) for a response of
+// `length` tokens (EOS included). 0 when not enabled.
+double overlong_reward(const OverlongBufferConfig& c, int64_t max_resp_len, int64_t length);
+
 struct RewardManagerOptions {
+  std::string manager = "naive";            // reward_model.reward_manager / reward.reward_manager.name
+  OverlongBufferConfig overlong;            // dapo only
+  int64_t max_resp_len = -1;                // dapo: reward.reward_kwargs.max_resp_len, else data.max_response_length
+  std::string config_error;                 // conflicting keys found by reward_options_from_config; create() fails with it
   std::string custom_path;                  // custom_reward_function.path ("" = none)
   std::string custom_name = "compute_score";  // custom_reward_function.name
   nlohmann::ordered_json reward_kwargs = nlohmann::ordered_json::object();  // custom_reward_function.reward_kwargs
@@ -68,7 +106,8 @@ class RewardManager {
   // run, so a syntax error or a missing function fails here with its message).
   static Result<std::unique_ptr<RewardManager>> create(RewardManagerOptions opt);
 
-  // Startup check that every data_source can be scored.
+  // Startup check that every data_source can be scored (by the external
+  // program, or a rule: reward_score::rule_support says why not).
   Status validate_data_sources(const std::vector<std::string>& data_sources) const;
 
   // Never throws because of the reward code: failures score 0 and are counted.
@@ -84,7 +123,11 @@ class RewardManager {
 
  private:
   RewardManager() = default;
+  // The manager's changes to the scorer's results (dapo penalty, prime's zeroing, extra keys).
+  void apply_manager(const std::vector<RewardRequest>& batch, const std::vector<uint8_t>& dict, RewardBatchResult& r);
   RewardManagerOptions opt_;
+  RewardManagerKind kind_ = RewardManagerKind::Naive;
+  bool warned_prime_dict_ = false;
   std::unique_ptr<RewardProgram> program_;
   std::string description_;
   RewardFailureCounts total_;

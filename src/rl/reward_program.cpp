@@ -184,6 +184,7 @@ ParsedAnswer parse_reward_answer(const std::string& raw, int64_t expected_id) {
     }
     for (auto it = j.begin(); it != j.end(); ++it)
       if (it.key() != "score" && it.key() != "id") a.extra[it.key()] = it.value();
+    a.dict = true;
   }
   if (score->is_boolean()) {
     a.score = score->get<bool>() ? 1.0 : 0.0;
@@ -373,6 +374,7 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
   r.scores.assign(B, 0.0);
   r.extra.assign(B, nlohmann::ordered_json::object());
   r.failed.assign(B, 0);
+  r.dict.assign(B, 0);
   if (B == 0) return r;
   auto fail_rest = [&](size_t from, int64_t RewardFailureCounts::*counter) {
     for (size_t i = from; i < B; ++i) r.failed[i] = 1;
@@ -406,6 +408,7 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
   const int64_t base_id = next_id_;
   next_id_ += static_cast<int64_t>(B);
   std::string payload;
+  if (opt_.batch_header) payload = "{\"batch\": " + std::to_string(B) + "}\n";
   for (size_t i = 0; i < B; ++i) {
     nlohmann::ordered_json q;
     q["id"] = base_id + static_cast<int64_t>(i);
@@ -440,6 +443,7 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
       if (a.ok) {
         r.scores[answered] = a.score;
         r.extra[answered] = std::move(a.extra);
+        r.dict[answered] = a.dict ? 1 : 0;
       } else {
         r.failed[answered] = 1;
         ++r.failures.garbage;

@@ -46,6 +46,9 @@ struct RewardRequest {
   std::string solution_str;  // decoded response text
   std::string ground_truth;
   nlohmann::ordered_json extra_info;  // null when the row has none
+  // Response tokens (EOS included when generated; verl's valid_response_length),
+  // for the DAPO overlong penalty; -1 = unknown. Not sent to programs.
+  int64_t response_length = -1;
 };
 
 struct RewardFailureCounts {
@@ -73,12 +76,17 @@ struct RewardProgramOptions {
   std::string name = "reward program";  // for messages ("custom_reward_function my.py:fn")
   // Extra environment for the child (KEY=VALUE), on top of ours.
   std::vector<std::string> extra_env;
+  // Precede each batch's requests with a line {"batch": B} (the adapter's
+  // --batch mode: one call of a batch function per batch, verl's
+  // BatchRewardManager). The answers are the same B lines.
+  bool batch_header = false;
 };
 
 struct RewardProgramBatch {
   std::vector<double> scores;                  // [B]; 0 on failure
   std::vector<nlohmann::ordered_json> extra;   // [B]; object of the extra keys (empty object if none)
   std::vector<uint8_t> failed;                 // [B]; 1 where the score is 0 because of a failure
+  std::vector<uint8_t> dict;                   // [B]; 1 where the answer was an object (verl: a dict result)
   RewardFailureCounts failures;                // of this batch
 };
 
@@ -137,6 +145,7 @@ struct ParsedAnswer {
   bool ok = false;
   bool stale = false;   // id < expected_id: a late answer to an earlier request
   bool desync = false;  // unparseable or wrong id: the stream can no longer be trusted
+  bool dict = false;    // the answer was an object (a dict result), not a bare number
   double score = 0;
   nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   std::string error;

@@ -77,6 +77,11 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   const int dp = opt_.parallel.dp->size();
   KS_CHECK(opt_.train_batch_size % dp == 0, "data.train_batch_size=", opt_.train_batch_size,
            " must divide by the data-parallel size ", dp);
+  KS_CHECK(opt_.gen_batch_size <= 0 || opt_.gen_batch_size % dp == 0, "data.gen_batch_size=", opt_.gen_batch_size,
+           " must divide by the data-parallel size ", dp);
+  KS_CHECK(!opt_.filter_groups.enable || !opt_.filter_groups.metric.empty(),
+           "algorithm.filter_groups.enable needs algorithm.filter_groups.metric (acc, score, seq_reward, "
+           "seq_final_reward, or a reward_extra_info key)");
   KS_CHECK(opt_.ppo_mini_batch_size % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size=", opt_.ppo_mini_batch_size,
            " must divide by the data-parallel size ", dp);
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
@@ -104,13 +109,14 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
 }
 
 void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx,
-                                std::map<std::string, double>& m) {
+                                std::map<std::string, double>& m, std::vector<nlohmann::ordered_json>* extra) {
   std::vector<RewardRequest> reqs;
   for (int64_t i = 0; i < b.size(); ++i) {
     const RlPrompt& p = train_[size_t(prompt_idx[size_t(b.group[size_t(i)])])];
-    reqs.push_back({p.data_source, decode_(b.responses[size_t(i)]), p.ground_truth, p.extra_info});
+    reqs.push_back({p.data_source, decode_(b.responses[size_t(i)]), p.ground_truth, p.extra_info,
+                    int64_t(b.responses[size_t(i)].size())});
   }
-  reward_->score(b, reqs, m);
+  reward_->score(b, reqs, m, extra);
 }
 
 void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
@@ -164,15 +170,24 @@ std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
 std::map<std::string, double> RlTrainer::train_step() {
   const auto t_step = Clock::now();
   std::map<std::string, double> m;
-  const std::vector<int64_t> idx = source_->next_batch();
-
+  RolloutBatch b;
   auto t0 = Clock::now();
-  RolloutBatch b = generate(idx);
-  m["timing_s/gen"] = seconds_since(t0);
-
-  t0 = Clock::now();
-  compute_rewards(b, idx, m);
-  m["timing_s/reward"] = seconds_since(t0);
+  // With filter_groups the batch comes scored (and KL-penalised when the reward needs it).
+  const bool filtered = opt_.filter_groups.enable;
+  if (filtered) {
+    if (!generate_filtered(b, m)) {
+      data_exhausted_ = true;
+      return {};
+    }
+  } else {
+    const std::vector<int64_t> idx = source_->next_batch();
+    b = generate(idx);
+    m["timing_s/gen"] = seconds_since(t0);
+    t0 = Clock::now();
+    compute_rewards(b, idx, m);
+    m["timing_s/reward"] = seconds_since(t0);
+  }
+  const bool kl_done = filtered && opt_.use_kl_in_reward;
 
   // Old log-probs are needed when the policy moves before a sequence is
   // trained on (several epochs or mini-batches) and by the in-reward KL; else
@@ -180,12 +195,14 @@ std::map<std::string, double> RlTrainer::train_step() {
   // Data of older weights than the actor's (weight_version) is off-policy too.
   const bool need_old = opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
                         opt_.use_kl_in_reward || b.weight_version != actor_weight_version();
-  t0 = Clock::now();
-  compute_log_probs(b, need_old, false);
-  m["timing_s/old_log_prob"] = seconds_since(t0);
-  t0 = Clock::now();
-  compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
-  m["timing_s/ref"] = seconds_since(t0);
+  if (!kl_done) {  // else computed per generation batch, before filtering
+    t0 = Clock::now();
+    compute_log_probs(b, need_old, false);
+    m["timing_s/old_log_prob"] = seconds_since(t0);
+    t0 = Clock::now();
+    compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
+    m["timing_s/ref"] = seconds_since(t0);
+  }
 
   std::vector<double> values;
   if (critic_) {
@@ -196,7 +213,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   }
 
   t0 = Clock::now();
-  if (opt_.use_kl_in_reward) apply_kl_penalty(b, m);
+  if (opt_.use_kl_in_reward && !kl_done) apply_kl_penalty(b, m);
   compute_advantage(b, critic_ ? &values : nullptr);
   m["timing_s/adv"] = seconds_since(t0);
 
@@ -291,6 +308,16 @@ Status RlTrainer::fit() {
   while (step_ < opt_.total_steps) {
     const auto t_step = Clock::now();
     auto m = train_step();
+    if (data_exhausted_) {  // verl: the data loader's total_epochs passes are spent
+      if (opt_.progress) bar.finish();
+      if (is_world_leader())
+        std::fprintf(stderr, "train: dynamic sampling used up trainer.total_epochs=%lld passes over the data after "
+                             "step %lld of %lld; stopping\n",
+                     (long long)opt_.total_epochs, (long long)step_, (long long)opt_.total_steps);
+      if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && step_ > 0 && step_ % opt_.save_freq != 0)
+        KS_TRY(save_checkpoint());
+      break;
+    }
     // trainer.time_budget_s: stop after this step when another step and the
     // final validation would overrun the budget (rank 0 decides for all).
     int32_t out_of_time = 0;

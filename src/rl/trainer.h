@@ -41,6 +41,7 @@
 #include "rl/advantages.h"
 #include "rl/critic.h"
 #include "rl/distributed.h"
+#include "rl/dynamic_sampling.h"
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
 #include "rl/rollout_batch.h"
@@ -65,6 +66,15 @@ struct RlPrompt {
 struct RlOptions {
   // Data / rollout (data.*, actor_rollout_ref.rollout.*).
   int64_t train_batch_size = 8;  // prompts per step
+  // data.gen_batch_size: prompts per generation batch (what the source gives
+  // per next_batch); 0 = train_batch_size. Without filter_groups a step trains
+  // on the whole generation batch, as verl's.
+  int64_t gen_batch_size = 0;
+  // algorithm.filter_groups.*: DAPO dynamic sampling (rl/dynamic_sampling.h).
+  FilterGroupsOptions filter_groups;
+  // trainer.total_epochs: dynamic sampling ends the run when the source enters
+  // this epoch (verl's loops over the data run out); 0 = no bound.
+  int64_t total_epochs = 0;
   int64_t n = 4;                 // responses per prompt
   double temperature = 1.0;
   int64_t top_k = -1;
@@ -179,7 +189,13 @@ class RlTrainer {
 
   // Pieces of a step, public for tests.
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
-  void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m);
+  // extra (may be null): each response's reward_extra_info, filled on world rank 0.
+  void compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx, std::map<std::string, double>& m,
+                       std::vector<nlohmann::ordered_json>* extra = nullptr);
+  // DAPO dynamic sampling (dynamic_sampling.cpp): generation batches until
+  // train_batch_size groups with spread are kept, scored (and with the
+  // in-reward KL applied); false when the data ran out (total_epochs).
+  bool generate_filtered(RolloutBatch& out, std::map<std::string, double>& m);
   void compute_log_probs(RolloutBatch& b, bool old, bool ref);
   // verl's apply_kl_penalty: token rewards -= beta * kl(old_logp, ref_logp);
   // metrics actor/reward_kl_penalty{,_coeff}; then the controller updates.
@@ -209,6 +225,7 @@ class RlTrainer {
   std::unique_ptr<RewardWorker> reward_;
   std::unique_ptr<RolloutWorker> rollout_;
   int64_t step_ = 0;
+  bool data_exhausted_ = false;  // dynamic sampling used up trainer.total_epochs
   std::map<std::string, double> first_val_, last_val_;
 };
 

@@ -46,7 +46,7 @@ std::map<std::string, double> RlTrainer::validate() {
   double len = 0;
   for (const WireResponse& w : all) {
     const RlPrompt& v = val_[size_t(w.prompt)];
-    reqs.push_back({v.data_source, decode_(w.tokens), v.ground_truth, v.extra_info});
+    reqs.push_back({v.data_source, decode_(w.tokens), v.ground_truth, v.extra_info, int64_t(w.tokens.size())});
     owner.push_back(size_t(w.prompt));
     len += double(w.tokens.size());
   }
@@ -61,8 +61,11 @@ std::map<std::string, double> RlTrainer::validate() {
   for (size_t j = 0; j < reqs.size(); ++j) {
     double a = r.scores[j];
     std::string pred;
-    if (r.extra[j].is_object() && r.extra[j].contains("acc") && r.extra[j]["acc"].is_number())
-      a = r.extra[j]["acc"].get<double>();
+    if (r.extra[j].is_object() && r.extra[j].contains("acc")) {
+      const auto& x = r.extra[j]["acc"];  // math_dapo gives a bool, as verl's dict does
+      if (x.is_number()) a = x.get<double>();
+      else if (x.is_boolean()) a = x.get<bool>() ? 1.0 : 0.0;
+    }
     if (r.extra[j].is_object() && r.extra[j].contains("pred"))
       pred = r.extra[j]["pred"].is_string() ? r.extra[j]["pred"].get<std::string>() : r.extra[j]["pred"].dump();
     else if (auto p = rule_prediction(reqs[j].data_source, reqs[j].solution_str))

@@ -183,7 +183,8 @@ TEST(RewardAdapter, ServesVerlStyleFunction) {
   EXPECT_EQ(r.scores, (std::vector<double>{1.5, 0.5, 0, 0, 1.5}));
   EXPECT_EQ(r.failures.garbage, 2);
   EXPECT_EQ(r.failures.crash + r.failures.timeout, 0);
-  EXPECT_EQ(r.extra[1], nlohmann::ordered_json::parse(R"({"acc": false, "index": 7})"));
+  // verl's reward_extra_info of a dict result: all its keys, "score" first.
+  EXPECT_EQ(r.extra[1], nlohmann::ordered_json::parse(R"({"score": 0.5, "acc": false, "index": 7})"));
   // No restart was needed: errors answered in-protocol keep the stream in step.
   r = (*m)->score({{"plain", "42", "42", nullptr}});
   EXPECT_EQ(r.scores, (std::vector<double>{1.5}));

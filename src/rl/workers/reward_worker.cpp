@@ -15,8 +15,8 @@ RewardBatchResult RewardWorker::score_here(const std::vector<RewardRequest>& req
   return r;
 }
 
-void RewardWorker::score(RolloutBatch& b, const std::vector<RewardRequest>& reqs,
-                         std::map<std::string, double>& m) const {
+void RewardWorker::score(RolloutBatch& b, const std::vector<RewardRequest>& reqs, std::map<std::string, double>& m,
+                         std::vector<nlohmann::ordered_json>* extra) const {
   KS_CHECK(int64_t(reqs.size()) == b.size(), "reward: ", reqs.size(), " requests for ", b.size(), " responses");
   RewardBatchResult r;
   if (is_leader()) r = score_here(reqs);
@@ -26,6 +26,7 @@ void RewardWorker::score(RolloutBatch& b, const std::vector<RewardRequest>& reqs
   for (int64_t i = 0; i < b.size(); ++i)
     if (b.layout.length(i) > 0) b.token_rewards[size_t(b.layout.end(i) - 1)] = b.scores[size_t(i)];
   for (const auto& [k, v] : RewardManager::metrics(r.failures)) m[k] = v;
+  if (extra) *extra = std::move(r.extra);
 }
 
 }  // namespace kestrel::rl

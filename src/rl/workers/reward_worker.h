@@ -30,8 +30,10 @@ class RewardWorker {
   // Scores b's responses (reqs[i] describes response i) on world rank 0 and
   // broadcasts them: b.scores, and b.token_rewards with the outcome score on
   // each response's last token (verl's token_level_scores). Adds the failure
-  // metrics to m. Collective over the world.
-  void score(RolloutBatch& b, const std::vector<RewardRequest>& reqs, std::map<std::string, double>& m) const;
+  // metrics to m. extra (may be null) gets each response's reward_extra_info
+  // on world rank 0 (empty elsewhere). Collective over the world.
+  void score(RolloutBatch& b, const std::vector<RewardRequest>& reqs, std::map<std::string, double>& m,
+             std::vector<nlohmann::ordered_json>* extra = nullptr) const;
 
   bool is_leader() const { return world_->rank() == 0; }
 
