@@ -18,6 +18,9 @@
 //   remote  naive (verl computes it in a separate process, as Kestrel's
 //           external programs always are).
 // Others (rate_limited, custom classes) fail with "not supported yet".
+// verl's DAPO manager also cuts the EOS token's text off a decoded response
+// that ends with it; Kestrel decodes with special tokens skipped, so an EOS
+// marked special never reaches the scorer in the first place.
 //
 // Scoring source, in verl's order of precedence:
 //   1. custom_reward_function.path (a .py file): run through

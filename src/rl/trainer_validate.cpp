@@ -58,6 +58,20 @@ std::map<std::string, double> RlTrainer::validate() {
     std::string pred;
   };
   std::map<std::string, std::map<size_t, std::vector<Sample>>> acc;
+  // verl's other validation variables: the reward and each numeric
+  // reward_extra_info key (score, overlong_reward, ...), as mean@N per data source.
+  std::map<std::string, std::map<std::string, std::pair<double, double>>> aux;  // ds -> var -> (sum, count)
+  for (size_t j = 0; j < reqs.size(); ++j) {
+    auto& vars = aux[reqs[j].data_source];
+    vars["reward"].first += r.scores[j];
+    vars["reward"].second += 1;
+    if (r.extra[j].is_object())
+      for (auto it = r.extra[j].begin(); it != r.extra[j].end(); ++it) {
+        if (it.key() == "acc" || !(it.value().is_number() || it.value().is_boolean())) continue;
+        vars[it.key()].first += it.value().is_boolean() ? (it.value().get<bool>() ? 1.0 : 0.0) : it.value().get<double>();
+        vars[it.key()].second += 1;
+      }
+  }
   for (size_t j = 0; j < reqs.size(); ++j) {
     double a = r.scores[j];
     std::string pred;
@@ -99,6 +113,8 @@ std::map<std::string, double> RlTrainer::validate() {
       out["val-aux/" + src + "/acc/std@" + N] = std_sum / G;
     }
   }
+  for (const auto& [src, vars] : aux)
+    for (const auto& [k, sc] : vars) out["val-aux/" + src + "/" + k + "/mean@" + N] = sc.first / sc.second;
   out["val-aux/response_length/mean"] = reqs.empty() ? 0.0 : len / double(reqs.size());
   for (const auto& [k, v] : RewardManager::metrics(r.failures)) out["val-aux/" + k] = v;
   out["timing_s/testing"] = seconds_since(t0);
