@@ -177,6 +177,39 @@ def corpus():
         ("<answer>Paris</answer>" * 11, {"target": ["Paris"]}, {"score": 2.0}),
     ]:
         C.append(("search_r1_like_qa_em.compute_score", q, s, gt, kw))
+    C.extend(fuzz_corpus())
+    return C
+
+
+# Pieces random responses are made of: the scorers' syntax, numbers, spaces
+# and non-ASCII text, so the fuzz cases reach their corner cases together.
+PIECES = ["Answer", "answer", "ANSWER", ":", " ", "  ", "\n", "\t", "\u00a0", "####", "#### ", "-", ",", ".", "$",
+          "\\$", "0", "1", "2", "12", "3.5", "1,000", "\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\frac",
+          "\\dfrac", "\\sqrt", "\\text{", "\\text{ ", "\\left(", "\\right)", "^\\circ", "\\%", "=", "/",
+          "x", "k", "an ", "a ", "the", "The", "dollars", "units", "é", "日", "Σ", "İ", "😀", "<answer>", "</answer>",
+          "Paris", "paris!", "_", "'", "\\!", "\\\\", "(", ")", "frac", "sqrt"]
+TRUTHS = ["0", "1", "2", "12", "-1", "1000", "1,000", "3.5", "\\frac{1}{2}", "\\frac12", "x", "k", "(1,2)", "",
+          "\\sqrt{2}", "Paris", "é"]
+
+
+def fuzz_corpus(n_per_family=120, seed=1234):
+    rng = random.Random(seed)
+    C = []
+
+    def text(max_pieces):
+        return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, max_pieces)))
+
+    for _ in range(n_per_family):
+        # Long enough, sometimes, to cross the 300-character clips.
+        long_pad = "x" * rng.choice([0, 0, 0, 250, 290, 295, 299, 300])
+        s = rng.choice([text(12), long_pad + text(8), text(8) + long_pad])
+        C.append(("default_compute_score", "openai/gsm8k", s, rng.choice(TRUTHS), {}))
+        C.append(("gsm8k.compute_score", "openai/gsm8k", s, rng.choice(TRUTHS), {"method": "flexible"}))
+        C.append(("default_compute_score", "lighteval/MATH", text(14), rng.choice(TRUTHS), {}))
+        C.append(("default_compute_score", "math_dapo", rng.choice([text(14), long_pad + text(8)]),
+                  rng.choice(TRUTHS + [text(4)]), {}))
+        targets = [rng.choice(TRUTHS + [text(3)]) for _ in range(rng.randint(1, 3))]
+        C.append(("default_compute_score", "searchR1_nq", text(14), {"target": targets}, {}))
     return C
 
 
