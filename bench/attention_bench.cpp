@@ -1,5 +1,6 @@
 // Causal GQA flash attention on CPU: forward and forward+backward time and
-// GFLOP/s at 1 and 2 threads.
+// GFLOP/s at 1 and 2 threads, for each kernel ISA level (--isa, default all
+// the machine runs: avx2 and avx512 interleaved per case).
 //
 // Default: the long-sequence training shape (T=2048 packed as 4 sequences of
 // 512, 8 heads, 2 kv heads, head_dim 64), f32 and bf16.
@@ -14,7 +15,7 @@
 // FLOPs count only the (query, key) pairs that are attended: forward 4*d per
 // pair and head (QK^T, PV); backward 2.5x forward (S recompute, dV, dP, dQ, dK).
 // Usage: bench_attention_bench [--seqs 4] [--len 512|A..B] [--groups G --prefix P --branches N]
-//        [--heads 8] [--kv 2] [--dim 64] [--threads 1,2] [--dtype f32|bf16|both]
+//        [--heads 8] [--kv 2] [--dim 64] [--threads 1,2] [--dtype f32|bf16|both] [--isa all|avx2,avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_isa.h"
 #include "bench_timing.h"
 #include "core/status.h"
 #include "core/parallel_for.h"
@@ -60,7 +62,7 @@ struct Layout {
 };
 
 void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, const std::vector<DType>& dtypes,
-                const std::vector<int>& threads, int reps) {
+                const std::vector<int>& threads, const std::vector<IsaLevel>& isas, int reps) {
   const int64_t T = lay.T();
   const Tensor cu_t = Tensor::from_ints(lay.cu, {lay.n() + 1});
   Tensor pre_t;
@@ -75,23 +77,25 @@ void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, const
     const Tensor dout = randn({T, heads * dim}, dt, 4);
     Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({heads, T}, DType::F32);
     Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
-    for (int nt : threads) {
-      set_num_threads(nt);
-      try {
-        const Timing tf = time_best([&] { ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre); }, reps, nt);
-        const Timing tfb = time_best(
-            [&] {
-              ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre);
-              ops::attention_bwd(q, k, v, out, lse, dout, cu_t, shape, dq, dk, dv, pre);
-            },
-            reps, nt);
-        std::printf("%-6s %-8d %9.3f %8.1f [%7.1f] %11.3f %8.1f [%7.1f]\n", dtype_name(dt), nt, tf.wall * 1e3,
-                    fwd_flops / tf.wall * 1e-9, fwd_flops / tf.cpu * 1e-9, tfb.wall * 1e3,
-                    fb_flops / tfb.wall * 1e-9, fb_flops / tfb.cpu * 1e-9);
-      } catch (const Error& e) {
-        std::printf("%-6s %-8d %s\n", dtype_name(dt), nt, e.what());
+    for (int nt : threads)
+      for (IsaLevel isa : isas) {
+        set_num_threads(nt);
+        set_kernel_isa(isa);
+        try {
+          const Timing tf = time_best([&] { ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre); }, reps, nt);
+          const Timing tfb = time_best(
+              [&] {
+                ops::attention_fwd(q, k, v, cu_t, shape, out, lse, pre);
+                ops::attention_bwd(q, k, v, out, lse, dout, cu_t, shape, dq, dk, dv, pre);
+              },
+              reps, nt);
+          std::printf("%-6s %-7s %-8d %9.3f %8.1f [%7.1f] %11.3f %8.1f [%7.1f]\n", dtype_name(dt), isa_name(isa), nt,
+                      tf.wall * 1e3, fwd_flops / tf.wall * 1e-9, fwd_flops / tf.cpu * 1e-9, tfb.wall * 1e3,
+                      fb_flops / tfb.wall * 1e-9, fb_flops / tfb.cpu * 1e-9);
+        } catch (const Error& e) {
+          std::printf("%-6s %-7s %-8d %s\n", dtype_name(dt), isa_name(isa), nt, e.what());
+        }
       }
-    }
   }
 }
 
@@ -101,6 +105,7 @@ int main(int argc, char** argv) {
   int64_t seqs = 4, len_lo = 512, len_hi = 512, heads = 8, kv = 2, dim = 64, groups = 0, prefix = 0, branches = 0;
   std::vector<int> threads{1, 2};
   std::vector<DType> dtypes{DType::F32, DType::BF16};
+  std::vector<IsaLevel> isas = bench::parse_isas("all");
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -114,6 +119,10 @@ int main(int argc, char** argv) {
     else if (a == "--heads") heads = std::atoll(v);
     else if (a == "--kv") kv = std::atoll(v);
     else if (a == "--dim") dim = std::atoll(v);
+    else if (a == "--isa") {
+      isas = bench::parse_isas(v);
+      if (isas.empty()) return 2;
+    }
     else if (a == "--dtype") {
       const std::string d = v;
       dtypes = d == "f32" ? std::vector<DType>{DType::F32}
@@ -135,7 +144,8 @@ int main(int argc, char** argv) {
   uint64_t draw = 0;
   auto length = [&] { return int32_t(len_lo + int64_t(rng.uniform(draw++) * float(len_hi - len_lo + 1))); };
   std::printf("GF/s from wall time; in brackets from CPU time per thread (immune to a busy machine)\n");
-  std::printf("%-6s %-8s %9s %18s %11s %18s\n", "dtype", "threads", "fwd ms", "fwd GF/s", "f+b ms", "fwd+bwd GF/s");
+  std::printf("%s\n", cpu_summary().c_str());
+  std::printf("%-6s %-7s %-8s %9s %18s %11s %18s\n", "dtype", "isa", "threads", "fwd ms", "fwd GF/s", "f+b ms", "fwd+bwd GF/s");
   if (groups > 0) {
     Layout dup{"dup (prefix copied into each response)"}, shared{"shared (prefix_of)"};
     for (int64_t g = 0; g < groups; ++g) {
@@ -149,12 +159,12 @@ int main(int argc, char** argv) {
       }
     }
     const int reps = 5;
-    run_layout(dup, heads, kv, dim, dtypes, threads, reps);
-    run_layout(shared, heads, kv, dim, dtypes, threads, reps);
+    run_layout(dup, heads, kv, dim, dtypes, threads, isas, reps);
+    run_layout(shared, heads, kv, dim, dtypes, threads, isas, reps);
   } else {
     Layout plain{len_lo == len_hi ? "uniform" : "random lengths"};
     for (int64_t b = 0; b < seqs; ++b) plain.add(len_lo == len_hi ? int32_t(len_lo) : length());
-    run_layout(plain, heads, kv, dim, dtypes, threads, 5);
+    run_layout(plain, heads, kv, dim, dtypes, threads, isas, 5);
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // Elementwise and row kernels on CPU: swiglu, rmsnorm, rope, logprob_entropy
-// and add, forward and backward, f32 and bf16, at 1 and 2 threads.
+// and add, forward and backward, f32 and bf16, at 1 and 2 threads, for each
+// kernel ISA level (--isa, default all the machine runs, interleaved per case).
 // Shapes: "rl" is the RL job of `kestrel train` with the built-in tiny model
 // (T=6000 rows, hidden 128, ffn 384, 4 heads / 2 kv heads of 32, the built-in
 // arith tokenizer's vocabulary); "large" is a Qwen2.5-0.5B-sized layer over
@@ -8,6 +9,7 @@
 // and GB/s of the bytes it must move (each input read once, each output
 // written once), from wall time and, in brackets, from CPU time per thread.
 // Usage: bench_elementwise_bench [--shape rl|large|both] [--threads 1,2] [--reps 7] [--only NAME]
+//        [--isa all|avx2,avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_isa.h"
 #include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
@@ -55,7 +58,8 @@ struct Kernel {
   std::function<void()> run;
 };
 
-void bench_shape(const Shapes& s, DType dt, const std::vector<int>& threads, int reps, const std::string& only) {
+void bench_shape(const Shapes& s, DType dt, const std::vector<int>& threads, const std::vector<IsaLevel>& isas, int reps,
+                 const std::string& only) {
   const int64_t T = s.T, D = s.D, F = s.F, V = s.V, hd = s.head_dim;
   const double es = double(dtype_size(dt));
   std::printf("\n%s shape, %s: T=%lld D=%lld F=%lld V=%lld heads=%lld/%lld head_dim=%lld\n", s.name, dtype_name(dt),
@@ -109,17 +113,19 @@ void bench_shape(const Shapes& s, DType dt, const std::vector<int>& threads, int
        [&] { ops::logprob_entropy_bwd(logits, tgt, lse, dlp, &dent, dlogits); }},
       {"add", T * D, 3 * td * es, [&] { ops::add(x, dy, y); }},
   };
-  std::printf("%-16s %4s %10s %9s %17s\n", "kernel", "thr", "ms", "ns/elem", "GB/s [cpu]");
+  std::printf("%-16s %-7s %4s %10s %9s %17s\n", "kernel", "isa", "thr", "ms", "ns/elem", "GB/s [cpu]");
   for (const Kernel& kn : kernels) {
     if (!only.empty() && kn.name.find(only) == std::string::npos) continue;
-    for (int nt : threads) {
-      set_num_threads(nt);
-      // Big kernels (the [T, V] logits) take fewer repetitions.
-      const int r = kn.bytes > 2e8 ? std::max(2, reps / 3) : reps;
-      const Timing t = time_best(kn.run, r, nt);
-      std::printf("%-16s %4d %10.3f %9.3f %7.1f [%7.1f]\n", kn.name.c_str(), nt, t.wall * 1e3,
-                  t.wall * 1e9 / double(kn.elements), kn.bytes / t.wall * 1e-9, kn.bytes / t.cpu * 1e-9);
-    }
+    for (int nt : threads)
+      for (IsaLevel isa : isas) {
+        set_num_threads(nt);
+        set_kernel_isa(isa);
+        // Big kernels (the [T, V] logits) take fewer repetitions.
+        const int r = kn.bytes > 2e8 ? std::max(2, reps / 3) : reps;
+        const Timing t = time_best(kn.run, r, nt);
+        std::printf("%-16s %-7s %4d %10.3f %9.3f %7.1f [%7.1f]\n", kn.name.c_str(), isa_name(isa), nt, t.wall * 1e3,
+                    t.wall * 1e9 / double(kn.elements), kn.bytes / t.wall * 1e-9, kn.bytes / t.cpu * 1e-9);
+      }
   }
 }
 
@@ -129,18 +135,23 @@ int main(int argc, char** argv) {
   std::string shape = "both", only;
   int reps = 7;
   std::vector<int> threads{1, 2};
+  std::vector<IsaLevel> isas = bench::parse_isas("all");
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
     if (a == "--shape") shape = v;
     else if (a == "--reps") reps = std::max(1, std::atoi(v));
     else if (a == "--only") only = v;
+    else if (a == "--isa") {
+      isas = bench::parse_isas(v);
+      if (isas.empty()) return 2;
+    }
     else if (a == "--threads") {
       threads.clear();
       for (const char* p = v; *p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : p + std::strlen(p))
         threads.push_back(std::atoi(p));
     } else {
-      std::fprintf(stderr, "unknown option %s (options: --shape rl|large|both, --threads 1,2, --reps N, --only NAME)\n",
+      std::fprintf(stderr, "unknown option %s (options: --shape rl|large|both, --threads 1,2, --reps N, --only NAME, --isa all|avx2,avx512)\n",
                    a.c_str());
       return 2;
     }
@@ -149,10 +160,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--shape must be rl, large or both, not %s\n", shape.c_str());
     return 2;
   }
+  std::printf("%s\n", cpu_summary().c_str());
   std::vector<Shapes> shapes;
   if (shape != "large") shapes.push_back({"rl", 6000, 128, 384, data::arith_tokenizer().vocab_size, 4, 2, 32});
   if (shape != "rl") shapes.push_back({"large", 512, 896, 4864, 151936, 14, 2, 64});
   for (const Shapes& s : shapes)
-    for (DType dt : {DType::F32, DType::BF16}) bench_shape(s, dt, threads, reps, only);
+    for (DType dt : {DType::F32, DType::BF16}) bench_shape(s, dt, threads, isas, reps, only);
   return 0;
 }

@@ -1,6 +1,7 @@
 // Paged attention (the rollout engine's attention) on CPU: wall time and
-// GF/s of ops::paged_attention_fwd at 1 and 2 threads, best of --reps calls
-// after one warm-up call.
+// GF/s of ops::paged_attention_fwd at 1 and 2 threads and each kernel ISA
+// level (--isa, default all the machine runs, interleaved per case), best of
+// --reps calls after one warm-up call.
 //
 // Cases (block_size 16, random shuffled block tables, random cache):
 //   decode      128 sequences x 1 query row, context uniform in 50..130,
@@ -14,6 +15,7 @@
 // --hot 1: all sequences share one set of blocks, so K/V stay in cache (the
 // compute rate alone; such rows are marked with *).
 // Usage: bench_paged_attention_bench [--threads 1,2] [--reps 50] [--only NAME] [--hot 0|1]
+//        [--isa all|avx2,avx512]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_isa.h"
 #include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
@@ -51,7 +54,7 @@ using bench::time_best;
 
 // hot: every sequence reads the same blocks (cache-resident K/V: the
 // kernel's compute rate without the memory traffic of a real batch).
-void run_case(const Case& c, const std::vector<int>& threads, int reps, bool hot) {
+void run_case(const Case& c, const std::vector<int>& threads, const std::vector<IsaLevel>& isas, int reps, bool hot) {
   const int64_t B = int64_t(c.q_lens.size());
   int64_t T = 0, max_blocks = 0, total_blocks = 0;
   double pairs = 0;
@@ -82,13 +85,15 @@ void run_case(const Case& c, const std::vector<int>& threads, int reps, bool hot
   Tensor out = Tensor::empty({T, c.H * c.d}, c.dt);
   const ops::AttentionShape shape{c.H, c.Hkv, c.d, 0.f};
   const double flops = 4.0 * double(c.d) * double(c.H) * pairs;
-  for (int nt : threads) {
-    set_num_threads(nt);
-    const double s = time_best([&] { ops::paged_attention_fwd(q, kc, vc, bt, cu_t, sl, shape, out); }, reps, 1).wall;
-    std::printf("%-12s%s %-5s %7lld %8lld %3lld/%lld/%-3lld %7d %10.1f %8.2f\n", c.name.c_str(), hot ? "*" : " ", dtype_name(c.dt),
-                (long long)B, (long long)T, (long long)c.H, (long long)c.Hkv, (long long)c.d, nt, s * 1e6,
-                flops / s * 1e-9);
-  }
+  for (int nt : threads)
+    for (IsaLevel isa : isas) {
+      set_num_threads(nt);
+      set_kernel_isa(isa);
+      const double s = time_best([&] { ops::paged_attention_fwd(q, kc, vc, bt, cu_t, sl, shape, out); }, reps, 1).wall;
+      std::printf("%-12s%s %-5s %-7s %7lld %8lld %3lld/%lld/%-3lld %7d %10.1f %8.2f\n", c.name.c_str(), hot ? "*" : " ",
+                  dtype_name(c.dt), isa_name(isa), (long long)B, (long long)T, (long long)c.H, (long long)c.Hkv,
+                  (long long)c.d, nt, s * 1e6, flops / s * 1e-9);
+    }
 }
 
 }  // namespace
@@ -98,18 +103,23 @@ int main(int argc, char** argv) {
   int reps = 50;
   std::string only;
   bool hot = false;
+  std::vector<IsaLevel> isas = bench::parse_isas("all");
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const char* v = argv[i + 1];
     if (a == "--reps") reps = std::atoi(v);
     else if (a == "--only") only = v;
     else if (a == "--hot") hot = std::atoi(v) != 0;
+    else if (a == "--isa") {
+      isas = bench::parse_isas(v);
+      if (isas.empty()) return 2;
+    }
     else if (a == "--threads") {
       threads.clear();
       for (const char* p = v; *p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : p + std::strlen(p))
         threads.push_back(std::atoi(p));
     } else {
-      std::fprintf(stderr, "unknown option %s (options: --threads 1,2 --reps N --only NAME --hot 0|1)\n", a.c_str());
+      std::fprintf(stderr, "unknown option %s (options: --threads 1,2 --reps N --only NAME --hot 0|1 --isa all|avx2,avx512)\n", a.c_str());
       return 2;
     }
   }
@@ -133,10 +143,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 64; ++i) big.q_lens.push_back(1), big.ctx_lens.push_back(384);
   cases.push_back(big);
 
+  std::printf("%s\n", cpu_summary().c_str());
   std::printf("best of %d calls; GF/s counts 4*head_dim FLOPs per attended (query, key) pair and head\n", reps);
-  std::printf("%-13s %-5s %7s %8s %-9s %7s %10s %8s\n", "case", "dtype", "seqs", "q rows", "H/Hkv/d", "threads",
+  std::printf("%-13s %-5s %-7s %7s %8s %-9s %7s %10s %8s\n", "case", "dtype", "isa", "seqs", "q rows", "H/Hkv/d", "threads",
               "us", "GF/s");
   for (const Case& c : cases)
-    if (only.empty() || only == c.name) run_case(c, threads, reps, hot);
+    if (only.empty() || only == c.name) run_case(c, threads, isas, reps, hot);
   return 0;
 }

@@ -1,5 +1,6 @@
 // The small-M linear of decode steps: cpu::skinny_linear against the BLAS
-// path (ops::linear_fwd) and a plain read of the same bytes, on the weight
+// path (ops::linear_fwd) and a plain read of the same bytes, the skinny kernel
+// at each kernel ISA level the machine has (avx2, avx512), on the weight
 // matrices of the "small" config (8 layers of q,k,v,o,gate,up,down + the
 // 8192 x 512 lm_head: 113 MB in f32), i.e. one decode step's worth of linears.
 //
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "backend/cpu/skinny_gemm.h"
+#include "core/cpu_features.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "ops/linear.h"
@@ -141,6 +143,7 @@ int main(int argc, char** argv) {
     bytes += int64_t(w.nbytes());
     params += w.numel();
   }
+  std::printf("# %s\n", cpu_summary().c_str());
   std::printf("# skinny linear: small-config weights (%.1f MB, %s), %d threads, median of %d\n", double(bytes) / 1e6,
               dtype_name(dt), threads, reps);
   std::printf("| M | path | wall ms | CPU ms | weight GB/s (wall) | GFLOP/s (wall) |\n|---|---|---|---|---|---|\n");
@@ -167,23 +170,32 @@ int main(int argc, char** argv) {
       xs.push_back(random_tensor({M, w.size(1)}, dt, seed++));
       ys.push_back(Tensor::empty({M, w.size(0)}, dt, MemCategory::Activations));
     }
-    const bool skinny = M <= cpu::kSkinnyMaxRows, previous = skinny && M <= 8 && dt == DType::F32;
-    const char* names[3] = {"skinny", "previous kernel", "blas (ops::linear_fwd)"};
-    Stat stats[3];
+    const bool previous = M <= 8 && dt == DType::F32;
+    // Paths 0 and 1: the skinny kernel at avx2 and at avx512 (where the
+    // machine has it and the level takes M rows).
+    const char* names[4] = {"skinny avx2", "skinny avx512", "previous kernel", "blas (ops::linear_fwd)"};
+    const bool has512 = machine_isa() == IsaLevel::Avx512;
+    auto takes = [&](IsaLevel isa) {
+      set_kernel_isa(isa);
+      return cpu::skinny_linear_applies(xs[0], ws[0], nullptr, ys[0]);
+    };
+    const bool run[4] = {takes(IsaLevel::Avx2), has512 && takes(IsaLevel::Avx512), previous, true};
+    Stat stats[4];
     for (int r = 0; r < reps; ++r) {  // interleaved, so load changes hit every path alike
-      for (int path = 0; path < 3; ++path) {
-        if ((path == 0 && !skinny) || (path == 1 && !previous)) continue;
+      for (int path = 0; path < 4; ++path) {
+        if (!run[path]) continue;
+        if (path <= 1) set_kernel_isa(path == 0 ? IsaLevel::Avx2 : IsaLevel::Avx512);
         const double w0 = wall_now(), c0 = cpu_now();
         for (size_t i = 0; i < ws.size(); ++i) {
-          if (path == 0) cpu::skinny_linear(xs[i], ws[i], nullptr, ys[i]);
-          else if (path == 1) previous_kernel(xs[i], ws[i], ys[i]);
+          if (path <= 1) cpu::skinny_linear(xs[i], ws[i], nullptr, ys[i]);
+          else if (path == 2) previous_kernel(xs[i], ws[i], ys[i]);
           else ops::linear_fwd(xs[i], ws[i], nullptr, ys[i]);
         }
         stats[path].wall.push_back(wall_now() - w0);
         stats[path].cpu.push_back(cpu_now() - c0);
       }
     }
-    for (int path = 0; path < 3; ++path)
+    for (int path = 0; path < 4; ++path)
       if (!stats[path].wall.empty()) report(M, names[path], stats[path]);
   }
   return 0;

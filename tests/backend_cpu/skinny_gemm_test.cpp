@@ -14,6 +14,7 @@
 #include "common/testing.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/isa_harness.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -61,7 +62,9 @@ struct Case {
   int64_t in, out;
 };
 
-TEST(SkinnyLinear, F32EveryRowCountAndOddSizes) {
+KS_ISA_SUITE(SkinnyLinear);
+
+TEST_P(SkinnyLinear, F32EveryRowCountAndOddSizes) {
   // in: below one vector, not a multiple of 8, not of 32 (the 4x unrolled
   // step), and a multiple of 32; out: odd (an unpaired last row), tiny, even.
   const std::vector<Case> cases = {{1, 1}, {7, 3}, {8, 16}, {13, 37}, {33, 2}, {64, 9}, {100, 31}, {259, 5}};
@@ -80,7 +83,7 @@ TEST(SkinnyLinear, F32EveryRowCountAndOddSizes) {
       }
 }
 
-TEST(SkinnyLinear, EveryDtypeMix) {
+TEST_P(SkinnyLinear, EveryDtypeMix) {
   const DType dts[2] = {DType::F32, DType::BF16};
   uint64_t seed = 100;
   for (DType xd : dts)
@@ -102,7 +105,7 @@ TEST(SkinnyLinear, EveryDtypeMix) {
 // Large enough to run on the OpenMP team: the threads split the output rows,
 // and every row's dot is summed in the same order however the rows are
 // paired, so the result is bitwise the same at 1 and 2 threads.
-TEST(SkinnyLinear, ThreadSplitIsBitwiseStable) {
+TEST_P(SkinnyLinear, ThreadSplitIsBitwiseStable) {
   const int saved = omp_get_max_threads();
   for (DType wd : {DType::F32, DType::BF16})
     for (int64_t M : {1, 2, 5, 13}) {
@@ -121,7 +124,7 @@ TEST(SkinnyLinear, ThreadSplitIsBitwiseStable) {
   omp_set_num_threads(saved);
 }
 
-TEST(SkinnyLinear, NanAndInfPropagateToTheirRows) {
+TEST_P(SkinnyLinear, NanAndInfPropagateToTheirRows) {
   Tensor x = random_tensor({3, 20}, DType::F32, 11);
   const Tensor w = random_tensor({5, 20}, DType::F32, 12);
   x.set(1 * 20 + 17, std::numeric_limits<float>::quiet_NaN());  // row 1: all NaN
@@ -135,7 +138,7 @@ TEST(SkinnyLinear, NanAndInfPropagateToTheirRows) {
   }
 }
 
-TEST(SkinnyLinear, RejectsWhatItDoesNotTake) {
+TEST_P(SkinnyLinear, RejectsWhatItDoesNotTake) {
   const Tensor w = random_tensor({4, 8}, DType::F32, 1);
   const Tensor x_big = random_tensor({kSkinnyMaxRows + 1, 8}, DType::F32, 2);
   Tensor y_big = Tensor::empty({kSkinnyMaxRows + 1, 4}, DType::F32);

@@ -18,7 +18,9 @@ using namespace testing;
 
 const std::pair<int64_t, int64_t> kCases[] = {{1, 1}, {1, 17}, {5, 33}, {48, 150}};
 
-TEST(SwiGlu, ForwardMatchesReference) {
+KS_ISA_SUITE(SwiGlu);
+
+TEST_P(SwiGlu, ForwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [T, F] : kCases) {
@@ -32,7 +34,7 @@ TEST(SwiGlu, ForwardMatchesReference) {
       }
 }
 
-TEST(SwiGlu, ForwardInPlaceOverUp) {
+TEST_P(SwiGlu, ForwardInPlaceOverUp) {
   const int64_t T = 3, F = 20;
   const auto g = randn(T * F, 3), u = randn(T * F, 4);
   Tensor ut = make_tensor(u, {T, F}, DType::F32);
@@ -42,7 +44,7 @@ TEST(SwiGlu, ForwardInPlaceOverUp) {
   EXPECT_TRUE(close_for(DType::F32, values(ut), want, "h over up"));
 }
 
-TEST(SwiGlu, NanInfPropagate) {
+TEST_P(SwiGlu, NanInfPropagate) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes()) {
       SCOPED_TRACE(case_name(dev, dt));
@@ -73,7 +75,7 @@ TEST(SwiGlu, NanInfPropagate) {
     }
 }
 
-TEST(SwiGlu, ReferenceBackwardMatchesFiniteDifferences) {
+TEST_P(SwiGlu, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t n = 12;
   const auto g = randn(n, 8, 3.0), u = randn(n, 9), r = randn(n, 10);
   auto L = [&](const std::vector<double>& p) {
@@ -86,7 +88,7 @@ TEST(SwiGlu, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_finite_difference(L, concat({g, u}), concat({dg, du}), "d(gate, up)"));
 }
 
-TEST(SwiGlu, BackwardMatchesReference) {
+TEST_P(SwiGlu, BackwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [T, F] : kCases) {
@@ -103,7 +105,7 @@ TEST(SwiGlu, BackwardMatchesReference) {
       }
 }
 
-TEST(SwiGlu, BackwardInPlace) {
+TEST_P(SwiGlu, BackwardInPlace) {
   // dgate over gate and dup over dh: the activation-memory-saving layout.
   const int64_t T = 4, F = 9;
   const auto g = randn(T * F, 14), u = randn(T * F, 15), dh = randn(T * F, 16);
@@ -118,7 +120,7 @@ TEST(SwiGlu, BackwardInPlace) {
   EXPECT_THROW(ops::swiglu_bwd(gt, ut, dht, dht, dht), Error);
 }
 
-TEST(SwiGlu, RejectsBadArguments) {
+TEST_P(SwiGlu, RejectsBadArguments) {
   Tensor g = Tensor::zeros({2, 4}, DType::F32), u = Tensor::zeros({2, 4}, DType::BF16),
          h = Tensor::zeros({2, 4}, DType::F32);
   EXPECT_THROW(ops::swiglu_fwd(g, u, h), Error);

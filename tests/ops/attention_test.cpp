@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "common/testing.h"
+#include "isa_harness.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "ops/attention.h"
@@ -107,10 +108,10 @@ const std::vector<Case> kCases = {
     {{1, 1, 40}, 2, 1, 80},
 };
 
-class AttentionCases : public ::testing::TestWithParam<DType> {};
+class AttentionCases : public testing::IsaParamTest<DType> {};
 
 TEST_P(AttentionCases, ForwardMatchesReference) {
-  const DType dt = GetParam();
+  const DType dt = param();
   for (Device dev : testing::available_devices()) {
     ASSERT_EQ(dev, Device::CPU);
     for (size_t ci = 0; ci < kCases.size(); ++ci) {
@@ -127,7 +128,7 @@ TEST_P(AttentionCases, ForwardMatchesReference) {
 }
 
 TEST_P(AttentionCases, BackwardMatchesReference) {
-  const DType dt = GetParam();
+  const DType dt = param();
   for (size_t ci = 0; ci < kCases.size(); ++ci) {
     const Case& c = kCases[ci];
     const Problem p = make_problem(c, dt, 100 + ci);
@@ -148,7 +149,7 @@ TEST_P(AttentionCases, BackwardMatchesReference) {
 // NaN in q and k, +Inf in v: the kernel's NaN/Inf land where the reference's do,
 // forward and (NaN in q) backward.
 TEST_P(AttentionCases, NanInfPropagation) {
-  const DType dt = GetParam();
+  const DType dt = param();
   const Case c{{20, 70}, 4, 2, 24};
   Problem p = make_problem(c, dt, 7);
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
@@ -201,7 +202,7 @@ const std::vector<PrefixCase> kPrefixCases = {
 };
 
 TEST_P(AttentionCases, PrefixMatchesReference) {
-  const DType dt = GetParam();
+  const DType dt = param();
   const auto tol = testing::tolerance_for(dt);
   for (size_t ci = 0; ci < kPrefixCases.size(); ++ci) {
     const auto& [c, pre] = kPrefixCases[ci];
@@ -232,7 +233,7 @@ TEST_P(AttentionCases, PrefixMatchesReference) {
 // over the copies (with dout of the prefix rows in all copies but the first
 // zeroed, so the prefix's own queries count once, as in the shared layout).
 TEST_P(AttentionCases, PrefixEqualsDuplicatedPrefix) {
-  const DType dt = GetParam();
+  const DType dt = param();
   const int64_t H = 4, KV = 2, d = 32, P = 50;
   const std::vector<int32_t> branch = {30, 70, 14};
   // Shared: [plain 20 | prefix P | branches...]; duplicated: [plain 20 | P+b for each b].
@@ -289,8 +290,13 @@ TEST_P(AttentionCases, PrefixEqualsDuplicatedPrefix) {
       EXPECT_NEAR(fs.lse.get(h * ps.T + src[r]), fd.lse.get(h * pd.T + r), 1e-5) << "lse h" << h << " row " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCases, ::testing::Values(DType::F32, DType::BF16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCases,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::ValuesIn(testing::kernel_isas())),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  isa_name(std::get<1>(info.param));
+                         });
 
 // The reference backward is the gradient of the reference forward: central
 // differences of the random linear functional sum(W * out) in double.
@@ -334,9 +340,11 @@ TEST(AttentionReference, PrefixBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(testing::all_close(dv, testing::finite_difference([&](const auto& x) { return loss(q, k, x); }, v), tol, "dv"));
 }
 
+KS_ISA_SUITE(Attention);
+
 // Tokens of one sequence never see another: overwrite sequence 2 (with NaN,
 // the strongest perturbation) and sequences 1 and 3 are bit-identical.
-TEST(Attention, SequencesAreIsolated) {
+TEST_P(Attention, SequencesAreIsolated) {
   const Case c{{70, 50, 9}, 4, 2, 64};
   Problem p = make_problem(c, DType::F32, 11);
   Tensor dout = make(randn(p.qd.size(), 12), p.q.shape(), DType::F32);
@@ -383,7 +391,7 @@ void expect_thread_count_independent(const Problem& p, const Tensor& dout) {
   EXPECT_EQ(g1.dv.to_float_vector(), g2.dv.to_float_vector());
 }
 
-TEST(Attention, ThreadCountIndependent) {
+TEST_P(Attention, ThreadCountIndependent) {
   const Case c{{100, 37, 64}, 4, 2, 64};
   const Problem p = make_problem(c, DType::BF16, 21);
   expect_thread_count_independent(p, make(randn(p.qd.size(), 22), p.q.shape(), DType::BF16));
@@ -391,13 +399,13 @@ TEST(Attention, ThreadCountIndependent) {
 
 // With prefix_of, dK/dV of a prefix sum over several continuations: still
 // bit-identical at 1 and 2 threads.
-TEST(Attention, PrefixThreadCountIndependent) {
+TEST_P(Attention, PrefixThreadCountIndependent) {
   const Case c{{60, 37, 80, 5, 20, 44}, 4, 2, 32};
   const Problem p = make_problem(c, DType::F32, 23, {-1, 0, 0, -1, 0, 3});
   expect_thread_count_independent(p, make(randn(p.qd.size(), 24), p.q.shape(), DType::F32));
 }
 
-TEST(Attention, RejectsBadArguments) {
+TEST_P(Attention, RejectsBadArguments) {
   const Case c{{5, 3}, 4, 2, 8};
   const Problem p = make_problem(c, DType::F32, 31);
   FwdOut f = run_fwd(p);
@@ -426,7 +434,7 @@ TEST(Attention, RejectsBadArguments) {
                "dv must be f32[8, 16]");
 }
 
-TEST(Attention, RejectsBadPrefixOf) {
+TEST_P(Attention, RejectsBadPrefixOf) {
   const Case c{{5, 3, 4}, 4, 2, 8};
   const Problem p = make_problem(c, DType::F32, 32);
   FwdOut f = run_fwd(p);

@@ -27,7 +27,9 @@ LinearData linear_data(const LinearCase& c, DType dt, uint64_t seed) {
           round_to(randn(c.out, seed + 2), dt)};
 }
 
-TEST(Linear, ForwardMatchesReference) {
+KS_ISA_SUITE(Linear);  // the conversions, bias sums and add run per ISA level
+
+TEST_P(Linear, ForwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (const auto& c : kCases)
@@ -46,7 +48,7 @@ TEST(Linear, ForwardMatchesReference) {
         }
 }
 
-TEST(Linear, MixedDtypes) {
+TEST_P(Linear, MixedDtypes) {
   // bf16 activations with f32 weights and bias, f32 output.
   const LinearCase c{5, 19, 11};
   const auto x = round_to(randn(c.n * c.in, 3), DType::BF16), w = randn(c.out * c.in, 4), b = randn(c.out, 5);
@@ -59,7 +61,7 @@ TEST(Linear, MixedDtypes) {
   EXPECT_TRUE(close_for(DType::F32, values(y), want, "y"));
 }
 
-TEST(Linear, NanInfPropagate) {
+TEST_P(Linear, NanInfPropagate) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes()) {
       SCOPED_TRACE(case_name(dev, dt));
@@ -78,7 +80,7 @@ TEST(Linear, NanInfPropagate) {
     }
 }
 
-TEST(Linear, ReferenceBackwardMatchesFiniteDifferences) {
+TEST_P(Linear, ReferenceBackwardMatchesFiniteDifferences) {
   const LinearCase c{3, 4, 5};
   const auto x = randn(c.n * c.in, 30), w = randn(c.out * c.in, 31), b = randn(c.out, 32);
   const auto r = randn(c.n * c.out, 33);  // L = sum r * y
@@ -93,7 +95,7 @@ TEST(Linear, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_finite_difference(L, concat({x, w, b}), concat({dx, dw, db}), "d(x, w, b)"));
 }
 
-TEST(Linear, BackwardMatchesReferenceAndAccumulates) {
+TEST_P(Linear, BackwardMatchesReferenceAndAccumulates) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (const auto& c : kCases) {
@@ -125,7 +127,7 @@ TEST(Linear, BackwardMatchesReferenceAndAccumulates) {
       }
 }
 
-TEST(Linear, BackwardSkipsNullOutputs) {
+TEST_P(Linear, BackwardSkipsNullOutputs) {
   const LinearCase c{4, 9, 7};
   const auto d = linear_data(c, DType::F32, 50);
   const auto dy = randn(c.n * c.out, 51);
@@ -138,7 +140,7 @@ TEST(Linear, BackwardSkipsNullOutputs) {
   EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db"));
 }
 
-TEST(Linear, BiasGradientIndependentOfThreadCount) {
+TEST_P(Linear, BiasGradientIndependentOfThreadCount) {
   const LinearCase c{300, 8, 130};
   const auto dy = randn(c.n * c.out, 60);
   Tensor dyt = make_tensor(dy, {c.n, c.out}, DType::F32),
@@ -155,7 +157,7 @@ TEST(Linear, BiasGradientIndependentOfThreadCount) {
   EXPECT_EQ(got[0], got[1]);
 }
 
-TEST(Linear, RejectsBadShapes) {
+TEST_P(Linear, RejectsBadShapes) {
   Tensor x = Tensor::zeros({4, 8}, DType::F32), w = Tensor::zeros({6, 7}, DType::F32),
          y = Tensor::zeros({4, 6}, DType::F32);
   try {
@@ -170,7 +172,9 @@ TEST(Linear, RejectsBadShapes) {
   EXPECT_THROW(ops::linear_fwd(ints, w8, nullptr, y), Error);
 }
 
-TEST(Add, MatchesReferenceInPlaceAndMixed) {
+KS_ISA_SUITE(Add);  // the conversions, bias sums and add run per ISA level
+
+TEST_P(Add, MatchesReferenceInPlaceAndMixed) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes()) {
       SCOPED_TRACE(case_name(dev, dt));

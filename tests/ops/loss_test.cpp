@@ -40,7 +40,9 @@ LossRef ref_fwd(const std::vector<double>& z, const std::vector<int32_t>& tg, in
   return r;
 }
 
-TEST(LogprobEntropy, ForwardMatchesReference) {
+KS_ISA_SUITE(LogprobEntropy);
+
+TEST_P(LogprobEntropy, ForwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [T, V] : kCases)
@@ -62,7 +64,7 @@ TEST(LogprobEntropy, ForwardMatchesReference) {
         }
 }
 
-TEST(LogprobEntropy, SpecialValues) {
+TEST_P(LogprobEntropy, SpecialValues) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes()) {
       SCOPED_TRACE(case_name(dev, dt));
@@ -99,7 +101,7 @@ TEST(LogprobEntropy, SpecialValues) {
     }
 }
 
-TEST(LogprobEntropy, ReferenceBackwardMatchesFiniteDifferences) {
+TEST_P(LogprobEntropy, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t T = 4, V = 6;
   const auto z = make_logits(T, V, 5, DType::F32);
   const std::vector<int32_t> tg = {2, -100, 5, 0};
@@ -114,7 +116,7 @@ TEST(LogprobEntropy, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_finite_difference(L, z, dz, "dlogits"));
 }
 
-TEST(LogprobEntropy, BackwardMatchesReference) {
+TEST_P(LogprobEntropy, BackwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [T, V] : kCases)
@@ -140,7 +142,9 @@ TEST(LogprobEntropy, BackwardMatchesReference) {
           }
 }
 
-TEST(CrossEntropy, MatchesReference) {
+KS_ISA_SUITE(CrossEntropy);
+
+TEST_P(CrossEntropy, MatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [T, V] : kCases) {
@@ -167,7 +171,7 @@ TEST(CrossEntropy, MatchesReference) {
       }
 }
 
-TEST(CrossEntropy, ReferenceBackwardMatchesFiniteDifferences) {
+TEST_P(CrossEntropy, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t T = 4, V = 5;
   const auto z = make_logits(T, V, 12, DType::F32);
   const std::vector<int32_t> tg = {4, -100, 0, 2};
@@ -182,7 +186,7 @@ TEST(CrossEntropy, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_finite_difference(L, z, dz, "dlogits"));
 }
 
-TEST(CrossEntropy, AllIgnoredIsZero) {
+TEST_P(CrossEntropy, AllIgnoredIsZero) {
   const int64_t T = 3, V = 4;
   Tensor z = make_tensor(randn(T * V, 13), {T, V}, DType::F32), tt = make_ids({-100, -1, -100});
   Tensor lse = Tensor::empty({T}, DType::F32), dz = nan_tensor({T, V}, DType::F32);
@@ -191,7 +195,7 @@ TEST(CrossEntropy, AllIgnoredIsZero) {
   for (double v : values(dz)) EXPECT_EQ(v, 0.0);
 }
 
-TEST(LogprobEntropy, RejectsBadArguments) {
+TEST_P(LogprobEntropy, RejectsBadArguments) {
   const int64_t T = 2, V = 5;
   Tensor z = Tensor::zeros({T, V}, DType::F32), lp = Tensor::zeros({T}, DType::F32),
          lse = Tensor::zeros({T}, DType::F32);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/testing.h"
+#include "isa_harness.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 
@@ -26,7 +27,9 @@ void expect_equal(const Tensor& a, const Tensor& b, const char* what) {
 
 }  // namespace
 
-TEST(MixedPrecision, RmsnormBackwardBf16ActivationsF32Grads) {
+KS_ISA_SUITE(MixedPrecision);
+
+TEST_P(MixedPrecision, RmsnormBackwardBf16ActivationsF32Grads) {
   const int64_t N = 9, D = 40;
   Tensor x = random_tensor({N, D}, DType::BF16, 1), w = random_tensor({D}, DType::BF16, 2);
   Tensor dy = random_tensor({N, D}, DType::F32, 3);
@@ -40,7 +43,7 @@ TEST(MixedPrecision, RmsnormBackwardBf16ActivationsF32Grads) {
   expect_equal(dw, dw32, "dw");
 }
 
-TEST(MixedPrecision, SwigluBackwardBf16ActivationsF32Grads) {
+TEST_P(MixedPrecision, SwigluBackwardBf16ActivationsF32Grads) {
   const int64_t T = 7, F = 33;
   Tensor g = random_tensor({T, F}, DType::BF16, 4), u = random_tensor({T, F}, DType::BF16, 5);
   Tensor dh = random_tensor({T, F}, DType::F32, 6);
@@ -58,7 +61,7 @@ TEST(MixedPrecision, SwigluBackwardBf16ActivationsF32Grads) {
   }
 }
 
-TEST(MixedPrecision, AttentionBackwardBf16ActivationsF32Grads) {
+TEST_P(MixedPrecision, AttentionBackwardBf16ActivationsF32Grads) {
   const int64_t T = 13, H = 4, Hkv = 2, hd = 16;
   ops::AttentionShape s{H, Hkv, hd, 0.f};
   Tensor q = random_tensor({T, H * hd}, DType::BF16, 7), k = random_tensor({T, Hkv * hd}, DType::BF16, 8);

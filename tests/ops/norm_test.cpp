@@ -26,7 +26,9 @@ NormRef ref_fwd(const std::vector<double>& x, const std::vector<double>& w, int6
   return r;
 }
 
-TEST(RmsNorm, ForwardMatchesReference) {
+KS_ISA_SUITE(RmsNorm);
+
+TEST_P(RmsNorm, ForwardMatchesReference) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (DType wdt : {dt, DType::F32})
@@ -42,7 +44,7 @@ TEST(RmsNorm, ForwardMatchesReference) {
         }
 }
 
-TEST(RmsNorm, ForwardInPlace) {
+TEST_P(RmsNorm, ForwardInPlace) {
   const int64_t N = 4, D = 24;
   const auto x = round_to(randn(N * D, 3), DType::BF16), w = round_to(randn(D, 4), DType::BF16);
   Tensor xt = make_tensor(x, {N, D}, DType::BF16), rstd = Tensor::empty({N}, DType::F32);
@@ -50,7 +52,7 @@ TEST(RmsNorm, ForwardInPlace) {
   EXPECT_TRUE(close_for(DType::BF16, values(xt), ref_fwd(x, w, N, D).y, "y over x"));
 }
 
-TEST(RmsNorm, NanInfPropagate) {
+TEST_P(RmsNorm, NanInfPropagate) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes()) {
       SCOPED_TRACE(case_name(dev, dt));
@@ -77,7 +79,7 @@ TEST(RmsNorm, NanInfPropagate) {
     }
 }
 
-TEST(RmsNorm, ReferenceBackwardMatchesFiniteDifferences) {
+TEST_P(RmsNorm, ReferenceBackwardMatchesFiniteDifferences) {
   const int64_t N = 3, D = 5;
   const auto x = randn(N * D, 8), w = randn(D, 9), r = randn(N * D, 10);
   auto L = [&](const std::vector<double>& p) {
@@ -89,7 +91,7 @@ TEST(RmsNorm, ReferenceBackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(matches_finite_difference(L, concat({x, w}), concat({dx, dw}), "d(x, w)"));
 }
 
-TEST(RmsNorm, BackwardMatchesReferenceAndAccumulates) {
+TEST_P(RmsNorm, BackwardMatchesReferenceAndAccumulates) {
   for (Device dev : available_devices())
     for (DType dt : float_dtypes())
       for (auto [N, D] : kCases) {
@@ -116,7 +118,7 @@ TEST(RmsNorm, BackwardMatchesReferenceAndAccumulates) {
       }
 }
 
-TEST(RmsNorm, WeightGradientIndependentOfThreadCount) {
+TEST_P(RmsNorm, WeightGradientIndependentOfThreadCount) {
   const int64_t N = 300, D = 128;
   Tensor x = make_tensor(randn(N * D, 15), {N, D}, DType::F32), w = make_tensor(randn(D, 16), {D}, DType::F32);
   Tensor dy = make_tensor(randn(N * D, 17), {N, D}, DType::F32), rstd = Tensor::empty({N}, DType::F32);
@@ -134,7 +136,7 @@ TEST(RmsNorm, WeightGradientIndependentOfThreadCount) {
   EXPECT_EQ(got[0], got[1]);
 }
 
-TEST(RmsNorm, RejectsBadArguments) {
+TEST_P(RmsNorm, RejectsBadArguments) {
   Tensor x = Tensor::zeros({4, 8}, DType::BF16), w = Tensor::zeros({8}, DType::F32);
   Tensor y32 = Tensor::zeros({4, 8}, DType::F32), rstd = Tensor::zeros({4}, DType::F32);
   EXPECT_THROW(ops::rmsnorm_fwd(x, w, kEps, y32, rstd), Error);  // y takes x's dtype

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/testing.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "isa_harness.h"
 
 namespace kestrel::testing {
 

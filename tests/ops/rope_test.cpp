@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "common/testing.h"
+#include "isa_harness.h"
 #include "core/rng.h"
 #include "ops/ref/rope_ref.h"
 #include "ops/rope.h"
@@ -160,19 +161,19 @@ void check_against_reference(DType dt, bool inverse) {
   }
 }
 
-class RopeDtypes : public ::testing::TestWithParam<DType> {};
+class RopeDtypes : public testing::IsaParamTest<DType> {};
 
 TEST_P(RopeDtypes, ForwardMatchesReference) {
   for (Device dev : testing::available_devices()) {
     ASSERT_EQ(dev, Device::CPU);
-    check_against_reference(GetParam(), false);
+    check_against_reference(param(), false);
   }
 }
 
-TEST_P(RopeDtypes, BackwardMatchesReference) { check_against_reference(GetParam(), true); }
+TEST_P(RopeDtypes, BackwardMatchesReference) { check_against_reference(param(), true); }
 
 TEST_P(RopeDtypes, NanInfPropagation) {
-  const DType dt = GetParam();
+  const DType dt = param();
   RopeConfig cfg;
   cfg.head_dim = 16;
   const RopeTable table = make_rope_table(cfg, 8);
@@ -190,8 +191,13 @@ TEST_P(RopeDtypes, NanInfPropagation) {
   EXPECT_TRUE(testing::all_close(got, want, testing::tolerance_for(dt), "nan/inf"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, RopeDtypes, ::testing::Values(DType::F32, DType::BF16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Dtypes, RopeDtypes,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::ValuesIn(testing::kernel_isas())),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  isa_name(std::get<1>(info.param));
+                         });
 
 // rope_bwd is the gradient of rope_fwd: central differences of sum(W * rope(x)).
 TEST(RopeReference, BackwardMatchesFiniteDifferences) {
@@ -209,7 +215,9 @@ TEST(RopeReference, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(testing::all_close(g, testing::finite_difference(loss, x), {1e-7, 1e-6}, "dx"));
 }
 
-TEST(Rope, BackwardInvertsForward) {
+KS_ISA_SUITE(Rope);
+
+TEST_P(Rope, BackwardInvertsForward) {
   RopeConfig cfg;
   cfg.head_dim = 8;
   const RopeTable table = make_rope_table(cfg, 100);
@@ -222,7 +230,7 @@ TEST(Rope, BackwardInvertsForward) {
   EXPECT_TRUE(testing::all_close(to_double(x), x0, {1e-6, 1e-5}, "inverse(fwd(x))"));
 }
 
-TEST(Rope, RejectsBadArguments) {
+TEST_P(Rope, RejectsBadArguments) {
   RopeConfig cfg;
   cfg.head_dim = 8;
   const RopeTable table = make_rope_table(cfg, 4);

@@ -1,37 +1,32 @@
 // Register-tiled building blocks of the flash-attention CPU kernels, on the
-// 8-float vectors of vec8.h. Every micro-tile keeps at most 8 accumulators so
-// that accumulators, loaded operands and broadcasts fit the 16 registers of
-// AVX2 without spilling. Internal to attention_cpu.cpp.
+// kVec-float vectors of simd_layer.inc (8 with AVX2, 16 with AVX-512). Every
+// micro-tile keeps at most 8 accumulators so that accumulators, loaded
+// operands and broadcasts fit the 16 registers of AVX2 without spilling (the
+// 32 of AVX-512 leave room to spare). Internal to attention_cpu_isa.inc,
+// which includes it inside its ISA namespace: no include guard, no includes.
 //
-// Rows are f32, padded to dp = round_up(head_dim, 8) floats. A score block
+// Rows are f32, padded to dp = round_up(head_dim, kVec) floats. A score block
 // holds up to kBlock queries x kBlock keys (row stride kBlock).
 //
 // Causality is given per row as a key limit: row r of a block sees keys
 // j < lim(r), where lim is non-decreasing in r (see Limits). Masked pairs are
 // skipped outright, never multiplied by 0, so a NaN/Inf in a later token
 // never reaches an earlier one.
-#pragma once
-#include <algorithm>
-#include <cstdint>
-#include <limits>
+namespace attn {
 
-#include "backend/cpu/vec8.h"
-
-namespace kestrel::cpu::attn {
+using simd::hmax;
+using simd::hsum;
+using simd::iota;
+using simd::load;
+using simd::splat;
+using simd::store;
+using simd::vf;
+using simd::vi;
+constexpr int64_t kVec = simd::kW;
+inline vf exp2v(vf x) { return simd::exp2(x); }
 
 constexpr int64_t kBlock = 64;  // queries per query block == keys per key block
-constexpr int64_t kKeyTile = 16;  // keys per score micro-tile (2 vectors)
-
-using vec8::exp2v;
-using vec8::hmax;
-using vec8::hsum;
-using vec8::iota;
-using vec8::kVec;
-using vec8::load;
-using vec8::splat;
-using vec8::store;
-using vec8::vf;
-using vec8::vi;
+constexpr int64_t kKeyTile = 2 * kVec;  // keys per score micro-tile (2 vectors)
 
 // Causal key limits of one (query block, key block) pair in a sequence's
 // key coordinates: query row r sits at position q0 + r and sees keys up to
@@ -41,8 +36,8 @@ struct Limits {
   int64_t operator()(int64_t r) const { return std::clamp<int64_t>(q0 + r - k0 + 1, 0, nk); }
 };
 
-// C[r][0:16] = sum_{c < depth} A[r][c] * BT[c][0:16] for 4 rows: a 4 x 16
-// tile of a score block, keys vectorized (BT is the key-major transpose of K
+// C[r][0:2kVec] = sum_{c < depth} A[r][c] * BT[c][0:2kVec] for 4 rows: a 4 x
+// kKeyTile tile of a score block, keys vectorized (BT is the key-major transpose of K
 // or V).
 inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, float* C) {
   vf acc[4][2] = {};
@@ -63,8 +58,8 @@ inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt,
 }
 
 // Score block rows [0, nr) (A must hold round_up(nr, 4) rows), each 4-row
-// tile only over the 16-key tiles its last row can see. BT must hold
-// round_up(lim(last row), 16) readable columns.
+// tile only over the key tiles its last row can see. BT must hold
+// round_up(lim(last row), kKeyTile) readable columns.
 inline void block_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, int64_t nr,
                       const Limits& lim, float* C) {
   for (int64_t r = 0; r < nr; r += 4) {
@@ -101,8 +96,8 @@ inline void tile_wb(const float* W, int64_t ldw, const float* B, int64_t ldb, in
     for (int v = 0; v < NV; ++v) store(Out + r * ldo + kVec * v, acc[r][v]);
 }
 
-// tile_wb over the full padded width dp: 4 rows in 16-float chunks, 1 row in
-// 32-float chunks (8 accumulators either way).
+// tile_wb over the full padded width dp: 4 rows in 2-vector chunks, 1 row in
+// 4-vector chunks (8 accumulators either way).
 template <int R, bool TW>
 inline void rows_wb(const float* W, int64_t ldw, const float* B, int64_t dp, int64_t n, float* Out) {
   if (n <= 0) return;
@@ -158,4 +153,4 @@ inline void block_wtb(const float* W, const float* A, int64_t dp, int64_t nr, co
   }
 }
 
-}  // namespace kestrel::cpu::attn
+}  // namespace attn

@@ -5,6 +5,7 @@
 // vectorise under `#pragma omp simd`; anything with exp or bf16 rounding in
 // it uses simd:: explicitly (GCC left those scalar).
 #pragma once
+#include <immintrin.h>
 #include <omp.h>
 
 #include <bit>
@@ -94,132 +95,20 @@ inline float exp_f32(float x) {
   return x != x ? x : y;
 }
 
-// ---------------------------------------------------------------------------
-// Native-width float vectors (GCC/Clang vector extensions, as in
-// attention_cpu_tiles.h) for the elementwise and row kernels. GCC's
+// Native-width float vectors (GCC/Clang vector extensions) for the
+// elementwise and row kernels: simd_layer.inc at the width this translation
+// unit is compiled for (16 floats with AVX-512, 8 with AVX2). GCC's
 // auto-vectoriser leaves loops whose bodies hold exp_f32's selects and the
 // templated bf16 load/store scalar, even under `omp simd`; these spell the
-// same math out lane-wise. The width is the widest the target has (16 floats
-// with AVX-512, 8 with AVX/AVX2, else 4): GCC lowers a vector select or
-// compare wider than the hardware's lane by lane, so no wider type is used.
-//
-// Tails: a row's last n < kW elements go through the same vector math on a
-// zero-padded copy (load_part/store_part), so every element gets
-// bit-identical arithmetic wherever it sits.
-namespace simd {
-
+// same math out lane-wise. Kernels with an AVX-512 variant get their own copy
+// per ISA level instead (isa.h, isa_each.inc); this one serves the rest.
 #if defined(__AVX512F__)
-constexpr int64_t kW = 16;  // floats per vf
-#elif defined(__AVX__)
-constexpr int64_t kW = 8;
+#define KESTREL_ISA_W 16
 #else
-constexpr int64_t kW = 4;
+#define KESTREL_ISA_W 8
 #endif
-typedef float vf __attribute__((vector_size(kW * 4)));
-typedef int32_t vi __attribute__((vector_size(kW * 4)));
-typedef uint32_t vu __attribute__((vector_size(kW * 4)));
-typedef uint16_t vh __attribute__((vector_size(kW * 2)));
-typedef float vf_mem __attribute__((vector_size(kW * 4), aligned(4), __may_alias__));
-typedef uint16_t vh_mem __attribute__((vector_size(kW * 2), aligned(2), __may_alias__));
-
-inline vf splat(float x) { return x - vf{}; }  // x - 0 folds to a broadcast and keeps -0 (x + 0 would not)
-inline vi iota() {
-  vi v{};
-  for (int i = 0; i < int(kW); ++i) v[i] = i;
-  return v;
-}
-
-inline vf load(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
-typedef uint16_t vh2 __attribute__((vector_size(kW * 4)));  // a vf's bits as 16-bit halves
-// Shuffles written as index packs so they hold for every kW.
-template <size_t... I>
-inline vf widen_bf16(vh h, std::index_sequence<I...>) {
-  // Lane i's high half is h[i], its low half 0 (index kW picks from the zero vector).
-  return __builtin_bit_cast(vf, __builtin_shufflevector(h, vh{}, (I % 2 ? I / 2 : kW)...));
-}
-template <size_t... I>
-inline vh high_halves(vu u, std::index_sequence<I...>) {
-  const vh2 h = __builtin_bit_cast(vh2, u);
-  return __builtin_shufflevector(h, h, (2 * I + 1)...);  // little-endian: the high half is the odd one
-}
-inline vf load(const bf16_bits* p) {
-  return widen_bf16(*reinterpret_cast<const vh_mem*>(p), std::make_index_sequence<2 * kW>());
-}
-// f32_to_bf16 lane-wise (round to nearest even, NaN kept quiet) in the high
-// 16 bits of each lane; the low 16 bits are left as they fall.
-inline vu bf16_round_hi(vf v) {
-  const vu u = __builtin_bit_cast(vu, v);
-  return v != v ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
-}
-inline void store(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
-inline void store(bf16_bits* p, vf v) {
-  *reinterpret_cast<vh_mem*>(p) = high_halves(bf16_round_hi(v), std::make_index_sequence<kW>());
-}
-// round_to<T> lane-wise.
-template <class T>
-inline vf round_to(vf v) {
-  if constexpr (std::is_same_v<T, bf16_bits>) return __builtin_bit_cast(vf, bf16_round_hi(v) & 0xffff0000u);
-  return v;
-}
-
-// Lanes [0, n) from p (0 < n <= kW), zeros above.
-template <class T>
-inline vf load_part(const T* p, int64_t n) {
-  T buf[kW] = {};
-  std::memcpy(buf, p, size_t(n) * sizeof(T));
-  return load(buf);
-}
-// Stores lanes [0, n) of v to p.
-template <class T>
-inline void store_part(T* p, int64_t n, vf v) {
-  T buf[kW];
-  store(buf, v);
-  std::memcpy(p, buf, size_t(n) * sizeof(T));
-}
-
-// Halving-tree reductions: a fixed order for a given width, so results do
-// not depend on where a row starts or on the thread count.
-inline float hsum(vf v) {
-  float a[kW];
-  std::memcpy(a, &v, sizeof(a));
-  for (int w = int(kW) / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
-}
-// Max of NaN-free lanes.
-inline float hmax(vf v) {
-  float a[kW];
-  std::memcpy(a, &v, sizeof(a));
-  for (int w = int(kW) / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
-  return a[0];
-}
-
-// exp_f32 lane-wise: the same operations in the same order, so it returns
-// bit-identical results (tests/ops checks), specials included.
-inline vf exp(vf x) {
-  constexpr float kHi = 88.72283f, kLo = -86.6f, kRound = 12582912.f;
-  vf xc = x < kLo ? splat(kLo) : x;
-  xc = xc > kHi ? splat(kHi) : xc;
-  xc = x != x ? vf{} : xc;
-  const vf n = (xc * 1.44269504088896341f + kRound) - kRound;
-  vf r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const vi e = (__builtin_convertvector(n, vi) + 126) << 23;
-  vf y = p * __builtin_bit_cast(vf, e) * 2.f;
-  y = x > kHi ? splat(std::numeric_limits<float>::infinity()) : y;
-  y = x < kLo ? vf{} : y;
-  return x != x ? x : y;
-}
-
-}  // namespace simd
+#include "backend/cpu/simd_layer.inc"
+#undef KESTREL_ISA_W
 
 // Parallelise only when there is enough work to pay for waking the team.
 inline bool worth_parallel(int64_t elements) { return elements >= (int64_t(1) << 15) && omp_get_max_threads() > 1; }

@@ -6,42 +6,23 @@
 #endif
 // linear (x @ W^T + b) and the residual add on the CPU. bf16 operands are
 // widened to f32 scratch, multiplied by the f32 BLAS, and rounded once on output.
+// The conversions, bias column sums and add are compiled per ISA level
+// (linear_isa.inc, isa.h).
 #include <cstring>
 
 #include "backend/cpu/dense_ops.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/isa.h"
 #include "backend/cpu/kernel_util.h"
+
+#define KESTREL_ISA_BODY "backend/cpu/linear_isa.inc"
+#include "backend/cpu/isa_each.inc"
 
 namespace kestrel::cpu {
 
-Tensor f32_view(const Tensor& t) {
-  if (t.dtype() == DType::F32) return t;
-  Tensor out = Tensor::empty(t.shape(), DType::F32, MemCategory::Activations);
-  float* dst = ptr<float>(out);
-  dispatch_float(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* src = ptr<const T>(t);
-    parallel_blocks(t.numel(), 1, [&](int64_t b, int64_t e) {
-#pragma omp simd
-      for (int64_t i = b; i < e; ++i) dst[i] = load_f32(src, i);
-    });
-  });
-  return out;
-}
+Tensor f32_view(const Tensor& t) { return KESTREL_ISA_CALL(f32_view, t); }
 
-void store_from_f32(const float* src, Tensor& dst) {
-  dispatch_float(dst.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* d = ptr<T>(dst);
-    if constexpr (std::is_same_v<T, float>) {
-      if (d == src) return;
-    }
-    parallel_blocks(dst.numel(), 1, [&](int64_t b, int64_t e) {
-#pragma omp simd
-      for (int64_t i = b; i < e; ++i) store_f32(d, i, src[i]);
-    });
-  });
-}
+void store_from_f32(const float* src, Tensor& dst) { KESTREL_ISA_CALL(store_from_f32, src, dst); }
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const int64_t T = x.size(0), in = x.size(1), out = w.size(0);
@@ -77,46 +58,9 @@ void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, 
     const Tensor xf = f32_view(x);
     sgemm(true, false, out, in, T, 1.f, dyp, out, ptr<const float>(xf), in, 1.f, ptr<float>(*dw), in);
   }
-  if (db) {
-    // Column sums, threads split the columns: each column is summed over t in
-    // order, so the result does not depend on the thread count.
-    float* dbp = ptr<float>(*db);
-    parallel_blocks(out, T, [&](int64_t c0, int64_t c1) {
-      constexpr int64_t kChunk = 256;
-      float acc[kChunk];
-      for (int64_t j0 = c0; j0 < c1; j0 += kChunk) {
-        const int64_t n = std::min(kChunk, c1 - j0);
-        for (int64_t j = 0; j < n; ++j) acc[j] = 0.f;
-        for (int64_t t = 0; t < T; ++t) {
-          const float* row = dyp + t * out + j0;
-#pragma omp simd
-          for (int64_t j = 0; j < n; ++j) acc[j] += row[j];
-        }
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) dbp[j0 + j] += acc[j];
-      }
-    });
-  }
+  if (db) KESTREL_ISA_CALL(bias_grad, dyp, T, out, ptr<float>(*db));
 }
 
-void add(const Tensor& a, const Tensor& b, Tensor& y) {
-  dispatch_float(a.dtype(), [&](auto ta) {
-    dispatch_float(b.dtype(), [&](auto tb) {
-      dispatch_float(y.dtype(), [&](auto ty) {
-        using A = decltype(ta);
-        using B = decltype(tb);
-        using Y = decltype(ty);
-        const A* ap = ptr<const A>(a);
-        const B* bp = ptr<const B>(b);
-        Y* yp = ptr<Y>(y);
-        // y may alias a or b: each element is read before it is written.
-        parallel_blocks(y.numel(), 1, [&](int64_t i0, int64_t i1) {
-#pragma omp simd
-          for (int64_t i = i0; i < i1; ++i) store_f32(yp, i, load_f32(ap, i) + load_f32(bp, i));
-        });
-      });
-    });
-  });
-}
+void add(const Tensor& a, const Tensor& b, Tensor& y) { KESTREL_ISA_CALL(add, a, b, y); }
 
 }  // namespace kestrel::cpu

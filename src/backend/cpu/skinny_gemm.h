@@ -4,7 +4,8 @@
 // BLAS is a poor fit: it packs the whole weight matrix into a panel on every
 // call, which reads and writes it again. This kernel streams each weight row
 // straight from memory exactly once and dots it with every input row while
-// the row sits in L1 (AVX2/FMA, f32 accumulation like the BLAS).
+// the row sits in L1 (AVX2 or AVX-512 FMAs by kernel_isa(), f32 accumulation
+// like the BLAS; the kernels are in skinny_gemm_isa.inc).
 //
 // Measured on the build machine (Zen 4 VM, 1 thread, CPU time, 113 MB of
 // small-config weights): one sequential stream per weight row reads at ~20
@@ -24,8 +25,9 @@
 namespace kestrel::cpu {
 
 // The most input rows skinny_linear takes. Past ~16 rows both paths are bound
-// by the FMAs; OpenBLAS's AVX-512 kernel overtakes this one (AVX2, no
-// packing) between 32 and 48 rows on the build machine (bench_skinny_gemm_bench).
+// by the FMAs; OpenBLAS's AVX-512 kernel overtakes this one's AVX2 variant
+// (no packing) between 32 and 48 rows on the build machine
+// (bench_skinny_gemm_bench).
 constexpr int64_t kSkinnyMaxRows = 32;
 
 // y[M, out] = x[M, in] @ w[out, in]^T (+ b[out]); 1 <= M <= kSkinnyMaxRows.
