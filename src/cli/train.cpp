@@ -67,7 +67,6 @@ const char* const kBuiltinRun[] = {
     "trainer.project_name=kestrel",
     "trainer.experiment_name=grpo_arith",
     "trainer.device=cpu",
-    "trainer.n_gpus_per_node=1",
     // ~0.4 s a step on 2 cores: the 10-minute budget (validations included)
     // ends the run, after ~1400 steps; docs/benchmarks.md has the curve.
     "trainer.total_training_steps=2000",
@@ -277,6 +276,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
+  check_launch(c, world_size);
   check_sizes_divide(c, in, world_size);
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();

@@ -53,14 +53,23 @@ TEST(ConfigSchema, MindSpeedOverrideKeysDeclaredForEveryEngine) {
   // Supported today: SP only; the rest need features that have not landed.
   EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel")->status,
             Support::Supported);
-  EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn")->status,
+  EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer")->status,
             Support::NotSupportedYet);
+  // Kestrel's kernels are the fused ones: true is what it does.
+  const KeyDecl* fa = find_key("actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn");
+  EXPECT_EQ(fa->status, Support::NoEffect);
+  EXPECT_EQ(fa->as_default, (std::vector<std::string>{"true"}));
 }
 
 TEST(ConfigSchema, StrategyNames) {
   const KeyDecl* d = find_key("actor_rollout_ref.actor.strategy");
-  EXPECT_EQ(d->allowed, (std::vector<std::string>{"megatron", "fsdp"}));
-  EXPECT_TRUE(testing::load_overrides({"actor_rollout_ref.actor.strategy=fsdp"}).is_ok());
+  EXPECT_EQ(d->allowed, (std::vector<std::string>{"megatron", "fsdp", "fsdp2"}));
+  for (const char* s : {"fsdp", "fsdp2", "megatron"}) {
+    auto c = testing::load_overrides({std::string("actor_rollout_ref.actor.strategy=") + s});
+    ASSERT_TRUE(c.is_ok()) << s;
+    EXPECT_TRUE(c->notices().empty()) << s;  // all run Kestrel's one engine
+    EXPECT_EQ(c->get_string("actor_rollout_ref.ref.strategy"), s);
+  }
 }
 
 TEST(ConfigSchema, DocsListEveryKey) {
