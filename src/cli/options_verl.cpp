@@ -32,8 +32,7 @@ void read_verl_choices(const config::Config& c) {
   (void)c.get_string(R + "name");
   (void)c.get_string(R + "mode");
   (void)c.get_string(R + "load_format");
-  for (const std::string& o : {A + "optim.optimizer", std::string("critic.optim.optimizer")})
-    if (c.get_string(o) == "sgd") KS_FAIL("not supported yet: ", o, "=sgd (from ", c.origin(o), "; Kestrel has AdamW)");
+  for (const std::string& o : {A + "optim.optimizer", std::string("critic.optim.optimizer")}) (void)c.get_string(o);
   const std::string dev = c.get_string("trainer.device");
   if (dev == "cuda" && !kCudaTrainer && c.origin("trainer.device") != "default")
     KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"),

@@ -1,10 +1,13 @@
 // The one declaration of every config key. Parsing, validation, defaults,
 // `kestrel config docs` and `kestrel config show` all derive from this table.
 //
-// Key names and defaults follow verl's ppo_megatron_trainer.yaml. Where verl's
-// default asks for something Kestrel does not do (wandb logging, vLLM, CUDA
-// graphs, distributed optimizer), the default is what Kestrel does and the doc
-// says "verl default: ...".
+// The PPO tree is the union of verl's two generated trees (FSDP
+// _generated_ppo_trainer.yaml and Megatron _generated_ppo_megatron_trainer.yaml;
+// Kestrel has one engine, so fsdp_config.* and megatron.* both describe it),
+// with the Megatron tree's defaults; --config-name=ppo_trainer applies the FSDP
+// tree's where they differ (config/hydra.cpp). Where verl's default asks for
+// something Kestrel does not do (wandb logging, vLLM, CUDA graphs, distributed
+// optimizer), the default is what Kestrel does and the doc says "verl default: ...".
 #pragma once
 #include <optional>
 #include <set>

@@ -125,13 +125,15 @@ std::vector<std::string> suggest_keys(const std::string& path, const Schema& s) 
     return out;
   }
   // 3) Right name in the wrong section ("actor_rollout_ref.ppo_mini_batch_size",
-  //    "trainer.train_batch_size"): the last component, close within the
-  //    top-level section, exact anywhere; ranked by whole-path distance.
+  //    "trainer.train_batch_size", "temprature"): the last component, close
+  //    within the top-level section the path names (anywhere when it names
+  //    none), exact anywhere; ranked by whole-path distance.
   const std::string_view last = last_component(path);
+  const bool scoped = s.is_section(top);
   std::vector<std::tuple<size_t, size_t, std::string>> by_last;
   for (const auto& d : s.keys()) {
     const size_t dl = edit_distance(last, last_component(d.path));
-    if (dl == 0 || (dl <= budget(last) / 2 && under(d.path, top)))
+    if (dl == 0 || (dl <= budget(last) / 2 && (!scoped || under(d.path, top))))
       by_last.emplace_back(dl, edit_distance(path, d.path), d.path);
   }
   std::stable_sort(by_last.begin(), by_last.end());

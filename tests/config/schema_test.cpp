@@ -119,3 +119,26 @@ TEST(ConfigSchema, EveryTreeLoadsItsDefaultsAndDocumentsEveryKey) {
 
 }  // namespace
 }  // namespace kestrel::config
+
+namespace kestrel::config {
+namespace {
+
+// verl's renames first, then typos within the section the path names (not
+// the nearest spelling anywhere in the tree).
+TEST(ConfigSchema, SuggestionsFromRenamesAndTheSameSubtree) {
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.actor.optim.grad_clip"),
+            (std::vector<std::string>{"actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"}));
+  EXPECT_EQ(suggest_keys("trainer.val_generations_to_log_to_wandb"),
+            (std::vector<std::string>{"trainer.log_val_generations"}));
+  // A typo under actor.fsdp_config suggests the actor's fsdp_config key, not the ref's or megatron's.
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.actor.fsdp_config.param_ofload"),
+            (std::vector<std::string>{"actor_rollout_ref.actor.fsdp_config.param_offload"}));
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.ref.fsdp_config.param_ofload"),
+            (std::vector<std::string>{"actor_rollout_ref.ref.fsdp_config.param_offload"}));
+  EXPECT_EQ(unknown_key_message("actor_rollout_ref.actor.optim.grad_clip"),
+            "unknown config key 'actor_rollout_ref.actor.optim.grad_clip' (did you mean "
+            "'actor_rollout_ref.actor.optim.clip_grad' or 'actor_rollout_ref.actor.grad_clip'?)");
+}
+
+}  // namespace
+}  // namespace kestrel::config
