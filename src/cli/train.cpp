@@ -1,10 +1,13 @@
 // kestrel train: RL post-training (GRPO / RLOO / REINFORCE++) with verl's
 // ppo_trainer keys through the config layer.
 //
-// Without --config, a built-in run layer (kBuiltinRun below) comes first: the
-// built-in `arith` task, the tiny built-in policy warm-started by SFT (trained
-// once with `kestrel sft` settings and cached, see warm_start_dir) and GRPO
-// settings sized for a 2-core CPU. Command-line overrides apply on top.
+// Without --config and without data.train_files, a built-in run layer
+// (kBuiltinRun below) comes first: the built-in `arith` task, the tiny
+// built-in policy warm-started by SFT (trained once with `kestrel sft`
+// settings and cached, see warm_start_dir) and GRPO settings sized for a
+// 2-core CPU. Command-line overrides apply on top. A verl script always names
+// its data, and then gets verl's defaults, as `python3 -m verl.trainer.main_ppo` does.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -80,7 +83,8 @@ std::string help_text() {
   std::string s =
       "usage: kestrel train [--config FILE.yaml] [key=value ...]\n\n"
       "RL post-training with verl's ppo_trainer keys ('kestrel config docs' lists them).\n"
-      "Without --config the built-in run comes first (arith task, SFT-warm-started tiny policy, GRPO):\n";
+      "Without --config and data.train_files the built-in run comes first (arith task, SFT-warm-started\n"
+      "tiny policy, GRPO); a command naming its data (as verl scripts do) gets verl's defaults:\n";
   for (const char* o : kBuiltinRun) s += std::string("  ") + o + "\n";
   s += "\nbuiltin:arith as a data file is the built-in task; builtin:tiny|small as model path a random-init\n"
        "model; builtin:arith-sft the tiny model after SFT on arith (trained once and cached under\n"
@@ -262,11 +266,15 @@ int cmd_train(const std::vector<std::string>& argv) {
       return 0;
     }
   const auto t_start = std::chrono::steady_clock::now();
-  // Without --config the built-in run layer comes before the user's overrides.
+  // Without --config and data.train_files the built-in run layer comes before the user's overrides.
   auto lo = config::options_from_args(argv);
   if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
   std::vector<std::string> first;
-  if (lo->config_files.empty()) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
+  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
+    const size_t b = o.find_first_not_of('+');
+    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
+  });
+  if (lo->config_files.empty() && !names_data) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
   const config::Config c = load_command_config(config::ppo_schema(), argv, first);
   const TrainInputs in = train_inputs(c);
 

@@ -67,4 +67,9 @@ rc=$?
 set -e
 [ "$rc" != 0 ] || fail "8 x 1 processes on a 1-process run was accepted"
 grep -q "launch with mpirun -np 8 kestrel train" "$W/log.txt" || fail "the world-size error does not say what to do"
+# A verl command without --config-name (main_ppo's default tree) names its
+# data: it gets verl's defaults, not the built-in arith run, so its
+# checkpoints land under verl's default trainer.default_local_dir.
+(cd "$W/cwd" && "$KESTREL" train algorithm.adv_estimator=grpo data.train_files="$W/train.jsonl"     data.val_files="$W/test.jsonl" data.train_batch_size=2 data.max_prompt_length=96 data.max_response_length=8     actor_rollout_ref.model.path=builtin:tiny actor_rollout_ref.actor.ppo_mini_batch_size=2     actor_rollout_ref.rollout.n=2 actor_rollout_ref.rollout.tensor_model_parallel_size=1     actor_rollout_ref.actor.fsdp_config.param_offload=False trainer.total_training_steps=1     trainer.val_before_train=False) >"$W/log.txt" 2>&1 || fail "a verl-style command without --config-name"
+[ -f "$W/cwd/checkpoints/verl_examples/gsm8k/metrics.jsonl" ] || fail "verl's default checkpoint folder was not used"
 echo "verl_gsm8k_example: verl's GRPO script ran 2 steps with only the launcher changed"
