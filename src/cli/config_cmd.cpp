@@ -17,6 +17,8 @@ const char* kUsage =
     "       kestrel config defaults [TREE]\n\n"
     "TREE is the command's key table: ppo_trainer (kestrel train; the default), sft_trainer (kestrel sft),\n"
     "generate or logprobs (the PPO keys those commands take).\n"
+    "--config-name ppo_trainer | ppo_megatron_trainer with no such file under --config-path is verl's tree\n"
+    "built in (as verl scripts pass --config-path=config); YAML files may use Hydra defaults lists.\n"
     "Overrides use Hydra syntax: key=value sets an existing key, +key=value adds one\n"
     "(free-form maps, override_transformer_config), ++key=value adds or sets, ~key deletes\n"
     "(restores a declared key's default). Values are YAML scalars or lists: lr=1e-6, logger='[console]'.\n";

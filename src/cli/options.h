@@ -56,6 +56,14 @@ struct TrainInputs {
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.
 TrainInputs train_inputs(const config::Config& c);
+// verl's names for equivalent paths (strategy, rollout.name/mode, load_format,
+// optimizer spelling): read and checked; trainer.device=cuda set on a build
+// whose trainer runs on the CPU fails saying what to do. train_inputs calls
+// it (options_verl.cpp).
+void read_verl_choices(const config::Config& c);
+// A set trainer.n_gpus_per_node x nnodes other than the process count fails
+// saying what to do.
+void check_launch(const config::Config& c, int world_size);
 // The RL options; the schedule lengths need the data set (batches per epoch).
 // engine.kv_cache_bytes is left for rollout_kv_cache_bytes once the model is loaded.
 rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch);

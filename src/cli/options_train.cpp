@@ -60,6 +60,7 @@ int64_t local_ranks() {
 
 TrainInputs train_inputs(const config::Config& c) {
   reject_unbuilt(c);
+  read_verl_choices(c);
   TrainInputs in;
   in.model_path = c.get_string("actor_rollout_ref.model.path");
   in.tokenizer_path = c.get_string_or("actor_rollout_ref.model.tokenizer_path", "");
@@ -144,7 +145,9 @@ optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::s
   optim::LrScheduleConfig lr;
   lr.lr = c.get_float(P + "lr");
   const std::string decay_style = c.get_string(P + "lr_decay_style");
-  const std::string style = c.is_null(P + "warmup_style") ? decay_style : c.get_string(P + "warmup_style");
+  // verl's FSDP names win over Megatron's: warmup_style (deprecated), then lr_scheduler_type.
+  const std::string fsdp_style = c.get_string_or(P + "lr_scheduler_type", decay_style);
+  const std::string style = c.is_null(P + "warmup_style") ? fsdp_style : c.get_string(P + "warmup_style");
   lr.style = optim::parse_lr_style(style, P + "lr_decay_style").value();
   const int64_t own_total = c.get_int(P + "total_training_steps");
   lr.total_steps = own_total > 0 ? own_total : total_steps;
@@ -223,7 +226,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.gamma = c.get_float("algorithm.gamma");
   o.lam = c.get_float("algorithm.lam");
   o.adamw = adamw_config(c, A);
-  o.clip_grad = c.get_float(A + "optim.clip_grad");
+  o.clip_grad = c.get_float_or(A + "grad_clip", c.get_float(A + "optim.clip_grad"));  // verl FSDP's name wins
   const int64_t epochs = c.get_int("trainer.total_epochs");
   o.total_steps = c.get_int_or("trainer.total_training_steps", batches_per_epoch * epochs);
   if (o.filter_groups.enable) o.total_epochs = epochs;
@@ -270,7 +273,8 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   co.response_length = o.response_length;
   co.adamw = adamw_config(c, C);
   co.lr = lr_schedule_config(c, C, o.total_steps);
-  co.clip_grad = c.get_float(C + "optim.clip_grad");
+  co.clip_grad = c.get_float_or(C + "grad_clip", c.get_float(C + "optim.clip_grad"));  // verl FSDP's name wins
+  co.distributed_optimizer = c.get_bool(C + "megatron.override_transformer_config.use_distributed_optimizer");
   co.share_prompts = o.share_prompts;
   return co;
 }

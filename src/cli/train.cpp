@@ -1,10 +1,13 @@
 // kestrel train: RL post-training (GRPO / RLOO / REINFORCE++) with verl's
 // ppo_trainer keys through the config layer.
 //
-// Without --config, a built-in run layer (kBuiltinRun below) comes first: the
-// built-in `arith` task, the tiny built-in policy warm-started by SFT (trained
-// once with `kestrel sft` settings and cached, see warm_start_dir) and GRPO
-// settings sized for a 2-core CPU. Command-line overrides apply on top.
+// Without --config and without data.train_files, a built-in run layer
+// (kBuiltinRun below) comes first: the built-in `arith` task, the tiny
+// built-in policy warm-started by SFT (trained once with `kestrel sft`
+// settings and cached, see warm_start_dir) and GRPO settings sized for a
+// 2-core CPU. Command-line overrides apply on top. A verl script always names
+// its data, and then gets verl's defaults, as `python3 -m verl.trainer.main_ppo` does.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,7 +70,6 @@ const char* const kBuiltinRun[] = {
     "trainer.project_name=kestrel",
     "trainer.experiment_name=grpo_arith",
     "trainer.device=cpu",
-    "trainer.n_gpus_per_node=1",
     // ~0.4 s a step on 2 cores: the 10-minute budget (validations included)
     // ends the run, after ~1400 steps; docs/benchmarks.md has the curve.
     "trainer.total_training_steps=2000",
@@ -81,7 +83,8 @@ std::string help_text() {
   std::string s =
       "usage: kestrel train [--config FILE.yaml] [key=value ...]\n\n"
       "RL post-training with verl's ppo_trainer keys ('kestrel config docs' lists them).\n"
-      "Without --config the built-in run comes first (arith task, SFT-warm-started tiny policy, GRPO):\n";
+      "Without --config and data.train_files the built-in run comes first (arith task, SFT-warm-started\n"
+      "tiny policy, GRPO); a command naming its data (as verl scripts do) gets verl's defaults:\n";
   for (const char* o : kBuiltinRun) s += std::string("  ") + o + "\n";
   s += "\nbuiltin:arith as a data file is the built-in task; builtin:tiny|small as model path a random-init\n"
        "model; builtin:arith-sft the tiny model after SFT on arith (trained once and cached under\n"
@@ -263,11 +266,15 @@ int cmd_train(const std::vector<std::string>& argv) {
       return 0;
     }
   const auto t_start = std::chrono::steady_clock::now();
-  // Without --config the built-in run layer comes before the user's overrides.
+  // Without --config and data.train_files the built-in run layer comes before the user's overrides.
   auto lo = config::options_from_args(argv);
   if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
   std::vector<std::string> first;
-  if (lo->config_files.empty()) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
+  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
+    const size_t b = o.find_first_not_of('+');
+    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
+  });
+  if (lo->config_files.empty() && !names_data) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
   const config::Config c = load_command_config(config::ppo_schema(), argv, first);
   const TrainInputs in = train_inputs(c);
 
@@ -277,6 +284,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
+  check_launch(c, world_size);
   check_sizes_divide(c, in, world_size);
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();

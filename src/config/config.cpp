@@ -210,7 +210,8 @@ std::string defaults_yaml(const Schema& s) {
     return out;
   }
   std::string out =
-      "# Kestrel PPO/GRPO trainer config: the keys and defaults of verl's ppo_megatron_trainer.yaml.\n"
+      "# Kestrel PPO/GRPO trainer config: the keys of verl's two trees (ppo_trainer.yaml, FSDP, and\n"
+      "# ppo_megatron_trainer.yaml) with the Megatron tree's defaults.\n"
       "# Generated from src/config/schema_*.cpp; edit the schema, then regenerate with\n"
       "#   kestrel config defaults > configs/ppo_trainer.yaml   (or: KESTREL_UPDATE_GOLDEN=1 test_config\n"
       "#   --gtest_filter=ConfigYaml.ShippedDefaultsFileMatchesSchema)\n"

@@ -89,9 +89,13 @@ std::string docs(const Schema& s = ppo_schema());
 // (verl comment style: a comment above each field). configs/ppo_trainer.yaml is this text.
 std::string defaults_yaml(const Schema& s = ppo_schema());
 
-// Nearest valid keys for a mistyped path (edit distance over full paths, then
-// over the last component). Empty when nothing is close.
+// Nearest valid keys for a mistyped path, empty when nothing is close:
+// verl's renamed keys first (optim.grad_clip -> optim.clip_grad, FSDP <-> Megatron
+// names), then typos inside the section the path names, then the right name in
+// another section.
 std::vector<std::string> suggest_keys(const std::string& path, const Schema& s = ppo_schema());
+// Levenshtein distance, for "is this a near miss" checks.
+size_t key_edit_distance(std::string_view a, std::string_view b);
 // "unknown config key 'x' (did you mean 'y'?)"; in a view, a key of the
 // parent tree "does not apply to kestrel generate".
 std::string unknown_key_message(const std::string& path, const Schema& s = ppo_schema());

@@ -28,6 +28,21 @@ Value parse_default(const KeyDecl& d);
 // or (in a view) of its parent tree, where oc.select falls back to its default.
 bool known_path(const Schema& s, const std::string& p);
 
+// Deep merge (maps key by key, anything else replaces); dst takes src's origin.
+void merge_values(Value& dst, const Value& src);
+
+// Hydra composition (hydra.cpp). verl's tree names a --config-name or a
+// defaults entry may give without a file: ppo_trainer, ppo_megatron_trainer.
+bool is_builtin_config_name(const std::string& stem);
+// "builtin:<stem>", the config file name that stands for Kestrel's built-in tree.
+std::string builtin_config_file(const std::string& stem);
+// The values the built-in tree `stem` sets over the table's defaults (verl's
+// FSDP tree: strategy=fsdp ...; the Megatron tree: none).
+Value builtin_tree(const std::string& stem);
+// A YAML file (or "builtin:<stem>") with its Hydra defaults list composed:
+// the whole tree from the root, `hydra:` and `defaults:` consumed.
+Result<Value> compose_config(const std::string& file);
+
 // "(from X)" suffix for messages.
 std::string from(const std::string& origin);
 

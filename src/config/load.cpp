@@ -84,13 +84,34 @@ std::string located(const std::string& origin, const std::string& msg) {
   return origin == kCommandLine ? msg : origin + ": " + msg;
 }
 
-void deep_merge(Value& dst, const Value& src) {
-  if (!dst.is_map() || !src.is_map()) {
-    dst = src;
-    return;
+void deep_merge(Value& dst, const Value& src) { detail::merge_values(dst, src); }
+
+// A section given as a copy of another section, as verl's yaml writes it
+// (ref.megatron.override_transformer_config:
+// ${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}):
+// each key of `path` copies the same key of the other section.
+// The section `v` copies when it is "${<section>}" or "${oc.select:<section>,...}"; "" otherwise.
+std::string copied_section(const Schema& s, const Value& v) {
+  static const std::regex copy_re(R"(^\$\{\s*(?:oc\.select:)?\s*([A-Za-z0-9_.]+)\s*(?:,.*)?\}$)");
+  std::smatch m;
+  if (v.kind != Value::Kind::String || !std::regex_match(v.s, m, copy_re)) return "";
+  return s.is_section(m[1].str()) ? m[1].str() : "";
+}
+
+bool copy_section(const Schema& s, Value& tree, const std::string& path, const Value& v) {
+  const std::string src = copied_section(s, v);
+  if (src.empty()) return false;
+  for (const auto& d : s.keys()) {
+    if (d.path.rfind(path + ".", 0) != 0) continue;
+    const std::string from_key = src + d.path.substr(path.size());
+    if (s.find(from_key)) detail::ensure(tree, d.path) = Value::string("${" + from_key + "}", v.origin);
   }
-  for (const auto& [k, v] : src.map) deep_merge(dst.at_or_insert(k), v);
-  dst.origin = src.origin;
+  return true;
+}
+
+std::string not_supported_entry(const std::string& path, const Value& v, const std::string& open) {
+  return "not supported yet: " + path + "=" + to_flow_yaml(v) + " (Kestrel acts on the keys of " + open +
+         " that 'kestrel config docs' lists; this one it does not know)";
 }
 
 std::string first_key_under(const Schema& s, const std::string& section) {
@@ -102,8 +123,11 @@ std::string first_key_under(const Schema& s, const std::string& section) {
 // Puts `v` at `path`, which must be the root, a section, a key or an entry of a
 // free-form map. Sections merge key by key; free-form maps merge deeply.
 void merge_at(const Schema& s, Value& tree, const std::string& path, const Value& v, std::vector<std::string>& errors) {
+  // OmegaConf's "???" (mandatory, no value yet: verl's rollout.name) keeps Kestrel's default.
+  if (v.kind == Value::Kind::String && !v.quoted && v.s == "???") return;
   if (path.empty() || s.is_section(path)) {
     if (v.is_null()) return;  // "actor:" with nothing below it
+    if (!path.empty() && copy_section(s, tree, path, v)) return;
     if (!v.is_map()) {
       errors.push_back(located(v.origin, "config key '" + path + "' is a section, not a value; set one of its keys, e.g. '" +
                                              first_key_under(s, path) + "=...'"));
@@ -111,16 +135,15 @@ void merge_at(const Schema& s, Value& tree, const std::string& path, const Value
     }
     for (const auto& [k, child] : v.map) {
       if (k == "_target_") continue;  // verl names a Python dataclass here; nothing to build in C++
-      if (path.empty() && k == "defaults") {
-        errors.push_back(located(child.origin, "Hydra 'defaults' lists are not supported yet; merge the files into one "
-                                               "or pass several --config FILE options"));
-        continue;
-      }
+      if (path.empty() && (k == "defaults" || k == "hydra")) continue;  // composed by compose_config
       merge_at(s, tree, join(path, k), child, errors);
     }
     return;
   }
   if (const KeyDecl* d = s.find(path)) {
+    // A free-form map given as a copy of a section (verl: the reward model's
+    // override_transformer_config follows the actor's) keeps its default.
+    if (d->type == Type::Map && v.kind == Value::Kind::String && !copied_section(s, v).empty()) return;
     Value& slot = detail::ensure(tree, path);
     if (d->type == Type::Map && v.is_map() && slot.is_map()) deep_merge(slot, v);
     else slot = v;
@@ -130,21 +153,15 @@ void merge_at(const Schema& s, Value& tree, const std::string& path, const Value
     deep_merge(detail::ensure(tree, path), v);
     return;
   }
+  if (const std::string open = s.open_ancestor(path); !open.empty()) {
+    errors.push_back(located(v.origin, not_supported_entry(path, v, open)));
+    return;
+  }
   errors.push_back(located(v.origin, unknown_key_message(path, s)));
 }
 
 Status apply_file(const Schema& s, Value& tree, const std::string& file) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) return KS_ERR("config file not found: ", file);
-  YAML::Node node;
-  try {
-    node = YAML::LoadFile(file);
-  } catch (const YAML::Exception& e) {
-    return KS_ERR(file, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML parse error: ", e.msg);
-  }
-  Value v = from_yaml(node, file, 1);
-  if (!v.is_null() && !v.is_map())
-    return KS_ERR(file, ": a config file must be a YAML mapping of sections (data:, trainer:, ...)");
+  KS_ASSIGN(Value v, detail::compose_config(file));
   std::vector<std::string> errors;
   merge_at(s, tree, "", v, errors);
   if (!errors.empty()) {
@@ -155,7 +172,7 @@ Status apply_file(const Schema& s, Value& tree, const std::string& file) {
   return Status::ok();
 }
 
-Status apply_override(const Schema& s, Value& tree, const std::string& text) {
+Status apply_override(const Schema& s, Value& tree, const std::string& text, std::vector<std::string>& notices) {
   static const std::regex key_re(R"([A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)*)");
   enum class Op { Set, Add, Force, Delete } op = Op::Set;
   std::string body = text;
@@ -171,7 +188,25 @@ Status apply_override(const Schema& s, Value& tree, const std::string& text) {
   const KeyDecl* d = s.find(key);
   const bool section = s.is_section(key);
   const bool free_entry = !d && !section && s.free_form_ancestor(key);
-  if (!d && !section && !free_entry) return Status::error(unknown_key_message(key, s));
+  if (!d && !section && !free_entry) {
+    if (op == Op::Add || op == Op::Force) {
+      // `+key=value` asks for a key verl's tree may not have either (recipe
+      // code reads it): nothing in Kestrel would read it.
+      KS_ASSIGN(Value v, parse_override_value(body.substr(eq + 1), kCommandLine));
+      const std::string open = s.open_ancestor(key);
+      const auto near = suggest_keys(key, s);
+      // A near miss of a key the open section declares is a typo, not a new key.
+      if (!open.empty() && !near.empty() && near.front().rfind(open + ".", 0) == 0) {
+        const std::string a = key.substr(key.rfind('.') + 1), b = near.front().substr(near.front().rfind('.') + 1);
+        if (key_edit_distance(a, b) <= std::max<size_t>(2, a.size() / 4)) return Status::error(unknown_key_message(key, s));
+      }
+      if (!open.empty()) return Status::error(not_supported_entry(key, v, open));
+      return Status::error("not supported yet: " + key + "=" + to_flow_yaml(v) +
+                           " (added with '+'; Kestrel has no such key, so nothing would read it" +
+                           (near.empty() ? std::string(")") : "; did you mean '" + near.front() + "'?)"));
+    }
+    return Status::error(unknown_key_message(key, s));
+  }
   const Value* existing = detail::lookup(tree, key);
 
   if (op == Op::Delete) {
@@ -187,11 +222,15 @@ Status apply_override(const Schema& s, Value& tree, const std::string& text) {
   }
 
   KS_ASSIGN(Value v, parse_override_value(body.substr(eq + 1), kCommandLine));
+  // Hydra refuses both; verl scripts written for an older tree do them
+  // (`+fsdp_config.model_dtype=...` once the key exists, `engine_kwargs.sglang.x=...`
+  // without '+'). Kestrel sets the value and says so.
   if (op == Op::Add && existing && !(d && d->addable))
-    return KS_ERR("cannot add config key '", key, "': it already exists; use '", key, "=...' to override it or '++", key,
-                  "=...' to add or override");
+    notices.push_back("note: '+" + key + "=...' adds a key that exists (Hydra refuses this); Kestrel sets it as '" +
+                      key + "=...'");
   if (op == Op::Set && free_entry && !existing)
-    return KS_ERR("config key '", key, "' is not set; use '+", key, "=...' to add it");
+    notices.push_back("note: '" + key + "=...' sets a key its map does not have (Hydra wants '+" + key +
+                      "=...'); Kestrel adds it");
   std::vector<std::string> errors;
   if (d && d->type == Type::Map) detail::ensure(tree, key) = v;  // `map=...` replaces the whole map
   else merge_at(s, tree, key, v, errors);
@@ -245,8 +284,15 @@ Result<LoadOptions> options_from_args(const std::vector<std::string>& args, std:
     return KS_ERR("--config-path ", cfg_path, " needs --config-name NAME (the YAML file inside it)");
   if (!cfg_name.empty()) {
     if (std::filesystem::path(cfg_name).extension().empty()) cfg_name += ".yaml";
+    std::string file = (cfg_path.empty() ? std::string("configs") : cfg_path) + "/" + cfg_name;
+    // verl scripts name verl's trees (--config-path=config next to the script,
+    // --config-name=ppo_megatron_trainer): without such a file, the built-in tree.
+    const std::string stem = std::filesystem::path(cfg_name).stem().string();
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec) && detail::is_builtin_config_name(stem))
+      file = detail::builtin_config_file(stem);
     // The primary config (Hydra's one file) comes first; --config files layer on top.
-    o.config_files.insert(o.config_files.begin(), (cfg_path.empty() ? std::string("configs") : cfg_path) + "/" + cfg_name);
+    o.config_files.insert(o.config_files.begin(), file);
   }
   return o;
 }
@@ -257,7 +303,7 @@ Result<Config> load(const LoadOptions& opts) {
   for (const auto& f : opts.config_files) KS_TRY(apply_file(s, raw, f));
   std::vector<std::string> errors, notices;
   for (const auto& o : opts.overrides) {
-    Status st = apply_override(s, raw, o);
+    Status st = apply_override(s, raw, o, notices);
     if (!st.is_ok()) errors.push_back(st.message());
   }
   // Bad overrides were skipped; still check the rest so one run reports everything.

@@ -26,6 +26,12 @@ KeyDecl& Builder::k(const std::string& rel, Type t, std::string def, Support s, 
   out_.push_back(std::move(d));
   return out_.back();
 }
+
+KeyDecl& Builder::existing(const std::string& path) {
+  for (auto& d : out_)
+    if (d.path == path) return d;
+  KS_FAIL("config table: no key ", path, " to amend");
+}
 }  // namespace schema_detail
 
 const char* support_name(Support s) {
@@ -52,6 +58,7 @@ Schema::Schema(std::string name, std::string command, std::vector<KeyDecl> keys,
       KS_CHECK(ok, "config key ", p, ": supported value '", s, "' is not in its allowed set");
     }
     KS_CHECK(!d.doc.empty(), "config key ", p, " has no doc");
+    if (d.addable && p.find('.') != std::string::npos) open_.insert(p.substr(0, p.rfind('.')));
   }
   for (const auto& s : sections_) KS_CHECK(!by_path_.count(s), "config path is both key and section: ", s);
   for (const auto& d : keys_) paths_.push_back(d.path);
@@ -71,6 +78,15 @@ const KeyDecl* Schema::free_form_ancestor(std::string_view path) const {
     const size_t dot = p.rfind('.');
     if (dot == std::string_view::npos) return nullptr;
     p = p.substr(0, dot);
+  }
+}
+
+std::string Schema::open_ancestor(std::string_view path) const {
+  for (std::string_view p = path;;) {
+    const size_t dot = p.rfind('.');
+    if (dot == std::string_view::npos) return "";
+    p = p.substr(0, dot);
+    if (open_.count(p)) return std::string(p);
   }
 }
 
@@ -104,7 +120,9 @@ std::vector<KeyDecl> view(const Schema& parent, const std::vector<schema_detail:
 const Schema& ppo_schema() {
   static const Schema s("ppo_trainer", "kestrel train",
                         build({schema_detail::declare_data_and_model, schema_detail::declare_actor_ref_critic,
-                               schema_detail::declare_rollout, schema_detail::declare_reward_algorithm_trainer}));
+                               schema_detail::declare_rollout, schema_detail::declare_reward_algorithm_trainer,
+                               schema_detail::declare_verl_fsdp, schema_detail::declare_verl_extra,
+                               schema_detail::amend_for_verl}));
   return s;
 }
 

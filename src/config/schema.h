@@ -1,16 +1,20 @@
 // The one declaration of every config key. Parsing, validation, defaults,
 // `kestrel config docs` and `kestrel config show` all derive from this table.
 //
-// Key names and defaults follow verl's ppo_megatron_trainer.yaml. Where verl's
-// default asks for something Kestrel does not do (wandb logging, vLLM, CUDA
-// graphs, distributed optimizer), the default is what Kestrel does and the doc
-// says "verl default: ...".
+// The PPO tree is the union of verl's two generated trees (FSDP
+// _generated_ppo_trainer.yaml and Megatron _generated_ppo_megatron_trainer.yaml;
+// Kestrel has one engine, so fsdp_config.* and megatron.* both describe it),
+// with the Megatron tree's defaults; --config-name=ppo_trainer applies the FSDP
+// tree's where they differ (config/hydra.cpp). Where verl's default asks for
+// something Kestrel does not do (wandb logging, vLLM, CUDA graphs, distributed
+// optimizer), the default is what Kestrel does and the doc says "verl default: ...".
 #pragma once
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kestrel::config {
@@ -41,6 +45,16 @@ struct KeyDecl {
   bool addable = false;
   // null is a valid value although the default is not null (data.val_files=null: no validation).
   bool nullable = false;
+  // Values (flow YAML, e.g. "true", "1", "safetensors") that mean what Kestrel
+  // does although they are not the default: a NotSupportedYet key accepts them
+  // like its default, a NoEffect key without a notice
+  // (override_transformer_config.use_flash_attn=true: Kestrel's attention is
+  // always fused; expert_tensor_parallel_size=1).
+  std::vector<std::string> as_default;
+  // Values (list keys: elements) accepted with a one-line notice saying what
+  // Kestrel does instead (rollout.name=vllm runs the built-in engine;
+  // trainer.logger's wandb goes to console, JSONL and TensorBoard).
+  std::vector<std::pair<std::string, std::string>> noted;
 };
 
 const char* type_name(Type t);
@@ -65,6 +79,11 @@ class Schema {
   bool is_section(std::string_view path) const;
   // The Map-typed key at or above `path` (free-form section), or nullptr.
   const KeyDecl* free_form_ancestor(std::string_view path) const;
+  // An open section takes Hydra `+key=value` additions: the parent section of
+  // an `addable` key (override_transformer_config, model.override_config).
+  // An added key it does not declare is "not supported yet", not unknown.
+  // Returns the open section at or above `path` ("" when none).
+  std::string open_ancestor(std::string_view path) const;
   // Every key path and section path, for suggestions.
   const std::vector<std::string>& all_paths() const { return paths_; }
   // The tree a view was cut from (nullptr for a full tree).
@@ -74,7 +93,7 @@ class Schema {
   std::string name_, command_;
   std::vector<KeyDecl> keys_;
   std::unordered_map<std::string, size_t> by_path_;
-  std::set<std::string, std::less<>> sections_;
+  std::set<std::string, std::less<>> sections_, open_;
   std::vector<std::string> paths_;
   const Schema* parent_;
 };
@@ -104,6 +123,8 @@ class Builder {
   const std::string& prefix() const { return prefix_; }
   KeyDecl& k(const std::string& rel, Type t, std::string def, Support s, std::string doc,
              std::vector<std::string> allowed = {}, std::vector<std::string> supported = {});
+  // A key declared earlier (full path), to amend; a missing one is a table bug.
+  KeyDecl& existing(const std::string& path);
 
  private:
   std::vector<KeyDecl>& out_;
@@ -114,6 +135,12 @@ void declare_actor_ref_critic(Builder& b);
 void declare_rollout(Builder& b);
 void declare_reward_algorithm_trainer(Builder& b);
 void declare_sft(Builder& b);
+// verl's keys beyond the Megatron tree (schema_verl_*.cpp): the FSDP tree's
+// fsdp_config/ulysses/grad_clip keys, profilers, Ray, reward-model engine
+// blocks, and amendments of earlier declarations for values verl scripts pass.
+void declare_verl_fsdp(Builder& b);
+void declare_verl_extra(Builder& b);
+void amend_for_verl(Builder& b);
 // The PPO key paths each view takes, with the defaults and docs it restates.
 struct ViewKey {
   std::string path;

@@ -27,7 +27,10 @@ std::string follow(const std::string& actor_path, const std::string& fallback) {
 
 void declare_optim(Builder& b, const std::string& owner, const char* lr) {
   b.scope(owner + ".optim");
-  b.k("optimizer", S, "adam", YES, "Optimizer.", {"adam", "sgd"}, {"adam"});
+  b.k("optimizer", S, "adam", YES,
+      "Optimizer: Kestrel's AdamW (decoupled weight decay) for adam and for verl FSDP's AdamW / adamw. verl FSDP "
+      "default: AdamW.",
+      {"adam", "AdamW", "adamw", "Adam", "sgd"}, {"adam", "AdamW", "adamw", "Adam"});
   b.k("lr", F, lr, YES, "Peak learning rate.");
   b.k("lr_warmup_steps_ratio", F, "0.0", YES, "Warmup steps as a fraction of total_training_steps (used when lr_warmup_steps < 0).");
   b.k("lr_warmup_steps", I, "-1", YES, "Linear warmup steps; negative uses lr_warmup_steps_ratio.");
@@ -80,20 +83,26 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
   add("recompute_method", S, "null", NO, "How full recompute picks layers.", {"uniform", "block"});
   add("recompute_num_layers", I, "null", NO, "Layers per recompute unit (uniform) or recomputed layers per stage (block).");
-  add("attention_backend", S, "flash", NO, "Megatron attention implementation; Kestrel uses its own fused attention.",
+  add("attention_backend", S, "flash", NOP,
+      "Megatron attention implementation; Kestrel runs its own fused (flash-style) attention for every value.",
       {"flash", "fused", "unfused", "local", "auto"});
-  // MindSpeed (verl MindSpeed backend guide).
-  add("use_flash_attn", B, "false", NO, "MindSpeed fused flash attention.");
-  add("use_fused_rmsnorm", B, "false", NO, "MindSpeed fused RMSNorm kernel.");
-  add("use_fused_swiglu", B, "false", NO, "MindSpeed fused SwiGLU kernel.");
+  // MindSpeed (verl MindSpeed backend guide). Kestrel's kernels are always
+  // the fused ones, so true is what it does (accepted without a notice).
+  auto fused = [&](const std::string& key, const std::string& doc) {
+    KeyDecl& k = b.k(key, B, d(key, "false"), NOP, doc);
+    k.addable = true;
+    k.as_default = {"true"};
+  };
+  fused("use_flash_attn", "MindSpeed fused flash attention; Kestrel's attention is always fused (flash-style).");
+  fused("use_fused_rmsnorm", "MindSpeed fused RMSNorm kernel; Kestrel's RMSNorm is always its single-pass kernel.");
+  fused("use_fused_swiglu", "MindSpeed fused SwiGLU kernel; Kestrel's SwiGLU is always fused.");
   const bool critic = meg.rfind("critic.", 0) == 0;
   add_own("sequence_parallel", YES,
       is_ref ? "Sequence parallelism of the reference model; must equal the actor's (it runs on the actor's grid)."
              : "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
-  add_own("use_distributed_optimizer", is_ref ? NOP : critic ? NO : YES,
+  add_own("use_distributed_optimizer", is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer."
-             : critic ? "Shard the critic's optimizer state over DP ranks (the critic has no data parallelism yet)."
-                      : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
+             : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
   add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
   add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
   add("num_layers", I, "null", NO, "Override the model's layer count (used with noop_layers).");
@@ -114,11 +123,13 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("moe_aux_loss_coeff", F, "0.0", NO, "MoE load-balancing loss coefficient.");
   add("moe_z_loss_coeff", F, "null", NO, "MoE router z-loss coefficient.");
   add("moe_shared_expert_overlap", B, "false", NO, "Overlap shared-expert compute with dispatch.");
-  add("apply_rope_fusion", B, "false", NO, "Fused RoPE kernel.");
-  add("gradient_accumulation_fusion", B, "false", NO, "Fuse weight-gradient accumulation into the GEMM.");
-  add("persist_layer_norm", B, "false", NO, "Persistent LayerNorm kernel.");
-  add("bias_activation_fusion", B, "false", NO, "Fused bias + activation.");
-  add("masked_softmax_fusion", B, "false", NO, "Fused masked softmax.");
+  add("apply_rope_fusion", B, "false", NOP, "Fused RoPE kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  add("gradient_accumulation_fusion", B, "false", NOP, "Fuse weight-gradient accumulation into the GEMM: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  add("persist_layer_norm", B, "false", NOP, "Persistent LayerNorm kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  add("bias_activation_fusion", B, "false", NOP, "Fused bias + activation: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  add("bias_dropout_fusion", B, "false", NOP,
+      "Fused bias + dropout + add: a Megatron kernel choice with the same math; Kestrel has no dropout.");
+  add("masked_softmax_fusion", B, "false", NOP, "Fused masked softmax: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
   add("attention_dropout", F, "0.0", NO, "Attention dropout probability.");
   add("hidden_dropout", F, "0.0", NO, "Hidden-state dropout probability.");
 }
@@ -142,16 +153,20 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
       "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic_same));
   b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
-      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size.");
+      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel's "
+      "models are dense (no experts to split).").as_default = {"1"};
   b.k("pipeline_model_parallel_size", I, d("pipeline_model_parallel_size", "1"), NO, "Pipeline-parallel size (PP).");
   b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), NO,
       "Virtual pipeline stages per PP rank (interleaved 1F1B).");
   b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
   b.k("sequence_parallel", B, d("sequence_parallel", "true"), own,
       "Sequence parallelism: shard norm/dropout activations over TP ranks." + (is_ref ? as_actor : critic_same));
-  b.k("use_distributed_optimizer", B, d("use_distributed_optimizer", "false"), is_ref ? NOP : critic ? NO : YES,
+  b.k("use_distributed_optimizer", B,
+      critic ? "${" + std::string(kActorMeg) + ".use_distributed_optimizer}" : d("use_distributed_optimizer", "false"),
+      is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer."
-             : critic ? "Shard the critic's optimizer state over DP ranks (the critic has no data parallelism yet)."
+             : critic ? "Shard the critic's optimizer state over DP ranks (ZeRO-1); defaults to the actor's. verl "
+                        "default: true."
                       : "Shard optimizer state over DP ranks (ZeRO-1). verl default: true.");
   b.k("use_dist_checkpointing", B, d("use_dist_checkpointing", "false"), NO, "Load Megatron dist checkpoints instead of HF weights.");
   b.k("dist_checkpointing_path", S, d("dist_checkpointing_path", "null"), NO, "Megatron dist checkpoint directory.");
@@ -165,7 +180,8 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("override_mcore_model_config", M, "{}", NO, "Extra fields for the Megatron model constructor.");
   b.k("use_mbridge", B, d("use_mbridge", "true"), NOP, "HF<->Megatron weight bridge; Kestrel always reads HF weights directly.");
   b.k("vanilla_mbridge", B, d("vanilla_mbridge", "true"), NOP, "Use the vanilla mbridge; Kestrel has no mbridge.");
-  b.k("use_remove_padding", B, "true", NO, "Packed (THD) sequences without padding; false uses padded BSHD.");
+  b.k("use_remove_padding", B, "true", NOP, "Packed (THD) sequences without padding; Kestrel always packs (false, "
+      "padded BSHD in Megatron, gives the same values).");
   b.k("forward_only", B, is_ref ? "true" : "false", NO, "Build the engine for inference only (set for the reference model).");
   b.k("dtype", S, is_ref ? follow(std::string(kActorMeg) + ".dtype", "bfloat16") : "bfloat16", own,
       "Compute dtype of the training engine." + (is_ref ? as_actor : std::string()), kDtypes, kDtypesOk);
@@ -186,8 +202,9 @@ void declare_checkpoint(Builder& b, const std::string& owner) {
 void declare_actor_ref_critic(Builder& b) {
   const std::string actor = "actor_rollout_ref.actor";
   b.scope(actor);
-  b.k("strategy", S, "megatron", NOP, "Training backend name; both names run Kestrel's one training engine.",
-      {"megatron", "fsdp"});
+  b.k("strategy", S, "megatron", YES, "Training backend name; megatron, fsdp and fsdp2 all run Kestrel's one training "
+      "engine (--config-name=ppo_trainer gives verl's FSDP default: fsdp).",
+      {"megatron", "fsdp", "fsdp2"});
   b.k("rollout_n", I, "${actor_rollout_ref.rollout.n}", NOP,
       "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
   b.k("ppo_mini_batch_size", I, "256", YES,
@@ -238,30 +255,33 @@ void declare_actor_ref_critic(Builder& b) {
 
   const std::string ref = "actor_rollout_ref.ref";
   b.scope(ref);
-  b.k("strategy", S, "${actor_rollout_ref.actor.strategy}", NOP,
-      "Backend of the reference model; both names run Kestrel's one engine.", {"megatron", "fsdp"});
+  b.k("strategy", S, "${actor_rollout_ref.actor.strategy}", YES,
+      "Backend of the reference model; megatron, fsdp and fsdp2 all run Kestrel's one engine.",
+      {"megatron", "fsdp", "fsdp2"});
   b.k("use_torch_compile", B, follow("actor_rollout_ref.actor.use_torch_compile", "true"), NOP,
       "torch.compile in verl; Kestrel is compiled C++.");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
   b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per reference log-prob forward on one rank.");
-  b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), NO,
+  b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), NOP,
       "Token-budget micro-batches for reference log-probs; Kestrel batches the reference pass as the old-log-prob "
       "pass (actor_rollout_ref.rollout.log_prob_*).");
-  b.k("log_prob_max_token_len_per_gpu", I, follow("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"), NO,
+  b.k("log_prob_max_token_len_per_gpu", I, follow("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "16384"), NOP,
       "Token budget per reference log-prob micro-batch; Kestrel uses actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu.");
   declare_megatron(b, ref, true);
 
   const std::string critic = "critic";
   b.scope(critic);
   b.k("enable", B, "null", YES, "Train a value model; null enables it exactly when algorithm.adv_estimator is gae.");
-  b.k("strategy", S, "megatron", NOP, "Critic backend name; both names run Kestrel's one engine.", {"megatron", "fsdp"});
+  b.k("strategy", S, "megatron", YES, "Critic backend name; megatron, fsdp and fsdp2 all run Kestrel's one engine.",
+      {"megatron", "fsdp", "fsdp2"});
   b.k("rollout_n", I, "${oc.select:actor_rollout_ref.rollout.n,1}", NOP,
       "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
   b.k("model.path", S, "${actor_rollout_ref.model.path}", YES,
       "HF model directory the value model starts from (verl: ~/models/deepseek-llm-7b-chat; Kestrel: the actor's).");
   b.k("model.tokenizer_path", S, "${oc.select:actor_rollout_ref.model.path,null}", NOP,
       "Tokenizer directory; Kestrel's critic scores the actor's token ids and needs none.");
-  b.k("model.override_config", M, "{}", NO, "Fields overriding the critic's HF config.json.");
+  b.k("model.override_config", M, "{model_config: {}, moe_config: {freeze_moe_router: false}}", NO,
+      "Fields overriding the critic's HF config.json (verl's Megatron shape; its FSDP tree writes {}).");
   b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
   b.k("ppo_mini_batch_size", I, follow("actor_rollout_ref.actor.ppo_mini_batch_size", "256"), YES,

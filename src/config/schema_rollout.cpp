@@ -14,10 +14,19 @@ constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String,
 
 void declare_rollout(Builder& b) {
   b.scope("actor_rollout_ref.rollout");
-  b.k("name", S, "kestrel", YES, "Rollout engine: Kestrel's built-in engine. verl default: ??? (required).",
-      {"kestrel", "vllm", "sglang", "hf", "trtllm"}, {"kestrel"});
-  b.k("mode", S, "sync", YES, "sync: batch generation in the training process; async: server + agent loop. verl default: async.",
-      {"sync", "async"}, {"sync"});
+  b.k("name", S, "kestrel", YES,
+      "Rollout engine: Kestrel's built-in engine (paged KV cache, continuous batching, prefix caching, chunked "
+      "prefill), which also runs for vllm and sglang (with a notice). verl default: ??? (required).",
+      {"kestrel", "vllm", "sglang", "hf", "trtllm"}, {"kestrel"})
+      .noted = {{"vllm", "Kestrel runs its built-in engine in vLLM's place (same sampling settings)"},
+                {"sglang", "Kestrel runs its built-in engine in SGLang's place (same sampling settings)"},
+                {"trtllm", "Kestrel runs its built-in engine in TensorRT-LLM's place (same sampling settings)"},
+                {"hf", "Kestrel runs its built-in engine in place of HF generate (same sampling settings)"}};
+  b.k("mode", S, "sync", YES,
+      "sync: batch generation in the training process; async (verl's server + agent loop) runs the same "
+      "generation here, with a notice. verl default: async.",
+      {"sync", "async"}, {"sync"})
+      .noted = {{"async", "Kestrel generates in the training process (sync); single-turn results are the same"}};
   b.k("temperature", F, "1.0", YES, "Sampling temperature.");
   b.k("top_k", I, "-1", YES, "Top-k sampling; -1 (or 0) disables.");
   b.k("top_p", F, "1.0", YES, "Nucleus sampling mass; 1 disables.");
@@ -35,12 +44,17 @@ void declare_rollout(Builder& b) {
   b.k("gpu_memory_utilization", F, "0.5", YES,
       "Fraction of device memory for rollout weights + KV cache: kv_cache = this x memory - weights (CPU: "
       "MemTotal / processes on the machine; KESTREL_DEVICE_MEMORY=bytes overrides).");
-  b.k("enforce_eager", B, "true", NO, "Run without CUDA graphs. verl default: false (CUDA graphs on).");
+  b.k("enforce_eager", B, "true", NOP,
+      "Run without CUDA graphs; Kestrel's engine always runs eagerly (graphs change speed, not results). verl "
+      "default: false (CUDA graphs on).");
   b.k("cudagraph_capture_sizes", IL, "null", NO, "Batch sizes captured as CUDA graphs.");
-  b.k("free_cache_engine", B, "true", NO,
-      "Release the KV cache after generation so training can use the memory (Kestrel always does).");
-  b.k("load_format", S, "dummy", YES, "Initial rollout weights; dummy: the trainer pushes its weights before the first rollout.",
-      {"dummy", "hf", "megatron", "dtensor", "safetensors", "auto"}, {"dummy"});
+  b.k("free_cache_engine", B, "true", NOP,
+      "Release the KV cache after generation so training can use the memory; Kestrel always does (memory, not "
+      "results).");
+  b.k("load_format", S, "dummy", YES,
+      "Initial rollout weights. Kestrel's rollout reads the trainer's weights (loaded from model.path) in place, so "
+      "dummy, safetensors, auto and hf all start from them.",
+      {"dummy", "hf", "megatron", "dtensor", "safetensors", "auto"}, {"dummy", "safetensors", "auto", "hf"});
   b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.");
   b.k("data_parallel_size", I, "1", YES, "Data-parallel replicas of the rollout engine.");
   b.k("expert_parallel_size", I, "1", NO, "Expert-parallel size of the rollout engine.");
@@ -70,15 +84,17 @@ void declare_rollout(Builder& b) {
   b.k("log_prob_max_token_len_per_gpu", I, "${oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384}", YES,
       "Token budget per old-log-prob micro-batch.");
   b.k("over_sample_rate", F, "0.0", NO, "Abort the remaining requests once (1 - rate) of them finished.");
-  b.k("multi_stage_wake_up", B, "false", NO, "Wake weights and KV cache in stages (SGLang).");
+  b.k("multi_stage_wake_up", B, "false", NOP,
+      "Wake weights and KV cache in stages (SGLang, to lower peak memory); Kestrel's rollout reads the trainer's "
+      "weights in place and sizes its cache once.");
   b.k("skip_rollout", B, "false", NO, "Replay dumped rollouts instead of generating.");
   b.k("skip_dump_dir", S, "/tmp/rollout_dump", NO, "Directory of dumped rollouts for skip_rollout.");
   b.k("skip_tokenizer_init", B, "true", NOP, "vLLM tokenizer start-up; Kestrel's engine takes token ids.");
   b.k("enable_rollout_routing_replay", B, "false", NO, "Record MoE routing in the rollout for replay in training.");
   b.k("quantization", S, "null", NO, "Rollout weight quantization (e.g. fp8).", {"fp8"});
-  b.k("engine_kwargs.vllm", M, "{}", NO, "Extra vLLM engine arguments.");
-  b.k("engine_kwargs.sglang", M, "{}", NO, "Extra SGLang engine arguments.");
-  b.k("engine_kwargs.trtllm", M, "{}", NO, "Extra TensorRT-LLM engine arguments.");
+  b.k("engine_kwargs.vllm", M, "{}", NOP, "Extra vLLM engine arguments; Kestrel runs its own engine in vLLM's place, which takes none of them.");
+  b.k("engine_kwargs.sglang", M, "{}", NOP, "Extra SGLang engine arguments; Kestrel runs its own engine in SGLang's place, which takes none of them.");
+  b.k("engine_kwargs.trtllm", M, "{}", NOP, "Extra TensorRT-LLM engine arguments; Kestrel runs its own engine in TensorRT-LLM's place, which takes none of them.");
 
   b.k("val_kwargs.top_k", I, "-1", YES, "Validation top-k.");
   b.k("val_kwargs.top_p", F, "1.0", YES, "Validation top-p.");

@@ -163,7 +163,14 @@ void validate(const Schema& schema, Value& resolved, const Value& raw, std::vect
     if (bad_value) continue;
     const std::string shown = d.path + "=" + to_flow_yaml(*v);
     bool unsupported = false;
-    for (const auto& m : ms) unsupported |= !d.supported.empty() && !contains(d.supported, m);
+    for (const auto& m : ms) {
+      auto why = std::find_if(d.noted.begin(), d.noted.end(), [&](const auto& n) { return n.first == m; });
+      if (why != d.noted.end()) {
+        notices.push_back("note: " + d.path + " has '" + m + "' (from " + v->origin + "): " + why->second);
+        continue;
+      }
+      unsupported |= !d.supported.empty() && !contains(d.supported, m);
+    }
     if (unsupported) {
       report("not supported yet: " + shown + " (from " + v->origin + "; supported: " + join(d.supported) + ")");
       continue;
@@ -173,7 +180,7 @@ void validate(const Schema& schema, Value& resolved, const Value& raw, std::vect
       // follows the actor's value is still "the default".
       auto def = resolve_as(schema, raw, parse_default(d), d.path);
       Value dv = def.is_ok() ? std::move(def).value() : Value::null();
-      const bool is_default = coerce(dv, d) && dv == *v;
+      const bool is_default = (coerce(dv, d) && dv == *v) || contains(d.as_default, to_flow_yaml(*v));
       if (d.status == Support::NotSupportedYet && !is_default)
         report("not supported yet: " + shown + " (from " + v->origin + "; only the default " +
                          to_flow_yaml(dv) + " works)");

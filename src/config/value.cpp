@@ -84,11 +84,15 @@ bool Value::operator==(const Value& o) const {
 namespace {
 
 // [-+]?[0-9]+
+// Digits with optional '_' between them (YAML 1.1 / PyYAML, which verl's
+// yaml uses: trace_alloc_max_entries: 100_000).
 bool is_int_text(const std::string& t) {
   size_t i = (t[0] == '+' || t[0] == '-') ? 1 : 0;
   if (i == t.size()) return false;
-  for (; i < t.size(); ++i)
+  for (size_t start = i; i < t.size(); ++i) {
+    if (t[i] == '_' && i > start && i + 1 < t.size() && t[i - 1] != '_') continue;
     if (t[i] < '0' || t[i] > '9') return false;
+  }
   return true;
 }
 
@@ -142,9 +146,12 @@ Value infer_scalar(const std::string& t, const std::string& origin) {
     return v;
   }
   if (is_int_text(t)) {
-    const char* first = t.data() + (t[0] == '+' ? 1 : 0);
-    auto [p, ec] = std::from_chars(first, t.data() + t.size(), v.i);
-    if (ec == std::errc() && p == t.data() + t.size()) {
+    std::string digits;
+    for (char c : t)
+      if (c != '_') digits += c;
+    const char* first = digits.data() + (digits[0] == '+' ? 1 : 0);
+    auto [p, ec] = std::from_chars(first, digits.data() + digits.size(), v.i);
+    if (ec == std::errc() && p == digits.data() + digits.size()) {
       v.kind = Value::Kind::Int;
       return v;
     }

@@ -75,7 +75,7 @@ TEST(TrainOptions, RolloutAndReferenceFollowTheActor) {
 TEST(ConfigNoEffect, NoticeOnlyForNonDefaultValues) {
   EXPECT_TRUE(ok(config::ppo_schema(), {}).notices().empty());
   EXPECT_TRUE(ok(config::ppo_schema(), {"data.val_batch_size=null"}).notices().empty());
-  const auto c = ok(config::ppo_schema(), {"data.val_batch_size=64", A + "strategy=fsdp"});
+  const auto c = ok(config::ppo_schema(), {"data.val_batch_size=64", A + "use_torch_compile=false"});
   ASSERT_EQ(c.notices().size(), 2u);
   EXPECT_NE(c.notices()[0].find("data.val_batch_size=64"), std::string::npos) << c.notices()[0];
   EXPECT_NE(c.notices()[0].find("no effect in Kestrel"), std::string::npos);

@@ -53,14 +53,23 @@ TEST(ConfigSchema, MindSpeedOverrideKeysDeclaredForEveryEngine) {
   // Supported today: SP only; the rest need features that have not landed.
   EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel")->status,
             Support::Supported);
-  EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn")->status,
+  EXPECT_EQ(find_key("actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer")->status,
             Support::NotSupportedYet);
+  // Kestrel's kernels are the fused ones: true is what it does.
+  const KeyDecl* fa = find_key("actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn");
+  EXPECT_EQ(fa->status, Support::NoEffect);
+  EXPECT_EQ(fa->as_default, (std::vector<std::string>{"true"}));
 }
 
 TEST(ConfigSchema, StrategyNames) {
   const KeyDecl* d = find_key("actor_rollout_ref.actor.strategy");
-  EXPECT_EQ(d->allowed, (std::vector<std::string>{"megatron", "fsdp"}));
-  EXPECT_TRUE(testing::load_overrides({"actor_rollout_ref.actor.strategy=fsdp"}).is_ok());
+  EXPECT_EQ(d->allowed, (std::vector<std::string>{"megatron", "fsdp", "fsdp2"}));
+  for (const char* s : {"fsdp", "fsdp2", "megatron"}) {
+    auto c = testing::load_overrides({std::string("actor_rollout_ref.actor.strategy=") + s});
+    ASSERT_TRUE(c.is_ok()) << s;
+    EXPECT_TRUE(c->notices().empty()) << s;  // all run Kestrel's one engine
+    EXPECT_EQ(c->get_string("actor_rollout_ref.ref.strategy"), s);
+  }
 }
 
 TEST(ConfigSchema, DocsListEveryKey) {
@@ -106,6 +115,29 @@ TEST(ConfigSchema, EveryTreeLoadsItsDefaultsAndDocumentsEveryKey) {
   }
   EXPECT_EQ(find_schema("sft"), &sft_schema());
   EXPECT_EQ(find_schema("nope"), nullptr);
+}
+
+}  // namespace
+}  // namespace kestrel::config
+
+namespace kestrel::config {
+namespace {
+
+// verl's renames first, then typos within the section the path names (not
+// the nearest spelling anywhere in the tree).
+TEST(ConfigSchema, SuggestionsFromRenamesAndTheSameSubtree) {
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.actor.optim.grad_clip"),
+            (std::vector<std::string>{"actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip"}));
+  EXPECT_EQ(suggest_keys("trainer.val_generations_to_log_to_wandb"),
+            (std::vector<std::string>{"trainer.log_val_generations"}));
+  // A typo under actor.fsdp_config suggests the actor's fsdp_config key, not the ref's or megatron's.
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.actor.fsdp_config.param_ofload"),
+            (std::vector<std::string>{"actor_rollout_ref.actor.fsdp_config.param_offload"}));
+  EXPECT_EQ(suggest_keys("actor_rollout_ref.ref.fsdp_config.param_ofload"),
+            (std::vector<std::string>{"actor_rollout_ref.ref.fsdp_config.param_offload"}));
+  EXPECT_EQ(unknown_key_message("actor_rollout_ref.actor.optim.grad_clip"),
+            "unknown config key 'actor_rollout_ref.actor.optim.grad_clip' (did you mean "
+            "'actor_rollout_ref.actor.optim.clip_grad' or 'actor_rollout_ref.actor.grad_clip'?)");
 }
 
 }  // namespace

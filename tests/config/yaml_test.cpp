@@ -27,19 +27,21 @@ TEST(ConfigYaml, FilesMergeInOrderThenOverrides) {
 }
 
 TEST(ConfigYaml, FreeFormMapsMergeDeeply) {
-  TempYaml a("ff", "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm:\n        a: 1\n");
-  TempYaml b("ff2", "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm:\n        b: {c: 2}\n");
+  TempYaml a("ff", "actor_rollout_ref:\n  rollout:\n    checkpoint_engine:\n      engine_kwargs:\n        a: 1\n");
+  TempYaml b("ff2", "actor_rollout_ref:\n  rollout:\n    checkpoint_engine:\n      engine_kwargs:\n        b: {c: 2}\n");
   auto c = load_overrides({}, {a.path(), b.path()});
-  ASSERT_FALSE(c.is_ok());  // engine_kwargs are not supported yet, but both files merged first
-  EXPECT_EQ(c.status().message(), "not supported yet: actor_rollout_ref.rollout.engine_kwargs.vllm={a: 1, b: {c: 2}} (from " +
-                                      b.path() + ":5; only the default {} works)");
+  ASSERT_FALSE(c.is_ok());  // these engine_kwargs are not supported yet, but both files merged first
+  EXPECT_EQ(c.status().message(),
+            "not supported yet: actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={a: 1, b: {c: 2}} (from " +
+                b.path() + ":5; only the default {} works)");
 }
 
-TEST(ConfigYaml, DefaultsListRejected) {
+TEST(ConfigYaml, DefaultsEntryWithoutFile) {
   TempYaml a("defaults", "defaults:\n  - actor@actor_rollout_ref.actor: megatron_actor\n");
+  const std::string dir = std::filesystem::path(a.path()).parent_path().string();
   EXPECT_EQ(load_error({}, {a.path()}),
-            a.path() + ":2: Hydra 'defaults' lists are not supported yet; merge the files into one or pass several "
-                       "--config FILE options");
+            a.path() + ":2: Hydra defaults entry 'actor/megatron_actor': no actor/megatron_actor.yaml in " + dir +
+                " (built-in trees: ppo_trainer, ppo_megatron_trainer)");
 }
 
 TEST(ConfigYaml, ToYamlRoundTrips) {

@@ -1,0 +1,55 @@
+// verl's names for what Kestrel's one engine does, read where they only
+// choose among equivalent paths (strategy, rollout.name, load_format, the
+// optimizer's spelling), and the settings a run must match (trainer.device,
+// trainer.n_gpus_per_node x nnodes against the processes mpirun started).
+#include <string>
+
+#include "cli/options.h"
+
+namespace kestrel::cli {
+
+namespace {
+const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
+
+// True when this build can place tensors on a CUDA device. The CUDA backend
+// does not run the trainer yet (KESTREL_HAVE_CUDA_TRAINER is never defined).
+constexpr bool kCudaTrainer =
+#ifdef KESTREL_HAVE_CUDA_TRAINER
+    true;
+#else
+    false;
+#endif
+}  // namespace
+
+void read_verl_choices(const config::Config& c) {
+  // Every value these keys allow runs the same code (the config layer has
+  // checked them and printed the notices for vllm/sglang/async): fsdp, fsdp2
+  // and megatron are Kestrel's training engine, vllm and sglang its rollout
+  // engine, every load_format starts the rollout from the trainer's weights,
+  // and adam, Adam, AdamW and adamw are its AdamW.
+  for (const char* k : {"actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy"})
+    (void)c.get_string(k);
+  (void)c.get_string(R + "name");
+  (void)c.get_string(R + "mode");
+  (void)c.get_string(R + "load_format");
+  for (const std::string& o : {A + "optim.optimizer", std::string("critic.optim.optimizer")}) (void)c.get_string(o);
+  const std::string dev = c.get_string("trainer.device");
+  if (dev == "cuda" && !kCudaTrainer && c.origin("trainer.device") != "default")
+    KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"),
+            "): this Kestrel build trains on its CPU backend only; set trainer.device=cpu, or leave "
+            "trainer.device unset (verl's default cuda then runs on the CPU)");
+  for (const char* k : {"trainer.n_gpus_per_node", "trainer.nnodes"})
+    if (c.get_int(k) < 1) KS_FAIL(c.origin(k), ": ", k, "=", c.get_int(k), " must be >= 1");
+}
+
+void check_launch(const config::Config& c, int world_size) {
+  const bool set = c.origin("trainer.n_gpus_per_node") != "default" || c.origin("trainer.nnodes") != "default";
+  const int64_t per_node = c.get_int("trainer.n_gpus_per_node"), nodes = c.get_int("trainer.nnodes");
+  if (set && per_node * nodes != world_size)
+    KS_FAIL("trainer.n_gpus_per_node=", per_node, " x trainer.nnodes=", nodes, " = ", per_node * nodes,
+            " processes, but this run has ", world_size, " (from ", c.origin("trainer.n_gpus_per_node"),
+            "): launch with mpirun -np ", per_node * nodes, " kestrel train ..., or set trainer.n_gpus_per_node=",
+            world_size, " trainer.nnodes=1 (Kestrel runs one process per device)");
+}
+
+}  // namespace kestrel::cli
