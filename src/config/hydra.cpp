@@ -143,7 +143,7 @@ struct Composer {
       const std::string found = find(dir, name);
       if (found.empty())
         return KS_ERR(e.origin, ": Hydra defaults entry '", name, "': no ", name, ".yaml in ", dir.string(),
-                      search.empty() ? "" : " or the hydra.searchpath", " (built-in trees: ppo_trainer, ppo_megatron_trainer)");
+                      search.empty() ? "" : " or the hydra.searchpath", " (built-in trees: ppo_trainer, ppo_megatron_trainer, dapo_trainer, dapo_megatron_trainer, dapo_transfer_queue_trainer)");
       KS_ASSIGN(Value sub, compose(found, target, depth + 1));
       merge_values(out, sub);
     }
@@ -163,21 +163,58 @@ void merge_values(Value& dst, const Value& src) {
   dst.origin = src.origin;
 }
 
-bool is_builtin_config_name(const std::string& stem) {
-  return stem == "ppo_trainer" || stem == "ppo_megatron_trainer";
+// The DAPO recipe's trees (verl-recipe dapo/config/dapo_trainer.yaml,
+// dapo_megatron_trainer.yaml, dapo_transfer_queue/config/...): verl's tree plus
+// the recipe's defaults, which Kestrel's table declares; a recipe script that
+// passes --config-path=config without the recipe folder gets them built in.
+struct RecipeTree {
+  const char* stem;
+  const char* base;                       // the verl tree it extends
+  std::vector<const char*> defaults;      // the recipe yaml's own settings, as overrides
+};
+
+const std::vector<RecipeTree>& recipe_trees() {
+  static const std::vector<RecipeTree> t = {
+      {"dapo_trainer", "ppo_trainer", {"reward.reward_manager.name=dapo", "trainer.project_name=verl-dapo"}},
+      {"dapo_megatron_trainer", "ppo_megatron_trainer",
+       {"reward.reward_manager.name=dapo", "trainer.project_name=verl-dapo"}},
+      {"dapo_transfer_queue_trainer", "ppo_megatron_trainer",
+       {"reward_model.reward_manager=dapo", "trainer.project_name=verl-dapo-transferqueue"}},
+  };
+  return t;
 }
 
-Value builtin_tree(const std::string& stem) {
-  Value t = Value::empty_map("built-in " + stem);
-  if (stem != "ppo_trainer") return t;  // ppo_megatron_trainer: the table's own defaults
-  const std::string origin = "built-in ppo_trainer (verl's FSDP defaults)";
-  for (const char* o : kFsdpDefaults) {
+bool is_builtin_config_name(const std::string& stem) {
+  if (stem == "ppo_trainer" || stem == "ppo_megatron_trainer") return true;
+  for (const auto& r : recipe_trees())
+    if (stem == r.stem) return true;
+  return false;
+}
+
+namespace {
+void apply_defaults(Value& t, const std::vector<const char*>& defaults, const std::string& origin) {
+  for (const char* o : defaults) {
     const std::string s = o;
     const size_t eq = s.find('=');
     auto v = parse_override_value(s.substr(eq + 1), origin);
     KS_CHECK(v.is_ok(), "bad built-in default ", s);
     ensure(t, s.substr(0, eq)) = std::move(v).value();
   }
+}
+}  // namespace
+
+Value builtin_tree(const std::string& stem) {
+  for (const auto& r : recipe_trees()) {
+    if (stem != r.stem) continue;
+    Value t = builtin_tree(r.base);
+    t.origin = "built-in " + stem;
+    apply_defaults(t, r.defaults, "built-in " + stem + " (the DAPO recipe's defaults)");
+    return t;
+  }
+  Value t = Value::empty_map("built-in " + stem);
+  if (stem != "ppo_trainer") return t;  // ppo_megatron_trainer: the table's own defaults
+  apply_defaults(t, std::vector<const char*>(std::begin(kFsdpDefaults), std::end(kFsdpDefaults)),
+                 "built-in ppo_trainer (verl's FSDP defaults)");
   return t;
 }
 

@@ -114,6 +114,11 @@ const KeyDecl* free_form_ancestor(std::string_view path);
 const std::vector<std::string>& all_paths();
 
 namespace schema_detail {
+
+// Why the offload keys are "no effect in Kestrel" today (appended to their docs).
+inline constexpr const char* kOffloadOnCpu =
+    " On the CPU backend (the only one built) parameters, gradients, optimizer state and activations already live "
+    "in host memory, so offloading moves nothing; with the CUDA backend (not built yet) it will act.";
 // Builders used by the schema_*.cpp declaration files.
 class Builder {
  public:

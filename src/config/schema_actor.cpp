@@ -140,9 +140,9 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   auto d = [&](const std::string& key, const std::string& def) {
     return is_ref ? follow(std::string(kActorMeg) + "." + key, def) : def;
   };
-  b.k("param_offload", B, "false", NO, "Offload parameters to host memory between phases.");
-  b.k("grad_offload", B, "false", NO, "Offload gradients to host memory between phases.");
-  b.k("optimizer_offload", B, "false", NO, "Offload optimizer state to host memory between phases.");
+  b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
+  b.k("grad_offload", B, "false", NOP, std::string("Offload gradients to host memory between phases.") + kOffloadOnCpu);
+  b.k("optimizer_offload", B, "false", NOP, std::string("Offload optimizer state to host memory between phases.") + kOffloadOnCpu);
   const bool critic = owner == "critic";
   // The reference model is built with the actor's layout and dtype; its keys follow the actor's.
   const Support own = YES;

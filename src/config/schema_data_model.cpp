@@ -80,7 +80,7 @@ void declare_data_and_model(Builder& b) {
   b.k("override_config.moe_config.freeze_moe_router", B, "false", NO, "Freeze MoE router weights.");
   b.k("enable_gradient_checkpointing", B, "true", NO,
       "FSDP activation recompute; Megatron-style recompute uses megatron.override_transformer_config.recompute_*.");
-  b.k("enable_activation_offload", B, "false", NO, "Offload activations to host memory.");
+  b.k("enable_activation_offload", B, "false", NOP, std::string("Offload activations to host memory.") + kOffloadOnCpu);
   b.k("use_remove_padding", B, "false", NO, "FSDP packed (remove-padding) inputs; the Megatron engine has its own flag.");
   b.k("use_fused_kernels", B, "false", NO, "Fused logprob/entropy kernels from the output projection.");
   b.k("fused_kernel_options.impl_backend", S, "torch", NO, "Backend of the fused kernels.", {"torch", "triton"});

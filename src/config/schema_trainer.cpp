@@ -49,6 +49,19 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "reward.reward_kwargs.max_resp_len, else data.max_response_length.");
   b.k("overlong_buffer.log", B, "false", YES, "Log overlong_reward and overlong in reward_extra_info.");
 
+  // verl's older layout: reward_model.reward_kwargs are the reward manager's
+  // constructor arguments; the DAPO recipe's run scripts add them with '+'.
+  for (const char* k : {"enable", "len", "penalty_factor", "log"}) {
+    const std::string key = std::string("reward_kwargs.overlong_buffer_cfg.") + k;
+    const bool flag = std::string(k) == "enable" || std::string(k) == "log";
+    b.k(key, flag ? B : (std::string(k) == "len" ? I : F), flag ? "false" : (std::string(k) == "len" ? "0" : "0.0"), YES,
+        "As reward.reward_kwargs.overlong_buffer_cfg." + std::string(k) + " (verl's older layout; added with '+').")
+        .addable = true;
+  }
+  b.k("reward_kwargs.max_resp_len", I, "null", YES,
+      "As reward.reward_kwargs.max_resp_len (verl's older layout; added with '+').")
+      .addable = true;
+
   // The DAPO recipe's newer layout (recipe/dapo/config/dapo_trainer.yaml).
   b.scope("reward");
   b.k("reward_manager.name", S, "null", YES, "Reward manager (as reward_model.reward_manager, which null keeps).",

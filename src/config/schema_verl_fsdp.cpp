@@ -24,9 +24,9 @@ constexpr const char* kWhyShard =
 void declare_fsdp_engine(Builder& b, const std::string& at, const std::string& owner, bool forward_only) {
   b.scope(at);
   b.k("wrap_policy.min_num_params", I, "0", NOP, std::string("FSDP wrapping threshold: ") + kWhyShard);
-  b.k("param_offload", B, "false", NO, "Offload parameters to host memory between phases (offload is not built).");
-  b.k("optimizer_offload", B, "false", NO, "Offload optimizer state to host memory between steps (offload is not built).");
-  b.k("offload_policy", B, "false", NO, "FSDP2 CPU offload of parameters, gradients and optimizer state (offload is not built).");
+  b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
+  b.k("optimizer_offload", B, "false", NOP, std::string("Offload optimizer state to host memory between steps.") + kOffloadOnCpu);
+  b.k("offload_policy", B, "false", NOP, std::string("FSDP2 CPU offload of parameters, gradients and optimizer state.") + kOffloadOnCpu);
   b.k("reshard_after_forward", B, "true", NOP, std::string("Free gathered parameters after the forward: ") + kWhyShard);
   b.k("fsdp_size", I, "-1", NOP, std::string("Ranks per FSDP shard group (-1 = all): ") + kWhyShard);
   b.k("forward_prefetch", B, "false", NOP, std::string("Prefetch the next all-gather: ") + kWhyShard);
@@ -107,7 +107,7 @@ void declare_verl_fsdp(Builder& b) {
   b.k("enable_gradient_checkpointing", B, "true", NOP,
       "FSDP activation recompute of the critic; Kestrel keeps the activations (recompute is not built), which "
       "changes memory, not values.").as_default = {"false"};
-  b.k("enable_activation_offload", B, "false", NO, "Offload the critic's activations to host memory.");
+  b.k("enable_activation_offload", B, "false", NOP, std::string("Offload the critic's activations to host memory.") + kOffloadOnCpu);
   b.k("use_remove_padding", B, "true", NOP,
       "Packed critic inputs without padding; Kestrel always packs (false gives the same values). verl default: false.");
   b.k("lora_rank", I, "0", NO, "LoRA rank of the critic (legacy FSDP form); LoRA is not built.");

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool declared(const char* path) { return config::find_key(path) != nullptr; }
+bool declared(const std::string& path) { return config::find_key(path) != nullptr; }
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
@@ -71,19 +71,23 @@ RewardManagerOptions reward_options_from_config(const config::Config& cfg) {
     o.manager = n;
   }
   // The overlong buffer: reward_model.overlong_buffer.* (the recipe's run
-  // scripts) or reward.reward_kwargs.overlong_buffer_cfg.* (its newer yaml).
-  const std::string legacy = "reward_model.overlong_buffer.", kw = "reward.reward_kwargs.overlong_buffer_cfg.";
-  if (declared("reward_model.overlong_buffer.enable")) o.overlong = overlong_from(cfg, legacy);
-  if (declared("reward.reward_kwargs.overlong_buffer_cfg.enable")) {
-    OverlongBufferConfig k = overlong_from(cfg, kw);
-    if (k.enable && o.overlong.enable)
-      o.config_error = "both reward_model.overlong_buffer.enable and "
-                       "reward.reward_kwargs.overlong_buffer_cfg.enable are set; configure one of them";
-    if (k.enable) o.overlong = k;
+  // scripts), reward_model.reward_kwargs.overlong_buffer_cfg.* (verl's older
+  // reward-manager kwargs, added with '+') or reward.reward_kwargs.overlong_buffer_cfg.*
+  // (the recipe's newer yaml). At most one of them may enable it.
+  std::string enabled_by;
+  for (const std::string p : {"reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlong_buffer_cfg.",
+                              "reward.reward_kwargs.overlong_buffer_cfg."}) {
+    if (!declared(p + "enable")) continue;
+    OverlongBufferConfig k = overlong_from(cfg, p);
+    if (!k.enable) continue;
+    if (!enabled_by.empty())
+      o.config_error = "both " + enabled_by + "enable and " + p + "enable are set; configure one of them";
+    o.overlong = k;
+    enabled_by = p;
   }
   o.max_resp_len = cfg.get_int_or("data.max_response_length", -1);
-  if (declared("reward.reward_kwargs.max_resp_len"))
-    o.max_resp_len = cfg.get_int_or("reward.reward_kwargs.max_resp_len", o.max_resp_len);
+  for (const std::string k : {"reward_model.reward_kwargs.max_resp_len", "reward.reward_kwargs.max_resp_len"})
+    if (declared(k) && !cfg.is_null(k)) o.max_resp_len = cfg.get_int(k);
   o.custom_path = cfg.get_string_or("custom_reward_function.path", "");
   o.custom_name = cfg.get_string_or("custom_reward_function.name", "compute_score");
   // Keys that a later schema may add; read only when declared.

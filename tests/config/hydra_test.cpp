@@ -52,6 +52,40 @@ TEST(HydraCompose, VerlTreeNamesWithoutAFileAreTheBuiltInTree) {
   EXPECT_EQ(bad.status().message(), "config file not found: config/my_trainer.yaml");
 }
 
+// The DAPO recipe's main_dapo lines pass --config-path=config --config-name=dapo_trainer
+// from the recipe folder; without it, the recipe's trees are built in.
+TEST(HydraCompose, DapoRecipeTreeNamesWithoutAFileAreBuiltIn) {
+  struct Case {
+    const char* name;
+    const char* strategy;
+    const char* manager_key;
+    const char* project;
+  };
+  for (const Case& k : {Case{"dapo_trainer", "fsdp", "reward.reward_manager.name", "verl-dapo"},
+                        Case{"dapo_megatron_trainer.yaml", "megatron", "reward.reward_manager.name", "verl-dapo"},
+                        Case{"dapo_transfer_queue_trainer", "megatron", "reward_model.reward_manager",
+                             "verl-dapo-transferqueue"}}) {
+    auto c = load_args({"--config-path=config", std::string("--config-name=") + k.name, "data.train_batch_size=32"});
+    ASSERT_TRUE(c.is_ok()) << k.name << ": " << c.status().message();
+    EXPECT_EQ(c->get_string("actor_rollout_ref.actor.strategy"), k.strategy) << k.name;
+    EXPECT_EQ(c->get_string(k.manager_key), "dapo") << k.name;
+    EXPECT_EQ(c->get_string("trainer.project_name"), k.project) << k.name;
+    EXPECT_EQ(c->get_int("data.gen_batch_size"), 32) << k.name;  // ${data.train_batch_size}, as in the recipe
+  }
+}
+
+// The recipe's run scripts add the DAPO manager's kwargs under reward_model.reward_kwargs with '+'.
+TEST(HydraCompose, OlderRewardKwargsLayoutIsAccepted) {
+  auto c = load_args({"reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                      "+reward_model.reward_kwargs.overlong_buffer_cfg.len=512",
+                      "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+                      "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+                      "+reward_model.reward_kwargs.max_resp_len=2048"});
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_TRUE(c->get_bool("reward_model.reward_kwargs.overlong_buffer_cfg.enable"));
+  EXPECT_EQ(c->get_int("reward_model.reward_kwargs.max_resp_len"), 2048);
+}
+
 // verl's own layout: verl/trainer/config/ppo_trainer.yaml with per-component groups.
 TEST(HydraCompose, DefaultsListOfGroupsPackagesAndSelf) {
   ConfigDir d("verl_layout");

@@ -41,7 +41,8 @@ TEST(ConfigYaml, DefaultsEntryWithoutFile) {
   const std::string dir = std::filesystem::path(a.path()).parent_path().string();
   EXPECT_EQ(load_error({}, {a.path()}),
             a.path() + ":2: Hydra defaults entry 'actor/megatron_actor': no actor/megatron_actor.yaml in " + dir +
-                " (built-in trees: ppo_trainer, ppo_megatron_trainer)");
+                " (built-in trees: ppo_trainer, ppo_megatron_trainer, dapo_trainer, "
+                "dapo_megatron_trainer, dapo_transfer_queue_trainer)");
 }
 
 TEST(ConfigYaml, ToYamlRoundTrips) {

@@ -183,6 +183,23 @@ TEST(RewardManagers, DapoRecipeKeysInBothLayouts) {
   EXPECT_TRUE(o.overlong.log);
   EXPECT_EQ(o.overlong.penalty_factor, 0.5);
   EXPECT_EQ(o.max_resp_len, 1024);
+  // verl's older reward-manager kwargs, added with '+' by the recipe's run scripts.
+  auto d = load({"reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                 "+reward_model.reward_kwargs.overlong_buffer_cfg.len=256",
+                 "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.25",
+                 "+reward_model.reward_kwargs.max_resp_len=768"});
+  ASSERT_TRUE(d.is_ok()) << d.status().message();
+  o = reward_options_from_config(*d);
+  EXPECT_TRUE(o.overlong.enable);
+  EXPECT_EQ(o.overlong.len, 256);
+  EXPECT_EQ(o.overlong.penalty_factor, 0.25);
+  EXPECT_EQ(o.max_resp_len, 768);
+  EXPECT_TRUE(o.config_error.empty());
+  // Two layouts enabling the buffer at once: which one is meant is unclear.
+  auto e = load({"reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=8",
+                 "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true"});
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  EXPECT_NE(reward_options_from_config(*e).config_error.find("configure one of them"), std::string::npos);
   // Both layouts naming different managers: an error at create().
   auto c = load({"reward.reward_manager.name=dapo", "reward_model.reward_manager=prime"});
   ASSERT_TRUE(c.is_ok());
