@@ -6,6 +6,7 @@
 #include <zstd.h>
 
 #include <cstring>
+#include <memory>
 
 #include "io/parquet/internal.h"
 
@@ -85,7 +86,11 @@ std::vector<uint8_t> decompress(int32_t codec, const uint8_t* p, size_t n, size_
       if (fs != ZSTD_CONTENTSIZE_UNKNOWN && fs > out_size)
         fail("zstd: page decompresses to ", fs, " bytes, the page header says ", out_size);
       out.resize(out_size);
-      const size_t got = ZSTD_decompress(out.data(), out.size(), p, n);
+      // One decompression context per thread: creating one per page costs
+      // more than decompressing a small page.
+      thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+      if (!dctx) fail("zstd: cannot create a decompression context");
+      const size_t got = ZSTD_decompressDCtx(dctx.get(), out.data(), out.size(), p, n);
       if (ZSTD_isError(got)) fail("zstd: ", ZSTD_getErrorName(got));
       if (got != out_size) fail("zstd: page decompresses to ", got, " bytes, the page header says ", out_size);
       return out;

@@ -25,8 +25,10 @@ struct SchemaNode {
 
 struct FileState {
   std::string path;
-  const uint8_t* data = nullptr;  // the whole file, mapped read-only
+  const uint8_t* data = nullptr;  // the whole file: mapped read-only, or `owned`
   size_t size = 0;
+  bool mapped = false;
+  std::string owned;
   size_t footer_start = 0;  // column data lies in [4, footer_start)
   FileMetaData md;
   std::vector<SchemaNode> nodes;  // nodes[0] is the root

@@ -53,6 +53,8 @@ class ParquetFile {
   // Maps the file and decodes and validates its footer and schema; no column
   // data is read yet.
   static Result<std::unique_ptr<ParquetFile>> open(const std::string& path);
+  // The same from bytes in memory; `name` stands for the path in messages.
+  static Result<std::unique_ptr<ParquetFile>> open_bytes(const std::string& name, std::string bytes);
   ~ParquetFile();
   ParquetFile(const ParquetFile&) = delete;
   ParquetFile& operator=(const ParquetFile&) = delete;
@@ -79,6 +81,7 @@ class ParquetFile {
 
  private:
   ParquetFile() = default;
+  static Result<std::unique_ptr<ParquetFile>> parse(std::unique_ptr<FileState> st);
   std::unique_ptr<FileState> st_;
 };
 

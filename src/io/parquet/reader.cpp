@@ -170,15 +170,33 @@ Result<std::unique_ptr<ParquetFile>> ParquetFile::open(const std::string& path) 
     return KS_ERR(path, ": not a regular file");
   }
   st->size = size_t(sb.st_size);
-  if (st->size < 12) {
-    ::close(fd);
-    return KS_ERR(path, ": ", st->size, " bytes, too short to be a Parquet file (magic + footer + magic need 12)");
+  if (st->size > 0) {
+    void* m = mmap(nullptr, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int merr = errno;
+    if (m == MAP_FAILED) {
+      ::close(fd);
+      return KS_ERR(path, ": mmap failed: ", std::strerror(merr));
+    }
+    st->data = static_cast<const uint8_t*>(m);
+    st->mapped = true;
   }
-  void* m = mmap(nullptr, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int merr = errno;
-  ::close(fd);
-  if (m == MAP_FAILED) return KS_ERR(path, ": mmap failed: ", std::strerror(merr));
-  st->data = static_cast<const uint8_t*>(m);
+  ::close(fd);  // the mapping stays valid without the descriptor
+  return parse(std::move(st));
+}
+
+Result<std::unique_ptr<ParquetFile>> ParquetFile::open_bytes(const std::string& name, std::string bytes) {
+  auto st = std::make_unique<FileState>();
+  st->path = name;
+  st->owned = std::move(bytes);
+  st->data = reinterpret_cast<const uint8_t*>(st->owned.data());
+  st->size = st->owned.size();
+  return parse(std::move(st));
+}
+
+Result<std::unique_ptr<ParquetFile>> ParquetFile::parse(std::unique_ptr<FileState> st) {
+  const std::string& path = st->path;
+  if (st->size < 12)
+    return KS_ERR(path, ": ", st->size, " bytes, too short to be a Parquet file (magic + footer + magic need 12)");
   const uint8_t* d = st->data;
   if (std::memcmp(d, "PAR1", 4) != 0) return KS_ERR(path, ": not a Parquet file (no PAR1 magic at the start)");
   if (std::memcmp(d + st->size - 4, "PARE", 4) == 0)

@@ -8,7 +8,7 @@
 namespace kestrel::io::parquet {
 
 FileState::~FileState() {
-  if (data) munmap(const_cast<uint8_t*>(data), size);
+  if (mapped) munmap(const_cast<uint8_t*>(data), size);
 }
 
 namespace {
