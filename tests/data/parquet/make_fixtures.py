@@ -10,6 +10,7 @@ gsm8k_*.parquet    the same rows, each in one writer configuration (VARIANTS), r
 types.parquet      every type the reader builds, with nulls, empty and null lists,
                    nested lists, a map, a struct, BYTE_STREAM_SPLIT, page CRCs
 types.expected.jsonl  pyarrow's rows of types.parquet (maps as JSON objects)
+sft_messages.parquet / .jsonl  multi-turn SFT rows: messages [{role, content}]
 manifest.json      per file: codec, data page version, encodings pyarrow reports
 """
 import json
@@ -144,6 +145,13 @@ def main():
         pq.write_table(table, path, row_group_size=4, data_page_size=256, **opts)
         assert pq.read_table(path).to_pylist() == rows
         manifest[os.path.basename(path)] = describe(path)
+
+    sft = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+           for q, a in PROBLEMS[:6]]
+    write_jsonl(os.path.join(HERE, "sft_messages.jsonl"), sft)
+    path = os.path.join(HERE, "sft_messages.parquet")
+    pq.write_table(pa.Table.from_pylist(sft), path, row_group_size=4)
+    manifest["sft_messages.parquet"] = describe(path)
 
     t = types_table()
     path = os.path.join(HERE, "types.parquet")
