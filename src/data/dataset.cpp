@@ -105,6 +105,7 @@ Status check_file_fields(const std::string& path, const std::vector<std::vector<
   oj first;
   if (is_parquet_path(path)) {
     KS_ASSIGN(pf, io::parquet::ParquetFile::open(path));
+    KS_TRY(pf->check_supported());
     for (const auto& c : pf->columns()) present += (present.empty() ? "" : ", ") + c;
     has = [&](const Field& f) { return pf->has_field(f); };
   } else {

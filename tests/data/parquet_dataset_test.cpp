@@ -72,6 +72,13 @@ TEST(ParquetDataset, SchemaCheckNamesTheMissingColumnAndListsThePresentOnes) {
   ASSERT_FALSE(t);
   EXPECT_NE(t.message().find("no column 'prompt', 'data_source', 'reward_model.ground_truth'"), std::string::npos)
       << t.message();
+  // A column the reader cannot decode fails here too, from the footer alone.
+  const Status u = check_rl_files({fixture("unsupported_timestamp.parquet")}, RlDatasetOptions{});
+  EXPECT_EQ(u.message().rfind("not supported yet: TIMESTAMP values in " + fixture("unsupported_timestamp.parquet") +
+                                  ", column extra",
+                              0),
+            0u)
+      << u.message();
   const Status m = check_rl_files({"/nonexistent/train.parquet"}, RlDatasetOptions{});
   EXPECT_NE(m.message().find("/nonexistent/train.parquet: no such file"), std::string::npos) << m.message();
   // SFT: messages, or prompt + response.

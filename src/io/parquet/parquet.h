@@ -73,6 +73,11 @@ class ParquetFile {
   // The schema as an indented tree: "name: <repetition> <type>" per field.
   std::string schema_text() const;
 
+  // Every column's type, nesting and compression is one the reader decodes
+  // (checked from the footer alone, so a dataset fails before any row is read);
+  // else the "not supported yet: <what> in <file>, column <path>" error.
+  Status check_supported() const;
+
   // The rows of row group i, one JSON object per row.
   Result<std::vector<nlohmann::ordered_json>> read_row_group(int i) const;
   // Calls fn(row, index from 0) for every row, one row group in memory at a

@@ -277,6 +277,24 @@ std::string ParquetFile::schema_text() const {
   return s;
 }
 
+Status ParquetFile::check_supported() const {
+  const FileState& st = *st_;
+  for (const SchemaNode& n : st.nodes) {
+    try {
+      if (n.is_leaf()) (void)leaf_kind(n);
+      else if (n.is_list() && n.parent >= 0) (void)list_element(st, int(&n - st.nodes.data()));
+    } catch (const ParquetError& e) {
+      return column_error(st.path, "", n.path, e.what());
+    }
+  }
+  for (const RowGroup& rg : st.md.row_groups)
+    for (size_t c = 0; c < rg.columns.size(); ++c)
+      if (!codec_supported(rg.columns[c].meta.codec))
+        return KS_ERR("not supported yet: ", codec_name(rg.columns[c].meta.codec), " compression in ", st.path,
+                      ", column ", st.nodes[size_t(st.leaves[c])].path);
+  return Status::ok();
+}
+
 Result<std::vector<oj>> ParquetFile::read_row_group(int g) const {
   const FileState& st = *st_;
   if (g < 0 || g >= num_row_groups()) return KS_ERR(st.path, ": no row group ", g, " (the file has ", num_row_groups(), ")");

@@ -11,6 +11,7 @@ types.parquet      every type the reader builds, with nulls, empty and null list
                    nested lists, a map, a struct, BYTE_STREAM_SPLIT, page CRCs
 types.expected.jsonl  pyarrow's rows of types.parquet (maps as JSON objects)
 sft_messages.parquet / .jsonl  multi-turn SFT rows: messages [{role, content}]
+unsupported_*.parquet  what the reader refuses: binary and timestamp columns, LZ4 pages
 manifest.json      per file: codec, data page version, encodings pyarrow reports
 """
 import json
@@ -152,6 +153,13 @@ def main():
     path = os.path.join(HERE, "sft_messages.parquet")
     pq.write_table(pa.Table.from_pylist(sft), path, row_group_size=4)
     manifest["sft_messages.parquet"] = describe(path)
+
+    for name, col, opts in [("binary", pa.array([b"\x00\xff"] * 2, pa.binary()), {}),
+                            ("timestamp", pa.array([0, 1], pa.timestamp("ms")), {}),
+                            ("lz4", pa.array(["a", "b"]), {"compression": "lz4"})]:
+        path = os.path.join(HERE, f"unsupported_{name}.parquet")
+        pq.write_table(pa.table({"data_source": ["x", "y"], "extra": col}), path, **opts)
+        manifest[os.path.basename(path)] = describe(path)
 
     t = types_table()
     path = os.path.join(HERE, "types.parquet")
