@@ -6,7 +6,8 @@ PKGS=(cmake ninja-build ccache g++ pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev
       libopenblas-dev libopenblas0-openmp libblis-dev
       libopenmpi-dev openmpi-bin
-      libicu-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libomp-dev)
+      libicu-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libomp-dev
+      libsnappy-dev libzstd-dev zlib1g-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,6 +14,7 @@ const std::vector<Command>& commands() {
       {"sft", "supervised fine-tuning (verl sft_trainer keys)", cmd_sft},
       {"tokenize", "text or chats to token ids with an HF tokenizer", cmd_tokenize},
       {"builtin", "write the built-in arith data, tokenizer or model folder", cmd_builtin},
+      {"data", "inspect a dataset file (Parquet or JSONL): schema, rows, first rows", cmd_data},
   };
   return table;
 }

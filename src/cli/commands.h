@@ -25,5 +25,6 @@ int cmd_tokenize(const Args& args);
 int cmd_builtin(const Args& args);
 int cmd_generate(const Args& args);
 int cmd_train(const Args& args);
+int cmd_data(const Args& args);
 
 }  // namespace kestrel::cli

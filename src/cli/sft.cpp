@@ -133,6 +133,9 @@ int cmd_sft(const Args& argv) {
   const std::string root = in.ckpt_root;
   const std::string builtin_root = root + "/builtin";
 
+  // The data files and their columns before any model (see check_sft_files).
+  data::check_sft_files(resolve_files(in, in.train_files, builtin_root, true), in.data).throw_if_error();
+  data::check_sft_files(resolve_files(in, in.val_files, builtin_root, false), in.data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_spec, builtin_root, in.seed);
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);

@@ -288,9 +288,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   check_sizes_divide(c, in, world_size);
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();
+  // The data files and their columns before any model: a wrong path or
+  // column fails at once, not after a warm start or a model load.
+  data::check_rl_files(resolve_files(in.train_files, true), in.train_data).throw_if_error();
+  data::check_rl_files(resolve_files(in.val_files, false), in.val_data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_path);
-  (void)resolve_files(in.train_files, true);
-  (void)resolve_files(in.val_files, false);
   if (world_size > 1 && leader) world->group()->barrier();
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/parquet/parquet.h"
+
 namespace kestrel::data {
 
 namespace {
@@ -15,9 +17,6 @@ bool ends_with(const std::string& s, const std::string& suf) {
 }
 
 Status check_input_file(const std::string& path) {
-  if (ends_with(path, ".parquet"))
-    return KS_ERR(path, ": not supported yet: parquet input (convert to JSONL, e.g. with "
-                  "pandas.read_parquet(p).to_json(out, orient='records', lines=True))");
   if (!std::filesystem::exists(path)) return KS_ERR(path, ": no such file (check data.train_files / data.val_files)");
   return Status::ok();
 }
@@ -43,35 +42,128 @@ Result<oj> as_messages(const oj& v, const std::string& field) {
   return v;
 }
 
+// Rows of a Parquet file, one row group in memory at a time, until fn sets
+// *stop. A file that cannot be decoded is an error whatever skip_malformed says.
+Status read_parquet_rows(const std::string& path, const std::function<Status(oj&, int64_t)>& fn, const bool* stop) {
+  KS_ASSIGN(auto file, io::parquet::ParquetFile::open(path));
+  int64_t index = 0;
+  for (int g = 0; g < file->num_row_groups() && !*stop; ++g) {
+    KS_ASSIGN(auto rows, file->read_row_group(g));
+    for (auto& r : rows) {
+      if (*stop) break;
+      KS_TRY(fn(r, index++));
+    }
+  }
+  return Status::ok();
+}
+
 // Runs every row of every file through fn, applying the malformed-row policy.
+// A row's origin is file:line for JSONL and file:row N (from 0) for Parquet.
 Status for_each_row(const std::vector<std::string>& files, bool skip_malformed, int64_t max_samples, LoadStats& st,
                     const std::function<Status(oj&, const std::string& origin)>& fn) {
   for (const auto& f : files) {
     KS_TRY(check_input_file(f));
+    const bool parquet = is_parquet_path(f);
     bool stop = false;
-    auto bad = [&](const std::string& err, int64_t line) -> Status {
-      const std::string msg = f + ":" + std::to_string(line) + ": " + err;
+    auto where = [&](int64_t n) { return f + (parquet ? ":row " : ":") + std::to_string(n); };
+    auto bad = [&](const std::string& err, int64_t n) -> Status {
+      const std::string msg = where(n) + ": " + err;
       if (!skip_malformed) return KS_ERR(msg, " (fix the row, or set data.skip_malformed=true to skip such rows)");
       ++st.skipped_malformed;
       if (st.first_skipped.size() < 5) st.first_skipped.push_back(msg);
       return Status::ok();
     };
-    KS_TRY(read_jsonl_rows(
-        f,
-        [&](oj& row, int64_t line) -> Status {
-          if (stop) return Status::ok();
-          if (max_samples >= 0 && st.kept >= max_samples) { stop = true; return Status::ok(); }
-          const std::string origin = f + ":" + std::to_string(line);
-          Status s = fn(row, origin);
-          if (!s.is_ok()) return bad(s.message(), line);
-          return Status::ok();
-        },
-        bad));
+    auto each = [&](oj& row, int64_t n) -> Status {
+      if (stop) return Status::ok();
+      if (max_samples >= 0 && st.kept >= max_samples) { stop = true; return Status::ok(); }
+      Status s = fn(row, where(n));
+      if (!s.is_ok()) return bad(s.message(), n);
+      return Status::ok();
+    };
+    if (parquet) KS_TRY(read_parquet_rows(f, each, &stop));
+    else KS_TRY(read_jsonl_rows(f, each, bad));
   }
   return Status::ok();
 }
 
+// The columns a loader needs, as paths: {"reward_model", "ground_truth"}.
+using Field = std::vector<std::string>;
+
+std::string dotted(const Field& f) {
+  std::string s;
+  for (const auto& p : f) s += (s.empty() ? "" : ".") + p;
+  return s;
+}
+
+// `alternatives`: the file must hold every field of at least one of them.
+Status check_file_fields(const std::string& path, const std::vector<std::vector<Field>>& alternatives,
+                         const std::string& why, bool skip_malformed) {
+  KS_TRY(check_input_file(path));
+  std::function<bool(const Field&)> has;
+  std::string present;
+  std::unique_ptr<io::parquet::ParquetFile> pf;
+  oj first;
+  if (is_parquet_path(path)) {
+    KS_ASSIGN(pf, io::parquet::ParquetFile::open(path));
+    KS_TRY(pf->check_supported());
+    for (const auto& c : pf->columns()) present += (present.empty() ? "" : ", ") + c;
+    has = [&](const Field& f) { return pf->has_field(f); };
+  } else {
+    // JSONL: the first row stands for the file (later rows are checked as they load).
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return KS_ERR(path, ": cannot open (does the file exist and is it readable?)");
+    std::string line;
+    while (std::getline(in, line) && line.find_first_not_of(" \t\r\n") == std::string::npos) {}
+    try {
+      first = oj::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      return Status::ok();  // reported with its line number by the loader
+    }
+    if (!first.is_object() || skip_malformed) return Status::ok();
+    for (const auto& [k, v] : first.items()) present += (present.empty() ? "" : ", ") + k;
+    has = [&](const Field& f) {
+      const oj* cur = &first;
+      for (const auto& p : f) {
+        if (!cur->is_object() || !cur->contains(p)) return false;
+        cur = &(*cur)[p];
+      }
+      return true;
+    };
+  }
+  for (const auto& alt : alternatives) {
+    bool all = true;
+    for (const auto& f : alt) all = all && has(f);
+    if (all) return Status::ok();
+  }
+  std::string missing;
+  for (const auto& f : alternatives[0])
+    if (!has(f)) missing += (missing.empty() ? "'" : ", '") + dotted(f) + "'";
+  return KS_ERR(path, ": no column ", missing, " (", why, "); ", pf ? "the file's columns are: " : "the first row's keys are: ",
+                present.empty() ? "(none)" : present);
+}
+
 }  // namespace
+
+bool is_parquet_path(const std::string& path) { return ends_with(path, ".parquet"); }
+
+Status check_rl_files(const std::vector<std::string>& files, const RlDatasetOptions& opt) {
+  const std::string why = "an RL row needs data.prompt_key='" + opt.prompt_key +
+                          "', data_source and reward_model.ground_truth";
+  for (const auto& f : files)
+    KS_TRY(check_file_fields(f, {{Field{opt.prompt_key}, {"data_source"}, {"reward_model", "ground_truth"}}}, why,
+                             opt.skip_malformed));
+  return Status::ok();
+}
+
+Status check_sft_files(const std::vector<std::string>& files, const SftDatasetOptions& opt) {
+  const std::string why = "an SFT row needs '" + opt.messages_key + "', or '" + opt.prompt_key + "' and '" +
+                          opt.response_key + "' (data.messages_key / prompt_key / response_key)";
+  for (const auto& f : files)
+    KS_TRY(check_file_fields(f, {{Field{opt.prompt_key}, Field{opt.response_key}}, {Field{opt.messages_key}}},
+                             why, opt.skip_malformed));
+  return Status::ok();
+}
+
 
 std::string LoadStats::summary() const {
   std::ostringstream os;

@@ -1,5 +1,8 @@
-// JSONL datasets in verl's schemas, rendered with the tokenizer's chat
-// template and tokenized at load time.
+// Datasets in verl's schemas, rendered with the tokenizer's chat template and
+// tokenized at load time. Files are JSONL (one JSON object a line) or Parquet
+// (a name ending in .parquet, as verl's data_preprocess scripts write them:
+// io/parquet/parquet.h reads them natively, each row the JSON object its
+// JSONL line would be), so both go through the same row checks below.
 //
 // RL rows (verl's RLHFDataset): `prompt` (data.prompt_key) as a chat-message
 // list or a plain string (taken as one user message), `data_source`,
@@ -8,9 +11,10 @@
 // or `prompt` (string or messages) + `response` (loss on the response and the
 // EOS token that ends it).
 //
-// A malformed row is an error naming file:line and the field; with
-// skip_malformed it is skipped and counted instead. Parquet files fail with
-// "not supported yet: parquet input (convert to JSONL)".
+// A malformed row is an error naming file:line (JSONL) or file:row N (Parquet,
+// N from 0 as pandas counts) and the field; with skip_malformed it is skipped
+// and counted instead. A Parquet file that cannot be decoded is an error
+// whatever skip_malformed says.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -45,7 +49,7 @@ struct RlDatasetOptions {
 };
 
 struct RlSample {
-  std::string origin;  // file:line
+  std::string origin;  // file:line, or file:row N for Parquet
   std::string data_source;
   nlohmann::ordered_json messages;  // the prompt as chat messages
   std::string ground_truth;
@@ -69,7 +73,7 @@ struct SftDatasetOptions {
 };
 
 struct SftSample {
-  std::string origin;              // file:line
+  std::string origin;              // file:line, or file:row N for Parquet
   std::vector<int32_t> ids;        // prompt and response tokens, [L]
   std::vector<uint8_t> loss_mask;  // [L], 1 on tokens the model is trained to produce
   int64_t prompt_length = 0;       // tokens before the first trained token
@@ -86,6 +90,18 @@ Result<std::vector<SftSample>> load_sft_dataset(const std::vector<std::string>& 
 // name the field, the caller adds file:line.
 Result<SftSample> tokenize_sft_row(const nlohmann::ordered_json& row, const ChatTokenizer& tok,
                                    const SftDatasetOptions& opt);
+
+// Whether a data file is read as Parquet (its name ends in .parquet).
+bool is_parquet_path(const std::string& path);
+
+// Checks, without loading rows, that every file exists and holds the fields
+// the loader needs: Parquet files by their schema, JSONL files by their first
+// row (skipped under skip_malformed). Run before any model loads, so a wrong
+// path or column fails at once; the error names the file and the missing
+// column and lists the columns present. RL: prompt_key, data_source,
+// reward_model.ground_truth. SFT: messages_key, or prompt_key and response_key.
+Status check_rl_files(const std::vector<std::string>& files, const RlDatasetOptions& opt);
+Status check_sft_files(const std::vector<std::string>& files, const SftDatasetOptions& opt);
 
 // Calls fn(parsed row, line number) for every non-blank line of a JSONL
 // file; a JSON syntax error is reported as "file:line: ..." through fn's

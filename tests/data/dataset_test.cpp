@@ -64,10 +64,10 @@ TEST(RlDataset, MalformedRowNamesFileLineAndFieldOrIsSkipped) {
   EXPECT_NE(st.first_skipped[2].find(f + ":4: field 'prompt[0].content'"), std::string::npos) << st.first_skipped[2];
 }
 
-TEST(RlDataset, ParquetAndMissingFilesFailClearly) {
+TEST(RlDataset, MissingFilesFailClearly) {
   auto r = load_rl_dataset({"/nonexistent/train.parquet"}, arith_chat_tokenizer(), RlDatasetOptions{});
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("not supported yet: parquet input (convert to JSONL"), std::string::npos);
+  EXPECT_NE(r.status().message().find("/nonexistent/train.parquet: no such file"), std::string::npos);
   auto m = load_rl_dataset({"/nonexistent/train.jsonl"}, arith_chat_tokenizer(), RlDatasetOptions{});
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("no such file"), std::string::npos);
