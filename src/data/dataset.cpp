@@ -219,8 +219,9 @@ Result<std::vector<RlSample>> load_rl_dataset(const std::vector<std::string>& fi
       gt = &row["reward_model"]["ground_truth"];
     if (!gt) return field_error("reward_model.ground_truth", "is missing");
     if (gt->is_string()) r.ground_truth = gt->get<std::string>();
-    else if (gt->is_number()) r.ground_truth = gt->dump();
-    else return field_error("reward_model.ground_truth", "must be a string or a number");
+    // searchR1's rows hold {"target": [...]}: the JSON text, which its scorer parses.
+    else if (gt->is_number() || gt->is_object() || gt->is_array() || gt->is_boolean()) r.ground_truth = gt->dump();
+    else return field_error("reward_model.ground_truth", "is null; give a string, number, list or object");
     if (row.contains("ability")) {
       if (!row["ability"].is_string()) return field_error("ability", "must be a string");
       r.ability = row["ability"].get<std::string>();

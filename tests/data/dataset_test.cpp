@@ -38,6 +38,26 @@ TEST(RlDataset, ReadsListAndStringPromptsAndNumericTruth) {
   EXPECT_EQ(st.kept, 2);
 }
 
+// searchR1's preprocess writes ground_truth as {"target": [...]}: kept as its
+// JSON text, which the searchR1 scorer parses; null stays an error.
+TEST(RlDataset, StructuredTruthIsKeptAsJsonText) {
+  const std::string d = scratch_dir("rl_struct"), f = d + "/train.jsonl";
+  write_text(f,
+             R"({"data_source": "searchR1_nq", "prompt": "Who?", "reward_model": {"ground_truth": {"target": ["Ada", "Ada Lovelace"]}}})"
+             "\n"
+             R"({"data_source": "searchR1_nq", "prompt": "Who?", "reward_model": {"ground_truth": null}})"
+             "\n");
+  RlDatasetOptions o;
+  auto bad = load_rl_dataset({f}, arith_chat_tokenizer(), o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find(f + ":2"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("is null"), std::string::npos) << bad.status().message();
+  o.skip_malformed = true;
+  auto rows = load_rl_dataset({f}, arith_chat_tokenizer(), o).value();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(oj::parse(rows[0].ground_truth), oj::parse(R"({"target": ["Ada", "Ada Lovelace"]})"));
+}
+
 TEST(RlDataset, MalformedRowNamesFileLineAndFieldOrIsSkipped) {
   const std::string d = scratch_dir("rl_bad"), f = d + "/train.jsonl";
   write_text(f,
