@@ -316,7 +316,10 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   const int64_t batch = in.train_batch_size;
   if (int64_t(train_rows->size()) < batch)
-    KS_FAIL("data.train_batch_size=", batch, " but the training set has only ", train_rows->size(), " prompts");
+    KS_FAIL(c.get_int("data.gen_batch_size") == c.get_int("data.train_batch_size")
+                ? "data.train_batch_size=" + std::to_string(batch)
+                : "data.gen_batch_size=" + std::to_string(batch) + " (the generation batch)",
+            " but the training set has only ", train_rows->size(), " prompts: lower it or add data");
   auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
   rl::RlOptions o = rl_options(c, source->batches_per_epoch());
   // The rollout reads the actor's weights in place: its share of the memory
