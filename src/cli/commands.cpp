@@ -1,7 +1,10 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "core/cpu_features.h"
 
 namespace kestrel::cli {
 
@@ -31,6 +34,9 @@ int run_main(int argc, char** argv) {
     print_help();
     return argc < 2 ? 2 : 0;
   }
+  // KESTREL_ISA is read at the first kernel call; a bad value fails here, up front.
+  if (Result<IsaLevel> isa = isa_from_env(std::getenv("KESTREL_ISA")); !isa.is_ok())
+    KS_FAIL(isa.status().message());
   for (const auto& c : commands()) {
     if (c.name == std::string(argv[1])) return c.run(Args(argv + 2, argv + argc));
   }

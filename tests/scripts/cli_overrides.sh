@@ -48,4 +48,6 @@ for t in ppo_trainer sft_trainer generate logprobs; do
   grep -q "^## " "$W/docs_$t.txt" || fail "config docs $t lists no section"
 done
 grep -A1 '^data.val_batch_size$' "$W/docs_ppo_trainer.txt" | grep -q 'no effect in Kestrel' || fail "docs show no-effect keys"
+# A bad kernel ISA level fails before any command runs, naming the variable.
+refused "KESTREL_ISA='sse4' is not a kernel ISA level" env KESTREL_ISA=sse4 "$KESTREL" config show
 echo "cli_overrides: OK"
