@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -108,6 +109,38 @@ TEST(OpenblasCore, ReloadCorrectsAWrongGuess) {
       ::testing::ExitedWithCode(0), "probe: Prescott -> .*OPENBLAS_CORETYPE=.* set: it reported Prescott");
 }
 
+// The process's choice from the environment, each in a fresh process (the
+// choice is made once per process): the child sets the variables, chooses,
+// prints the GEMM line and exits 0 when it is what the variables ask for.
+void expect_choice(const char* kestrel_blas, const char* coretype, const char* want_regex) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (kestrel_blas) setenv("KESTREL_BLAS", kestrel_blas, 1);
+        if (coretype) setenv("OPENBLAS_CORETYPE", coretype, 1);
+        Status st = gemm_init();
+        std::fprintf(stderr, "init: %s\nsummary: %s\n", st.is_ok() ? "ok" : st.message().c_str(),
+                     st.is_ok() ? gemm_summary().c_str() : "-");
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), want_regex);
+}
+
+// Nothing may load a library before the child's setenv (the test body runs
+// again in the child up to EXPECT_EXIT), so a library that is not installed is
+// accepted as its "not loadable" error rather than probed first. OpenBLAS is
+// required.
+TEST(KestrelBlasEnv, ProcessChoice) {
+  expect_choice("mkl", nullptr, "init: KESTREL_BLAS='mkl' is not a GEMM library: use one of auto, openblas, blis, dnnl");
+  expect_choice("blis", nullptr, "summary: BLIS .*KESTREL_BLAS=blis|init: KESTREL_BLAS=blis: BLIS: ");
+  expect_choice("dnnl", nullptr, "summary: oneDNN .*KESTREL_BLAS=dnnl|init: KESTREL_BLAS=dnnl: oneDNN: ");
+  expect_choice("openblas", nullptr, "summary: OpenBLAS .*KESTREL_BLAS=openblas");
+  // run_tests.sh's second kernel family: a user-set core is honoured and makes auto pick OpenBLAS.
+  expect_choice(nullptr, "Haswell", "summary: OpenBLAS [^ ]+ Haswell .*set by the user.*because OPENBLAS_CORETYPE is set");
+  if (machine_core_level(cpu_features()) > CoreLevel::PreAvx)
+    expect_choice("auto", "Prescott", "summary: OpenBLAS [^ ]+ Prescott .*WARNING: OpenBLAS runs below this CPU's ISA");
+}
+
 TEST(KestrelBlasEnv, Values) {
   EXPECT_FALSE(blas_from_env(nullptr).value().has_value());
   EXPECT_FALSE(blas_from_env("").value().has_value());
@@ -143,6 +176,7 @@ TEST(GemmCache, WriteReadCorruptOtherKey) {
   c.gflops[0] = 181.5;
   c.gflops[1] = 170;
   c.gflops[2] = 99;
+  c.cpu_share = 0.5;                                     // measured while another process held a core
   ASSERT_TRUE(write_gemm_cache(file, key, c).is_ok());  // creates the folder
   auto back = read_gemm_cache(file, key);
   ASSERT_TRUE(back.is_ok() && back->has_value()) << back.status().message();
@@ -150,6 +184,7 @@ TEST(GemmCache, WriteReadCorruptOtherKey) {
     EXPECT_EQ((*back)->by_class[k], c.by_class[k]);
     EXPECT_DOUBLE_EQ((*back)->gflops[k], c.gflops[k]);
   }
+  EXPECT_TRUE((*back)->provisional());
   EXPECT_FALSE(read_gemm_cache(file, key + " other").value().has_value());  // another key's entry
   for (const char* junk : {"{not json", "[]", "{\"key\": 3}", "{\"key\": \"K\", \"classes\": {}}"}) {
     SCOPED_TRACE(junk);
@@ -193,6 +228,23 @@ TEST(GemmPick, BestOverallThenPerClassWithMargin) {
   EXPECT_DOUBLE_EQ(c.gflops[2], 172);
   c = pick_from_scores({{&bl, {50, 50, 50}}});
   EXPECT_EQ(c.by_class[1], GemmProvider::BLIS);
+}
+
+// The micro-benchmark itself: every candidate gets a rate per class, within its budget.
+TEST(GemmMeasure, RatesEveryLibrary) {
+  std::vector<const BlasLib*> libs;
+  for (GemmProvider p : available_gemm_providers()) libs.push_back(load_blas(p));
+  const GemmMeasurement m = measure_gemm_providers(libs);
+  ASSERT_EQ(m.scores.size(), libs.size());
+  double best = 0;
+  for (const auto& s : m.scores)
+    for (double g : s.gflops) best = std::max(best, g);
+  EXPECT_GT(best, 1.0);      // GFLOP/s: a real GEMM ran
+  EXPECT_LT(m.seconds, 30);  // budget 2.5 s after the first rep; generous for a loaded machine
+  EXPECT_GT(m.cpu_share, 0);
+  EXPECT_LE(m.cpu_share, 1);
+  const GemmChoice c = pick_from_scores(m.scores);
+  for (double g : c.gflops) EXPECT_GT(g, 0);
 }
 
 // Every installed library, every transpose pattern, beta 0 (C holds NaN) and

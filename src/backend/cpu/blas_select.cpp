@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -54,10 +55,25 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double process_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 }  // namespace
 
-std::vector<ProviderScore> measure_gemm_providers(const std::vector<const BlasLib*>& libs, double* seconds) {
-  const double t_start = now_s();
+bool machine_looks_idle() {
+  double load1 = 1e9;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load1) != 1) load1 = 1e9;
+    std::fclose(f);
+  }
+  return load1 < 0.5 * double(omp_get_num_procs());
+}
+
+GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) {
+  const double t_start = now_s(), cpu_start = process_cpu_s();
   size_t na = 0, nb = 0, nc = 0;
   for (const auto& s : kShapes) {
     na = std::max(na, size_t(s.M * s.K));
@@ -87,7 +103,8 @@ std::vector<ProviderScore> measure_gemm_providers(const std::vector<const BlasLi
   }
   const double fastest = *std::min_element(warm.begin(), warm.end());
   constexpr int kReps = 3;
-  for (int r = 0; r < kReps; ++r)
+  constexpr double kBudgetS = 2.5;
+  for (int r = 0; r < kReps && (r == 0 || now_s() - t_start < kBudgetS); ++r)
     for (size_t li = 0; li < libs.size(); ++li) {
       if (warm[li] > 1.5 * fastest) continue;
       for (size_t si = 0; si < ns; ++si) {
@@ -96,7 +113,7 @@ std::vector<ProviderScore> measure_gemm_providers(const std::vector<const BlasLi
         best[li][si] = std::min(best[li][si], now_s() - t0);
       }
     }
-  std::vector<ProviderScore> out;
+  GemmMeasurement m;
   for (size_t li = 0; li < libs.size(); ++li) {
     ProviderScore ps{libs[li], {0, 0, 0}};
     for (int c = 0; c < kNumGemmClasses; ++c) {
@@ -108,10 +125,11 @@ std::vector<ProviderScore> measure_gemm_providers(const std::vector<const BlasLi
         }
       ps.gflops[c] = fl / sec * 1e-9;
     }
-    out.push_back(ps);
+    m.scores.push_back(ps);
   }
-  if (seconds) *seconds = now_s() - t_start;
-  return out;
+  m.seconds = now_s() - t_start;
+  m.cpu_share = std::min(1.0, (process_cpu_s() - cpu_start) / (m.seconds * threads));
+  return m;
 }
 
 GemmChoice pick_from_scores(const std::vector<ProviderScore>& scores) {
@@ -181,6 +199,10 @@ Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const
     c.by_class[k] = **p;
     c.gflops[k] = e[cls]["gflops"].get<double>();
   }
+  if (j.contains("cpu_share")) {
+    if (!j["cpu_share"].is_number()) return KS_ERR(path, ": cpu_share is not a number");
+    c.cpu_share = j["cpu_share"].get<double>();
+  }
   return std::optional<GemmChoice>(c);
 }
 
@@ -192,6 +214,7 @@ Status write_gemm_cache(const std::string& path, const std::string& key, const G
   j["key"] = key;
   for (int k = 0; k < kNumGemmClasses; ++k)
     j["classes"][gemm_class_name(GemmClass(k))] = {{"provider", provider_key(c.by_class[k])}, {"gflops", c.gflops[k]}};
+  j["cpu_share"] = c.cpu_share;
   return write_file_atomic(path, j.dump(1) + "\n");
 }
 

@@ -32,6 +32,12 @@ inline GemmClass gemm_class(bool trans_a, bool trans_b) {
 struct GemmChoice {
   GemmProvider by_class[kNumGemmClasses] = {GemmProvider::OpenBLAS, GemmProvider::OpenBLAS, GemmProvider::OpenBLAS};
   double gflops[kNumGemmClasses] = {0, 0, 0};  // measured rate of the chosen library per class; 0: not measured
+  // Share of the measurement's wall time x threads that this process ran on
+  // a core. Below kBusyShare another process took cores (a build, a second
+  // test): the ranking is doubtful, the entry provisional (blas_select.cpp).
+  double cpu_share = 1.0;
+  bool provisional() const { return cpu_share < kBusyShare; }
+  static constexpr double kBusyShare = 0.85;
 };
 
 // One candidate's measured GFLOP/s per class.
@@ -40,11 +46,24 @@ struct ProviderScore {
   double gflops[kNumGemmClasses];
 };
 
+struct GemmMeasurement {
+  std::vector<ProviderScore> scores;
+  double seconds = 0;      // wall time taken
+  double cpu_share = 1.0;  // process CPU time / (wall time x threads)
+};
 // Times every library on the micro-benchmark shapes at the current OpenMP
 // thread count, interleaved (rep r of every library before rep r + 1) so
-// that a burst of load on a shared machine hits all of them alike; best of 3.
-// About 0.5-1 s on 2 cores with three libraries. *seconds: time taken.
-std::vector<ProviderScore> measure_gemm_providers(const std::vector<const BlasLib*>& libs, double* seconds = nullptr);
+// that a burst of load on a shared machine hits all of them alike; best of
+// up to 3 reps, fewer past a 2.5 s budget. A library over 1.5x slower than
+// the fastest on the warm-up pass is not timed further. About 0.5 s on 2
+// idle cores with three libraries.
+GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs);
+
+// Whether a provisional cache entry should be measured again now: only when
+// the machine looks idle (1-minute load average below half the CPUs), so a
+// loaded machine (a parallel test run) keeps its entry instead of paying
+// for a doubtful measurement in every process.
+bool machine_looks_idle();
 
 // The choice from scores: the best library overall (by total time over all
 // shapes), and per class another one only where it is at least 5% faster
@@ -61,6 +80,7 @@ std::string gemm_cache_dir();
 // processes with different keys never rewrite each other's entry.
 std::string gemm_cache_file(const std::string& dir, const std::string& key);
 
+// Entry fields: key, classes.{x@W^T,dY@W,dY^T@X}.{provider,gflops}, cpu_share.
 // nullopt: no file, or a file for another key (a hash collision). An error:
 // the file exists but is not a valid entry (the caller notes it and rewrites).
 Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key);

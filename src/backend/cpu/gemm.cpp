@@ -104,8 +104,8 @@ Result<Plan> choose_auto(std::string* notes) {
     Result<std::optional<GemmChoice>> r = read_gemm_cache(file, key);
     if (!r.is_ok())
       *notes += "GEMM: note: ignored the unreadable cache file (" + r.status().message() + "); measuring again\n";
-    else if (r->has_value())
-      choice = **r, how = "auto: cached in " + file;
+    else if (r->has_value() && (!(**r).provisional() || !machine_looks_idle()))
+      choice = **r, how = std::string("auto: ") + ((**r).provisional() ? "provisional, " : "") + "cached in " + file;
   }
   auto find = [&](GemmProvider k) -> const BlasLib* {
     for (const BlasLib* l : candidates)
@@ -116,11 +116,18 @@ Result<Plan> choose_auto(std::string* notes) {
     for (GemmProvider k : choice->by_class)
       if (!find(k)) choice.reset();  // a library of the cached choice is gone: measure
   if (!choice) {
-    double secs = 0;
-    choice = pick_from_scores(measure_gemm_providers(candidates, &secs));
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "auto: measured in %.1f s", secs);
+    const GemmMeasurement m = measure_gemm_providers(candidates);
+    choice = pick_from_scores(m.scores);
+    choice->cpu_share = m.cpu_share;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "auto: measured in %.1f s", m.seconds);
     how = buf;
+    if (choice->provisional()) {
+      std::snprintf(buf, sizeof buf,
+                    " (other processes held the cores: %.0f%% ours; provisional, measured again when the machine is idle)",
+                    100 * m.cpu_share);
+      how += buf;
+    }
     if (!file.empty()) {
       if (Status st = write_gemm_cache(file, key, *choice); st.is_ok())
         how += ", cached in " + file;
