@@ -87,6 +87,11 @@ TEST(OpenblasCore, LevelNames) {
   EXPECT_EQ(openblas_core_level("Sandybridge"), CoreLevel::Avx);
   EXPECT_EQ(openblas_core_level("Prescott"), CoreLevel::PreAvx);
   EXPECT_EQ(openblas_core_level("Zen5000"), CoreLevel::Unknown);
+  EXPECT_EQ(blis_arch_level("skx"), CoreLevel::Avx512);
+  EXPECT_EQ(blis_arch_level("haswell"), CoreLevel::Avx2);  // what BLIS 0.9 picks on this AVX-512 Xeon
+  EXPECT_EQ(blis_arch_level("zen3"), CoreLevel::Avx2);
+  EXPECT_EQ(blis_arch_level("generic"), CoreLevel::PreAvx);
+  EXPECT_EQ(blis_arch_level("a64fx"), CoreLevel::Unknown);
 }
 
 // The reload path for real: OpenBLAS is first initialised with a Prescott

@@ -63,6 +63,19 @@ CoreLevel openblas_core_level(std::string_view corename) {
   return CoreLevel::Unknown;
 }
 
+CoreLevel blis_arch_level(std::string_view arch) {
+  static const std::pair<const char*, CoreLevel> kTable[] = {
+      {"skx", CoreLevel::Avx512},       {"knl", CoreLevel::Avx512},        {"zen4", CoreLevel::Avx512},
+      {"zen5", CoreLevel::Avx512},      {"haswell", CoreLevel::Avx2},      {"zen", CoreLevel::Avx2},
+      {"zen2", CoreLevel::Avx2},        {"zen3", CoreLevel::Avx2},         {"sandybridge", CoreLevel::Avx},
+      {"bulldozer", CoreLevel::Avx},    {"piledriver", CoreLevel::Avx},    {"steamroller", CoreLevel::Avx},
+      {"excavator", CoreLevel::Avx},    {"penryn", CoreLevel::PreAvx},     {"generic", CoreLevel::PreAvx}};
+  const std::string n = lower(arch);
+  for (const auto& [name, level] : kTable)
+    if (n == name) return level;
+  return CoreLevel::Unknown;
+}
+
 const char* core_level_name(CoreLevel l) {
   switch (l) {
     case CoreLevel::PreAvx: return "pre-AVX";
@@ -314,10 +327,14 @@ const BlasLib* load_blis(std::string* why) {
   const std::string arch = arch_id && arch_str ? arch_str(arch_id()) : "?";
   lib->title = std::string("BLIS ") + (version ? version() : "?") + " " + arch;
   lib->version = lib->title;
-  // BLIS picks its sub-configuration by cpuid features, not by model, so it
-  // does not fall behind on a new CPU; "generic" means no optimised kernels.
-  lib->below_isa = arch == "generic";
-  if (lib->below_isa) lib->note = "BLIS runs its generic (unvectorised) kernels here";
+  // BLIS has no override that is safe to set: BLIS_ARCH_TYPE naming a
+  // sub-configuration the build lacks (Debian's has no "skx") aborts the
+  // process. So a narrow one is only reported, and auto passes BLIS over.
+  const CoreLevel got = blis_arch_level(arch), want = machine_core_level(cpu_features());
+  lib->below_isa = got != CoreLevel::Unknown && got < want;
+  if (lib->below_isa)
+    lib->note = "BLIS picked its " + arch + " (" + core_level_name(got) + ") kernels on an " + core_level_name(want) +
+                " CPU";
   return lib;
 }
 

@@ -31,6 +31,11 @@ enum class CoreLevel { Unknown = -1, PreAvx = 0, Avx = 1, Avx2 = 2, Avx512 = 3 }
 CoreLevel openblas_core_level(std::string_view corename);
 const char* core_level_name(CoreLevel l);  // "pre-AVX", "AVX", "AVX2", "AVX-512", "unknown"
 
+// The same for a BLIS sub-configuration (bli_arch_string()): "skx" AVX-512,
+// "haswell"/"zen3" AVX2, ... BLIS picks it by feature and FMA-unit count;
+// 0.9 falls back to "haswell" on AVX-512 CPUs whose FMA units it cannot count.
+CoreLevel blis_arch_level(std::string_view arch);
+
 // The level this machine runs (AVX-512 only with F/BW/VL/DQ and zmm state).
 CoreLevel machine_core_level(const CpuFeatures& f);
 

@@ -46,7 +46,8 @@ std::string describe(const Plan& p, const GemmChoice* measured, const std::strin
         }
     }
   }
-  s += ", " + std::to_string(omp_get_max_threads()) + " threads";
+  const int threads = omp_get_max_threads();
+  s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   if (measured && measured->gflops[0] > 0) {
     char buf[96];
     std::snprintf(buf, sizeof buf, ", %.0f/%.0f/%.0f GFLOP/s (x@W^T/dY@W/dY^T@X)", measured->gflops[0],
