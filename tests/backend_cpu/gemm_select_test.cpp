@@ -190,7 +190,7 @@ TEST(GemmCache, WriteReadCorruptOtherKey) {
     EXPECT_EQ((*back)->by_class[k], c.by_class[k]);
     EXPECT_DOUBLE_EQ((*back)->gflops[k], c.gflops[k]);
   }
-  EXPECT_TRUE((*back)->provisional());
+  EXPECT_TRUE((*back)->doubtful());
   EXPECT_FALSE(read_gemm_cache(file, key + " other").value().has_value());  // another key's entry
   for (const char* junk : {"{not json", "[]", "{\"key\": 3}", "{\"key\": \"K\", \"classes\": {}}"}) {
     SCOPED_TRACE(junk);

@@ -63,15 +63,6 @@ double process_cpu_s() {
 
 }  // namespace
 
-bool machine_looks_idle() {
-  double load1 = 1e9;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load1) != 1) load1 = 1e9;
-    std::fclose(f);
-  }
-  return load1 < 0.5 * double(omp_get_num_procs());
-}
-
 GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) {
   const double t_start = now_s(), cpu_start = process_cpu_s();
   size_t na = 0, nb = 0, nc = 0;

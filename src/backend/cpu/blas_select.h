@@ -34,9 +34,11 @@ struct GemmChoice {
   double gflops[kNumGemmClasses] = {0, 0, 0};  // measured rate of the chosen library per class; 0: not measured
   // Share of the measurement's wall time x threads that this process ran on
   // a core. Below kBusyShare another process took cores (a build, a second
-  // test): the ranking is doubtful, the entry provisional (blas_select.cpp).
+  // test) and the ranking is doubtful: the log says so and how to measure
+  // again (delete the file). It is not re-measured by itself: a cached
+  // choice never changes under a run, so a resumed run rounds as before.
   double cpu_share = 1.0;
-  bool provisional() const { return cpu_share < kBusyShare; }
+  bool doubtful() const { return cpu_share < kBusyShare; }
   static constexpr double kBusyShare = 0.85;
 };
 
@@ -59,11 +61,6 @@ struct GemmMeasurement {
 // idle cores with three libraries.
 GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs);
 
-// Whether a provisional cache entry should be measured again now: only when
-// the machine looks idle (1-minute load average below half the CPUs), so a
-// loaded machine (a parallel test run) keeps its entry instead of paying
-// for a doubtful measurement in every process.
-bool machine_looks_idle();
 
 // The choice from scores: the best library overall (by total time over all
 // shapes), and per class another one only where it is at least 5% faster

@@ -105,8 +105,12 @@ Result<Plan> choose_auto(std::string* notes) {
     Result<std::optional<GemmChoice>> r = read_gemm_cache(file, key);
     if (!r.is_ok())
       *notes += "GEMM: note: ignored the unreadable cache file (" + r.status().message() + "); measuring again\n";
-    else if (r->has_value() && (!(**r).provisional() || !machine_looks_idle()))
-      choice = **r, how = std::string("auto: ") + ((**r).provisional() ? "provisional, " : "") + "cached in " + file;
+    else if (r->has_value()) {
+      choice = **r;
+      how = "auto: cached in " + file;
+      if (choice->doubtful())
+        how += " (measured while other processes held the cores; delete it to measure again on a quiet machine)";
+    }
   }
   auto find = [&](GemmProvider k) -> const BlasLib* {
     for (const BlasLib* l : candidates)
@@ -123,15 +127,14 @@ Result<Plan> choose_auto(std::string* notes) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "auto: measured in %.1f s", m.seconds);
     how = buf;
-    if (choice->provisional()) {
-      std::snprintf(buf, sizeof buf,
-                    " (other processes held the cores: %.0f%% ours; provisional, measured again when the machine is idle)",
+    if (choice->doubtful()) {
+      std::snprintf(buf, sizeof buf, " while other processes held the cores (%.0f%% ours: doubtful)",
                     100 * m.cpu_share);
       how += buf;
     }
     if (!file.empty()) {
       if (Status st = write_gemm_cache(file, key, *choice); st.is_ok())
-        how += ", cached in " + file;
+        how += ", cached in " + file + (choice->doubtful() ? " (delete it to measure again)" : "");
       else
         *notes += "GEMM: note: could not write the cache (" + st.message() + ")\n";
     }
