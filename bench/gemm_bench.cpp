@@ -4,14 +4,13 @@
 //  2. The GEMMs of one training step of the "small" model (hidden 512, 8 heads,
 //     2 KV heads of 64, ffn 1536, vocab 8192, T = 2048 tokens per micro-batch):
 //     forward x @ W^T and both backward GEMMs (dX = dY @ W, dW = dY^T @ X) of
-//     every linear, at 1 and 2 threads, through kestrel::cpu::sgemm (the BLAS
-//     linked in) and through OpenBLAS and BLIS, both dlopen'ed into this run.
+//     every linear, and rollout prefill/decode rows (M = 32..256), at 1 and 2
+//     threads, through kestrel::cpu::sgemm routed to each GEMM library it can
+//     load (OpenBLAS, BLIS, oneDNN), then to the process's own choice.
 //  3. A GEMM -> OpenMP-elementwise hand-off loop (what a training step does),
-//     per BLAS: the pthread OpenBLAS pool and the OpenMP team spin against
-//     each other on shared cores, the OpenMP BLIS shares one pool.
+//     per library (all of them run on the one OpenMP team here).
 // Times are the best of --reps runs of wall-clock time. Usage:
 //   bench_gemm_bench [--reps N] [--quick] [--cpu-time]
-#include <dlfcn.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
+#include "bench_timing.h"
 
 namespace {
 
@@ -96,105 +96,44 @@ double fma_peak(bool zmm, int threads, int reps) {
   return flops_per_thread * threads / best * 1e-9;
 }
 
-// ---------------------------------------------------------------- BLAS back ends
-enum CblasOrder { kRowMajor = 101 };
-enum CblasTranspose { kNoTrans = 111, kTrans = 112 };
-using cblas_sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                                float*, int);
-using bli_sgemm_fn = void (*)(int, int, int64_t, int64_t, int64_t, const float*, const float*, int64_t, int64_t,
-                              const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t);
-using set_threads_int_fn = void (*)(int);
-using set_threads_dim_fn = void (*)(int64_t);
-
+// ---------------------------------------------------------------- GEMM libraries
+// Every library kestrel::cpu can load (OpenBLAS with its core checked against
+// the CPU, BLIS, oneDNN), each through kestrel::cpu::sgemm with all GEMMs
+// routed to it, then the process's own choice (KESTREL_BLAS / auto) last.
 struct Backend {
   std::string name;
-  // C[M,N] = op(A) @ op(B), row-major, beta = 0.
-  std::function<void(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,
-                     int64_t)>
-      gemm;
-  std::function<void(int)> set_threads;
+  std::function<void()> select;  // routes kestrel::cpu::sgemm to this back end
 };
 
 std::vector<Backend> load_backends() {
   std::vector<Backend> out;
-  out.push_back(
-      {std::string("kestrel::cpu::sgemm (") + kestrel::cpu::blas_name() + ")",
-       [](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc) { kestrel::cpu::sgemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc); },
-       [](int n) {
-         omp_set_num_threads(n);
-         g_threads_now = n;
-       }});
-  // The default OpenBLAS, then (when libopenblas0-openmp is installed) the
-  // OpenMP build of the same version, loaded with RTLD_DEEPBIND so that its
-  // internal calls bind to itself and not to the copy already loaded.
-  const std::pair<const char*, const char*> openblas_builds[] = {
-      {"libopenblas.so.0", "default alternative"},
-      {"/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0", "openmp build"}};
-  for (const auto& [path, what] : openblas_builds) {
-    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | (path[0] == '/' ? RTLD_DEEPBIND : 0));
-    if (!h) {
-      std::printf("(OpenBLAS %s not loadable: %s)\n", what, dlerror());
-      continue;
-    }
-    auto gemm = reinterpret_cast<cblas_sgemm_fn>(dlsym(h, "cblas_sgemm"));
-    auto set = reinterpret_cast<set_threads_int_fn>(dlsym(h, "openblas_set_num_threads"));
-    auto corename = reinterpret_cast<const char* (*)()>(dlsym(h, "openblas_get_corename"));
-    auto parallel = reinterpret_cast<int (*)()>(dlsym(h, "openblas_get_parallel"));
-    const int mode = parallel ? parallel() : -1;  // 0 serial, 1 pthread, 2 openmp
-    if (gemm && set)
-      out.push_back({std::string("OpenBLAS ") + (corename ? corename() : "") +
-                         (mode == 2   ? " (openmp)"
-                          : mode == 1 ? " (pthread)"
-                                      : " (serial)"),
-                     [gemm](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                            const float* B, int64_t ldb, float* C, int64_t ldc) {
-                       gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(M), int(N), int(K), 1.f, A,
-                            int(lda), B, int(ldb), 0.f, C, int(ldc));
-                     },
-                     [set](int n) {
-                       omp_set_num_threads(n);
-                       g_threads_now = n;
-                       kestrel::cpu::sync_blas_threads(
-                           n);  // keeps the wrapper's cache true when this is the linked BLAS
-                       set(n);
-                     }});
+  for (kestrel::cpu::GemmProvider p : kestrel::cpu::available_gemm_providers()) {
+    kestrel::cpu::use_gemm_provider(p);
+    std::string title = kestrel::cpu::gemm_summary();
+    title = title.substr(0, title.find(", "));  // library and core, without threads/how
+    out.push_back({title, [p] { kestrel::cpu::use_gemm_provider(p); }});
   }
-  // BLIS through its native typed API (bli_ names are unique to BLIS, so no
-  // symbol of the OpenBLAS already loaded can interpose), row-major as
-  // (row stride, col stride) = (ld, 1).
-  if (void* h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL)) {
-    auto gemm = reinterpret_cast<bli_sgemm_fn>(dlsym(h, "bli_sgemm"));
-    auto set = reinterpret_cast<set_threads_dim_fn>(dlsym(h, "bli_thread_set_num_threads"));
-    auto arch_id = reinterpret_cast<int (*)()>(dlsym(h, "bli_arch_query_id"));
-    auto arch_str = reinterpret_cast<const char* (*)(int)>(dlsym(h, "bli_arch_string"));
-    if (gemm && set)
-      out.push_back({std::string("BLIS ") + (arch_id && arch_str ? arch_str(arch_id()) : "") + " (openmp)",
-                     [gemm](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                            const float* B, int64_t ldb, float* C, int64_t ldc) {
-                       const float one = 1.f, zero = 0.f;
-                       constexpr int kBlisNoTrans = 0, kBlisTrans = 8;
-                       gemm(ta ? kBlisTrans : kBlisNoTrans, tb ? kBlisTrans : kBlisNoTrans, M, N, K, &one, A, lda, 1, B,
-                            ldb, 1, &zero, C, ldc, 1);
-                     },
-                     [set](int n) {
-                       omp_set_num_threads(n);
-                       g_threads_now = n;
-                       kestrel::cpu::sync_blas_threads(
-                           n);  // keeps the wrapper's cache true when this is the linked BLAS
-                       set(n);
-                     }});
-  } else {
-    std::printf("(libblis.so.4 not loadable: %s)\n", dlerror());
-  }
+  out.push_back({"auto/KESTREL_BLAS choice", [] { kestrel::cpu::use_default_gemm(); }});
   return out;
+}
+
+void gemm_call(const Backend& b, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float* C, int64_t ldc) {
+  (void)b;  // selected by b.select() before the timing loop
+  kestrel::cpu::sgemm(ta, tb, M, N, K, 1.f, A, lda, B, ldb, 0.f, C, ldc);
+}
+
+void set_threads(const Backend& b, int n) {
+  b.select();
+  omp_set_num_threads(n);  // sgemm hands the count to the library itself
+  g_threads_now = n;
 }
 
 // ---------------------------------------------------------------- training-step GEMMs
 struct Linear {
   const char* name;
   int64_t in, out;
-  bool fused;  // a fused alternative to separate rows above it, not counted in the step total
+  bool fused;  // a fused alternative to separate rows above it, or a decode row: not in the step total
 };
 struct Gemm {
   std::string label;
@@ -220,17 +159,20 @@ std::vector<Gemm> step_gemms(int64_t T) {
     // dW[out,in] = dy^T @ x
     g.push_back({std::string(l.name) + " " + shape + " dW", true, false, l.out, l.in, T, l.fused});
   }
+  // Rollout prefill / batched decode: M rows through the MLP's gate/up (not in the step total).
+  for (int64_t m : {32, 64, 128, 256})
+    g.push_back({"decode " + std::to_string(m) + " rows, 512->1536 fwd", false, true, m, 1536, 512, true});
   return g;
 }
 
 double time_gemm(const Backend& b, const Gemm& g, const std::vector<float>& A, const std::vector<float>& B,
                  std::vector<float>& C, int reps) {
   const int64_t lda = g.ta ? g.M : g.K, ldb = g.tb ? g.K : g.N;
-  b.gemm(g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, C.data(), g.N);  // warm-up
+  gemm_call(b, g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, C.data(), g.N);  // warm-up
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
     const double t0 = now();
-    b.gemm(g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, C.data(), g.N);
+    gemm_call(b, g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, C.data(), g.N);
     best = std::min(best, now() - t0);
   }
   return best;
@@ -246,11 +188,11 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b, size_t
 // One "layer step" of hand-offs: GEMM (gate fwd), then an OpenMP elementwise pass over its output.
 double handoff_loop(const Backend& b, int threads, int iters, const std::vector<float>& A, const std::vector<float>& B,
                     std::vector<float>& C, std::vector<float>& D, int64_t T) {
-  b.set_threads(threads);
+  set_threads(b, threads);
   const int64_t M = T, N = 1536, K = 512;
   const double t0 = now();
   for (int it = 0; it < iters; ++it) {
-    b.gemm(false, true, M, N, K, A.data(), K, B.data(), K, C.data(), N);
+    gemm_call(b, false, true, M, N, K, A.data(), K, B.data(), K, C.data(), N);
     float* c = C.data();
     float* d = D.data();
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -281,6 +223,8 @@ int main(int argc, char** argv) {
 
   std::printf("# GEMM benchmark (T=%lld tokens, best of %d, %s; %d logical CPUs)\n\n", (long long)T, reps,
               g_cpu_time ? "CPU time / threads" : "wall clock", hw);
+  kestrel::bench::print_machine_header("    ");
+  std::printf("\n");
   std::printf(
       "## FP32 FMA peak (register-blocked FMA loop)\n\n| kernel | 1 core GFLOP/s | 2 cores GFLOP/s "
       "|\n|---|---:|---:|\n");
@@ -306,17 +250,17 @@ int main(int argc, char** argv) {
   double worst_diff = 0;
   for (size_t bi = 0; bi < backends.size(); ++bi)
     for (int ti = 0; ti < 2; ++ti) {
-      backends[bi].set_threads(thread_counts[ti]);
+      set_threads(backends[bi], thread_counts[ti]);
       for (const auto& g : gemms) {
         const double t = time_gemm(backends[bi], g, A, B, C, reps);
         gf[bi][size_t(ti)].push_back(g.flops() / t * 1e-9);
         if (bi == 0 && ti == 0) continue;
         // Compare against backend 0 at 1 thread, recomputed (cheap relative to the timing).
-        backends[0].set_threads(1);
+        set_threads(backends[0], 1);
         const int64_t lda = g.ta ? g.M : g.K, ldb = g.tb ? g.K : g.N;
-        backends[0].gemm(g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, Cref.data(), g.N);
+        gemm_call(backends[0], g.ta, g.tb, g.M, g.N, g.K, A.data(), lda, B.data(), ldb, Cref.data(), g.N);
         worst_diff = std::max(worst_diff, max_diff(C, Cref, size_t(g.M * g.N)));
-        backends[bi].set_threads(thread_counts[ti]);
+        set_threads(backends[bi], thread_counts[ti]);
       }
     }
 
@@ -353,7 +297,7 @@ int main(int argc, char** argv) {
               (long long)T);
   std::printf("| back end | GEMM alone | silu pass alone | GEMM + pass alternating |\n|---|---:|---:|---:|\n");
   for (const auto& b : backends) {
-    b.set_threads(2);
+    set_threads(b, 2);
     const Gemm g{"", false, true, T, 1536, 512, false};
     const double tg = time_gemm(b, g, A, B, C, reps);
     double tp = 1e30;

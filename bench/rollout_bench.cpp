@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "io/model_config.h"
@@ -163,8 +164,10 @@ int main(int argc, char** argv) {
     }
     std::printf("saved the random model to %s\n", save_dir.c_str());
   }
-  std::printf("# rollout bench: small config (%lld params), %s, %d threads\n\n", (long long)m->num_parameters(),
+  std::printf("# rollout bench: small config (%lld params), %s, %d threads\n", (long long)m->num_parameters(),
               dtype_name(dtype), threads);
+  bench::print_machine_header("# ");
+  std::printf("\n");
 
   if (only.empty() || only == "throughput") {
     rollout::EngineConfig ec;  // 8192-token steps

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/cpu/gemm.h"
 #include "cli/commands.h"
 #include "cli/loader_source.h"
 #include "cli/options.h"
@@ -194,6 +195,7 @@ void print_summary(const rl::RlTrainer& trainer, double wall, const std::string&
     else
       std::fprintf(stderr, "  %s: %.4f\n", k.c_str(), v);
   }
+  std::fprintf(stderr, "  gemm: %s\n", cpu::gemm_summary().c_str());
   std::fprintf(stderr, "  checkpoints: %s\n", ckpt_root.c_str());
   if (!mo.jsonl_path.empty()) std::fprintf(stderr, "  metrics: %s\n", mo.jsonl_path.c_str());
   if (!mo.tensorboard_dir.empty()) std::fprintf(stderr, "  tensorboard: %s\n", mo.tensorboard_dir.c_str());
@@ -286,6 +288,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   const bool leader = world_rank == 0;
   check_launch(c, world_size);
   check_sizes_divide(c, in, world_size);
+  // The GEMM library is chosen now, before the rollout and trainer start
+  // threads (loading OpenBLAS may set OPENBLAS_CORETYPE for a moment; the
+  // one-time micro-benchmark runs here): "GEMM: ..." on stderr, and a bad
+  // KESTREL_BLAS stops the run before any work with its message.
+  if (Status st = cpu::gemm_init(); !st.is_ok()) KS_FAIL("kestrel train: ", st.message());
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();
   // The data files and their columns before any model: a wrong path or

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/cpu/gemm.h"
 #include "core/parallel_for.h"
 #include "op_harness.h"
 #include "ops/ref/linear_ref.h"
@@ -16,8 +17,21 @@ using namespace testing;
 struct LinearCase {
   int64_t n, in, out;
 };
-// T = 1, sizes that are not multiples of 16, and one that spans several SIMD blocks.
-const LinearCase kCases[] = {{1, 5, 3}, {7, 33, 17}, {64, 80, 48}};
+// T = 1, sizes that are not multiples of 16, one that spans several SIMD
+// blocks, and one with enough rows for the BLAS path (not the skinny kernel).
+const LinearCase kCases[] = {{1, 5, 3}, {7, 33, 17}, {64, 80, 48}, {100, 70, 90}};
+
+// Runs f once per GEMM library installed here (OpenBLAS, BLIS, oneDNN), with
+// every sgemm routed to it: the auto choice may take any of them, and old
+// BLAS kernels have computed wrong results on some CPUs.
+template <class F>
+void for_each_gemm_provider(F&& f) {
+  for (cpu::GemmProvider p : cpu::available_gemm_providers()) {
+    cpu::ScopedGemmProvider scope(p);
+    SCOPED_TRACE(std::string("GEMM library ") + cpu::provider_key(p));
+    f();
+  }
+}
 
 struct LinearData {
   std::vector<double> x, w, b;  // rounded to the dtype under test
@@ -30,22 +44,24 @@ LinearData linear_data(const LinearCase& c, DType dt, uint64_t seed) {
 KS_ISA_SUITE(Linear);  // the conversions, bias sums and add run per ISA level
 
 TEST_P(Linear, ForwardMatchesReference) {
-  for (Device dev : available_devices())
-    for (DType dt : float_dtypes())
-      for (const auto& c : kCases)
-        for (bool bias : {false, true}) {
-          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
-                       " out=" + std::to_string(c.out) + (bias ? " bias" : ""));
-          const auto d = linear_data(c, dt, 10);
-          Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
-          Tensor b = make_tensor(d.b, {c.out}, dt, dev);
-          Tensor y = nan_tensor({c.n, c.out}, dt, dev);  // written, not accumulated
-          ops::linear_fwd(x, w, bias ? &b : nullptr, y);
-          std::vector<double> want(size_t(c.n * c.out));
-          ops::ref::linear_fwd<double>(d.x.data(), d.w.data(), bias ? d.b.data() : nullptr, want.data(), c.n, c.in,
-                                       c.out);
-          EXPECT_TRUE(close_for(dt, values(y), want, "y"));
-        }
+  for_each_gemm_provider([] {
+    for (Device dev : available_devices())
+      for (DType dt : float_dtypes())
+        for (const auto& c : kCases)
+          for (bool bias : {false, true}) {
+            SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
+                         " out=" + std::to_string(c.out) + (bias ? " bias" : ""));
+            const auto d = linear_data(c, dt, 10);
+            Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
+            Tensor b = make_tensor(d.b, {c.out}, dt, dev);
+            Tensor y = nan_tensor({c.n, c.out}, dt, dev);  // written, not accumulated
+            ops::linear_fwd(x, w, bias ? &b : nullptr, y);
+            std::vector<double> want(size_t(c.n * c.out));
+            ops::ref::linear_fwd<double>(d.x.data(), d.w.data(), bias ? d.b.data() : nullptr, want.data(), c.n, c.in,
+                                         c.out);
+            EXPECT_TRUE(close_for(dt, values(y), want, "y"));
+          }
+  });
 }
 
 TEST_P(Linear, MixedDtypes) {
@@ -96,35 +112,37 @@ TEST_P(Linear, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 TEST_P(Linear, BackwardMatchesReferenceAndAccumulates) {
-  for (Device dev : available_devices())
-    for (DType dt : float_dtypes())
-      for (const auto& c : kCases) {
-        SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
-                     " out=" + std::to_string(c.out));
-        const auto d = linear_data(c, dt, 40);
-        const auto dy = round_to(randn(c.n * c.out, 43), dt);
-        const auto dw0 = randn(c.out * c.in, 44), db0 = randn(c.out, 45);  // earlier micro-batches
-        Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
-        Tensor dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
-        Tensor dx = nan_tensor({c.n, c.in}, dt, dev);
-        Tensor dw = make_tensor(dw0, {c.out, c.in}, DType::F32, dev), db = make_tensor(db0, {c.out}, DType::F32, dev);
-        ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
+  for_each_gemm_provider([] {
+    for (Device dev : available_devices())
+      for (DType dt : float_dtypes())
+        for (const auto& c : kCases) {
+          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
+                       " out=" + std::to_string(c.out));
+          const auto d = linear_data(c, dt, 40);
+          const auto dy = round_to(randn(c.n * c.out, 43), dt);
+          const auto dw0 = randn(c.out * c.in, 44), db0 = randn(c.out, 45);  // earlier micro-batches
+          Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
+          Tensor dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
+          Tensor dx = nan_tensor({c.n, c.in}, dt, dev);
+          Tensor dw = make_tensor(dw0, {c.out, c.in}, DType::F32, dev), db = make_tensor(db0, {c.out}, DType::F32, dev);
+          ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
 
-        std::vector<double> rdx(d.x.size()), rdw = round_to(dw0, DType::F32), rdb = round_to(db0, DType::F32);
-        ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
-                                     c.out);
-        EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx"));
-        EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw (+=)"));
-        EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db (+=)"));
+          std::vector<double> rdx(d.x.size()), rdw = round_to(dw0, DType::F32), rdb = round_to(db0, DType::F32);
+          ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
+                                       c.out);
+          EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx"));
+          EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw (+=)"));
+          EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db (+=)"));
 
-        // A second micro-batch adds again; dx is overwritten, not summed.
-        ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
-        ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
-                                     c.out);
-        EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx after second call"));
-        EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw after second call"));
-        EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db after second call"));
-      }
+          // A second micro-batch adds again; dx is overwritten, not summed.
+          ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
+          ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
+                                       c.out);
+          EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx after second call"));
+          EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw after second call"));
+          EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db after second call"));
+        }
+  });
 }
 
 TEST_P(Linear, BackwardSkipsNullOutputs) {

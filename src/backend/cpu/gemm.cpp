@@ -1,47 +1,256 @@
 #include "backend/cpu/gemm.h"
 
-#include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
 
+#include "backend/cpu/blas_select.h"
 #include "core/status.h"
-
-// The thread-count setters are declared here rather than taken from blis.h /
-// openblas_config.h so that only cblas.h has to be on the include path.
-extern "C" {
-#if defined(KESTREL_BLAS_BLIS)
-void bli_thread_set_num_threads(int64_t n);  // dim_t is 64-bit in Debian's BLIS
-#elif defined(KESTREL_BLAS_OPENBLAS)
-void openblas_set_num_threads(int n);
-#endif
-}
 
 namespace kestrel::cpu {
 
 namespace {
-std::atomic<int> g_blas_threads{-1};
+
+// Which library runs each transpose pattern, and the line that says so.
+struct Plan {
+  const BlasLib* by_class[kNumGemmClasses] = {};
+  std::string summary;
+};
+
+std::atomic<const Plan*> g_plan{nullptr};  // what sgemm uses now
+std::atomic<int> g_blas_threads{-1};      // thread count last given to the plan's libraries
+
+// "<lib> for <classes>; <lib> for <classes>, T threads, a/b/c GFLOP/s (x@W^T/dY@W/dY^T@X), <how>".
+std::string describe(const Plan& p, const GemmChoice* measured, const std::string& how) {
+  std::vector<const BlasLib*> libs;
+  for (const BlasLib* l : p.by_class)
+    if (std::find(libs.begin(), libs.end(), l) == libs.end()) libs.push_back(l);
+  std::string s;
+  for (const BlasLib* l : libs) {
+    if (!s.empty()) s += "; ";
+    s += l->title;
+    if (!l->note.empty()) s += " [" + l->note + "]";
+    if (libs.size() > 1) {
+      s += " for";
+      const char* sep = " ";
+      for (int k = 0; k < kNumGemmClasses; ++k)
+        if (p.by_class[k] == l) {
+          s += sep;
+          s += gemm_class_name(GemmClass(k));
+          sep = ", ";
+        }
+    }
+  }
+  const int threads = omp_get_max_threads();
+  s += ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+  if (measured && measured->gflops[0] > 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, ", %.0f/%.0f/%.0f GFLOP/s (x@W^T/dY@W/dY^T@X)", measured->gflops[0],
+                  measured->gflops[1], measured->gflops[2]);
+    s += buf;
+  }
+  for (const BlasLib* l : libs)
+    if (l->below_isa) s += ", WARNING: " + std::string(provider_title(l->kind)) + " runs below this CPU's ISA";
+  return s + ", " + how;
 }
 
-const char* blas_name() {
-#if defined(KESTREL_BLAS_BLIS)
-  return "blis";
-#else
-  return "openblas";
-#endif
+Plan single(const BlasLib* lib) {
+  Plan p;
+  for (auto& c : p.by_class) c = lib;
+  return p;
+}
+
+// auto: candidates, then the cache or a fresh measurement. Appends notes
+// (unreadable cache, failed write) to *notes.
+Result<Plan> choose_auto(std::string* notes) {
+  std::vector<const BlasLib*> loaded, candidates;
+  std::string missing;
+  for (int i = 0; i < kNumGemmProviders; ++i) {
+    std::string why;
+    if (const BlasLib* l = load_blas(GemmProvider(i), &why))
+      loaded.push_back(l);
+    else
+      missing += (missing.empty() ? "" : "; ") + why;
+  }
+  if (loaded.empty())
+    return KS_ERR("no GEMM library could be loaded (", missing,
+                  "): install libopenblas0-openmp, libblis4 or libdnnl2 (scripts/install_deps.sh)");
+  if (std::getenv("OPENBLAS_CORETYPE") && *std::getenv("OPENBLAS_CORETYPE")) {
+    if (const BlasLib* ob = load_blas(GemmProvider::OpenBLAS)) {
+      Plan p = single(ob);
+      p.summary = describe(p, nullptr, "auto: OpenBLAS because OPENBLAS_CORETYPE is set");
+      return p;
+    }
+  }
+  for (const BlasLib* l : loaded)
+    if (!l->below_isa) candidates.push_back(l);
+  if (candidates.empty()) candidates = loaded;  // all below the ISA: still run, with the warning
+  if (candidates.size() == 1) {
+    Plan p = single(candidates[0]);
+    p.summary = describe(p, nullptr, "auto: the only library at this CPU's ISA");
+    return p;
+  }
+  const int threads = omp_get_max_threads();
+  const std::string key = gemm_cache_key(cpu_features(), candidates, threads);
+  const std::string dir = gemm_cache_dir();
+  const std::string file = dir.empty() ? "" : gemm_cache_file(dir, key);
+  std::optional<GemmChoice> choice;
+  std::string how;
+  if (!file.empty()) {
+    Result<std::optional<GemmChoice>> r = read_gemm_cache(file, key);
+    if (!r.is_ok())
+      *notes += "GEMM: note: ignored the unreadable cache file (" + r.status().message() + "); measuring again\n";
+    else if (r->has_value()) {
+      choice = **r;
+      how = "auto: cached in " + file;
+      if (choice->doubtful())
+        how += " (measured while other processes held the cores; delete it to measure again on a quiet machine)";
+    }
+  }
+  auto find = [&](GemmProvider k) -> const BlasLib* {
+    for (const BlasLib* l : candidates)
+      if (l->kind == k) return l;
+    return nullptr;
+  };
+  if (choice)
+    for (GemmProvider k : choice->by_class)
+      if (!find(k)) choice.reset();  // a library of the cached choice is gone: measure
+  if (!choice) {
+    const GemmMeasurement m = measure_gemm_providers(candidates);
+    choice = pick_from_scores(m.scores);
+    choice->cpu_share = m.cpu_share;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "auto: measured in %.1f s", m.seconds);
+    how = buf;
+    if (choice->doubtful()) {
+      std::snprintf(buf, sizeof buf, " while other processes held the cores (%.0f%% ours: doubtful)",
+                    100 * m.cpu_share);
+      how += buf;
+    }
+    if (!file.empty()) {
+      if (Status st = write_gemm_cache(file, key, *choice); st.is_ok())
+        how += ", cached in " + file + (choice->doubtful() ? " (delete it to measure again)" : "");
+      else
+        *notes += "GEMM: note: could not write the cache (" + st.message() + ")\n";
+    }
+  }
+  Plan p;
+  for (int k = 0; k < kNumGemmClasses; ++k) p.by_class[k] = find(choice->by_class[k]);
+  p.summary = describe(p, &*choice, how);
+  return p;
+}
+
+Result<Plan> choose_default(std::string* notes) {
+  KS_ASSIGN(std::optional<GemmProvider> forced, blas_from_env(std::getenv("KESTREL_BLAS")));
+  if (!forced) return choose_auto(notes);
+  std::string why;
+  const BlasLib* lib = load_blas(*forced, &why);
+  if (!lib)
+    return KS_ERR("KESTREL_BLAS=", provider_key(*forced), ": ", why,
+                  " (unset KESTREL_BLAS to use what is installed, or install it: scripts/install_deps.sh)");
+  Plan p = single(lib);
+  p.summary = describe(p, nullptr, std::string("KESTREL_BLAS=") + provider_key(*forced));
+  return p;
+}
+
+struct DefaultState {
+  std::once_flag once;
+  Status status;
+  std::unique_ptr<Plan> plan;
+};
+DefaultState& default_state() {
+  static DefaultState s;
+  return s;
+}
+
+const Plan* default_plan() {
+  DefaultState& s = default_state();
+  std::call_once(s.once, [&] {
+    std::string notes;
+    Result<Plan> r = choose_default(&notes);
+    std::fputs(notes.c_str(), stderr);
+    if (!r.is_ok()) {
+      s.status = r.status();
+      return;
+    }
+    s.plan = std::make_unique<Plan>(std::move(r).value());
+    std::fprintf(stderr, "GEMM: %s\n", s.plan->summary.c_str());
+  });
+  return s.plan.get();
+}
+
+const Plan* active_plan() {
+  const Plan* p = g_plan.load(std::memory_order_acquire);
+  if (p) [[likely]]
+    return p;
+  p = default_plan();
+  if (!p) throw Error(default_state().status.message());
+  const Plan* expected = nullptr;
+  g_plan.compare_exchange_strong(expected, p);  // a test may have installed its own meanwhile
+  return g_plan.load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+Status gemm_init() {
+  if (!default_plan()) return default_state().status;
+  return Status::ok();
+}
+
+std::string gemm_summary() { return active_plan()->summary; }
+
+std::vector<GemmProvider> available_gemm_providers() {
+  std::vector<GemmProvider> out;
+  for (int i = 0; i < kNumGemmProviders; ++i)
+    if (load_blas(GemmProvider(i))) out.push_back(GemmProvider(i));
+  return out;
+}
+
+void use_gemm_provider(GemmProvider p) {
+  static std::mutex mu;
+  static std::unique_ptr<Plan> plans[kNumGemmProviders];
+  std::string why;
+  const BlasLib* lib = load_blas(p, &why);
+  KS_CHECK(lib, "use_gemm_provider(", provider_key(p), "): ", why);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = plans[int(p)];
+  if (!slot) {
+    slot = std::make_unique<Plan>(single(lib));
+    slot->summary = describe(*slot, nullptr, "set by use_gemm_provider");
+  }
+  g_plan.store(slot.get(), std::memory_order_release);
+  g_blas_threads.store(-1);  // the newly routed library may hold another count
+}
+
+void use_default_gemm() {
+  const Plan* p = default_plan();
+  if (!p) throw Error(default_state().status.message());
+  g_plan.store(p, std::memory_order_release);
+  g_blas_threads.store(-1);
+}
+
+ScopedGemmProvider::ScopedGemmProvider(GemmProvider p) : saved_(g_plan.load(std::memory_order_acquire)) {
+  use_gemm_provider(p);
+}
+
+ScopedGemmProvider::~ScopedGemmProvider() {
+  g_plan.store(static_cast<const Plan*>(saved_), std::memory_order_release);
+  g_blas_threads.store(-1);
 }
 
 void sync_blas_threads(int n) {
   if (n <= 0) n = omp_get_max_threads();
   if (g_blas_threads.exchange(n) == n) return;
-#if defined(KESTREL_BLAS_BLIS)
-  bli_thread_set_num_threads(n);
-#elif defined(KESTREL_BLAS_OPENBLAS)
-  // Debian's libopenblas0 is the pthread build: its own pool, sized here. The
-  // pool and OpenMP's team never run at once (GEMMs are called between
-  // parallel regions), so the cores are shared, not oversubscribed.
-  openblas_set_num_threads(n);
-#endif
+  // The OpenMP builds run on OpenMP's own team and only need to be told its
+  // size; the pthread OpenBLAS (a fallback) keeps a second pool, which never
+  // runs while an OpenMP region does (GEMMs are called between regions).
+  const Plan* p = active_plan();
+  for (const BlasLib* l : p->by_class) l->set_num_threads(n);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -57,10 +266,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.f ? 0.f : beta * C[i * ldc + j];
     return;
   }
+  const Plan* p = active_plan();
   // Inside a parallel region the caller owns the threads: leave the pool size alone.
   if (!omp_in_parallel()) sync_blas_threads(omp_get_max_threads());
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  p->by_class[int(gemm_class(trans_a, trans_b))]->sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                                                        ldc);
 }
 
 }  // namespace kestrel::cpu

@@ -1,9 +1,16 @@
-// Row-major single-precision GEMM over the BLAS chosen at configure time
-// (KESTREL_BLAS=openblas|blis). Every dense matmul of the CPU backend goes
-// through here, so this is also the one place that keeps the BLAS thread
-// pool the same size as the OpenMP team (no oversubscription of the cores).
+// Row-major single-precision GEMM over a library chosen when the process
+// starts (backend/cpu/blas_loader.h, blas_select.h): OpenBLAS, BLIS or
+// oneDNN, loaded at run time, per transpose pattern, by KESTREL_BLAS or by a
+// micro-benchmark cached per machine. Every dense matmul of the CPU backend
+// goes through here, so this is also the one place that keeps the library's
+// thread pool the same size as the OpenMP team (no oversubscription).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/blas_loader.h"
+#include "core/status.h"
 
 namespace kestrel::cpu {
 
@@ -11,14 +18,52 @@ namespace kestrel::cpu {
 // op(A) is [M, K]: A is [M, lda>=K] when !trans_a, [K, lda>=M] when trans_a.
 // op(B) is [K, N]: B is [K, ldb>=N] when !trans_b, [N, ldb>=K] when trans_b.
 // beta == 0 never reads C (it may hold garbage, NaN included).
+// The first call chooses the library (gemm_init); a bad KESTREL_BLAS throws.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// "openblas" or "blis": the library linked in.
-const char* blas_name();
+// Chooses the GEMM libraries now, once per process, and logs the choice on
+// stderr ("GEMM: ..."). KESTREL_BLAS=auto|openblas|blis|dnnl (unset: auto):
+//   openblas|blis|dnnl: that library for every GEMM (an error when absent);
+//   auto: among the installed libraries whose kernels reach the machine's
+//   ISA, the one (per transpose pattern) that is fastest on a short
+//   micro-benchmark, measured once per machine and cached in
+//   $KESTREL_CACHE or ~/.cache/kestrel (gemm-*.json). A user-set
+//   OPENBLAS_CORETYPE means OpenBLAS with that core.
+// Call it early (the CLI does, before any thread starts): loading OpenBLAS
+// may set OPENBLAS_CORETYPE for a moment (blas_loader.h).
+Status gemm_init();
 
-// Makes the BLAS use n threads (n <= 0: omp_get_max_threads()). sgemm calls this
-// itself whenever the OpenMP thread count changed, so callers rarely need it.
+// The GEMM line of logs and benchmark headers, e.g. "OpenBLAS 0.3.21
+// SkylakeX (openmp) for all GEMMs, 2 threads, 172 GFLOP/s measured (cached)".
+// Initialises like sgemm (throws on a bad KESTREL_BLAS).
+std::string gemm_summary();
+
+// The libraries this machine can load (each loaded once, on first ask).
+std::vector<GemmProvider> available_gemm_providers();
+
+// Tests and benchmarks: route every following sgemm to p (throws when p is
+// not available). Not for use while GEMMs run on other threads.
+void use_gemm_provider(GemmProvider p);
+// Tests and benchmarks: back to the process's choice (KESTREL_BLAS / auto).
+void use_default_gemm();
+
+// Tests: use_gemm_provider(p) for a scope, then back to what ran before (the
+// process's choice stays unmade if it was: no micro-benchmark is triggered).
+class ScopedGemmProvider {
+ public:
+  explicit ScopedGemmProvider(GemmProvider p);
+  ~ScopedGemmProvider();
+  ScopedGemmProvider(const ScopedGemmProvider&) = delete;
+  ScopedGemmProvider& operator=(const ScopedGemmProvider&) = delete;
+
+ private:
+  const void* saved_;
+};
+
+// Makes the loaded libraries use n threads (n <= 0: omp_get_max_threads()).
+// sgemm calls this itself whenever the OpenMP thread count changed, so
+// callers rarely need it.
 void sync_blas_threads(int n = 0);
 
 }  // namespace kestrel::cpu

@@ -1,0 +1,212 @@
+#include "backend/cpu/blas_select.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/files.h"
+
+namespace kestrel::cpu {
+
+Result<std::optional<GemmProvider>> blas_from_env(const char* value) {
+  const std::string v = value ? value : "";
+  if (v.empty() || v == "auto") return std::optional<GemmProvider>();
+  for (int i = 0; i < kNumGemmProviders; ++i)
+    if (v == provider_key(GemmProvider(i))) return std::optional<GemmProvider>(GemmProvider(i));
+  return KS_ERR("KESTREL_BLAS='", v, "' is not a GEMM library: use one of auto, openblas, blis, dnnl (or unset it)");
+}
+
+const char* gemm_class_name(GemmClass c) {
+  switch (c) {
+    case GemmClass::NT: return "x@W^T";
+    case GemmClass::NN: return "dY@W";
+    case GemmClass::TN: return "dY^T@X";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------- micro-benchmark
+
+namespace {
+
+struct BenchShape {
+  GemmClass cls;
+  int64_t M, N, K;
+};
+// The small model's step at T = 1024 tokens (half a micro-batch, to keep the
+// run short; 1024 rows already fill every library's blocking), plus rollout
+// prefill / batched decode (M = 64 and 256 rows against the MLP and lm_head):
+//   NT  y = x @ W^T : gate/up 512->1536, q/o 512->512, decode rows
+//   NN  dX = dY @ W : down-proj and q/o shapes
+//   TN  dW = dY^T X : gate/up and q/o weight gradients (K = T)
+const BenchShape kShapes[] = {
+    {GemmClass::NT, 1024, 1536, 512}, {GemmClass::NT, 1024, 512, 512}, {GemmClass::NT, 256, 8192, 512},
+    {GemmClass::NT, 64, 1536, 512},   {GemmClass::NN, 1024, 512, 1536}, {GemmClass::NN, 1024, 512, 512},
+    {GemmClass::TN, 1536, 512, 1024}, {GemmClass::TN, 512, 512, 1024},
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double process_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+}  // namespace
+
+GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) {
+  const double t_start = now_s(), cpu_start = process_cpu_s();
+  size_t na = 0, nb = 0, nc = 0;
+  for (const auto& s : kShapes) {
+    na = std::max(na, size_t(s.M * s.K));
+    nb = std::max(nb, size_t(s.K * s.N));
+    nc = std::max(nc, size_t(s.M * s.N));
+  }
+  // Values in [-0.5, 0.5): no denormals, no overflow; the content does not change the speed.
+  std::vector<float> A(na), B(nb), C(nc);
+  for (size_t i = 0; i < na; ++i) A[i] = float((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  for (size_t i = 0; i < nb; ++i) B[i] = float((i * 40503u) % 997) * 1e-3f - 0.5f;
+  const int threads = omp_get_max_threads();
+  auto run = [&](const BlasLib* lib, const BenchShape& s) {
+    const bool ta = s.cls == GemmClass::TN, tb = s.cls == GemmClass::NT;
+    lib->sgemm(ta, tb, s.M, s.N, s.K, 1.f, A.data(), ta ? s.M : s.K, B.data(), tb ? s.K : s.N, 0.f, C.data(), s.N);
+  };
+  const size_t ns = std::size(kShapes);
+  std::vector<std::vector<double>> best(libs.size(), std::vector<double>(ns, 1e30));
+  // Warm-up pass (thread start, packing buffers), timed: a library over 1.5x
+  // slower than the fastest there cannot win a class by the margins that
+  // matter and is not timed again (keeps the run short when BLIS trails).
+  std::vector<double> warm(libs.size());
+  for (size_t li = 0; li < libs.size(); ++li) {
+    libs[li]->set_num_threads(threads);
+    const double t0 = now_s();
+    for (const auto& s : kShapes) run(libs[li], s);
+    warm[li] = now_s() - t0;
+  }
+  const double fastest = *std::min_element(warm.begin(), warm.end());
+  constexpr int kReps = 3;
+  constexpr double kBudgetS = 2.5;
+  for (int r = 0; r < kReps && (r == 0 || now_s() - t_start < kBudgetS); ++r)
+    for (size_t li = 0; li < libs.size(); ++li) {
+      if (warm[li] > 1.5 * fastest) continue;
+      for (size_t si = 0; si < ns; ++si) {
+        const double t0 = now_s();
+        run(libs[li], kShapes[si]);
+        best[li][si] = std::min(best[li][si], now_s() - t0);
+      }
+    }
+  GemmMeasurement m;
+  for (size_t li = 0; li < libs.size(); ++li) {
+    ProviderScore ps{libs[li], {0, 0, 0}};
+    for (int c = 0; c < kNumGemmClasses; ++c) {
+      double fl = 0, sec = 0;
+      for (size_t si = 0; si < ns; ++si)
+        if (int(kShapes[si].cls) == c) {
+          fl += 2.0 * double(kShapes[si].M * kShapes[si].N * kShapes[si].K);
+          sec += best[li][si];
+        }
+      ps.gflops[c] = fl / sec * 1e-9;
+    }
+    m.scores.push_back(ps);
+  }
+  m.seconds = now_s() - t_start;
+  m.cpu_share = std::min(1.0, (process_cpu_s() - cpu_start) / (m.seconds * threads));
+  return m;
+}
+
+GemmChoice pick_from_scores(const std::vector<ProviderScore>& scores) {
+  GemmChoice c;
+  if (scores.empty()) return c;
+  // Per-class flop weights of a training step: forward, dX and dW have the
+  // same flops, so the overall rank is the harmonic mean of the three rates.
+  auto total_time = [](const ProviderScore& s) {
+    double t = 0;
+    for (double g : s.gflops) t += 1.0 / std::max(g, 1e-9);
+    return t;
+  };
+  const ProviderScore* best = &scores[0];
+  for (const auto& s : scores)
+    if (total_time(s) < total_time(*best)) best = &s;
+  for (int k = 0; k < kNumGemmClasses; ++k) {
+    const ProviderScore* pick = best;
+    for (const auto& s : scores)
+      if (s.gflops[k] > 1.05 * best->gflops[k] && s.gflops[k] > pick->gflops[k]) pick = &s;
+    c.by_class[k] = pick->lib->kind;
+    c.gflops[k] = pick->gflops[k];
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------- cache
+
+std::string gemm_cache_key(const CpuFeatures& f, const std::vector<const BlasLib*>& libs, int threads) {
+  std::string k = f.vendor + "|" + f.model_name + "|family " + std::to_string(f.family) + " model " +
+                  std::to_string(f.model) + " stepping " + std::to_string(f.stepping);
+  for (const BlasLib* l : libs) k += "|" + l->version;
+  return k + "|threads " + std::to_string(threads);
+}
+
+std::string gemm_cache_dir() {
+  if (const char* c = std::getenv("KESTREL_CACHE"); c && *c) return c;
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/kestrel";
+  return "";
+}
+
+std::string gemm_cache_file(const std::string& dir, const std::string& key) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
+  char name[40];
+  std::snprintf(name, sizeof name, "gemm-%016llx.json", static_cast<unsigned long long>(h));
+  return dir + "/" + name;
+}
+
+Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::optional<GemmChoice>();
+  KS_ASSIGN(std::string text, read_file(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return KS_ERR(path, ": not JSON");
+  if (!j.contains("key") || !j["key"].is_string()) return KS_ERR(path, ": no \"key\"");
+  if (j["key"].get<std::string>() != key) return std::optional<GemmChoice>();
+  if (!j.contains("classes") || !j["classes"].is_object()) return KS_ERR(path, ": no \"classes\"");
+  GemmChoice c;
+  for (int k = 0; k < kNumGemmClasses; ++k) {
+    const char* cls = gemm_class_name(GemmClass(k));
+    const auto& e = j["classes"];
+    if (!e.contains(cls) || !e[cls].is_object() || !e[cls].contains("provider") || !e[cls]["provider"].is_string() ||
+        !e[cls].contains("gflops") || !e[cls]["gflops"].is_number())
+      return KS_ERR(path, ": class ", cls, " missing or malformed");
+    auto p = blas_from_env(e[cls]["provider"].get<std::string>().c_str());
+    if (!p.is_ok() || !p->has_value()) return KS_ERR(path, ": class ", cls, ": unknown provider");
+    c.by_class[k] = **p;
+    c.gflops[k] = e[cls]["gflops"].get<double>();
+  }
+  if (j.contains("cpu_share")) {
+    if (!j["cpu_share"].is_number()) return KS_ERR(path, ": cpu_share is not a number");
+    c.cpu_share = j["cpu_share"].get<double>();
+  }
+  return std::optional<GemmChoice>(c);
+}
+
+Status write_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return KS_ERR("cannot create ", std::filesystem::path(path).parent_path().string(), ": ", ec.message());
+  nlohmann::json j;
+  j["key"] = key;
+  for (int k = 0; k < kNumGemmClasses; ++k)
+    j["classes"][gemm_class_name(GemmClass(k))] = {{"provider", provider_key(c.by_class[k])}, {"gflops", c.gflops[k]}};
+  j["cpu_share"] = c.cpu_share;
+  return write_file_atomic(path, j.dump(1) + "\n");
+}
+
+}  // namespace kestrel::cpu
