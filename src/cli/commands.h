@@ -27,4 +27,9 @@ int cmd_generate(const Args& args);
 int cmd_train(const Args& args);
 int cmd_data(const Args& args);
 
+// Chooses the GEMM library once per process (cli/gemm_setup.cpp): call after
+// the thread count is set and before threads start; under MPI a collective
+// (every rank calls it), after which all ranks use rank 0's choice.
+void init_gemm_for_job();
+
 }  // namespace kestrel::cli

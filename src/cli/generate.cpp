@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "cli/options.h"
 #include "config/config.h"
 #include "core/files.h"
@@ -187,6 +188,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   const std::string model_dir = gs.model_path, in = args.require("input"), out = args.require("output");
   set_num_threads(int(args.get_int("threads")));
+  init_gemm_for_job();
 
   model::ModelOptions mo;
   mo.dtype = gs.dtype;

@@ -62,6 +62,7 @@ int cmd_logprobs(const Args& argv) {
 
   const std::string model_dir = ls.model_path, in = args.require("input"), out = args.require("output");
   set_num_threads(int(args.get_int("threads")));
+  init_gemm_for_job();
   const int64_t budget = ls.max_batch_tokens;
 
   model::ModelOptions opts;

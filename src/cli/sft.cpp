@@ -130,6 +130,7 @@ int cmd_sft(const Args& argv) {
   const config::Config c = load_command_config(config::sft_schema(), argv);
   const SftInputs in = sft_inputs(c);
   set_num_threads(in.threads);
+  init_gemm_for_job();
   const std::string root = in.ckpt_root;
   const std::string builtin_root = root + "/builtin";
 

@@ -292,7 +292,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // threads (loading OpenBLAS may set OPENBLAS_CORETYPE for a moment; the
   // one-time micro-benchmark runs here): "GEMM: ..." on stderr, and a bad
   // KESTREL_BLAS stops the run before any work with its message.
-  if (Status st = cpu::gemm_init(); !st.is_ok()) KS_FAIL("kestrel train: ", st.message());
+  init_gemm_for_job();
   // Rank 0 materialises the built-in caches (task files, SFT warm start) first.
   if (world_size > 1 && !leader) world->group()->barrier();
   // The data files and their columns before any model: a wrong path or

@@ -204,6 +204,34 @@ Status gemm_init() {
 
 std::string gemm_summary() { return active_plan()->summary; }
 
+std::array<GemmProvider, 3> gemm_choice() {
+  static_assert(kNumGemmClasses == 3);
+  const Plan* p = active_plan();
+  std::array<GemmProvider, 3> out{};
+  for (int k = 0; k < kNumGemmClasses; ++k) out[size_t(k)] = p->by_class[k]->kind;
+  return out;
+}
+
+Status adopt_gemm_choice(const std::array<GemmProvider, 3>& choice, const std::string& why) {
+  if (choice == gemm_choice()) return Status::ok();
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<Plan>> adopted;  // kept: sgemm may hold a pointer to an earlier one
+  auto plan = std::make_unique<Plan>();
+  for (int k = 0; k < kNumGemmClasses; ++k) {
+    std::string w;
+    plan->by_class[k] = load_blas(choice[size_t(k)], &w);
+    if (!plan->by_class[k])
+      return KS_ERR("GEMM: cannot use ", provider_key(choice[size_t(k)]), " for ", gemm_class_name(GemmClass(k)), " (",
+                    why, "): ", w, "; install the same libraries on every node or set KESTREL_BLAS");
+  }
+  plan->summary = describe(*plan, nullptr, why);
+  std::lock_guard<std::mutex> lock(mu);
+  adopted.push_back(std::move(plan));
+  g_plan.store(adopted.back().get(), std::memory_order_release);
+  g_blas_threads.store(-1);
+  return Status::ok();
+}
+
 std::vector<GemmProvider> available_gemm_providers() {
   std::vector<GemmProvider> out;
   for (int i = 0; i < kNumGemmProviders; ++i)

@@ -5,6 +5,7 @@
 // goes through here, so this is also the one place that keeps the library's
 // thread pool the same size as the OpenMP team (no oversubscription).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,16 @@ Status gemm_init();
 // SkylakeX (openmp) for all GEMMs, 2 threads, 172 GFLOP/s measured (cached)".
 // Initialises like sgemm (throws on a bad KESTREL_BLAS).
 std::string gemm_summary();
+
+// The process's choice as one provider per transpose pattern (x@W^T, dY@W,
+// dY^T@X), initialising like sgemm. The ranks of one job adopt rank 0's
+// (cli: agree_gemm_choice), so a per-machine measurement that came out
+// differently on two nodes cannot make their replicated arithmetic round
+// differently.
+std::array<GemmProvider, 3> gemm_choice();
+// Routes every following sgemm of each pattern to these providers (an error
+// when one is not loadable here); `why` goes into gemm_summary().
+Status adopt_gemm_choice(const std::array<GemmProvider, 3>& choice, const std::string& why);
 
 // The libraries this machine can load (each loaded once, on first ask).
 std::vector<GemmProvider> available_gemm_providers();
