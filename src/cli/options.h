@@ -122,4 +122,9 @@ LogprobsSettings logprobs_settings(const config::Config& c);
 // "bfloat16" | "float32" (PPO names) or "bf16" | "f32" (flag names) -> DType.
 DType parse_compute_dtype(const std::string& name, const std::string& key);
 
+// kestrel train's summary line for the built-in run on a machine too slow for
+// its budget (cli/train.cpp): "" unless a run from step 0 was cut by a budget
+// of the built-in run's 590 s or more before the 1000 steps it is sized for.
+std::string builtin_budget_note(int64_t steps, int64_t steps_run, int64_t total_steps, double budget_s, double fit_s);
+
 }  // namespace kestrel::cli

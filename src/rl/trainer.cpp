@@ -298,6 +298,7 @@ Status RlTrainer::fit() {
     KS_TRY(load_checkpoint(resume_dir).with_context("resuming from " + resume_dir));
     std::fprintf(stderr, "resumed from %s (step %lld)\n", resume_dir.c_str(), (long long)step_);
   }
+  fit_start_step_ = step_;
   const auto t_fit = Clock::now();
   if (step_ == 0 && opt_.val_before_train) {
     auto v = validate();

@@ -176,6 +176,8 @@ class RlTrainer {
   void set_reward_function(std::function<double(const RewardRequest&)> fn) { reward_->set_function(std::move(fn)); }
 
   int64_t global_step() const { return step_; }
+  // The step fit() started from: > 0 when it resumed from a checkpoint.
+  int64_t fit_start_step() const { return fit_start_step_; }
   // Metrics of the first and the latest validation (for the CLI summary).
   const std::map<std::string, double>& first_validation() const { return first_val_; }
   const std::map<std::string, double>& last_validation() const { return last_val_; }
@@ -225,6 +227,7 @@ class RlTrainer {
   std::unique_ptr<RewardWorker> reward_;
   std::unique_ptr<RolloutWorker> rollout_;
   int64_t step_ = 0;
+  int64_t fit_start_step_ = 0;
   bool data_exhausted_ = false;  // dynamic sampling used up trainer.total_epochs
   std::map<std::string, double> first_val_, last_val_;
 };

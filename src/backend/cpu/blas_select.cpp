@@ -82,12 +82,18 @@ GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) 
   };
   const size_t ns = std::size(kShapes);
   std::vector<std::vector<double>> best(libs.size(), std::vector<double>(ns, 1e30));
-  // Warm-up pass (thread start, packing buffers), timed: a library over 1.5x
-  // slower than the fastest there cannot win a class by the margins that
-  // matter and is not timed again (keeps the run short when BLIS trails).
-  std::vector<double> warm(libs.size());
+  // Warm-up pass, untimed: thread start, packing buffers, and oneDNN's JIT,
+  // which generates each shape's kernel on its first call (it made oneDNN
+  // look 2x slower than it runs, so auto never picked it).
   for (size_t li = 0; li < libs.size(); ++li) {
     libs[li]->set_num_threads(threads);
+    for (const auto& s : kShapes) run(libs[li], s);
+  }
+  // Screening pass, timed: a library over 1.5x slower than the fastest there
+  // cannot win a class by the margins that matter and is not timed again
+  // (keeps the run short when BLIS trails).
+  std::vector<double> warm(libs.size());
+  for (size_t li = 0; li < libs.size(); ++li) {
     const double t0 = now_s();
     for (const auto& s : kShapes) run(libs[li], s);
     warm[li] = now_s() - t0;
