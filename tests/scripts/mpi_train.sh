@@ -12,12 +12,8 @@
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
-if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
-  echo "mpi_train: skipped, built without MPI (-DKESTREL_MPI=OFF)"
-  exit 0
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_train "$BUILD"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export KESTREL_CACHE="$W/cache" KESTREL_NO_PROGRESS=1
