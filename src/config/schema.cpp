@@ -21,8 +21,14 @@ const char* type_name(Type t) {
 namespace schema_detail {
 KeyDecl& Builder::k(const std::string& rel, Type t, std::string def, Support s, std::string doc,
                     std::vector<std::string> allowed, std::vector<std::string> supported) {
-  KeyDecl d{prefix_.empty() ? rel : prefix_ + "." + rel, t, std::move(def), s, std::move(doc), std::move(allowed),
-            std::move(supported)};
+  KeyDecl d;
+  d.path = prefix_.empty() ? rel : prefix_ + "." + rel;
+  d.type = t;
+  d.default_yaml = std::move(def);
+  d.status = s;
+  d.doc = std::move(doc);
+  d.allowed = std::move(allowed);
+  d.supported = std::move(supported);
   out_.push_back(std::move(d));
   return out_.back();
 }

@@ -96,7 +96,6 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   fused("use_flash_attn", "MindSpeed fused flash attention; Kestrel's attention is always fused (flash-style).");
   fused("use_fused_rmsnorm", "MindSpeed fused RMSNorm kernel; Kestrel's RMSNorm is always its single-pass kernel.");
   fused("use_fused_swiglu", "MindSpeed fused SwiGLU kernel; Kestrel's SwiGLU is always fused.");
-  const bool critic = meg.rfind("critic.", 0) == 0;
   add_own("sequence_parallel", YES,
       is_ref ? "Sequence parallelism of the reference model; must equal the actor's (it runs on the actor's grid)."
              : "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");

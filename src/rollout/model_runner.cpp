@@ -13,7 +13,6 @@ namespace kestrel::rollout {
 
 namespace {
 
-const Tensor* bias_of(const model::Param& p) { return p.weight.defined() ? &p.weight : nullptr; }
 Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
 Tensor ints(const std::vector<int32_t>& v, Shape s) { return Tensor::from_host(v, std::move(s), MemCategory::Activations); }
 
