@@ -206,6 +206,31 @@ TEST(GemmCache, WriteReadCorruptOtherKey) {
   std::filesystem::remove_all(dir);
 }
 
+// Processes that measured at once: the first to publish decides for all.
+TEST(GemmCache, FirstPublisherWins) {
+  const std::string dir = ::testing::TempDir() + "/kestrel_gemm_publish";
+  std::filesystem::remove_all(dir);
+  const std::string file = dir + "/gemm-test.json", key = "publish-key";
+  std::filesystem::create_directories(dir);
+  GemmChoice first, second;
+  first.by_class[0] = GemmProvider::OneDNN;
+  second.by_class[0] = GemmProvider::OpenBLAS;
+  auto a = publish_gemm_cache(file, key, first);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(a->by_class[0], GemmProvider::OneDNN);
+  auto b = publish_gemm_cache(file, key, second);  // too late: gets the first one's
+  ASSERT_TRUE(b.is_ok()) << b.status().message();
+  EXPECT_EQ(b->by_class[0], GemmProvider::OneDNN);
+  { std::ofstream(file) << "{not json"; }  // a corrupt entry is replaced by the publisher
+  auto c = publish_gemm_cache(file, key, second);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
+  EXPECT_EQ(c->by_class[0], GemmProvider::OpenBLAS);
+  EXPECT_EQ(read_gemm_cache(file, key).value()->by_class[0], GemmProvider::OpenBLAS);
+  for (const auto& e : std::filesystem::directory_iterator(dir))  // no temp files left behind
+    EXPECT_EQ(e.path().filename().string().find(".publish."), std::string::npos) << e.path();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GemmCache, KeyNamesMachineLibrariesAndThreads) {
   BlasLib a, b;
   a.version = "OpenBLAS 0.3.21 core SkylakeX";

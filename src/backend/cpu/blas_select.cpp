@@ -6,9 +6,13 @@
 #include <chrono>
 #include <ctime>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include "core/files.h"
 
@@ -218,6 +222,21 @@ Status write_gemm_cache(const std::string& path, const std::string& key, const G
     j["classes"][gemm_class_name(GemmClass(k))] = {{"provider", provider_key(c.by_class[k])}, {"gflops", c.gflops[k]}};
   j["cpu_share"] = c.cpu_share;
   return write_file_atomic(path, j.dump(1) + "\n");
+}
+
+Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
+  const std::string tmp = path + ".publish." + std::to_string(getpid());
+  KS_TRY(write_gemm_cache(tmp, key, c));
+  const int rc = ::link(tmp.c_str(), path.c_str());  // fails with EEXIST when another process published first
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (rc == 0) return c;
+  if (err != EEXIST) return KS_ERR("cannot publish ", path, ": ", std::strerror(err));
+  Result<std::optional<GemmChoice>> theirs = read_gemm_cache(path, key);
+  if (theirs.is_ok() && theirs->has_value()) return **theirs;
+  // Corrupt, or another key's entry (a hash collision): ours replaces it.
+  KS_TRY(write_gemm_cache(path, key, c));
+  return c;
 }
 
 }  // namespace kestrel::cpu

@@ -83,5 +83,12 @@ std::string gemm_cache_file(const std::string& dir, const std::string& key);
 Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key);
 // Atomic (temp file + rename): a concurrent reader sees the old or new file.
 Status write_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c);
+// The choice every process of this machine will use: ours when we are the
+// first to publish it, else the valid entry another process published while
+// we measured (several processes starting at once on a fresh machine, e.g.
+// ctest -j2, all measure; the first to finish decides for all of them, so a
+// test that compares two runs cannot see two roundings). The file is created
+// only if absent (link of a temp file); a corrupt one is replaced.
+Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c);
 
 }  // namespace kestrel::cpu

@@ -133,10 +133,21 @@ Result<Plan> choose_auto(std::string* notes) {
       how += buf;
     }
     if (!file.empty()) {
-      if (Status st = write_gemm_cache(file, key, *choice); st.is_ok())
-        how += ", cached in " + file + (choice->doubtful() ? " (delete it to measure again)" : "");
-      else
-        *notes += "GEMM: note: could not write the cache (" + st.message() + ")\n";
+      Result<GemmChoice> published = publish_gemm_cache(file, key, *choice);
+      if (!published.is_ok()) {
+        *notes += "GEMM: note: could not write the cache (" + published.status().message() + ")\n";
+      } else {
+        bool usable = true;  // the same machine's libraries, so always; checked all the same
+        for (GemmProvider k : published->by_class) usable = usable && find(k) != nullptr;
+        const bool theirs = usable && !std::equal(std::begin(published->by_class), std::end(published->by_class),
+                                                  std::begin(choice->by_class));
+        if (theirs) {
+          choice = *published;
+          how = "auto: measured, but another process published first: its choice, cached in " + file;
+        } else {
+          how += ", cached in " + file + (choice->doubtful() ? " (delete it to measure again)" : "");
+        }
+      }
     }
   }
   Plan p;
