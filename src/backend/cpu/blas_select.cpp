@@ -47,9 +47,9 @@ struct BenchShape {
 // The small model's step at T = 2048 tokens (a micro-batch as the benchmarks
 // and the built-in run pack them), plus rollout prefill / batched decode (M =
 // 64 and 256 rows against the MLP and lm_head). At T = 1024 the libraries
-// ranked differently from the step they then ran (oneDNN was 10-30% faster
-// on x@W^T and dY@W at 2048 rows, and 6-17% faster end to end, but tied at
-// 1024), so the shapes are the step's own:
+// ranked differently from the step they then ran (at 2048 rows oneDNN is
+// faster on x@W^T and dY@W and OpenBLAS on the large dY^T@X, bench_gemm_bench;
+// at 1024 they tied: docs/benchmarks.md), so the shapes are the step's own:
 //   NT  y = x @ W^T : gate/up 512->1536, q/o 512->512, k/v 512->128, decode rows
 //   NN  dX = dY @ W : down-proj, q/o and k/v shapes
 //   TN  dW += dY^T X : gate/up, q/o and k/v weight gradients (K = T)
