@@ -2,6 +2,7 @@
 //
 //   OMP_NUM_THREADS=2 build/<b>/bench_comm_bench                         (TP1, one process)
 //   OMP_NUM_THREADS=1 mpirun -np 2 build/<b>/bench_comm_bench            (TP2, TP2+SP, DP2, DP2+dist-opt)
+//   ... bench_comm_bench --collective-timeout 0   (blocking MPI calls: no timeout polling)
 //
 // Every layout runs one fp32 training step (forward, vocab-parallel
 // logprob/entropy, backward, DP gradient sync, grad clipping, AdamW, param
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -155,6 +157,11 @@ int main(int argc, char** argv) {
   try {
     world = std::make_unique<comm::World>(comm::WorldOptions{}, &argc, &argv);
     const int w = world->size();
+    // --collective-timeout S (default 600, verl's nccl_timeout): 0 runs the
+    // blocking MPI calls, so the cost of the timeout's polling can be compared.
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::string(argv[i]) == "--collective-timeout") comm::World::set_collective_timeout(std::atof(argv[i + 1]));
+    if (world->rank() == 0) std::printf("collective timeout: %g s\n", comm::World::collective_timeout());
     const Layout layouts[] = {{"TP1", 1, false, false},       {"TP2", 2, false, false}, {"TP2+SP", 2, true, false},
                               {"DP (tp=1)", 1, false, false}, {"DP dist-opt", 1, false, true}};
     for (const Layout& L : layouts) {

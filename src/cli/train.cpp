@@ -316,6 +316,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   const bool leader = world_rank == 0;
   check_launch(c, world_size);
   check_sizes_divide(c, in, world_size);
+  // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
+  // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
+  comm::World::set_collective_timeout(double(c.get_int("actor_rollout_ref.nccl_timeout")));
   // The GEMM library is chosen now, before the rollout and trainer start
   // threads (loading OpenBLAS may set OPENBLAS_CORETYPE for a moment; the
   // one-time micro-benchmark runs here): "GEMM: ..." on stderr, and a bad

@@ -1,12 +1,18 @@
 #include "comm/world.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 
+#include "core/progress.h"
 #include "core/status.h"
 
 #if defined(KESTREL_HAVE_MPI)
+#include "comm/mpi/health.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/mpi/mpi_runtime.h"
 #endif
@@ -31,6 +37,45 @@ bool parse_int(const char* s, int* out) {
 }
 
 const char* kBuiltWithoutMpi = "not supported yet: built without MPI (configure with -DKESTREL_MPI=ON)";
+
+int g_launch_rank = 0;
+// Set by abort_world: the launcher's SIGTERM that follows our own MPI_Abort
+// needs no second message.
+volatile sig_atomic_t g_aborting = 0;
+
+// SIGTERM under a launcher: mpirun/srun terminate the surviving ranks when one
+// dies. Their own report names the lost rank; this line adds where each
+// survivor was, then the default action ends the process.
+void termination_notice(int sig) {
+  if (g_aborting) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  char buf[256];
+  size_t n = 0;
+  auto put = [&](const char* s) {
+    while (*s && n < sizeof buf - 2) buf[n++] = *s++;
+  };
+  char rank[16];
+  int v = g_launch_rank, k = 0;
+  char tmp[16];
+  do {
+    tmp[k++] = char('0' + v % 10);
+    v /= 10;
+  } while (v && k < 15);
+  for (int i = 0; i < k; ++i) rank[i] = tmp[k - 1 - i];
+  rank[k] = '\0';
+  put("kestrel: rank ");
+  put(rank);
+  put(": terminated by the launcher ");
+  n += progress_text_signal_safe(buf + n, sizeof buf - 2 - n);
+  put(" (usually because another rank failed: see the launcher's message for which)");
+  buf[n++] = '\n';
+  (void)!write(2, buf, n);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
 
 }  // namespace
 
@@ -86,10 +131,17 @@ World::World(WorldOptions opts, int* argc, char*** argv) {
     uses_mpi_ = true;
     try {
       group_ = MpiGroup::dup_world("world");
+      mpi::health_init();
     } catch (...) {
       mpi::finalize();
       throw;
     }
+    g_launch_rank = group_->rank();
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = termination_notice;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
   }
 #else
   if (want_mpi && opts.mpi == MpiMode::Always) KS_FAIL(kBuiltWithoutMpi);
@@ -104,12 +156,29 @@ World::~World() {
 #if defined(KESTREL_HAVE_MPI)
   if (uses_mpi_) {
     group_.reset();  // frees the duplicated communicator while MPI still runs
+    mpi::health_finalize();
     if (std::uncaught_exceptions() <= uncaught_at_start_) mpi::finalize();
   }
 #endif
 }
 
 World* World::current() { return g_current; }
+
+void World::set_collective_timeout(double seconds) {
+#if defined(KESTREL_HAVE_MPI)
+  mpi::set_collective_timeout(seconds);
+#else
+  (void)seconds;
+#endif
+}
+
+double World::collective_timeout() {
+#if defined(KESTREL_HAVE_MPI)
+  return mpi::collective_timeout();
+#else
+  return 0;
+#endif
+}
 
 std::shared_ptr<ProcessGroup> World::split(int color, int key, const std::string& name) const {
 #if defined(KESTREL_HAVE_MPI)
@@ -134,6 +203,7 @@ void abort_world(const std::string& message) {
   // "kestrel: rank " ... a gtest banner ... "1: abort demo ...").
   const std::string line = "kestrel: rank " + std::to_string(rank) + ": " + message + "\n";
   std::cerr << line << std::flush;
+  g_aborting = 1;
 #if defined(KESTREL_HAVE_MPI)
   mpi::abort(1);
 #endif

@@ -66,6 +66,13 @@ class World {
   static constexpr int kNoGroup = -1;
   std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) const;
 
+  // Seconds any collective or point-to-point call may wait before the job is
+  // aborted with a report of which ranks did not answer (comm/mpi/health.h);
+  // <= 0 waits forever. Default 600 (verl's actor_rollout_ref.nccl_timeout).
+  // Process-wide: it applies to every group of this World.
+  static void set_collective_timeout(double seconds);
+  static double collective_timeout();
+
   // The live World, or nullptr.
   static World* current();
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/progress.h"
 #include "rl/distributed.h"
 #include "train/checkpoint.h"
 
@@ -174,6 +175,8 @@ std::map<std::string, double> RlTrainer::train_step() {
   auto t0 = Clock::now();
   // With filter_groups the batch comes scored (and KL-penalised when the reward needs it).
   const bool filtered = opt_.filter_groups.enable;
+  const int64_t gstep = step_ + 1;  // verl's global_steps of this step, for messages (core/progress.h)
+  set_progress(gstep, "gen");
   if (filtered) {
     if (!generate_filtered(b, m)) {
       data_exhausted_ = true;
@@ -184,6 +187,7 @@ std::map<std::string, double> RlTrainer::train_step() {
     b = generate(idx);
     m["timing_s/gen"] = seconds_since(t0);
     t0 = Clock::now();
+    set_progress(gstep, "reward");
     compute_rewards(b, idx, m);
     m["timing_s/reward"] = seconds_since(t0);
   }
@@ -197,9 +201,11 @@ std::map<std::string, double> RlTrainer::train_step() {
                         opt_.use_kl_in_reward || b.weight_version != actor_weight_version();
   if (!kl_done) {  // else computed per generation batch, before filtering
     t0 = Clock::now();
+    set_progress(gstep, "old_log_prob");
     compute_log_probs(b, need_old, false);
     m["timing_s/old_log_prob"] = seconds_since(t0);
     t0 = Clock::now();
+    set_progress(gstep, "ref");
     compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
     m["timing_s/ref"] = seconds_since(t0);
   }
@@ -208,17 +214,20 @@ std::map<std::string, double> RlTrainer::train_step() {
   if (critic_) {
     rollout_->sleep(false);  // colocated: the KV cache is released while the critic runs
     t0 = Clock::now();
+    set_progress(gstep, "values");
     values = critic_->values(b);
     m["timing_s/values"] = seconds_since(t0);
   }
 
   t0 = Clock::now();
+  set_progress(gstep, "adv");
   if (opt_.use_kl_in_reward && !kl_done) apply_kl_penalty(b, m);
   compute_advantage(b, critic_ ? &values : nullptr);
   m["timing_s/adv"] = seconds_since(t0);
 
   if (critic_) {
     t0 = Clock::now();
+    set_progress(gstep, "update_critic");
     for (const auto& [k, v] : critic_->update(b, values, step_)) m[k] = v;
     m["timing_s/update_critic"] = seconds_since(t0);
     for (const auto& [k, v] : critic_data_metrics(values, b.returns)) m[k] = v;
@@ -227,12 +236,14 @@ std::map<std::string, double> RlTrainer::train_step() {
   // verl: the actor is updated once global_steps (1-based) reaches critic_warmup.
   if (opt_.critic_warmup <= step_ + 1) {
     t0 = Clock::now();
+    set_progress(gstep, "update_actor");
     for (const auto& [k, v] : update_actor(b)) m[k] = v;
     m["timing_s/update_actor"] = seconds_since(t0);
   }
   ++step_;
 
   t0 = Clock::now();
+  set_progress(gstep, "update_weights");
   const rollout::ReshardStats& rs = rollout_->sync();  // the view to the actor's new version
   m["timing_s/update_weights"] = seconds_since(t0);
   if (!rollout_->view().in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
@@ -340,12 +351,14 @@ Status RlTrainer::fit() {
     if (opt_.test_freq > 0 && (step_ % opt_.test_freq == 0 || last)) {
       if (opt_.progress) bar.finish();
       const auto t_val = Clock::now();
+      set_progress(step_, "validate");
       for (const auto& [k, v] : validate()) m[k] = v;
       val_secs = seconds_since(t_val);
     }
     if (logger_) logger_->log(step_, m);
     if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && (step_ % opt_.save_freq == 0 || last)) {
       const auto t0 = Clock::now();
+      set_progress(step_, "save_checkpoint");
       KS_TRY(save_checkpoint());
       (void)seconds_since(t0);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "comm/mpi/health.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/mpi/reduce_kernels.h"
 #include "core/status.h"
@@ -69,7 +70,14 @@ void MpiGroup::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
   // Chunks keep every rank's calls identical (same count sequence), so they match.
   for (int64_t off = 0; off < count; off += kChunk) {
     const int n = int(std::min(kChunk, count - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, byte_ptr(buf, off, dtype), n, t, o, comm_), "MPI_Allreduce");
+    void* p = byte_ptr(buf, off, dtype);
+    if (blocking()) {
+      check(MPI_Allreduce(MPI_IN_PLACE, p, n, t, o, comm_), "MPI_Allreduce");
+      continue;
+    }
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, p, n, t, o, comm_, &req), "MPI_Iallreduce");
+    complete(req, MPI_STATUS_IGNORE, "MPI_Allreduce");
   }
   if (op == ReduceOp::Avg) divide_inplace(buf, count, dtype, size_);
 }
@@ -79,8 +87,15 @@ void MpiGroup::reduce_scatter(const void* send, void* recv, int64_t recv_count, 
   to_int(recv_count * size_, "MPI_Reduce_scatter_block", "total elements");
   // send == recv: the whole input sits in recv and block `rank` lands at its start.
   const void* s = send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Reduce_scatter_block(s, recv, n, mpi::datatype(dtype), mpi::reduce_op(dtype, op), comm_),
-        "MPI_Reduce_scatter_block");
+  const MPI_Datatype t = mpi::datatype(dtype);
+  const MPI_Op o = mpi::reduce_op(dtype, op);
+  if (blocking()) {
+    check(MPI_Reduce_scatter_block(s, recv, n, t, o, comm_), "MPI_Reduce_scatter_block");
+  } else {
+    MPI_Request req;
+    check(MPI_Ireduce_scatter_block(s, recv, n, t, o, comm_, &req), "MPI_Ireduce_scatter_block");
+    complete(req, MPI_STATUS_IGNORE, "MPI_Reduce_scatter_block");
+  }
   if (op == ReduceOp::Avg) divide_inplace(recv, recv_count, dtype, size_);
 }
 
@@ -90,7 +105,13 @@ void MpiGroup::all_gather(const void* send, void* recv, int64_t send_count, DTyp
   // MPI_IN_PLACE means "my block is already at recv + rank*count".
   const void* s = send == byte_ptr(recv, int64_t(rank_) * send_count, dtype) ? MPI_IN_PLACE : send;
   const MPI_Datatype t = mpi::datatype(dtype);
-  check(MPI_Allgather(s, n, t, recv, n, t, comm_), "MPI_Allgather");
+  if (blocking()) {
+    check(MPI_Allgather(s, n, t, recv, n, t, comm_), "MPI_Allgather");
+    return;
+  }
+  MPI_Request req;
+  check(MPI_Iallgather(s, n, t, recv, n, t, comm_, &req), "MPI_Iallgather");
+  complete(req, MPI_STATUS_IGNORE, "MPI_Allgather");
 }
 
 void MpiGroup::broadcast(void* buf, int64_t count, DType dtype, int root) {
@@ -99,7 +120,14 @@ void MpiGroup::broadcast(void* buf, int64_t count, DType dtype, int root) {
   const MPI_Datatype t = mpi::datatype(dtype);
   for (int64_t off = 0; off < count; off += kChunk) {
     const int n = int(std::min(kChunk, count - off));
-    check(MPI_Bcast(byte_ptr(buf, off, dtype), n, t, root, comm_), "MPI_Bcast");
+    void* p = byte_ptr(buf, off, dtype);
+    if (blocking()) {
+      check(MPI_Bcast(p, n, t, root, comm_), "MPI_Bcast");
+      continue;
+    }
+    MPI_Request req;
+    check(MPI_Ibcast(p, n, t, root, comm_, &req), "MPI_Ibcast");
+    complete(req, MPI_STATUS_IGNORE, "MPI_Bcast");
   }
 }
 
@@ -108,7 +136,13 @@ void MpiGroup::all_to_all(const void* send, void* recv, int64_t count_per_rank, 
   to_int(count_per_rank * size_, "MPI_Alltoall", "total elements");
   const void* s = send == recv ? MPI_IN_PLACE : send;
   const MPI_Datatype t = mpi::datatype(dtype);
-  check(MPI_Alltoall(s, n, t, recv, n, t, comm_), "MPI_Alltoall");
+  if (blocking()) {
+    check(MPI_Alltoall(s, n, t, recv, n, t, comm_), "MPI_Alltoall");
+    return;
+  }
+  MPI_Request req;
+  check(MPI_Ialltoall(s, n, t, recv, n, t, comm_, &req), "MPI_Ialltoall");
+  complete(req, MPI_STATUS_IGNORE, "MPI_Alltoall");
 }
 
 void MpiGroup::all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
@@ -129,7 +163,13 @@ void MpiGroup::all_to_allv(const void* send, const std::vector<int64_t>& send_co
     ro += recv_counts[r];
   }
   const MPI_Datatype t = mpi::datatype(dtype);
-  check(MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_), "MPI_Alltoallv");
+  if (blocking()) {
+    check(MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_), "MPI_Alltoallv");
+    return;
+  }
+  MPI_Request req;
+  check(MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, &req), "MPI_Ialltoallv");
+  complete(req, MPI_STATUS_IGNORE, "MPI_Alltoallv");
 }
 
 void MpiGroup::send(const void* buf, int64_t count, DType dtype, int peer, int tag) {
@@ -140,7 +180,14 @@ void MpiGroup::send(const void* buf, int64_t count, DType dtype, int peer, int t
   int64_t off = 0;
   do {
     const int n = int(std::min(kChunk, count - off));
-    check(MPI_Send(byte_ptr(buf, off, dtype), n, t, peer, tag, comm_), "MPI_Send");
+    const void* p = byte_ptr(buf, off, dtype);
+    if (blocking()) {
+      check(MPI_Send(p, n, t, peer, tag, comm_), "MPI_Send");
+    } else {
+      MPI_Request req;
+      check(MPI_Isend(p, n, t, peer, tag, comm_, &req), "MPI_Isend");
+      complete(req, MPI_STATUS_IGNORE, "MPI_Send");
+    }
     off += n;
   } while (off < count);
 }
@@ -153,7 +200,14 @@ void MpiGroup::recv(void* buf, int64_t count, DType dtype, int peer, int tag) {
   do {
     const int n = int(std::min(kChunk, count - off));
     MPI_Status st;
-    check(MPI_Recv(byte_ptr(buf, off, dtype), n, t, peer, tag, comm_, &st), "MPI_Recv");
+    void* p = byte_ptr(buf, off, dtype);
+    if (blocking()) {
+      check(MPI_Recv(p, n, t, peer, tag, comm_, &st), "MPI_Recv");
+    } else {
+      MPI_Request req;
+      check(MPI_Irecv(p, n, t, peer, tag, comm_, &req), "MPI_Irecv");
+      complete(req, &st, "MPI_Recv");
+    }
     int got = 0;
     check(MPI_Get_count(&st, t, &got), "MPI_Get_count");
     if (got != n)
@@ -163,7 +217,21 @@ void MpiGroup::recv(void* buf, int64_t count, DType dtype, int peer, int tag) {
   } while (off < count);
 }
 
-void MpiGroup::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiGroup::barrier() {
+  if (blocking()) {
+    check(MPI_Barrier(comm_), "MPI_Barrier");
+    return;
+  }
+  MPI_Request req;
+  check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+  complete(req, MPI_STATUS_IGNORE, "MPI_Barrier");
+}
+
+bool MpiGroup::blocking() { return mpi::collective_timeout() <= 0; }
+
+void MpiGroup::complete(MPI_Request& req, MPI_Status* st, const char* call) const {
+  check(mpi::wait(&req, st, mpi::WaitSite{call, &name_, rank_, size_}), call);
+}
 
 std::shared_ptr<MpiGroup> MpiGroup::split(int color, int key, std::string name) const {
   MPI_Comm c = MPI_COMM_NULL;

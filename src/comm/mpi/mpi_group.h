@@ -1,6 +1,9 @@
 // ProcessGroup over an MPI communicator. Every call is checked: the
 // communicator carries MPI_ERRORS_RETURN, and a failing call becomes a
 // kestrel::Error naming the MPI function, the group and MPI's message.
+// With a collective timeout (the default) every call is issued non-blocking
+// and completed by mpi::wait, so a hang becomes a timeout naming the ranks
+// that did not answer (comm/mpi/health.h); without one, the blocking calls.
 // Counts are int64 in the interface but int in MPI-3: single-buffer calls
 // (all_reduce, broadcast, send, recv) are chunked; block collectives fail with
 // "not supported yet" above 2^31-1 elements (or displacement) per call.
@@ -58,6 +61,12 @@ class MpiGroup final : public ProcessGroup {
   void check(int rc, const char* call) const;
   int to_int(int64_t n, const char* call, const char* what) const;
   void check_peer(int peer, const char* call) const;
+  // Completes a request of this group through mpi::wait (the collective
+  // timeout and liveness report, comm/mpi/health.h); `call` names the
+  // blocking MPI function it stands for.
+  void complete(MPI_Request& req, MPI_Status* st, const char* call) const;
+  // No collective timeout (<= 0): the plain blocking MPI calls, no polling.
+  static bool blocking();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
