@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "backend/cpu/blas_select.h"
+#include "core/parallel_for.h"
 #include "core/status.h"
 
 namespace kestrel::cpu {
@@ -158,6 +159,17 @@ Result<Plan> choose_auto(std::string* notes) {
 
 Result<Plan> choose_default(std::string* notes) {
   KS_ASSIGN(std::optional<GemmProvider> forced, blas_from_env(std::getenv("KESTREL_BLAS")));
+  // Deterministic mode pins one library: a timed choice could differ between runs.
+  if (!forced && deterministic()) {
+    std::string why;
+    const BlasLib* lib = load_blas(GemmProvider::OpenBLAS, &why);
+    if (!lib)
+      return KS_ERR("deterministic mode pins OpenBLAS for every GEMM, but ", why,
+                    " (install it: scripts/install_deps.sh, or name another library with KESTREL_BLAS)");
+    Plan p = single(lib);
+    p.summary = describe(p, nullptr, "deterministic mode (fixed tiles, one library)");
+    return p;
+  }
   if (!forced) return choose_auto(notes);
   std::string why;
   const BlasLib* lib = load_blas(*forced, &why);
@@ -292,6 +304,40 @@ void sync_blas_threads(int n) {
   for (const BlasLib* l : p->by_class) l->set_num_threads(n);
 }
 
+namespace {
+
+// Deterministic mode's tiles of C: fixed sizes, so the set of library calls
+// (and each call's shape and operands) depends only on the problem, never on
+// the thread count; each call runs single-threaded with all of K, so every
+// element of C is computed by the same instruction sequence whichever
+// thread runs its tile. 256 x 256 keeps a tile's A and B panels in L2 and
+// leaves enough tiles for a few threads on the training step's shapes.
+constexpr int64_t kDetTileM = 256, kDetTileN = 256;
+
+void sgemm_tiled(const BlasLib* lib, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t tm = (M + kDetTileM - 1) / kDetTileM, tn = (N + kDetTileN - 1) / kDetTileN, tiles = tm * tn;
+  // The library's own pool stays at one thread: the tiles are the parallelism.
+  sync_blas_threads(1);
+  const int team = omp_get_max_threads();
+  const bool par = tiles > 1 && M * N * K >= (int64_t(1) << 18) && team > 1;
+  // Serial tiles still run with a one-thread OpenMP setting: oneDNN sizes its
+  // team from it (and splits K when it has threads to spare).
+  if (!par) omp_set_num_threads(1);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = (t / tn) * kDetTileM, j0 = (t % tn) * kDetTileN;
+    const int64_t mi = std::min(kDetTileM, M - i0), nj = std::min(kDetTileN, N - j0);
+    // Rows i0.. of op(A): rows of A, or columns when A is stored transposed; likewise for op(B)'s columns.
+    const float* a = trans_a ? A + i0 : A + i0 * lda;
+    const float* b = trans_b ? B + j0 * ldb : B + j0;
+    lib->sgemm(trans_a, trans_b, mi, nj, K, alpha, a, lda, b, ldb, beta, C + i0 * ldc + j0, ldc);
+  }
+  if (!par) omp_set_num_threads(team);
+}
+
+}  // namespace
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   KS_CHECK(M >= 0 && N >= 0 && K >= 0, "sgemm: negative size M=", M, " N=", N, " K=", K);
@@ -306,6 +352,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
     return;
   }
   const Plan* p = active_plan();
+  if (deterministic()) {
+    sgemm_tiled(p->by_class[int(gemm_class(trans_a, trans_b))], trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc);
+    return;
+  }
   // Inside a parallel region the caller owns the threads: leave the pool size alone.
   if (!omp_in_parallel()) sync_blas_threads(omp_get_max_threads());
   p->by_class[int(gemm_class(trans_a, trans_b))]->sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
