@@ -18,6 +18,7 @@ const std::vector<Command>& commands() {
       {"tokenize", "text or chats to token ids with an HF tokenizer", cmd_tokenize},
       {"builtin", "write the built-in arith data, tokenizer or model folder", cmd_builtin},
       {"data", "inspect a dataset file (Parquet or JSONL): schema, rows, first rows", cmd_data},
+      {"report", "write the HTML run report of a run folder (curves, stage timeline, config)", cmd_report},
   };
   return table;
 }

@@ -26,10 +26,16 @@ int cmd_builtin(const Args& args);
 int cmd_generate(const Args& args);
 int cmd_train(const Args& args);
 int cmd_data(const Args& args);
+int cmd_report(const Args& args);
 
 // Chooses the GEMM library once per process (cli/gemm_setup.cpp): call after
 // the thread count is set and before threads start; under MPI a collective
 // (every rank calls it), after which all ranks use rank 0's choice.
 void init_gemm_for_job();
+
+// The run folder's run_info.json, written at start, and report.html, at the
+// end (cli/run_files.cpp; train/run_report.h). Failures are warnings.
+void write_run_info_file(const std::string& run_dir, const char* command, int ranks);
+void write_run_report_file(const std::string& run_dir, const char* command);
 
 }  // namespace kestrel::cli

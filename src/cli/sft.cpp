@@ -182,9 +182,12 @@ int cmd_sft(const Args& argv) {
 
   train::MetricsOptions mo;
   mo.console = false;
+  // metrics.jsonl is always written next to the checkpoints (as kestrel train
+  // does): the run report and a resumed run read it.
+  mo.jsonl_path = root + "/metrics.jsonl";
   for (const auto& l : in.loggers) {
     if (l == "console") mo.console = true;
-    else if (l == "file") mo.jsonl_path = root + "/metrics.jsonl";
+    else if (l == "file") continue;
     else if (l == "tensorboard") mo.tensorboard_dir = root + "/tensorboard";
     else KS_FAIL("trainer.logger: '", l, "' is not one of console, file, tensorboard");
   }
@@ -212,7 +215,9 @@ int cmd_sft(const Args& argv) {
                (long long)per_epoch);
   train::SftTrainer trainer(m, to_examples(*train_rows), to_examples(val_rows), std::move(source), o, logger->get(),
                             hooks);
+  write_run_info_file(root, "kestrel sft", 1);
   trainer.fit().throw_if_error();
+  write_run_report_file(root, "kestrel sft");
   return 0;
 }
 

@@ -395,6 +395,7 @@ int cmd_train(const std::vector<std::string>& argv) {
                "train: %s on %s (%lld params); %lld steps of %lld prompts x %lld responses; rewards: %s\n",
                rl::adv_estimator_name(o.adv_estimator), model_dir.c_str(), (long long)actor.num_parameters(),
                (long long)o.total_steps, (long long)o.train_batch_size, (long long)o.n, (*rm)->describe().c_str());
+  if (leader) write_run_info_file(o.ckpt_root, "kestrel train", world_size);
   const bool val_only = in.val_only;
   rl::RlTrainer trainer(actor, std::move(ref), to_prompts(*train_rows), to_prompts(val_rows), std::move(source), **rm,
                         [&tok](const std::vector<int32_t>& ids) { return tok.tokenizer().decode(ids, true); }, o,
@@ -412,6 +413,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const double wall = std::chrono::duration<double>(t_end - t_start).count();
   print_summary(trainer, wall, std::chrono::duration<double>(t_end - t_fit).count(), trainer.global_step() - trainer.fit_start_step(),
                 !first.empty(), o, o.ckpt_root, mo);
+  write_run_report_file(o.ckpt_root, "kestrel train");
   return 0;
 }
 

@@ -65,7 +65,7 @@ void declare_sft(Builder& b) {
   b.k("experiment_name", S, "arith", NOP, "Names the run in verl's experiment trackers; see trainer.project_name.");
   b.k("total_epochs", I, "1", YES, "Passes over the training set.");
   b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.");
-  b.k("logger", SL, "[console]", YES, "Metric sinks: console, file (metrics.jsonl), tensorboard.",
+  b.k("logger", SL, "[console]", YES, "Metric sinks: console, tensorboard; metrics.jsonl is always written in the run folder (file is accepted, the same).",
       {"console", "file", "tensorboard"});
   b.k("seed", I, "1", YES, "Seed of the built-in model's init and the default shuffle seed.");
   b.k("save_freq", I, "-1", YES, "Checkpoint every N steps and at the end; -1 = never.");
