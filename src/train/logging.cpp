@@ -1,5 +1,7 @@
 #include "train/logging.h"
 
+#include <vector>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -57,12 +59,55 @@ void MetricsLogger::log(int64_t step, const std::map<std::string, double>& metri
     tb_->flush();
   }
   if (opt_.console) {
-    std::ostringstream os;
-    os << "step:" << step;
-    for (const auto& [k, v] : metrics) os << " - " << k << ":" << v;
-    std::printf("%s\n", os.str().c_str());
+    std::string line = opt_.console_full ? std::string() : compact_line(step, metrics);
+    if (line.empty()) {
+      std::ostringstream os;
+      os << "step:" << step;
+      for (const auto& [k, v] : metrics) os << " - " << k << ":" << v;
+      line = os.str();
+    }
+    std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
+}
+
+std::string compact_line(int64_t step, const std::map<std::string, double>& m) {
+  auto get = [&](const char* k, double* v) {
+    auto it = m.find(k);
+    if (it == m.end()) return false;
+    *v = it->second;
+    return true;
+  };
+  std::string out;
+  auto add = [&](const char* label, const char* fmt, double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, fmt, v);
+    out += out.empty() ? "" : ", ";
+    out += std::string(label) + " " + b;
+  };
+  double v = 0;
+  if (get("critic/score/mean", &v)) add("reward", "%.3f", v);
+  if (get("train/loss", &v)) add("loss", "%.4f", v);
+  if (get("val/loss", &v)) add("val_loss", "%.4f", v);
+  // Validation accuracy per data source: val-core/<source>/<metric>/mean@1.
+  std::vector<std::pair<std::string, double>> accs;
+  for (const auto& [k, x] : m)
+    if (k.rfind("val-core/", 0) == 0 && k.size() > 16 && k.compare(k.size() - 7, 7, "/mean@1") == 0)
+      accs.emplace_back(k.substr(9, k.size() - 16), x);
+  for (const auto& [src, x] : accs) add(accs.size() == 1 ? "acc" : ("acc[" + src + "]").c_str(), "%.3f", x);
+  if (get("actor/kl_loss", &v) || get("actor/ppo_kl", &v)) add("kl", "%.3g", v);
+  if (get("actor/entropy", &v)) add("entropy", "%.3f", v);
+  if (get("response_length/mean", &v)) add("resp_len", "%.1f", v);
+  if (get("train/grad_norm", &v)) add("grad_norm", "%.3g", v);
+  if (get("actor/step_skipped", &v) && v > 0) add("skipped", "%.0f", v);
+  if (get("train/step_skipped", &v) && v > 0) add("skipped", "%.0f", v);
+  if (out.empty()) return "";
+  if (get("timing_s/step", &v) || get("perf/step_time_s", &v) || get("timing_s/testing", &v)) {
+    char b[32];
+    std::snprintf(b, sizeof b, ", %.2f s", v);
+    out += b;
+  }
+  return "step " + std::to_string(step) + ": " + out;
 }
 
 ProgressBar::ProgressBar(int64_t total, int64_t start, std::FILE* out)

@@ -16,9 +16,20 @@ namespace kestrel::train {
 
 struct MetricsOptions {
   bool console = true;
+  // The console line per step: false = compact (the few numbers a person
+  // follows: reward, accuracy when validated, KL, entropy, response length,
+  // seconds; for SFT loss, validation loss, gradient norm, seconds), true =
+  // every metric as verl's console logger prints them. metrics.jsonl and
+  // TensorBoard always get every metric.
+  bool console_full = false;
   std::string jsonl_path;       // "" = off
   std::string tensorboard_dir;  // "" = off
 };
+
+// The compact console line of one step ("step 3: reward 0.250, acc 0.400, kl
+// 0.0012, entropy 1.234, resp_len 15.2, 1.25 s"); "" when none of its metrics
+// is present (then the full line is printed).
+std::string compact_line(int64_t step, const std::map<std::string, double>& metrics);
 
 class MetricsLogger {
  public:
