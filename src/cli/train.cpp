@@ -114,19 +114,23 @@ std::vector<std::string> resolve_files(const std::vector<std::string>& files, bo
 }
 
 // builtin:arith-sft: the tiny model fine-tuned on arith worked solutions
-// (configs/sft_arith.yaml's settings, ~4 minutes on 2 cores), run once.
+// (configs/sft_arith.yaml's settings, ~4 minutes on 2 cores), run once. It
+// checkpoints every 100 steps and resumes, so an interrupted warm start
+// continues where it stopped (bit for bit) instead of starting over.
+std::string warm_start_path() { return cache_root() + "/arith_sft_tiny/hf_model"; }
+
 std::string warm_start_dir() {
   const std::string root = cache_root() + "/arith_sft_tiny";
-  const std::string out = root + "/hf_model";
+  const std::string out = warm_start_path();
   if (fs::exists(out + "/model.safetensors")) return out;
-  std::fprintf(stderr, "train: no SFT warm start at %s; running kestrel sft first (once)\n", out.c_str());
+  std::fprintf(stderr, "train: no SFT warm start at %s; running kestrel sft first (once; resumable)\n", out.c_str());
   const std::vector<std::string> sft = {
       "data.train_files=builtin:arith", "data.val_files=null", "data.max_length=256", "data.train_batch_size=16",
       "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=4096", "model.partial_pretrain=builtin:tiny",
       "optim.lr=3e-3", "optim.betas=[0.9,0.95]", "optim.weight_decay=0.01", "optim.warmup_steps_ratio=0.03",
       "optim.clip_grad=1.0", "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.1",
       "trainer.default_local_dir=" + root, "trainer.total_training_steps=1000", "trainer.logger=[file]",
-      "trainer.save_freq=-1", "trainer.resume_mode=disable", "trainer.export_dir=" + out};
+      "trainer.save_freq=100", "trainer.resume_mode=auto", "trainer.export_dir=" + out};
   if (int rc = cmd_sft(sft); rc != 0) KS_FAIL("train: the SFT warm start failed (exit ", rc, ")");
   return out;
 }
@@ -319,6 +323,22 @@ int cmd_train(const std::vector<std::string>& argv) {
   // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
   // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
   comm::World::set_collective_timeout(double(c.get_int("actor_rollout_ref.nccl_timeout")));
+  if (leader && !first.empty()) {
+    // The built-in run says up front what it will do and for how long.
+    const bool warm = in.model_path == "builtin:arith-sft";
+    const bool cached = warm && fs::exists(warm_start_path() + "/model.safetensors");
+    const double budget = c.get_float_or("trainer.time_budget_s", 0.0);
+    std::string plan = "train: the built-in run: ";
+    if (warm)
+      plan += cached ? "the SFT warm start of the tiny model is cached (" + warm_start_path() + "); "
+                     : "first an SFT warm start of the tiny model on arith (1000 steps, about 4 minutes on 2 cores, "
+                       "once: cached and resumable), then ";
+    plan += "GRPO on arith for up to " + std::to_string(c.get_int("trainer.total_training_steps")) + " steps" +
+            (budget > 0 ? " or " + std::to_string(int64_t(budget)) + " s (trainer.time_budget_s), whichever comes first"
+                        : "") +
+            ", validating every " + std::to_string(c.get_int("trainer.test_freq")) + " steps\n";
+    std::fputs(plan.c_str(), stderr);
+  }
   // The GEMM library is chosen now, before the rollout and trainer start
   // threads (loading OpenBLAS may set OPENBLAS_CORETYPE for a moment; the
   // one-time micro-benchmark runs here): "GEMM: ..." on stderr, and a bad
