@@ -4,10 +4,11 @@
 # files are written, between the checkpoint's rename and the pointer update
 # (KESTREL_CRASH_AT, train/checkpoint.h), and at random wall-clock moments
 # (mid-rollout, mid-reward, mid-validation, start-up) — and rerun with the
-# same command each time. After the last kill the run finishes; its final
-# weights, optimizer state and per-step metrics must be bit-identical to an
-# uninterrupted run. Under mpirun (DP2) one rank's process is killed at a
-# random moment; the job ends, and the resumed DP2 run equals an
+# same command each time. Kills come in runs of at most 4; each run is then
+# finished, and its final weights, optimizer state and per-step metrics must
+# be bit-identical to an uninterrupted run. Under mpirun (DP2) one rank alone
+# is killed at a random point (rank 1 inside an update, or rank 0 while it
+# writes a checkpoint); the job ends, and the resumed DP2 run equals an
 # uninterrupted one.
 #
 # KILL_POINTS (default 5: CI) kills per trainer; KILL_SEED picks them (the log
@@ -69,7 +70,7 @@ pick_point() {  # pick_point <finished-steps> <run-seconds>
     2) s=$(( (s + 1) / 2 * 2 )); ((s > STEPS)) && s=$STEPS; echo "ckpt_pointer:$s" ;;
     # A resumed run only has the remaining steps to do (plus start-up).
     *) awk -v r=$RANDOM -v t="$secs" -v f="$finished" -v n="$STEPS" \
-         'BEGIN { printf "t=%.2f\n", 0.2 + (r / 32768) * t * (0.1 + 0.8 * (n - f) / n) }' ;;
+         'BEGIN { printf "t=%.2f\n", 0.2 + (r / 32768) * t * 0.6 * (n - f) / n }' ;;
   esac
 }
 
@@ -119,38 +120,40 @@ campaign() {  # campaign <trainer> <files to compare...>
 campaign rl actor/model/model.safetensors actor/optimizer.safetensors trainer_state.json
 campaign sft model/model.safetensors optimizer.safetensors trainer_state.json
 
-# ---- DP2 under mpirun: one rank's process killed at a random moment ------------------------
+# ---- DP2 under mpirun: one rank killed at a random point --------------------------------------
 source "$(dirname "$0")/lib/mpi_env.sh"
 if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
   echo "kill_campaign: DP2 part skipped, built without MPI"; echo "kill_campaign: passed"; exit 0
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1
-dp2() {  # dp2 <dir> [kill-after-seconds]: prints the exit status
-  timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${RL[@]}" \
-    data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 trainer.default_local_dir="$1" >"$W/log.txt" 2>&1 &
-  local job=$!
-  if [[ -n ${2:-} ]]; then
-    sleep "$2"
-    local p
-    for p in $(pgrep -f "kestrel train .*$1"); do
-      tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && kill -KILL "$p"
-    done
+# dp2 <dir> [rank point]: one DP2 run; with a point, that rank alone gets
+# KESTREL_CRASH_AT (mpirun's MPMD form), so it dies there while the other
+# runs on. Prints the exit status.
+dp2() {
+  local dir=$1 rank=${2:-} point=${3:-}
+  local -a args=(train "${RL[@]}" data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=2
+                 trainer.default_local_dir="$dir")
+  local -a cmd=(-np 2 "$KESTREL" "${args[@]}")
+  if [[ -n $rank ]]; then
+    if [[ $rank == 0 ]]; then cmd=(-np 1 -x KESTREL_CRASH_AT="$point" "$KESTREL" "${args[@]}" : -np 1 "$KESTREL" "${args[@]}")
+    else cmd=(-np 1 "$KESTREL" "${args[@]}" : -np 1 -x KESTREL_CRASH_AT="$point" "$KESTREL" "${args[@]}"); fi
   fi
-  wait $job
+  timeout -k 5 300 mpirun --oversubscribe --bind-to none "${cmd[@]}" >"$W/log.txt" 2>&1
   echo $?
 }
-t0=$SECONDS
 [[ $(dp2 "$W/dp-ref") == 0 ]] || fail "DP2: uninterrupted run failed"
-secs=$((SECONDS - t0))
-at=$(awk -v r=$RANDOM -v t="$secs" 'BEGIN { printf "%.2f", 1 + (r / 32768) * t * 0.8 }')
-rc=$(dp2 "$W/dp-run" "$at")
-[[ $rc != 124 ]] || fail "DP2: the job hung after rank 1 was killed at ${at}s"
-echo "  dp2: rank 1 killed at ${at}s (exit $rc, checkpoint pointer $(pointer "$W/dp-run"))"
+# Rank 1 dies inside an update, or rank 0 while it writes a checkpoint.
+s=$((3 + RANDOM % (STEPS - 2)))
+if ((RANDOM % 2)); then rank=1 point=train_step:$s; else rank=0 point=ckpt_files:$(( (s + 1) / 2 * 2 )); fi
+rc=$(dp2 "$W/dp-run" $rank "$point")
+[[ $rc != 124 ]] || fail "DP2: the job hung after rank $rank was killed at $point"
+[[ $rc != 0 ]] || fail "DP2: rank $rank was not killed at $point"
+echo "  dp2: rank $rank killed at $point (exit $rc, resumes from step $(pointer "$W/dp-run"))"
 [[ $(dp2 "$W/dp-run") == 0 ]] || fail "DP2: resumed run failed"
 for f in actor/model/model.safetensors trainer_state.json; do
   cmp -s "$W/dp-ref/global_step_$STEPS/$f" "$W/dp-run/global_step_$STEPS/$f" || fail "DP2: $f differs after the kill"
 done
 diff <(det "$W/dp-ref") <(det "$W/dp-run") >/dev/null || fail "DP2: per-step metrics differ after the kill"
-echo "kill_campaign: DP2: bit-identical after killing rank 1"
+echo "kill_campaign: DP2: bit-identical after killing rank $rank at $point"
 echo "kill_campaign: passed"
