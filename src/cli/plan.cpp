@@ -434,13 +434,18 @@ int cmd_plan(const std::vector<std::string>& argv) {
           "  --world N             processes (default trainer.n_gpus_per_node x nnodes when set, else 1); dp = N / "
           "(tp x pp x cp)\n"
           "  --reuse-fp32-param    bf16 master held as the bf16 weight + a 16-bit residual\n"
-          "  --json                print JSON\n\n"
+          "  --json                print JSON\n"
+          "  --show-builtin-layer  print kestrel train's built-in run layer (applied without --config and data)\n\n"
           "Planned but not built for training (accepted here as overrides, shown as not supported yet):\n"
           "  %spipeline_model_parallel_size, virtual_pipeline_model_parallel_size, context_parallel_size,\n"
           "  expert_model_parallel_size, override_transformer_config.recompute_{granularity,method,num_layers,modules},\n"
           "  +override_transformer_config.recompute_{activation_function,norm}\n\n"
           "Exit status: 0 fits, 3 does not fit, 1 bad input.\n",
           M.c_str());
+      return 0;
+    }
+    if (a == "--show-builtin-layer") {
+      for (const auto& o : builtin_train_layer()) std::printf("%s\n", o.c_str());
       return 0;
     }
     if (a == "--json") json = true;

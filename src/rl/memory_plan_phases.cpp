@@ -332,10 +332,13 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
   const MemoryPlan base = plan_memory(in);
   const double base_flops = base.flops_actor + base.flops_scoring + base.flops_rollout;
   const std::string A = "actor_rollout_ref.actor.", M = A + "megatron.", OT = M + "override_transformer_config.";
-  auto try_change = [&](const std::string& change, bool supported, const std::function<void(PlanInputs&)>& f) {
-    PlanInputs x = in;
-    f(x);
-    if (!validate_plan_inputs(x).is_ok()) return;
+  struct Candidate {
+    std::string change;
+    bool supported;
+    std::function<void(PlanInputs&)> apply;
+  };
+  std::vector<Candidate> tried;
+  auto evaluate = [&](const std::string& change, bool supported, const PlanInputs& x) {
     const MemoryPlan p = plan_memory(x);
     PlanAdvice adv;
     adv.change = change;
@@ -345,12 +348,19 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
     const double flops = p.flops_actor + p.flops_scoring + p.flops_rollout;
     adv.effect = "peak " + format_bytes(p.peak()) + " (" + p.phases[p.peak_phase].name + ")";
     if (std::abs(flops / base_flops - 1) > 0.005) adv.effect += ", " + pct(flops / base_flops - 1) + " FLOPs";
-    out.push_back(std::move(adv));
+    return adv;
+  };
+  auto try_change = [&](const std::string& change, bool supported, const std::function<void(PlanInputs&)>& f) {
+    PlanInputs x = in;
+    f(x);
+    if (!validate_plan_inputs(x).is_ok()) return;
+    tried.push_back({change, supported, f});
+    out.push_back(evaluate(change, supported, x));
   };
   const std::string R = "actor_rollout_ref.rollout.";
   // Cheapest first: the KV cache's share, the distributed optimizer (its
-  // communication equals the all-reduce's), selective recompute, full
-  // recompute, a smaller micro-batch, offload, then more model parallelism.
+  // communication equals the all-reduce's), selective recompute, a smaller
+  // micro-batch, full recompute, offload, then more model parallelism.
   if (base.phases[base.peak_phase].name != "actor update" && base.kv_cache_bytes > 0) {
     for (double u : {0.4, 0.3, 0.2, 0.1}) {
       if (u >= in.rollout.gpu_memory_utilization) continue;
@@ -373,6 +383,29 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
     try_change("+" + OT + "recompute_activation_function=true +" + OT + "recompute_norm=true", false,
                [](PlanInputs& x) { x.recompute.activation_function = x.recompute.norm = true; });
   }
+  const int64_t seq = in.batch.prompt_len + in.batch.response_len;
+  if (in.batch.max_token_len > 0 && base.micro.max_tokens > seq) {
+    // The largest halving of the token budget that fits (one full sequence at least).
+    int64_t budget = in.batch.max_token_len;
+    do {
+      budget = std::max(seq, budget / 2);
+      PlanInputs x = in;
+      x.batch.max_token_len = budget;
+      if (plan_memory(x).fits()) break;
+    } while (budget > seq);
+    try_change(A + "ppo_max_token_len_per_gpu=" + std::to_string(budget), true,
+               [budget](PlanInputs& x) { x.batch.max_token_len = budget; });
+  } else if (in.batch.max_token_len <= 0 && base.micro.mini_batch_seqs > 1) {
+    int64_t k = in.batch.micro_batch_size > 0 ? in.batch.micro_batch_size : base.micro.mini_batch_seqs;
+    do {
+      k = std::max<int64_t>(1, k / 2);
+      PlanInputs x = in;
+      x.batch.micro_batch_size = k;
+      if (plan_memory(x).fits()) break;
+    } while (k > 1);
+    try_change(A + "ppo_micro_batch_size_per_gpu=" + std::to_string(k), true,
+               [k](PlanInputs& x) { x.batch.micro_batch_size = k; });
+  }
   if (in.recompute.granularity != RecomputeGranularity::Full)
     try_change(OT + "recompute_granularity=full " + OT + "recompute_method=uniform " + OT + "recompute_num_layers=1",
                false, [](PlanInputs& x) {
@@ -380,16 +413,6 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
                  x.recompute.granularity = RecomputeGranularity::Full;
                  x.recompute.num_layers = 1;
                });
-  if (in.batch.max_token_len > 0 && base.micro.max_tokens > in.batch.prompt_len + in.batch.response_len) {
-    const int64_t half = std::max(in.batch.prompt_len + in.batch.response_len, in.batch.max_token_len / 2);
-    try_change(A + "ppo_max_token_len_per_gpu=" + std::to_string(half), true,
-               [half](PlanInputs& x) { x.batch.max_token_len = half; });
-  } else if (in.batch.max_token_len <= 0 && base.micro.mini_batch_seqs > 1) {
-    const int64_t k = std::max<int64_t>(1, (in.batch.micro_batch_size > 0 ? in.batch.micro_batch_size
-                                                                          : base.micro.mini_batch_seqs) / 2);
-    try_change(A + "ppo_micro_batch_size_per_gpu=" + std::to_string(k), true,
-               [k](PlanInputs& x) { x.batch.micro_batch_size = k; });
-  }
   if (!in.offload.grad || !in.offload.optimizer)
     try_change(M + "grad_offload=true " + M + "optimizer_offload=true", false,
                [](PlanInputs& x) { x.offload.grad = x.offload.optimizer = true; });
@@ -410,6 +433,26 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
       x.layout.cp *= 2;
       x.layout.dp /= 2;
     });
+  }
+  // No single change fits: the changes combined in the order above (cost),
+  // each kept when it lowers the peak, until the plan fits.
+  if (std::none_of(out.begin(), out.end(), [](const PlanAdvice& a) { return a.fits; })) {
+    PlanInputs x = in;
+    std::string changes;
+    bool supported = true;
+    int64_t peak = base.peak();
+    for (const Candidate& c : tried) {
+      PlanInputs y = x;
+      c.apply(y);
+      if (!validate_plan_inputs(y).is_ok()) continue;
+      const MemoryPlan p = plan_memory(y);
+      if (p.peak() >= peak) continue;
+      x = y, peak = p.peak();
+      changes += (changes.empty() ? "" : " + ") + c.change;
+      supported = supported && c.supported;
+      if (p.fits()) break;
+    }
+    if (!changes.empty()) out.push_back(evaluate("combined: " + changes, supported, x));
   }
   // Fitting changes first, in the order above (cost); then the rest by peak.
   std::stable_sort(out.begin(), out.end(), [](const PlanAdvice& x, const PlanAdvice& y) {
