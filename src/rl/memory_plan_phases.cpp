@@ -103,7 +103,10 @@ void plan_comm(MemoryPlan& p, const PlanInputs& in, const PlanShapes& s) {
     }
   }
   if (in.rollout.tp > 1) {
-    const int64_t tokens = p.micro.seqs_per_rank * in.batch.response_len * l.dp / std::max<int64_t>(1, in.rollout.tp);
+    // Generated tokens of one rollout group (world / rollout tp groups share the prompts); per token and
+    // layer two all-reduces of the f32 row-parallel partials [D], plus the embedding's.
+    const int64_t world = l.dp * l.tp * l.pp * l.cp, groups = std::max<int64_t>(1, world / in.rollout.tp);
+    const int64_t tokens = ceil_div(in.batch.train_batch_size, groups) * in.batch.n * in.batch.response_len;
     add_comm(p, "rollout tp all-reduce", 4 * tokens * s.D * (2 * in.model.num_hidden_layers + 1),
              2 * (double(in.rollout.tp) - 1) / double(in.rollout.tp), 0);
   }
