@@ -196,8 +196,10 @@ struct MemoryPlan {
   std::vector<std::string> notes;
 };
 
-// The plan of one layout. Throws nothing: bad shapes give a plan whose
-// not_supported lines say what (use validate_plan_inputs first).
+// The plan of one layout; call validate_plan_inputs first (the formulas
+// assume a layout the model divides). not_supported lists what training does
+// not build yet (pp, vpp, cp, offload), notes the rest (ep on a dense model, a
+// KV share that holds no cache).
 MemoryPlan plan_memory(const PlanInputs& in);
 // Checks the layout against the model (divisibility of heads, ffn, layers,
 // world) and returns an error naming the key or flag to change.
