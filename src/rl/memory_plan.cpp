@@ -196,8 +196,12 @@ int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T
   const Rows rw = rows_of(T, in.layout.tp, sp);
   const int64_t Tp = rw.Tp, Tl = rw.Tl, D = s.D, F = s.F, V = s.V;
   const int64_t layer = layer_full(s, rw, a);
+  // At the end of a block: its new buffers and four [Tl, D] besides them
+  // (the attention and MLP outputs O, Mlp alive until Block::forward returns,
+  // x_out, and one more found by measurement: MemoryPlanScoring.* pins it);
+  // in bf16 the down projection's f32 operand scratch, before x_out exists.
   const int64_t ws_layer = bf ? 4 * (Tp * D + F * D + Tp * F) : 0;
-  const int64_t in_layer = layer + 2 * a * Tl * D + ws_layer;  // + the new x_out and the O / MLP output
+  const int64_t in_layer = layer + std::max(4 * a * Tl * D, 2 * a * Tl * D + ws_layer);
   const int64_t ws_head = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;
   const int64_t at_head = layer + a * Tl * D + a * Tp * D + 4 * Tl + a * Tp * V + ws_head;
   const int64_t after = a * Tp * V + 3 * 4 * T + 12 * T;  // logits, logprob/entropy/lse, sums

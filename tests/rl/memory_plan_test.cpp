@@ -252,6 +252,46 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
   }
 }
 
+// The scoring phase's activations: old log-probs of the whole batch (forward
+// only, one layer's buffers at a time, then the head), by the token budget.
+void measure_scoring(DType dt) {
+  PlanInputs in = base_inputs();
+  in.dtype = dt;
+  in.batch.old_log_prob = true;
+  in.batch.log_prob_max_token_len = 300;
+  const MemoryPlan plan = plan_memory(in);
+  const PhasePlan* want = nullptr;
+  for (const auto& ph : plan.phases)
+    if (ph.name == "scoring") want = &ph;
+  ASSERT_NE(want, nullptr);
+  const PhasePlan& rollout = plan.phases.front();
+  model::ModelOptions mo;
+  mo.dtype = dt;
+  Allocator& alloc = cpu_allocator();
+  const MemStats before = alloc.stats();
+  auto m = model::CausalLM::init_random(in.model, mo, 7);
+  ActorOptions ao;
+  ao.n = in.batch.n;
+  ao.lr.total_steps = 1;
+  ao.log_prob.max_token_len = in.batch.log_prob_max_token_len;
+  ao.log_prob.share_prompts = in.batch.share_prompts;
+  ActorWorker actor(*m, ao, RlParallel{});
+  RolloutBatch b = full_length_batch(in.batch, in.batch.train_batch_size);
+  alloc.reset_peak();
+  actor.compute_log_probs(b);
+  const MemStats after = alloc.stats();
+  const size_t A = cat(MemCategory::Activations);
+  // The engine's KV cache is not part of this harness: compare the activations.
+  const double got = double(after.peak[A] - before.live[A]);
+  const double pred = double(want->bytes[A]);
+  std::printf("  scoring %s Activations measured %.0f predicted %.0f (%+.2f%%); rollout phase KV %lld\n", dtype_name(dt),
+              got, pred, 100 * (got / pred - 1), (long long)rollout.bytes[cat(MemCategory::KVCache)]);
+  EXPECT_NEAR(got / pred, 1.0, 0.10) << dtype_name(dt);
+}
+
+TEST(MemoryPlanScoring, OldLogProbActivationsWithinTenPercentF32) { measure_scoring(DType::F32); }
+TEST(MemoryPlanScoring, OldLogProbActivationsWithinTenPercentBf16) { measure_scoring(DType::BF16); }
+
 class MeasuredPeak : public ::testing::TestWithParam<size_t> {};
 
 PlanInputs with_dtype(PlanInputs in, DType dt) {
