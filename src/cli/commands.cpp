@@ -19,9 +19,11 @@ const std::vector<Command>& commands() {
       {"builtin", "write the built-in arith data, tokenizer or model folder", cmd_builtin},
       {"data", "inspect a dataset file (Parquet or JSONL): schema, rows, first rows", cmd_data},
       {"report", "write the HTML run report of a run folder (curves, stage timeline, config)", cmd_report},
+      {"plan", "predicted memory per rank, FLOPs and communication of a train config, before launch", cmd_plan},
   };
   return table;
 }
+
 
 static void print_help() {
   std::printf("kestrel: RL post-training of LLMs (GRPO/PPO) in one native program.\n\n"

@@ -3,6 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+#include "core/status.h"
+
 namespace kestrel::cli {
 
 using Args = std::vector<std::string>;  // arguments after the subcommand name
@@ -27,6 +30,20 @@ int cmd_generate(const Args& args);
 int cmd_train(const Args& args);
 int cmd_data(const Args& args);
 int cmd_report(const Args& args);
+int cmd_plan(const Args& args);
+
+// kestrel train's built-in run layer: the overrides that come before the
+// user's when a command names neither --config nor data.train_files
+// (`kestrel train --help` lists them). kestrel plan applies the same layer.
+const std::vector<std::string>& builtin_train_layer();
+
+// kestrel train's start-up memory check (cli/plan.cpp, rl/memory_plan.h):
+// ok when the planned per-rank peak of every phase of a step fits
+// device_memory_bytes; else an error with the peak, its phase and the
+// cheapest changes that fit. model_dir: the actor's folder (config.json is
+// read, no weights) or a builtin: spec. Plans only what training builds.
+Status check_layout_fits(const config::Config& c, const std::string& model_dir, int world_size,
+                         int64_t device_memory_bytes);
 
 // Chooses the GEMM library once per process (cli/gemm_setup.cpp): call after
 // the thread count is set and before threads start; under MPI a collective

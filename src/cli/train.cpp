@@ -80,6 +80,15 @@ const char* const kBuiltinRun[] = {
     "trainer.val_before_train=true",
 };
 
+}  // namespace
+
+const std::vector<std::string>& builtin_train_layer() {
+  static const std::vector<std::string> layer(std::begin(kBuiltinRun), std::end(kBuiltinRun));
+  return layer;
+}
+
+namespace {
+
 std::string help_text() {
   std::string s =
       "usage: kestrel train [--config FILE.yaml] [key=value ...]\n\n"
@@ -352,6 +361,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   data::check_rl_files(resolve_files(in.val_files, false), in.val_data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_path);
   if (world_size > 1 && leader) world->group()->barrier();
+  {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h)
+    auto mem = rollout::device_memory_bytes(local_ranks());
+    if (!mem) KS_FAIL(mem.status().message());
+    check_layout_fits(c, model_dir, world_size, *mem).throw_if_error();
+  }
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());

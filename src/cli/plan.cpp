@@ -1,0 +1,481 @@
+// kestrel plan: the memory model of `kestrel train`'s configuration
+// (rl/memory_plan.h), before anything loads: config.json only, no weights.
+// Prints the per-rank bytes by allocator category for each phase of a step,
+// the peak and its phase, whether it fits the device memory, FLOPs and
+// communication per step, and the cheapest changes that make it fit.
+//
+// It reads the config with kestrel train's own readers (train_inputs,
+// rl_options). Layout keys whose feature training does not build yet
+// (pipeline, virtual pipeline, context and expert parallelism, recompute,
+// reuse_fp32_param) are accepted here on the command line and planned from
+// Megatron's formulas, marked "not supported yet".
+//
+// Exit status: 0 fits, 3 does not fit (the advice is printed), 1 bad input.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "config/config.h"
+#include "data/builtin_tokenizer.h"
+#include "data/config_options.h"
+#include "rl/memory_plan.h"
+#include "rollout/engine.h"
+#include "train/builtin_model.h"
+
+namespace kestrel::cli {
+
+namespace {
+
+const std::string A = "actor_rollout_ref.actor.", M = A + "megatron.", OT = M + "override_transformer_config.";
+
+// The model's recompute is not built in this branch: kestrel train keeps every
+// activation whatever enable_gradient_checkpointing says, so its start-up
+// check plans no recompute. Flip when model/'s RecomputePolicy lands.
+constexpr bool kRecomputeBuilt = false;
+// reuse_fp32_param is planned (-2 B/param) but not built in this branch either.
+constexpr bool kReuseFp32Built = false;
+
+// Keys planned here that the config layer refuses today (not supported yet,
+// or undeclared additions): taken aside from the command line before loading.
+bool planned_only(const std::string& key) {
+  static const char* const kKeys[] = {
+      "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
+      "expert_model_parallel_size",   "override_transformer_config.context_parallel_size",
+      "override_transformer_config.recompute_granularity", "override_transformer_config.recompute_method",
+      "override_transformer_config.recompute_num_layers", "override_transformer_config.recompute_modules",
+      "override_transformer_config.recompute_activation_function", "override_transformer_config.recompute_norm",
+      "override_transformer_config.reuse_fp32_param"};
+  for (const char* k : kKeys)
+    if (key == M + k) return true;
+  return false;
+}
+
+// key=value overrides of planned-only keys the schema does not accept yet.
+std::map<std::string, std::string> take_aside(std::vector<std::string>& args) {
+  std::map<std::string, std::string> aside;
+  const config::Schema& s = config::ppo_schema();
+  std::vector<std::string> kept;
+  for (const auto& a : args) {
+    const size_t b = a.find_first_not_of('+'), eq = a.find('=');
+    if (b != std::string::npos && eq != std::string::npos && a[0] != '-') {
+      const std::string key = a.substr(b, eq - b);
+      const config::KeyDecl* d = s.find(key);
+      if (planned_only(key) && (!d || d->status == config::Support::NotSupportedYet)) {
+        aside[key] = a.substr(eq + 1);
+        continue;
+      }
+    }
+    kept.push_back(a);
+  }
+  args = std::move(kept);
+  return aside;
+}
+
+int64_t aside_int(const std::map<std::string, std::string>& aside, const std::string& key, int64_t dflt) {
+  auto it = aside.find(key);
+  if (it == aside.end() || it->second == "null") return dflt;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (*end != '\0') KS_FAIL(key, ": expected an integer, got '", it->second, "'");
+  return v;
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+bool aside_bool(const std::map<std::string, std::string>& aside, const std::string& key, bool dflt) {
+  auto it = aside.find(key);
+  if (it == aside.end()) return dflt;
+  const std::string v = lower(it->second);
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  KS_FAIL(key, ": expected true or false, got '", it->second, "'");
+}
+
+}  // namespace
+
+// The one place recompute options are read (switch to model/'s
+// RecomputePolicy when it lands): megatron.override_transformer_config.
+// recompute_{granularity, method, num_layers, modules}, MindSpeed's
+// recompute_activation_function / recompute_norm, and verl's
+// model.enable_gradient_checkpointing (full/uniform/1, when set).
+rl::PlanRecompute recompute_from_config(const config::Config& c, const std::map<std::string, std::string>& aside) {
+  auto str = [&](const std::string& k) -> std::string {
+    if (auto it = aside.find(OT + k); it != aside.end()) return it->second == "null" ? "" : it->second;
+    return c.schema().find(OT + k) ? c.get_string_or(OT + k, "") : "";
+  };
+  rl::PlanRecompute r;
+  const std::string gran = str("recompute_granularity"), method = str("recompute_method");
+  if (gran == "full") r.granularity = rl::RecomputeGranularity::Full;
+  else if (gran == "selective") r.granularity = rl::RecomputeGranularity::Selective;
+  else if (!gran.empty() && gran != "null")
+    KS_FAIL(OT, "recompute_granularity: must be full or selective, got '", gran, "'");
+  if (method == "block") r.method = rl::RecomputeMethod::Block;
+  else if (!method.empty() && method != "uniform" && method != "null")
+    KS_FAIL(OT, "recompute_method: must be uniform or block, got '", method, "'");
+  const int64_t n_cfg = c.schema().find(OT + "recompute_num_layers") ? c.get_int_or(OT + "recompute_num_layers", 1) : 1;
+  r.num_layers = aside_int(aside, OT + "recompute_num_layers", n_cfg);
+  if (r.granularity == rl::RecomputeGranularity::Full && r.num_layers < 1)
+    KS_FAIL(OT, "recompute_num_layers: must be >= 1 with recompute_granularity=full, got ", r.num_layers);
+  std::vector<std::string> modules = {"core_attn"};
+  if (auto it = aside.find(OT + "recompute_modules"); it != aside.end()) {
+    modules.clear();
+    std::string v = it->second;
+    for (char ch : {'[', ']', ' ', '\'', '"'}) v.erase(std::remove(v.begin(), v.end(), ch), v.end());
+    for (size_t p = 0; p <= v.size();) {
+      const size_t q = std::min(v.find(',', p), v.size());
+      if (q > p) modules.push_back(v.substr(p, q - p));
+      p = q + 1;
+    }
+  } else if (c.schema().find(OT + "recompute_modules")) {
+    modules = c.get_string_list(OT + "recompute_modules");
+  }
+  if (r.granularity == rl::RecomputeGranularity::Selective)
+    for (const auto& m : modules) {
+      if (m == "core_attn") r.core_attn = true;
+      else if (m == "layernorm") r.norm = true;
+      else KS_FAIL("not supported yet: ", OT, "recompute_modules entry '", m, "' (Kestrel plans core_attn and layernorm)");
+    }
+  const auto flag = [&](const std::string& k) {
+    const bool declared = c.schema().find(OT + k) != nullptr;
+    return aside_bool(aside, OT + k, declared ? c.get_bool(OT + k) : false);
+  };
+  r.activation_function = flag("recompute_activation_function");
+  r.norm = r.norm || flag("recompute_norm");
+  // verl's FSDP switch (default true in verl's tree): full/uniform/1 when a script sets it.
+  const std::string gc = "actor_rollout_ref.model.enable_gradient_checkpointing";
+  if (r.granularity == rl::RecomputeGranularity::None && c.origin(gc) != "default" && c.get_bool(gc)) {
+    r.granularity = rl::RecomputeGranularity::Full;
+    r.method = rl::RecomputeMethod::Uniform;
+    r.num_layers = 1;
+  }
+  return r;
+}
+
+namespace {
+
+// config.json of actor_rollout_ref.model.path, or a built-in model's config
+// (builtin:tiny|small; builtin:arith-sft is the tiny model), without weights.
+io::ModelConfig plan_model_config(const std::string& path) {
+  if (path.rfind("builtin:", 0) == 0) {
+    std::string name = path.substr(8);
+    if (name == "arith-sft") name = "tiny";
+    const auto tf = data::arith_tokenizer();
+    auto cfg = train::builtin_model_config(name, tf.vocab_size, tf.eos_id);
+    if (!cfg) KS_FAIL("actor_rollout_ref.model.path: ", cfg.status().message());
+    return *cfg;
+  }
+  const std::string dir = data::expand_paths({path}).at(0);
+  auto cfg = io::load_model_config(dir);
+  if (!cfg) KS_FAIL("actor_rollout_ref.model.path: ", cfg.status().message());
+  return *cfg;
+}
+
+struct PlanContext {
+  std::map<std::string, std::string> aside;
+  int64_t world = 0;          // 0: from trainer.n_gpus_per_node x nnodes when set, else 1
+  int64_t device_memory = 0;  // 0: the machine's
+  bool reuse_fp32_param = false;
+  bool for_train = false;     // kestrel train's start-up check: only what training builds
+};
+
+rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_path, const PlanContext& ctx) {
+  const TrainInputs in = train_inputs(c);
+  const rl::RlOptions o = rl_options(c, 1);
+  rl::PlanInputs p;
+  p.model = plan_model_config(model_path.empty() ? in.model_path : model_path);
+  p.dtype = in.dtype;
+  p.vocab_divisible_by = in.vocab_divisible_by;
+  rl::PlanLayout& l = p.layout;
+  l.tp = in.tp;
+  l.pp = aside_int(ctx.aside, M + "pipeline_model_parallel_size", c.get_int(M + "pipeline_model_parallel_size"));
+  l.vpp = aside_int(ctx.aside, M + "virtual_pipeline_model_parallel_size",
+                    c.get_int_or(M + "virtual_pipeline_model_parallel_size", 1));
+  l.cp = aside_int(ctx.aside, M + "context_parallel_size", c.get_int(M + "context_parallel_size"));
+  l.cp = aside_int(ctx.aside, OT + "context_parallel_size", l.cp);
+  l.ep = aside_int(ctx.aside, M + "expert_model_parallel_size", c.get_int(M + "expert_model_parallel_size"));
+  l.sequence_parallel = in.sequence_parallel;
+  l.distributed_optimizer = in.distributed_optimizer;
+  int64_t world = ctx.world;
+  const bool gpus_set = c.origin("trainer.n_gpus_per_node") != "default" || c.origin("trainer.nnodes") != "default";
+  if (world <= 0) world = gpus_set ? c.get_int("trainer.n_gpus_per_node") * c.get_int("trainer.nnodes") : 1;
+  const int64_t model_ranks = l.tp * l.pp * l.cp;
+  if (world < 1 || world % model_ranks != 0)
+    KS_FAIL("the world size ", world, " (--world, or trainer.n_gpus_per_node x trainer.nnodes) does not divide by "
+            "tensor x pipeline x context parallel = ", model_ranks, "; choose sizes dividing it");
+  l.dp = world / model_ranks;
+  p.reuse_fp32_param = ctx.reuse_fp32_param || aside_bool(ctx.aside, OT + "reuse_fp32_param", false);
+  if (p.reuse_fp32_param && p.dtype == DType::F32)
+    KS_FAIL("reuse_fp32_param: needs bf16 training (", A, "megatron.dtype=bfloat16); f32 weights are the masters");
+  p.recompute = recompute_from_config(c, ctx.aside);
+  if (ctx.for_train && !kRecomputeBuilt) p.recompute = rl::PlanRecompute{};
+  if (ctx.for_train && !kReuseFp32Built) p.reuse_fp32_param = false;
+  p.offload = {c.get_bool(M + "param_offload"), c.get_bool(M + "grad_offload"), c.get_bool(M + "optimizer_offload")};
+  if (ctx.for_train) p.offload = {};  // no effect on this build (host memory is the device memory)
+  rl::PlanBatching& b = p.batch;
+  b.prompt_len = o.max_prompt_length;
+  b.response_len = o.response_length;
+  b.n = o.n;
+  b.train_batch_size = o.gen_batch_size;
+  b.ppo_mini_batch_size = o.ppo_mini_batch_size;
+  b.ppo_epochs = o.ppo_epochs;
+  b.micro_batch_size = o.micro_batch_size;
+  b.max_token_len = o.max_token_len;
+  b.share_prompts = o.share_prompts;
+  b.log_prob_micro_batch_size = o.log_prob_micro_batch_size;
+  b.log_prob_max_token_len = o.log_prob_max_token_len;
+  b.old_log_prob = o.ppo_epochs > 1 || o.ppo_mini_batch_size < o.gen_batch_size || o.use_kl_in_reward;
+  p.ref = o.loss.use_kl_loss || o.use_kl_in_reward;
+  p.critic = in.critic;
+  p.critic_dtype = in.critic_dtype;
+  p.rollout.tp = in.rollout_tp;
+  p.rollout.dtype = in.dtype;  // train_inputs requires the rollout dtype to equal the actor's
+  p.rollout.gpu_memory_utilization = in.gpu_memory_utilization;
+  p.rollout.block_size = o.engine.block_size;
+  p.rollout.max_num_batched_tokens = o.engine.max_num_batched_tokens;
+  p.rollout.max_num_seqs = o.engine.max_num_seqs;
+  if (ctx.device_memory > 0) {
+    p.device_memory = ctx.device_memory;
+  } else {
+    const int64_t nodes = c.origin("trainer.nnodes") != "default" ? std::max<int64_t>(1, c.get_int("trainer.nnodes")) : 1;
+    auto mem = rollout::device_memory_bytes(std::max<int64_t>(1, world / nodes));
+    if (!mem) KS_FAIL(mem.status().message());
+    p.device_memory = *mem;
+  }
+  if (Status s = rl::validate_plan_inputs(p); !s.is_ok()) KS_FAIL(s.message());
+  return p;
+}
+
+const char* kCategoryNames[] = {"Params", "Grads", "OptimizerState", "Activations", "KVCache", "Other"};
+
+std::string layout_line(const rl::PlanInputs& in) {
+  const rl::PlanLayout& l = in.layout;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "tp %lld%s pp %lld%s cp %lld ep %lld dp %lld%s", (long long)l.tp,
+                l.sequence_parallel && l.tp > 1 ? " (sp)" : "", (long long)l.pp,
+                l.vpp > 1 ? (" vpp " + std::to_string(l.vpp)).c_str() : "", (long long)l.cp, (long long)l.ep,
+                (long long)l.dp, l.distributed_optimizer && l.dp > 1 ? " (distributed optimizer)" : "");
+  return buf;
+}
+
+std::string flops_str(double f) {
+  char buf[32];
+  if (f >= 1e15) std::snprintf(buf, sizeof buf, "%.2f PFLOP", f / 1e15);
+  else if (f >= 1e12) std::snprintf(buf, sizeof buf, "%.2f TFLOP", f / 1e12);
+  else std::snprintf(buf, sizeof buf, "%.2f GFLOP", f / 1e9);
+  return buf;
+}
+
+void print_table(const rl::MemoryPlan& p, const std::vector<rl::PlanAdvice>& advice, const std::string& model) {
+  const rl::PlanInputs& in = p.inputs;
+  std::printf("kestrel plan: %s (%s, %lld layers, hidden %lld, vocab %lld), %s, %s, recompute %s%s\n", model.c_str(),
+              io::arch_name(in.model.arch), (long long)in.model.num_hidden_layers, (long long)in.model.hidden_size,
+              (long long)in.model.vocab_size, dtype_name(in.dtype), layout_line(in).c_str(), in.recompute.describe().c_str(),
+              in.reuse_fp32_param ? ", reuse_fp32_param" : "");
+  std::printf("per rank: %lld parameters; micro-batches of <= %lld tokens (%lld per mini-batch of %lld sequences), "
+              "%lld optimizer steps per step\n\n",
+              (long long)p.shapes.params, (long long)p.micro.max_tokens, (long long)p.micro.micro_batches,
+              (long long)p.micro.mini_batch_seqs, (long long)p.micro.optimizer_steps);
+  std::printf("%-16s", "bytes per rank");
+  for (const auto& ph : p.phases) std::printf(" %14s", ph.name.c_str());
+  std::printf("\n");
+  for (size_t c = 0; c < kNumMemCategories; ++c) {
+    std::printf("%-16s", kCategoryNames[c]);
+    for (const auto& ph : p.phases) std::printf(" %14s", rl::format_bytes(ph.bytes[c]).c_str());
+    std::printf("\n");
+  }
+  std::printf("%-16s", "total");
+  for (const auto& ph : p.phases) std::printf(" %14s", rl::format_bytes(ph.total()).c_str());
+  std::printf("\n\n");
+  for (const auto& ph : p.phases) std::printf("  %s: %s\n", ph.name.c_str(), ph.detail.c_str());
+  const rl::PhasePlan& peak = p.phases[p.peak_phase];
+  std::printf("\npeak: %s in %s\n", rl::format_bytes(p.peak()).c_str(), peak.name.c_str());
+  std::printf("device memory: %s per rank: %s (%.0f%%)\n", rl::format_bytes(in.device_memory).c_str(),
+              p.fits() ? "fits" : "DOES NOT FIT", 100.0 * double(p.peak()) / double(in.device_memory));
+  std::printf("FLOPs per rank per step: actor update %s, scoring %s, rollout %s\n", flops_str(p.flops_actor).c_str(),
+              flops_str(p.flops_scoring).c_str(), flops_str(p.flops_rollout).c_str());
+  for (const auto& cv : p.comm)
+    std::printf("communication: %s: %s per step (%s sent per rank)\n", cv.what.c_str(), rl::format_bytes(cv.payload).c_str(),
+                rl::format_bytes(cv.traffic).c_str());
+  for (const auto& s : p.not_supported) std::printf("%s\n", s.c_str());
+  for (const auto& s : p.notes) std::printf("note: %s\n", s.c_str());
+  if (!p.fits()) {
+    std::printf("\nto fit %s, cheapest first:\n", rl::format_bytes(in.device_memory).c_str());
+    bool any = false;
+    for (const auto& a : advice) {
+      if (!a.fits) continue;
+      any = true;
+      std::printf("  %s: %s%s\n", a.change.c_str(), a.effect.c_str(), a.supported ? "" : " [not supported yet for training]");
+    }
+    if (!any) {
+      std::printf("  no single change fits; closest:\n");
+      for (size_t i = 0; i < advice.size() && i < 3; ++i)
+        std::printf("  %s: %s%s\n", advice[i].change.c_str(), advice[i].effect.c_str(),
+                    advice[i].supported ? "" : " [not supported yet for training]");
+    }
+  }
+}
+
+nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::PlanAdvice>& advice,
+                                 const std::string& model) {
+  const rl::PlanInputs& in = p.inputs;
+  nlohmann::ordered_json j;
+  j["model"] = model;
+  j["params_per_rank"] = p.shapes.params;
+  j["dtype"] = dtype_name(in.dtype);
+  const rl::PlanLayout& l = in.layout;
+  j["layout"] = {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}, {"dp", l.dp},
+                 {"sequence_parallel", l.sequence_parallel}, {"distributed_optimizer", l.distributed_optimizer}};
+  j["recompute"] = in.recompute.describe();
+  j["reuse_fp32_param"] = in.reuse_fp32_param;
+  j["micro_batch"] = {{"max_tokens", p.micro.max_tokens}, {"per_mini_batch", p.micro.micro_batches},
+                      {"mini_batch_seqs", p.micro.mini_batch_seqs}, {"optimizer_steps", p.micro.optimizer_steps}};
+  nlohmann::ordered_json phases = nlohmann::ordered_json::array();
+  for (const auto& ph : p.phases) {
+    nlohmann::ordered_json b;
+    for (size_t c = 0; c < kNumMemCategories; ++c) b[kCategoryNames[c]] = ph.bytes[c];
+    phases.push_back({{"name", ph.name}, {"bytes", b}, {"total", ph.total()}, {"detail", ph.detail}});
+  }
+  j["phases"] = phases;
+  j["actor_activations"] = {{"per_layer", p.actor.per_layer}, {"kept_layers", p.actor.kept_layers},
+                            {"recompute_live", p.actor.recompute_live}, {"head", p.actor.head},
+                            {"logits", p.actor.logits}, {"loss", p.actor.loss}, {"backward", p.actor.backward},
+                            {"workspace", p.actor.workspace}, {"peak", p.actor.peak}, {"at", p.actor.at}};
+  j["kv_cache"] = {{"bytes", p.kv_cache_bytes}, {"blocks", p.kv_blocks}};
+  j["peak"] = {{"bytes", p.peak()}, {"phase", p.phases[p.peak_phase].name}};
+  j["device_memory"] = in.device_memory;
+  j["fits"] = p.fits();
+  j["flops"] = {{"actor_update", p.flops_actor}, {"scoring", p.flops_scoring}, {"rollout", p.flops_rollout}};
+  nlohmann::ordered_json comm = nlohmann::ordered_json::array();
+  for (const auto& cv : p.comm)
+    comm.push_back({{"what", cv.what}, {"payload_bytes", cv.payload}, {"traffic_bytes", cv.traffic}, {"calls", cv.calls}});
+  j["communication"] = comm;
+  j["not_supported"] = p.not_supported;
+  j["notes"] = p.notes;
+  nlohmann::ordered_json adv = nlohmann::ordered_json::array();
+  if (!p.fits())
+    for (const auto& a : advice)
+      adv.push_back({{"change", a.change}, {"effect", a.effect}, {"peak", a.peak}, {"fits", a.fits},
+                     {"supported", a.supported}});
+  j["advice"] = adv;
+  return j;
+}
+
+// Without --config and data.train_files, kestrel train's built-in run layer comes first.
+std::vector<std::string> first_layer(const std::vector<std::string>& args) {
+  auto lo = config::options_from_args(args);
+  if (!lo) KS_FAIL("kestrel plan: ", lo.status().message());
+  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
+    const size_t b = o.find_first_not_of('+');
+    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
+  });
+  return lo->config_files.empty() && !names_data ? builtin_train_layer() : std::vector<std::string>{};
+}
+
+}  // namespace
+
+Status check_layout_fits(const config::Config& c, const std::string& model_dir, int world_size,
+                         int64_t device_memory_bytes) {
+  PlanContext ctx;
+  ctx.world = world_size;
+  ctx.device_memory = device_memory_bytes;
+  ctx.for_train = true;
+  rl::PlanInputs in;
+  try {
+    in = plan_inputs(c, model_dir, ctx);
+  } catch (const std::exception& e) {
+    return Status::error(e.what());
+  }
+  const rl::MemoryPlan p = rl::plan_memory(in);
+  if (p.fits()) return Status::ok();
+  std::string msg = "the planned peak " + rl::format_bytes(p.peak()) + " per rank (" + p.phases[p.peak_phase].name +
+                    ") exceeds the device memory " + rl::format_bytes(in.device_memory) +
+                    " (KESTREL_DEVICE_MEMORY or MemTotal); `kestrel plan` with the same arguments shows the table. "
+                    "To fit:";
+  int shown = 0;
+  for (const auto& a : rl::plan_advice(in))
+    if (a.fits && shown < 3) {
+      msg += " " + a.change + " (" + a.effect + (a.supported ? "" : ", not supported yet") + ");";
+      ++shown;
+    }
+  if (shown == 0) msg += " no single change fits; lower the micro-batch token budget or the response length;";
+  return Status::error(msg);
+}
+
+int cmd_plan(const std::vector<std::string>& argv) {
+  std::vector<std::string> args;
+  PlanContext ctx;
+  bool json = false;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      const std::string eq = flag + "=";
+      if (a.rfind(eq, 0) == 0) return a.substr(eq.size());
+      if (i + 1 >= argv.size()) KS_FAIL("kestrel plan: ", flag, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: kestrel plan [--config FILE.yaml] [key=value ...] [--device-memory SIZE] [--world N] "
+          "[--reuse-fp32-param] [--json]\n\n"
+          "The memory model of `kestrel train` with the same config and overrides, before anything loads (config.json "
+          "only):\nper-rank bytes by allocator category in each phase (rollout, scoring, critic, actor update), the "
+          "peak,\nwhether it fits, FLOPs and communication per step, and what to change when it does not fit.\n\n"
+          "  --device-memory SIZE  memory per rank (80GiB, 24GB, bytes); default KESTREL_DEVICE_MEMORY or MemTotal / "
+          "ranks per node\n"
+          "  --world N             processes (default trainer.n_gpus_per_node x nnodes when set, else 1); dp = N / "
+          "(tp x pp x cp)\n"
+          "  --reuse-fp32-param    bf16 master held as the bf16 weight + a 16-bit residual\n"
+          "  --json                print JSON\n"
+          "  --show-builtin-layer  print kestrel train's built-in run layer (applied without --config and data)\n\n"
+          "Planned but not built for training (accepted here as overrides, shown as not supported yet):\n"
+          "  %spipeline_model_parallel_size, virtual_pipeline_model_parallel_size, context_parallel_size,\n"
+          "  expert_model_parallel_size, override_transformer_config.recompute_{granularity,method,num_layers,modules},\n"
+          "  +override_transformer_config.recompute_{activation_function,norm}\n\n"
+          "Exit status: 0 fits, 3 does not fit, 1 bad input.\n",
+          M.c_str());
+      return 0;
+    }
+    if (a == "--show-builtin-layer") {
+      for (const auto& o : builtin_train_layer()) std::printf("%s\n", o.c_str());
+      return 0;
+    }
+    if (a == "--json") json = true;
+    else if (a == "--reuse-fp32-param") ctx.reuse_fp32_param = true;
+    else if (a == "--device-memory" || a.rfind("--device-memory=", 0) == 0)
+      ctx.device_memory = rl::parse_bytes(value("--device-memory"), "--device-memory").value();
+    else if (a == "--world" || a.rfind("--world=", 0) == 0) {
+      const std::string v = value("--world");
+      char* end = nullptr;
+      ctx.world = std::strtoll(v.c_str(), &end, 10);
+      if (*end != '\0' || ctx.world < 1) KS_FAIL("--world: expected a positive process count, got '", v, "'");
+    } else {
+      args.push_back(a);
+    }
+  }
+  ctx.aside = take_aside(args);
+  const config::Config c = load_command_config(config::ppo_schema(), args, first_layer(args));
+  const rl::PlanInputs in = plan_inputs(c, "", ctx);
+  rl::MemoryPlan p = rl::plan_memory(in);
+  if (!kRecomputeBuilt && in.recompute.any())
+    p.not_supported.push_back("not supported yet: recompute " + in.recompute.describe() +
+                              " for training (planned with model/'s recompute semantics)");
+  if (!kReuseFp32Built && in.reuse_fp32_param)
+    p.not_supported.push_back("not supported yet: reuse_fp32_param for training (planned: -2 B/param of optimizer state)");
+  std::vector<rl::PlanAdvice> advice;
+  if (!p.fits()) advice = rl::plan_advice(in);
+  const std::string model = c.get_string("actor_rollout_ref.model.path");
+  if (json) std::printf("%s\n", plan_json(p, advice, model).dump(2).c_str());
+  else print_table(p, advice, model);
+  return p.fits() ? 0 : 3;
+}
+
+}  // namespace kestrel::cli

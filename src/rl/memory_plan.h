@@ -1,0 +1,222 @@
+// The memory model of an RL step, computed from shapes before anything loads
+// (`kestrel plan`, and the check `kestrel train` runs at start).
+//
+// It predicts what Kestrel itself allocates, per rank and per allocator
+// category (core/allocator.h: Params, Grads, OptimizerState, Activations,
+// KVCache, Other), in each phase of a step:
+//   rollout       actor (+ ref, critic) states, the KV cache at
+//                 gpu_memory_utilization, a resharded weight copy, one step's buffers;
+//   scoring       the same residents (the engine is still awake) plus one
+//                 old-log-prob / reference micro-batch's forward (logits [T, V]);
+//   critic        values and update of the PPO critic (KV cache released);
+//   actor update  the residents plus the largest micro-batch's forward and
+//                 backward (every layer's LayerActivations, logits and their
+//                 f32 gradient, the backward's f32 scratch buffers).
+// The activation terms follow the code, not a textbook: model/block.cpp and
+// model/dense_blocks.cpp (what LayerActivations keeps, at [Tl, D] or [Tp, ...]),
+// model/forward_backward.cpp (the head, dx), model/train_exec.cpp (GradBuf
+// scratch, f32), train/token_objective.cpp (logits, dlogits: f32 logits are
+// overwritten by their gradient, bf16 ones get an f32 copy), the CPU
+// backend's f32 widening of bf16 GEMM operands (backend/cpu/linear.cpp),
+// parallel/data_parallel.cpp (the flat f32 gradient buffer padded to dp) and
+// optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp holds the
+// prediction against the allocator's measured peaks.
+//
+// Pipeline, virtual pipeline, context and expert parallelism are not built in
+// the engine: they are modelled from Megatron's formulas (1F1B keeps p
+// micro-batches in flight on stage 0, interleaving adds (p-1)/(p v); CP
+// divides the tokens) and every such plan says "not supported yet".
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "io/model_config.h"
+
+namespace kestrel::rl {
+
+// Process layout of the actor (Megatron order tp-cp-ep-dp-pp).
+struct PlanLayout {
+  int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, dp = 1;
+  bool sequence_parallel = false;       // ignored at tp = 1, as Megatron does
+  bool distributed_optimizer = false;   // ZeRO-1 over dp
+};
+
+// Activation recompute, the semantics of model/'s RecomputePolicy:
+//  full/uniform/n: only each chunk of n blocks' input x_in [Tl, D] survives the
+//    forward; the backward recomputes one chunk at a time (its activations live).
+//  full/block/n: the first n blocks keep only x_in, the others everything.
+//  selective core_attn: drops attn [Tp, H*hd] and lse f32 [H, T] per layer.
+//  activation_function: drops act [Tp, F]; norm: drops norm1, norm2 [Tp, D].
+enum class RecomputeGranularity { None, Full, Selective };
+enum class RecomputeMethod { Uniform, Block };
+struct PlanRecompute {
+  RecomputeGranularity granularity = RecomputeGranularity::None;
+  RecomputeMethod method = RecomputeMethod::Uniform;
+  int64_t num_layers = 1;
+  bool core_attn = false;
+  bool activation_function = false;
+  bool norm = false;
+  bool any() const { return granularity != RecomputeGranularity::None || activation_function || norm || core_attn; }
+  std::string describe() const;  // "none", "full/uniform/1", "selective[core_attn]+act+norm", ...
+};
+
+// Phase-level offload (verl's megatron param/grad/optimizer_offload): the
+// state leaves the device outside the phase that needs it.
+struct PlanOffload {
+  bool param = false, grad = false, optimizer = false;
+};
+
+// How the actor forms micro-batches (rl/workers/actor_worker.cpp,
+// rl/rollout_batch.cpp split_mini_batch): the planned worst case has every
+// sequence at max_prompt + max_response tokens and a prompt's n samples in a row.
+struct PlanBatching {
+  int64_t prompt_len = 0, response_len = 0;  // data.max_prompt_length / max_response_length
+  int64_t n = 1;                             // rollout.n
+  int64_t train_batch_size = 1;              // prompts per step (data.gen_batch_size)
+  int64_t ppo_mini_batch_size = 1;           // prompts per optimizer step
+  int64_t ppo_epochs = 1;
+  int64_t micro_batch_size = 0;  // ppo_micro_batch_size_per_gpu sequences; 0 = the mini-batch
+  int64_t max_token_len = 0;     // > 0: use_dynamic_bsz with ppo_max_token_len_per_gpu
+  bool share_prompts = true;     // use_prefix_grouper: a prompt packed once for its samples
+  // The old-log-prob / reference scoring pass (LogProbOptions).
+  int64_t log_prob_micro_batch_size = 0;  // sequences; 0 = by log_prob_max_token_len
+  int64_t log_prob_max_token_len = 0;
+  bool old_log_prob = false;  // the actor scores old log-probs (several mini-batches or epochs, in-reward KL)
+};
+
+struct PlanRollout {
+  int64_t tp = 1;                   // rollout.tensor_model_parallel_size
+  DType dtype = DType::F32;         // rollout weights dtype (a copy when it differs from the actor's)
+  double gpu_memory_utilization = 0.5;
+  int64_t block_size = 16;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 256;
+};
+
+struct PlanInputs {
+  io::ModelConfig model;
+  PlanLayout layout;
+  DType dtype = DType::F32;          // actor compute/storage dtype (bf16: f32 masters in the optimizer)
+  bool reuse_fp32_param = false;     // bf16: master as bf16 param + 16-bit residual (-2 B/param, /dp with distopt)
+  PlanRecompute recompute;
+  PlanOffload offload;
+  PlanBatching batch;
+  PlanRollout rollout;
+  bool ref = false;                  // a reference model (use_kl_loss or use_kl_in_reward)
+  bool critic = false;               // a PPO critic (value model on the actor's grid)
+  DType critic_dtype = DType::F32;
+  int64_t max_positions = 0;         // RoPE table rows; 0 = model.max_position_embeddings
+  int64_t vocab_divisible_by = 128;  // make_vocab_size_divisible_by
+  int64_t device_memory = 0;         // bytes per rank the plan must fit; also sizes the KV cache
+  int64_t dp_bucket_bytes = 25 << 20;  // parallel::DpOptions::bucket_bytes
+};
+
+using CategoryBytes = std::array<int64_t, kNumMemCategories>;
+int64_t total_of(const CategoryBytes& b);
+
+// Per-rank shapes of the actor on its tp rank (what CausalLM allocates).
+struct PlanShapes {
+  int64_t D = 0, F = 0, hd = 0, H = 0, Hkv = 0;  // F, H, Hkv local to the tp rank
+  int64_t L = 0;          // layers on this pipeline stage
+  int64_t V = 0;          // local vocabulary rows (padded vocab / tp)
+  int64_t params = 0;     // elements of this rank's parameters
+  int64_t rope_rows = 0;  // RoPE table positions
+  bool qk_norm = false;
+};
+PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false);
+
+// What one forward + backward of a T-token micro-batch keeps and uses (bytes).
+struct TrainActivations {
+  int64_t per_layer = 0;      // one layer's LayerActivations without recompute
+  int64_t kept_layers = 0;    // every layer's kept activations after the forward (with recompute)
+  int64_t recompute_live = 0; // activations rebuilt in the backward, live at once
+  int64_t head = 0;           // x_final, normf, rstdf
+  int64_t logits = 0;         // logits [Tp, V] and (bf16) their f32 gradient; values [T, 1] for a critic
+  int64_t loss = 0;           // logprob, entropy, lse, dlogprob, dentropy f32 [T]
+  int64_t backward = 0;       // dx and the GradBuf scratch, f32
+  int64_t workspace = 0;      // the largest transient at the peak (bf16 GEMM widening, qk-norm grads)
+  int64_t peak = 0;           // the peak of the Activations category during the pass
+  std::string at;             // where the peak is reached
+};
+TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt,
+                                   bool value_head = false);
+
+// Forward only, nothing kept (scoring): one layer's buffers at a time, then the head.
+int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt);
+
+// Micro-batch sizes the actor forms in the planned worst case (every sequence
+// at full length, a prompt's n samples consecutive).
+struct MicroBatchPlan {
+  int64_t seqs_per_rank = 0;      // sequences of one step on this dp rank
+  int64_t mini_batch_seqs = 0;    // sequences of one optimizer step on this rank
+  int64_t optimizer_steps = 0;    // per RL step (mini-batches x epochs)
+  int64_t max_tokens = 0;         // packed rows of the largest micro-batch
+  int64_t micro_batches = 0;      // per mini-batch
+  int64_t mini_batch_tokens = 0;  // packed rows of one mini-batch (its PackedBatch tensors live together)
+  int64_t step_tokens = 0;        // packed rows of one step on this rank (one epoch)
+  int64_t attention_pairs = 0;    // causal (query, key) pairs of one step on this rank (one epoch)
+};
+MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max_token_len, int64_t micro_batch_size,
+                                  bool whole_mini_batch);
+// Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of).
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs);
+
+struct PhasePlan {
+  std::string name;       // "rollout", "scoring", "critic", "actor update"
+  CategoryBytes bytes{};  // per rank
+  int64_t total() const { return total_of(bytes); }
+  std::string detail;     // what dominates
+};
+
+struct CommVolume {
+  std::string what;       // "tp all-reduce (train)", "dp gradient all-reduce", ...
+  int64_t payload = 0;    // bytes handed to the collective per step
+  int64_t traffic = 0;    // bytes each rank sends per step (ring algorithms)
+  int64_t calls = 0;      // collectives per step
+};
+
+struct MemoryPlan {
+  PlanInputs inputs;
+  PlanShapes shapes;
+  MicroBatchPlan micro;
+  TrainActivations actor;   // the actor update's largest micro-batch
+  std::vector<PhasePlan> phases;
+  size_t peak_phase = 0;
+  int64_t peak() const { return phases.empty() ? 0 : phases[peak_phase].total(); }
+  bool fits() const { return peak() <= inputs.device_memory; }
+  int64_t kv_cache_bytes = 0;     // the engine's cache (num_blocks * bytes_per_block)
+  int64_t kv_blocks = 0;
+  double flops_actor = 0, flops_scoring = 0, flops_rollout = 0;  // per rank per step
+  std::vector<CommVolume> comm;
+  std::vector<std::string> not_supported;  // "not supported yet: ..." lines for training
+  std::vector<std::string> notes;
+};
+
+// The plan of one layout; call validate_plan_inputs first (the formulas
+// assume a layout the model divides). not_supported lists what training does
+// not build yet (pp, vpp, cp, offload), notes the rest (ep on a dense model, a
+// KV share that holds no cache).
+MemoryPlan plan_memory(const PlanInputs& in);
+// Checks the layout against the model (divisibility of heads, ffn, layers,
+// world) and returns an error naming the key or flag to change.
+Status validate_plan_inputs(const PlanInputs& in);
+
+// A change that makes a plan fit, cheapest first.
+struct PlanAdvice {
+  std::string change;     // "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=selective"
+  std::string effect;     // "peak 61.2 GiB (actor update), +4% FLOPs"
+  bool supported = true;  // false: "not supported yet" for training
+  int64_t peak = 0;
+  bool fits = false;
+};
+std::vector<PlanAdvice> plan_advice(const PlanInputs& in);
+
+std::string format_bytes(int64_t bytes);  // "1.23 GiB", "512.0 MiB", "12.0 KiB"
+// "80GiB", "80 GB", "1.5T", "1024" (bytes) -> bytes; error names `flag`.
+Result<int64_t> parse_bytes(const std::string& text, const std::string& flag);
+
+}  // namespace kestrel::rl

@@ -1,0 +1,468 @@
+// The memory model's phases of an RL step, FLOPs and communication volume,
+// and the advice when a plan does not fit (see memory_plan.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "rl/memory_plan.h"
+
+namespace kestrel::rl {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+size_t cat(MemCategory c) { return size_t(c); }
+
+// The states one trained model keeps for the whole run (train/engine.cpp):
+// weights, f32 gradients (DataParallel's flat buffer padded to dp when dp or
+// tp > 1), AdamW's m, v and masters (optim/adamw.h).
+struct ModelStates {
+  int64_t params = 0, grads = 0, optimizer = 0;
+};
+ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt) {
+  const PlanLayout& l = in.layout;
+  const int64_t a = int64_t(dtype_size(dt));
+  const bool distributed = l.dp > 1 || l.tp > 1;  // the engine runs with DataParallel
+  const int64_t padded = distributed ? ceil_div(N, l.dp) * l.dp : N;
+  const bool distopt = l.distributed_optimizer && distributed;
+  const int64_t owned = distopt ? std::min(ceil_div(N, l.dp), N) : N;
+  ModelStates s;
+  s.params = a * (distopt ? padded : N);  // the distributed optimizer's flat parameter buffer
+  s.grads = 4 * padded;
+  if (dt == DType::F32) {
+    s.optimizer = 8 * owned;  // m, v; the weights are the masters
+  } else {
+    const int64_t master = in.reuse_fp32_param ? 2 : 4;  // reuse_fp32_param: a 16-bit residual next to the bf16 weight
+    s.optimizer = (8 + master) * owned;
+  }
+  return s;
+}
+
+int64_t rope_bytes(const PlanShapes& s) { return 4 * s.rope_rows * s.hd; }  // cos, sin f32 [rows, hd/2]
+
+// One rollout step's buffers (rollout/model_runner.cpp: one buffer per slot
+// reused by every layer; the head on the sampled rows). Approximate: the
+// sampler's transients are not modelled.
+int64_t rollout_activations(const PlanShapes& s, const PlanRollout& r) {
+  const int64_t a = int64_t(dtype_size(r.dtype));
+  const int64_t T = std::max<int64_t>(1, r.max_num_batched_tokens), S = std::min(T, r.max_num_seqs);
+  const int64_t q = s.H * s.hd, kv = s.Hkv * s.hd;
+  int64_t b = a * T * (5 * s.D + 2 * q + 2 * kv + 2 * s.F) + 4 * T;  // x, norm, q, k, v, attn, o, x_mid, gate, up, mlp
+  if (s.qk_norm) b += a * T * (q + kv) + 4 * T * (s.H + s.Hkv);
+  b += 4 * 4 * T;                                // ids, positions, slots (+ tables, roughly)
+  b += a * S * (2 * s.D + s.V) + 12 * S;         // sampled rows, their norm, logits [S, V]; lse, logprobs
+  if (r.dtype != DType::F32) b += 4 * (S * s.V + s.V * s.D);  // f32 widening of the lm_head GEMM
+  return b;
+}
+
+// Forward FLOPs of `tokens` packed rows with `pairs` causal (query, key) pairs.
+double forward_flops(const PlanShapes& s, int64_t layers, double tokens, double pairs, bool value_head) {
+  const double q = double(s.H * s.hd), kv = double(s.Hkv * s.hd), D = double(s.D);
+  const double per_layer = D * (2 * q + 2 * kv) + 3 * D * double(s.F);  // q, k, v, o, gate, up, down
+  const double head = value_head ? D : D * double(s.V);
+  return 2 * tokens * (double(layers) * per_layer + head) + 4 * pairs * q * double(layers);
+}
+
+void add_comm(MemoryPlan& p, std::string what, int64_t payload, double ring_factor, int64_t calls) {
+  if (payload <= 0 || ring_factor <= 0) return;
+  p.comm.push_back({std::move(what), payload, int64_t(double(payload) * ring_factor), calls});
+}
+
+// The tp and dp collectives of one step (parallel/tp_layers.cpp: forward
+// row-parallel reductions in f32, SP's all-gathers of the normed input in the
+// compute dtype, the backward's f32 reductions; parallel/data_parallel.cpp).
+void plan_comm(MemoryPlan& p, const PlanInputs& in, const PlanShapes& s) {
+  const PlanLayout& l = in.layout;
+  const int64_t a = int64_t(dtype_size(in.dtype));
+  const double tp = double(l.tp), dp = double(l.dp);
+  const int64_t steps = p.micro.optimizer_steps;
+  const int64_t epochs = std::max<int64_t>(1, in.batch.ppo_epochs);
+  const int64_t train_rows = p.micro.step_tokens * epochs;  // forward + backward rows of the update
+  const int64_t score_rows = p.micro.step_tokens * ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0));
+  if (l.tp > 1) {
+    const int64_t L = s.L, D = s.D;
+    const int64_t mbs = std::max<int64_t>(1, p.micro.micro_batches) * steps;
+    if (!(l.sequence_parallel)) {
+      // 2 all-reduces per layer forward (o, down), 2 backward (the normed inputs' grads), f32.
+      add_comm(p, "tp all-reduce (actor update)", 4 * train_rows * D * (4 * L + 2), 2 * (tp - 1) / tp, mbs * (4 * L + 2));
+    } else {
+      add_comm(p, "tp all-gather (actor update)", (a * 2 * L + 4 * 2 * L + a) * train_rows * D, (tp - 1) / tp,
+               mbs * (4 * L + 1));
+      add_comm(p, "tp reduce-scatter (actor update)", 4 * train_rows * D * (4 * L + 2), (tp - 1) / tp, mbs * (4 * L + 2));
+    }
+    add_comm(p, "tp all-reduce (scoring)", 4 * score_rows * D * (2 * L + 1), 2 * (tp - 1) / tp, 0);
+  }
+  if (l.dp > 1) {
+    const int64_t N = s.params, padded = ceil_div(N, l.dp) * l.dp;
+    if (l.distributed_optimizer) {
+      add_comm(p, "dp gradient reduce-scatter", 4 * padded * steps, (dp - 1) / dp, steps);
+      add_comm(p, "dp parameter all-gather", a * padded * steps, (dp - 1) / dp, steps);
+    } else {
+      add_comm(p, "dp gradient all-reduce", 4 * padded * steps, 2 * (dp - 1) / dp, steps);
+    }
+  }
+  if (in.rollout.tp > 1) {
+    // Generated tokens of one rollout group (world / rollout tp groups share the prompts); per token and
+    // layer two all-reduces of the f32 row-parallel partials [D], plus the embedding's.
+    const int64_t world = l.dp * l.tp * l.pp * l.cp, groups = std::max<int64_t>(1, world / in.rollout.tp);
+    const int64_t tokens = ceil_div(in.batch.train_batch_size, groups) * in.batch.n * in.batch.response_len;
+    add_comm(p, "rollout tp all-reduce", 4 * tokens * s.D * (2 * in.model.num_hidden_layers + 1),
+             2 * (double(in.rollout.tp) - 1) / double(in.rollout.tp), 0);
+  }
+}
+
+std::string pct(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.0f%%", 100 * x);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  const double b = double(bytes);
+  char buf[48];
+  if (std::abs(b) >= double(int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(int64_t(1) << 30));
+  else if (std::abs(b) >= double(1 << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / double(1 << 20));
+  else if (std::abs(b) >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024);
+  else std::snprintf(buf, sizeof buf, "%lld B", (long long)bytes);
+  return buf;
+}
+
+Result<int64_t> parse_bytes(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  std::string unit = text.substr(pos);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  for (auto& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = -1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib" || unit == "ki") mult = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mi") mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gi") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib" || unit == "ti") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb") mult = 1e3;
+  else if (unit == "mb") mult = 1e6;
+  else if (unit == "gb") mult = 1e9;
+  else if (unit == "tb") mult = 1e12;
+  if (pos == 0 || mult < 0 || !(v > 0))
+    return KS_ERR(flag, ": expected a positive size such as 80GiB, 24GB, 512MiB or a byte count, got '", text, "'");
+  return int64_t(v * mult);
+}
+
+Status validate_plan_inputs(const PlanInputs& in) {
+  const io::ModelConfig& c = in.model;
+  const PlanLayout& l = in.layout;
+  const std::string M = "actor_rollout_ref.actor.megatron.";
+  for (auto [v, key] : {std::pair{l.tp, M + "tensor_model_parallel_size"}, {l.pp, M + "pipeline_model_parallel_size"},
+                        {l.cp, M + "context_parallel_size"}, {l.ep, M + "expert_model_parallel_size"},
+                        {l.dp, std::string("the data-parallel size (--world / (tp x pp x cp))")},
+                        {l.vpp, M + "virtual_pipeline_model_parallel_size"}})
+    if (v < 1) return KS_ERR(key, " must be >= 1, got ", v);
+  if (c.intermediate_size % l.tp != 0)
+    return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": intermediate_size ", c.intermediate_size,
+                  " does not divide by it; choose a tp dividing it");
+  if (c.num_attention_heads % l.tp != 0)
+    return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": num_attention_heads ", c.num_attention_heads,
+                  " does not divide by it");
+  if (c.num_hidden_layers % (l.pp * l.vpp) != 0)
+    return KS_ERR(M, "pipeline_model_parallel_size=", l.pp, " x virtual_pipeline_model_parallel_size=", l.vpp,
+                  ": num_hidden_layers ", c.num_hidden_layers, " does not divide by ", l.pp * l.vpp);
+  if (l.vpp > 1 && l.pp < 2)
+    return KS_ERR(M, "virtual_pipeline_model_parallel_size=", l.vpp, " needs pipeline_model_parallel_size >= 2");
+  if (in.rollout.tp < 1 || c.num_attention_heads % in.rollout.tp != 0 || c.intermediate_size % in.rollout.tp != 0)
+    return KS_ERR("actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp,
+                  " must divide num_attention_heads ", c.num_attention_heads, " and intermediate_size ",
+                  c.intermediate_size);
+  if (in.batch.ppo_mini_batch_size * in.batch.n / l.dp < 1)
+    return KS_ERR("actor_rollout_ref.actor.ppo_mini_batch_size=", in.batch.ppo_mini_batch_size, " x rollout.n=",
+                  in.batch.n, " is fewer sequences than the ", l.dp, " data-parallel ranks");
+  if (in.batch.prompt_len < 1 || in.batch.response_len < 1)
+    return KS_ERR("data.max_prompt_length and data.max_response_length must be >= 1, got ", in.batch.prompt_len, " and ",
+                  in.batch.response_len);
+  if (in.batch.max_token_len <= 0 && in.batch.micro_batch_size < 0)
+    return KS_ERR("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be >= 1 or null");
+  if (in.device_memory <= 0) return KS_ERR("--device-memory must be positive");
+  return Status::ok();
+}
+
+MemoryPlan plan_memory(const PlanInputs& in) {
+  MemoryPlan p;
+  p.inputs = in;
+  const PlanLayout& l = in.layout;
+  p.shapes = plan_shapes(in, l.tp, l.pp);
+  const PlanShapes& s = p.shapes;
+  const DType dt = in.dtype;
+  const int64_t a = int64_t(dtype_size(dt));
+  p.micro = plan_micro_batches(in.batch, l.dp, in.batch.max_token_len, in.batch.micro_batch_size, true);
+
+  // ---- residents of every phase ----
+  CategoryBytes resident{};
+  const ModelStates actor = trained_states(in, s.params, dt);
+  resident[cat(MemCategory::Params)] += actor.params + rope_bytes(s);
+  resident[cat(MemCategory::Grads)] += actor.grads;
+  resident[cat(MemCategory::OptimizerState)] += actor.optimizer;
+  if (in.ref) resident[cat(MemCategory::Params)] += a * s.params + rope_bytes(s);  // the frozen copy
+  PlanShapes cs;
+  if (in.critic) {
+    cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true);
+    const ModelStates c = trained_states(in, cs.params, in.critic_dtype);
+    resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs);
+    resident[cat(MemCategory::Grads)] += c.grads;
+    resident[cat(MemCategory::OptimizerState)] += c.optimizer;
+  }
+  CategoryBytes offloadable{};  // what phase-level offload takes off the device outside the update
+  if (in.offload.grad) offloadable[cat(MemCategory::Grads)] = actor.grads;
+  if (in.offload.optimizer) offloadable[cat(MemCategory::OptimizerState)] = actor.optimizer;
+
+  // ---- the rollout's weights and KV cache (rollout/engine.cpp kv_cache_bytes_for) ----
+  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt;
+  const PlanShapes rs = plan_shapes(in, in.rollout.tp, 1);
+  const int64_t ra = int64_t(dtype_size(in.rollout.dtype));
+  const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) : 0;
+  if (copy && in.offload.param) offloadable[cat(MemCategory::Params)] = actor.params;
+  const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
+  const int64_t kv_request = int64_t(budget - double(a * s.params));  // kestrel train: weight_bytes(actor)
+  const int64_t per_block = 2 * in.model.num_hidden_layers * in.rollout.block_size * rs.Hkv * rs.hd * ra;
+  p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
+  p.kv_cache_bytes = p.kv_blocks * per_block;
+  if (p.kv_blocks < 2)
+    p.notes.push_back("actor_rollout_ref.rollout.gpu_memory_utilization=" + std::to_string(in.rollout.gpu_memory_utilization) +
+                      " of " + format_bytes(in.device_memory) + " does not hold the rollout weights and a KV cache: "
+                      "kestrel train refuses it; raise it");
+
+  auto phase = [&](std::string name, bool kv_awake, int64_t acts, int64_t other, std::string detail) {
+    PhasePlan ph;
+    ph.name = std::move(name);
+    ph.bytes = resident;
+    const bool update = ph.name == "actor update" || ph.name == "critic";
+    if (!update)
+      for (size_t i = 0; i < kNumMemCategories; ++i) ph.bytes[i] -= offloadable[i];
+    if (kv_awake) {
+      ph.bytes[cat(MemCategory::KVCache)] += p.kv_cache_bytes;
+      ph.bytes[cat(MemCategory::Params)] += copy_bytes;
+    }
+    ph.bytes[cat(MemCategory::Activations)] += acts;
+    ph.bytes[cat(MemCategory::Other)] += other;
+    ph.detail = std::move(detail);
+    p.phases.push_back(std::move(ph));
+  };
+  phase("rollout", true, rollout_activations(rs, in.rollout), 0,
+        "KV cache " + format_bytes(p.kv_cache_bytes) + " (" + std::to_string(p.kv_blocks) + " blocks)" +
+            (copy ? ", rollout weight copy " + format_bytes(copy_bytes) : ""));
+  if (in.batch.old_log_prob || in.ref) {
+    const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
+                                                 in.batch.log_prob_micro_batch_size, false);
+    const int64_t acts = scoring_activations(s, in, sm.max_tokens, dt) +
+                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs);
+    phase("scoring", true, acts, 0,
+          std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
+              (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
+  }
+  if (in.critic) {
+    const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
+    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs), 0,
+          "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
+  }
+  // ---- the actor update ----
+  p.actor = train_activations(s, in, p.micro.max_tokens, dt);
+  int64_t acts = p.actor.peak;
+  if (l.pp > 1) {
+    // 1F1B: stage 0 holds pp micro-batches in flight (interleaving: x (1 + (p-1)/(p v))); the head is on the last stage.
+    const double inflight = double(std::min<int64_t>(l.pp, std::max<int64_t>(1, p.micro.micro_batches))) *
+                            (l.vpp > 1 ? 1.0 + double(l.pp - 1) / double(l.pp * l.vpp) : 1.0);
+    const int64_t stage0 = int64_t((inflight - 1) * double(p.actor.kept_layers)) + p.actor.kept_layers +
+                           p.actor.recompute_live + p.actor.backward;
+    acts = std::max(stage0, p.actor.peak);
+  }
+  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs);
+  int64_t other = 0;
+  if (l.dp > 1 && l.distributed_optimizer) {
+    // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.
+    const int64_t shard = ceil_div(s.params, l.dp), bucket = in.dp_bucket_bytes / 4;
+    other = std::max(4 * l.dp * std::min(shard, bucket), a * shard);
+  }
+  phase("actor update", false, acts, other,
+        "largest micro-batch " + std::to_string(p.micro.max_tokens) + " tokens, peak at " + p.actor.at);
+  p.peak_phase = 0;
+  for (size_t i = 0; i < p.phases.size(); ++i)
+    if (p.phases[i].total() > p.phases[p.peak_phase].total()) p.peak_phase = i;
+
+  // ---- FLOPs per rank per step ----
+  const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
+  const double fwd = forward_flops(s, s.L, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
+  double recompute_extra = 0;
+  if (in.recompute.granularity == RecomputeGranularity::Full)
+    recompute_extra = in.recompute.method == RecomputeMethod::Uniform
+                          ? 1.0
+                          : double(std::min(in.recompute.num_layers, s.L)) / double(std::max<int64_t>(1, s.L));
+  else if (in.recompute.core_attn)
+    recompute_extra = 4 * double(p.micro.attention_pairs) * double(s.H * s.hd * s.L) / std::max(1.0, fwd);
+  p.flops_actor = epochs * (3 + recompute_extra) * fwd;
+  p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
+  {
+    const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
+    const double prompts = double(ceil_div(in.batch.train_batch_size, rdp));
+    const double P = double(in.batch.prompt_len), R = double(in.batch.response_len), n = double(in.batch.n);
+    const double tokens = prompts * (P + n * R), pairs = prompts * (P * P / 2 + n * (R * P + R * R / 2));
+    p.flops_rollout = forward_flops(rs, in.model.num_hidden_layers, tokens, pairs, false) -
+                      2 * prompts * (P - 1) * double(rs.D * rs.V);  // logits on sampled rows only
+  }
+  plan_comm(p, in, s);
+
+  // ---- what training cannot do yet ----
+  auto unsupported = [&](bool on, const std::string& what) {
+    if (on) p.not_supported.push_back("not supported yet: " + what + " (modelled from Megatron's formulas)");
+  };
+  unsupported(l.pp > 1, "pipeline parallelism, pipeline_model_parallel_size=" + std::to_string(l.pp));
+  unsupported(l.vpp > 1, "virtual pipeline, virtual_pipeline_model_parallel_size=" + std::to_string(l.vpp));
+  unsupported(l.cp > 1, "context parallelism, context_parallel_size=" + std::to_string(l.cp));
+  if (l.ep > 1) p.notes.push_back("expert_model_parallel_size=" + std::to_string(l.ep) + ": the model is dense (no experts), so it changes nothing");
+  if (in.offload.param || in.offload.grad || in.offload.optimizer)
+    p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
+                              "device memory); modelled as the state leaving the device outside its update");
+  return p;
+}
+
+std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
+  std::vector<PlanAdvice> out;
+  const MemoryPlan base = plan_memory(in);
+  const double base_flops = base.flops_actor + base.flops_scoring + base.flops_rollout;
+  const std::string A = "actor_rollout_ref.actor.", M = A + "megatron.", OT = M + "override_transformer_config.";
+  struct Candidate {
+    std::string change;
+    bool supported;
+    std::function<void(PlanInputs&)> apply;
+  };
+  std::vector<Candidate> tried;
+  auto evaluate = [&](const std::string& change, bool supported, const PlanInputs& x) {
+    const MemoryPlan p = plan_memory(x);
+    PlanAdvice adv;
+    adv.change = change;
+    adv.supported = supported;
+    adv.peak = p.peak();
+    adv.fits = p.fits();
+    const double flops = p.flops_actor + p.flops_scoring + p.flops_rollout;
+    adv.effect = "peak " + format_bytes(p.peak()) + " (" + p.phases[p.peak_phase].name + ")";
+    if (std::abs(flops / base_flops - 1) > 0.005) adv.effect += ", " + pct(flops / base_flops - 1) + " FLOPs";
+    return adv;
+  };
+  auto try_change = [&](const std::string& change, bool supported, const std::function<void(PlanInputs&)>& f) {
+    PlanInputs x = in;
+    f(x);
+    if (!validate_plan_inputs(x).is_ok()) return;
+    tried.push_back({change, supported, f});
+    out.push_back(evaluate(change, supported, x));
+  };
+  const std::string R = "actor_rollout_ref.rollout.";
+  // Cheapest first: the KV cache's share, the distributed optimizer (its
+  // communication equals the all-reduce's), selective recompute, a smaller
+  // micro-batch, full recompute, offload, then more model parallelism.
+  if (base.phases[base.peak_phase].name != "actor update" && base.kv_cache_bytes > 0) {
+    for (double u : {0.4, 0.3, 0.2, 0.1}) {
+      if (u >= in.rollout.gpu_memory_utilization) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%sgpu_memory_utilization=%.1f", R.c_str(), u);
+      try_change(buf, true, [u](PlanInputs& x) { x.rollout.gpu_memory_utilization = u; });
+      if (!out.empty() && out.back().fits) break;
+    }
+  }
+  if (in.layout.dp > 1 && !in.layout.distributed_optimizer)
+    try_change(OT + "use_distributed_optimizer=true", true, [](PlanInputs& x) { x.layout.distributed_optimizer = true; });
+  if (in.dtype != DType::F32 && !in.reuse_fp32_param)
+    try_change("reuse_fp32_param (bf16 master as a residual)", false, [](PlanInputs& x) { x.reuse_fp32_param = true; });
+  if (!in.recompute.any()) {
+    try_change(OT + "recompute_granularity=selective " + OT + "recompute_modules=[core_attn]", false,
+               [](PlanInputs& x) {
+                 x.recompute.granularity = RecomputeGranularity::Selective;
+                 x.recompute.core_attn = true;
+               });
+    try_change("+" + OT + "recompute_activation_function=true +" + OT + "recompute_norm=true", false,
+               [](PlanInputs& x) { x.recompute.activation_function = x.recompute.norm = true; });
+  }
+  const int64_t seq = in.batch.prompt_len + in.batch.response_len;
+  if (in.batch.max_token_len > 0 && base.micro.max_tokens > seq) {
+    // The largest halving of the token budget that fits (one full sequence at least).
+    int64_t budget = in.batch.max_token_len;
+    do {
+      budget = std::max(seq, budget / 2);
+      PlanInputs x = in;
+      x.batch.max_token_len = budget;
+      if (plan_memory(x).fits()) break;
+    } while (budget > seq);
+    try_change(A + "ppo_max_token_len_per_gpu=" + std::to_string(budget), true,
+               [budget](PlanInputs& x) { x.batch.max_token_len = budget; });
+  } else if (in.batch.max_token_len <= 0 && base.micro.mini_batch_seqs > 1) {
+    int64_t k = in.batch.micro_batch_size > 0 ? in.batch.micro_batch_size : base.micro.mini_batch_seqs;
+    do {
+      k = std::max<int64_t>(1, k / 2);
+      PlanInputs x = in;
+      x.batch.micro_batch_size = k;
+      if (plan_memory(x).fits()) break;
+    } while (k > 1);
+    try_change(A + "ppo_micro_batch_size_per_gpu=" + std::to_string(k), true,
+               [k](PlanInputs& x) { x.batch.micro_batch_size = k; });
+  }
+  if (in.recompute.granularity != RecomputeGranularity::Full)
+    try_change(OT + "recompute_granularity=full " + OT + "recompute_method=uniform " + OT + "recompute_num_layers=1",
+               false, [](PlanInputs& x) {
+                 x.recompute = PlanRecompute{};
+                 x.recompute.granularity = RecomputeGranularity::Full;
+                 x.recompute.num_layers = 1;
+               });
+  if (!in.offload.grad || !in.offload.optimizer)
+    try_change(M + "grad_offload=true " + M + "optimizer_offload=true", false,
+               [](PlanInputs& x) { x.offload.grad = x.offload.optimizer = true; });
+  const int64_t tp2 = in.layout.tp * 2;
+  if (in.layout.dp % 2 == 0)
+    try_change(M + "tensor_model_parallel_size=" + std::to_string(tp2) + " (dp " + std::to_string(in.layout.dp / 2) + ")",
+               true, [tp2](PlanInputs& x) {
+                 x.layout.tp = tp2;
+                 x.layout.dp /= 2;
+                 x.layout.sequence_parallel = true;
+               });
+  if (in.layout.dp % 2 == 0) {
+    try_change(M + "pipeline_model_parallel_size=" + std::to_string(in.layout.pp * 2), false, [](PlanInputs& x) {
+      x.layout.pp *= 2;
+      x.layout.dp /= 2;
+    });
+    try_change(M + "context_parallel_size=" + std::to_string(in.layout.cp * 2), false, [](PlanInputs& x) {
+      x.layout.cp *= 2;
+      x.layout.dp /= 2;
+    });
+  }
+  // No single change fits: the changes combined in the order above (cost),
+  // each kept when it lowers the peak, until the plan fits.
+  if (std::none_of(out.begin(), out.end(), [](const PlanAdvice& a) { return a.fits; })) {
+    PlanInputs x = in;
+    std::string changes;
+    bool supported = true;
+    int64_t peak = base.peak();
+    for (const Candidate& c : tried) {
+      PlanInputs y = x;
+      c.apply(y);
+      if (!validate_plan_inputs(y).is_ok()) continue;
+      const MemoryPlan p = plan_memory(y);
+      if (p.peak() >= peak) continue;
+      x = y, peak = p.peak();
+      changes += (changes.empty() ? "" : " + ") + c.change;
+      supported = supported && c.supported;
+      if (p.fits()) break;
+    }
+    if (!changes.empty()) out.push_back(evaluate("combined: " + changes, supported, x));
+  }
+  // Fitting changes first, in the order above (cost); then the rest by peak.
+  std::stable_sort(out.begin(), out.end(), [](const PlanAdvice& x, const PlanAdvice& y) {
+    if (x.fits != y.fits) return x.fits;
+    return x.fits ? false : x.peak < y.peak;
+  });
+  return out;
+}
+
+}  // namespace kestrel::rl
