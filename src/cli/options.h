@@ -46,6 +46,7 @@ struct TrainInputs {
   int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
   bool sequence_parallel = false, distributed_optimizer = false;
   double gpu_memory_utilization = 0.5;
+  double collective_timeout_s = 600;  // actor_rollout_ref.nccl_timeout (comm/mpi/health.h)
   bool console_logger = true, val_only = false;
   // The critic (critic.enable, or null = exactly for adv_estimator=gae).
   bool critic = false;

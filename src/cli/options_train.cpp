@@ -93,6 +93,7 @@ TrainInputs train_inputs(const config::Config& c) {
   in.sequence_parallel = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
   in.distributed_optimizer = c.get_bool(A + "megatron.override_transformer_config.use_distributed_optimizer");
   in.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
+  in.collective_timeout_s = double(c.get_int("actor_rollout_ref.nccl_timeout"));
   in.console_logger = false;
   for (const auto& l : c.get_string_list("trainer.logger"))
     if (l == "console") in.console_logger = true;

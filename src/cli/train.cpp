@@ -331,7 +331,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   check_sizes_divide(c, in, world_size);
   // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
   // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
-  comm::World::set_collective_timeout(double(c.get_int("actor_rollout_ref.nccl_timeout")));
+  comm::World::set_collective_timeout(in.collective_timeout_s);
   if (leader && !first.empty()) {
     // The built-in run says up front what it will do and for how long.
     const bool warm = in.model_path == "builtin:arith-sft";
