@@ -17,7 +17,7 @@ Status RlTrainer::save_checkpoint() {
   // they are. (The engines check again when they write their optimizer files.)
   {
     Status fin = actor_->engine().check_finite();
-    if (fin && critic_) fin = critic_->engine().check_finite();
+    if (fin && critic_) fin = critic_->critic().engine().check_finite();
     int32_t ok = fin ? 1 : 0;
     comm::ProcessGroup& world = *opt_.parallel.world;
     if (world.size() > 1) world.all_reduce(&ok, 1, DType::I32, comm::ReduceOp::Min);
