@@ -3,10 +3,14 @@
 // one rank with finite gradients everywhere, makes every rank skip the same
 // update (the norm is global, the loss flag is reduced), leaving the weights
 // bit for bit as they were and identical across ranks; K consecutive skips
-// abort on every rank. Run by tests/scripts/nan_guard_mpi.sh.
+// abort on every rank; under TP2 a NaN loss on one tp rank skips everywhere
+// and reuse_fp32_param matches the layout without it. Run by
+// tests/scripts/nan_guard_mpi.sh.
 #include <cmath>
 
+#include "model/parallel_setup.h"
 #include "mpi_testing.h"
+#include "parallel/setup.h"
 #include "train/engine_testing.h"
 
 using namespace kestrel;
@@ -107,4 +111,65 @@ TEST(NanGuardMpi, KConsecutiveSkipsAbortOnEveryRank) {
   int32_t all = threw ? 1 : 0;
   g.all_reduce(&all, 1, DType::I32, comm::ReduceOp::Min);
   EXPECT_EQ(all, 1);
+}
+
+// TP2 (x dp = world/2, distributed optimizer, sequence parallelism): a NaN
+// loss on one tp rank skips on every rank; bf16 with reuse_fp32_param trains
+// bit for bit like the same layout without it.
+TEST(NanGuardMpi, TensorParallelSkipsTogetherAndReuseMatches) {
+  comm::World& world = *comm::World::current();
+  if (world.size() % 2 != 0) GTEST_SKIP() << "tp 2 needs an even world";
+  const io::ModelConfig cfg = tiny_config();
+  auto grid_r = parallel::make_process_grid(world, parallel::dims_for(2, true), model::model_facts(cfg));
+  ASSERT_TRUE(grid_r.is_ok()) << grid_r.status().message();
+  parallel::ProcessGrid& grid = *grid_r.value();
+  auto make = [&](DType dt) {
+    model::ModelOptions mo;
+    mo.dtype = dt;
+    mo.parallel = model::model_parallel_for(grid);
+    return model::CausalLM::init_random(cfg, mo, 61);
+  };
+  auto opts = [&](bool reuse) {
+    EngineOptions o = options();
+    o.parallel.dp = grid.group(parallel::GroupKind::Dp);
+    o.parallel.distributed_optimizer = true;
+    o.reuse_fp32_param = reuse;
+    return o;
+  };
+  const auto seqs = sequences(4);
+  {  // the loss is NaN on tp rank 1 only (its gradients are finite)
+    auto m = make(DType::F32);
+    TrainingEngine e(*m, opts(false));
+    const ObjectiveFn nll = mean_nll(seqs);
+    const std::vector<uint8_t> before = weight_bytes(*m);
+    const MiniBatchResult r = e.train_mini_batch(
+        split(seqs, 2),
+        [&](const MicroBatch& mb, size_t i) {
+          Objective o = nll(mb, i);
+          if (grid.tp().rank() == 1) {
+            TokenObjective inner = o.tokens;
+            o.tokens = [inner](const TokenView& t, float* dlp, float* dent) {
+              inner(t, dlp, dent);
+              return double(NAN);
+            };
+          }
+          return o;
+        },
+        1e-3, 1);
+    EXPECT_FALSE(r.finite) << "world rank " << world.rank();
+    EXPECT_FALSE(r.loss_finite);
+    EXPECT_EQ(weight_bytes(*m), before);
+  }
+  {  // reuse_fp32_param under tp 2 with the distributed optimizer
+    auto a = make(DType::BF16), b = make(DType::BF16);
+    TrainingEngine plain(*a, opts(false)), reuse(*b, opts(true));
+    for (int s = 0; s < 3; ++s) {
+      const auto step_seqs = sequences(4, s);
+      const MiniBatchResult ra = plain.train_mini_batch(split(step_seqs, 2), mean_nll(step_seqs), plain.lr(s), s + 1);
+      const MiniBatchResult rb = reuse.train_mini_batch(split(step_seqs, 2), mean_nll(step_seqs), reuse.lr(s), s + 1);
+      EXPECT_TRUE(ra.finite && rb.finite);
+      EXPECT_EQ(ra.grad_norm, rb.grad_norm);
+      EXPECT_EQ(weight_bytes(*a), weight_bytes(*b)) << "tp2 step " << s;
+    }
+  }
 }
