@@ -51,25 +51,24 @@ inline bool bf16_is_nan(uint16_t b) { return (b & 0x7fffu) > 0x7f80u; }
 }  // namespace reuse_detail
 
 // f32 bits u -> (bf16 copy, residual); returns the flag. b equals float_to_bf16.
+// Branch-free (selects, no jumps) so the loops around it vectorize.
 inline bool reuse_fp32_split_bits(uint32_t u, uint16_t* b, uint16_t* r) {
-  *r = uint16_t(u & 0xffffu);
-  const uint16_t hi = uint16_t(u >> 16);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: quieted as float_to_bf16 does
-    *b = uint16_t(hi | 0x40u);
-    return (hi & 0x40u) == 0;
-  }
-  *b = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  return *r == 0x8000u && *b != hi;  // a tie rounded up (to even)
+  const uint32_t lo = u & 0xffffu, hi = u >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rne = (u + 0x7fffu + (hi & 1u)) >> 16;  // float_to_bf16 of a non-NaN
+  const uint32_t copy = nan ? (hi | 0x40u) : rne;        // a NaN is quieted as float_to_bf16 does
+  *r = uint16_t(lo);
+  *b = uint16_t(copy);
+  // NaN: the quiet bit was forced on; otherwise: a tie rounded up (to even).
+  return nan ? (hi & 0x40u) == 0 : (lo == 0x8000u) & (copy != hi);
 }
 
 // (bf16 copy, residual, flag) -> the f32 bits split produced them from.
 inline uint32_t reuse_fp32_recover_bits(uint16_t b, uint16_t r, bool flag) {
-  uint32_t hi;
-  if (reuse_detail::bf16_is_nan(b))
-    hi = flag ? uint32_t(b & ~0x40u) : uint32_t(b);
-  else
-    hi = uint32_t(b) - uint32_t(r > 0x8000u || (r == 0x8000u && flag));
-  return (hi << 16) | r;
+  const uint32_t bb = b, rr = r, f = flag ? 1u : 0u;
+  const uint32_t up = uint32_t(rr > 0x8000u) | (uint32_t(rr == 0x8000u) & f);
+  const uint32_t hi = reuse_detail::bf16_is_nan(b) ? (bb & ~(f << 6)) : bb - up;
+  return (hi << 16) | rr;
 }
 
 // master: f32 [n] -> copy: bf16 [n], residual: 16-bit [n], flags into bit 31 of v: f32 [n] (the other bits kept).
@@ -107,7 +106,9 @@ inline void reuse_fp32_recover(const Tensor& copy, const Tensor& residual, const
 // adamw_step(master, m, v, grad, &copy) on the recovered master.
 inline void adamw_step_reuse_fp32(const AdamWScalars& s, Tensor& copy, Tensor& residual, Tensor& exp_avg,
                                   Tensor& exp_avg_sq, const Tensor& grad) {
-  constexpr int64_t kChunk = 2048;  // 8 KiB of recovered masters on the stack per thread
+  // 32 KiB of recovered masters on the stack per thread; below adamw_loop's
+  // threading threshold, so its loop runs serially inside one chunk.
+  constexpr int64_t kChunk = 8192;
   auto* b = static_cast<uint16_t*>(copy.raw());
   auto* r = static_cast<uint16_t*>(residual.raw());
   float* m = exp_avg.data<float>();
@@ -115,7 +116,7 @@ inline void adamw_step_reuse_fp32(const AdamWScalars& s, Tensor& copy, Tensor& r
   const float* g = grad.data<float>();
   const int64_t n = copy.numel();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 16)
+#pragma omp parallel for schedule(static) if (chunks > 4)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, len = std::min(n, lo + kChunk) - lo;
     float w[kChunk];
@@ -126,9 +127,8 @@ inline void adamw_step_reuse_fp32(const AdamWScalars& s, Tensor& copy, Tensor& r
       w[k] = std::bit_cast<float>(reuse_fp32_recover_bits(bc[k], rc[k], (vc[k] & reuse_detail::kFlag) != 0));
       vc[k] &= ~reuse_detail::kFlag;  // adamw_loop reads the plain v
     }
-    // len <= kChunk is below adamw_loop's threshold for its own threads: it runs serially here.
     optim_detail::adamw_loop(s, w, m + lo, v + lo, g + lo, len, [bc, rc, vc](int64_t k, float x) {
-      if (reuse_fp32_split_bits(std::bit_cast<uint32_t>(x), &bc[k], &rc[k])) vc[k] |= reuse_detail::kFlag;
+      vc[k] |= reuse_fp32_split_bits(std::bit_cast<uint32_t>(x), &bc[k], &rc[k]) ? reuse_detail::kFlag : 0u;
     });
   }
 }
