@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ops/optim_ops.h"
+#include "ops/reuse_fp32_ops.h"
 
 namespace kestrel::optim {
 
@@ -19,15 +20,19 @@ int64_t slot_numel(const ParamSlot& p) { return p.master.defined() ? p.master.nu
 
 std::string OptimizerMemory::to_string() const {
   const double n = params ? double(params) : 1.0;
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%.3f B/param (m %.3f, v %.3f, master %.3f) over %lld params, %lld owned",
+  char res[64] = "";
+  if (residual_bytes > 0)
+    std::snprintf(res, sizeof res, ", residual %.3f; reuse_fp32_param", double(residual_bytes) / n);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%.3f B/param (m %.3f, v %.3f, master %.3f%s) over %lld params, %lld owned",
                 bytes_per_param(), double(exp_avg_bytes) / n, double(exp_avg_sq_bytes) / n, double(master_bytes) / n,
-                (long long)params, (long long)owned);
+                res, (long long)params, (long long)owned);
   return buf;
 }
 
-AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin, int64_t state_end)
-    : params_(std::move(params)), cfg_(cfg) {
+AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin, int64_t state_end,
+             bool reuse_fp32)
+    : params_(std::move(params)), cfg_(cfg), reuse_(reuse_fp32) {
   offsets_.reserve(params_.size() + 1);
   offsets_.push_back(0);
   for (auto& p : params_) {
@@ -48,6 +53,9 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
                     p.model_copy.dtype() == DType::F32),
                "AdamW: model copy of '", p.name, "' must be a float tensor with ", n, " elements, got ",
                p.model_copy.describe());
+    if (reuse_ && !p.master.defined())
+      KS_CHECK(p.model_copy.dtype() == DType::BF16, "AdamW: reuse_fp32_param needs bf16 model copies (MindSpeed: "
+               "bf16 only); '", p.name, "' is ", p.model_copy.describe());
     offsets_.push_back(offsets_.back() + n);
   }
   KS_CHECK(cfg_.beta1 >= 0 && cfg_.beta1 < 1 && cfg_.beta2 >= 0 && cfg_.beta2 < 1 && cfg_.eps >= 0 &&
@@ -72,7 +80,16 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
     auto [lo, hi] = owned_of(i);
     held_n += hi - lo;
   }
-  if (!held_any_) return;
+  if (!held_any_) {
+    reuse_ = false;  // nothing to reuse: every slot has its own master (f32 weights, or full masters)
+    return;
+  }
+  if (reuse_) {
+    // Residual 0 and no flags: the master starts equal to the copy widened to
+    // f32, exactly as a full master made with model_copy.to(F32).
+    held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState);
+    return;
+  }
   held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (held_off_[i] < 0) continue;
@@ -91,7 +108,17 @@ std::pair<int64_t, int64_t> AdamW::owned_of(size_t i) const {
   return lo < hi ? std::make_pair(lo, hi) : std::make_pair(offsets_[i], offsets_[i]);
 }
 
+Tensor AdamW::copy_range(size_t i, int64_t lo, int64_t hi) const {
+  return params_[i].model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+}
+
+Tensor AdamW::residual_range(size_t i, int64_t lo, int64_t hi) const {
+  const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i]));
+  return held_.slice_rows(at, at + (hi - lo));
+}
+
 Tensor AdamW::master_range(size_t i, int64_t lo, int64_t hi) const {
+  KS_CHECK(!(reuse_ && held_off_[i] >= 0), "AdamW: '", params_[i].name, "' has no f32 master buffer (reuse_fp32_param)");
   if (held_off_[i] < 0) return params_[i].master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
   const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i]));
   return held_.slice_rows(at, at + (hi - lo));
@@ -99,6 +126,11 @@ Tensor AdamW::master_range(size_t i, int64_t lo, int64_t hi) const {
 
 Tensor AdamW::master_view(size_t i) const {
   auto [lo, hi] = owned_of(i);
+  if (reuse_ && held_off_[i] >= 0) {
+    Tensor out = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other);
+    if (lo < hi) ops::reuse_fp32_recover(copy_range(i, lo, hi), residual_range(i, lo, hi), v_range(lo, hi), out, nullptr);
+    return out;
+  }
   if (held_off_[i] >= 0) return held_.slice_rows(held_off_[i], held_off_[i] + (hi - lo));
   return params_[i].master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
 }
@@ -116,8 +148,55 @@ void AdamW::set_master(size_t i, const Tensor& full) {
   }
   auto [lo, hi] = owned_of(i);
   if (lo == hi) return;
-  master_range(i, lo, hi).copy_from(full.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]));
+  const Tensor src = full.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
+  if (reuse_) {
+    Tensor copy = copy_range(i, lo, hi), res = residual_range(i, lo, hi), v = v_range(lo, hi);
+    ops::reuse_fp32_split(src, copy, res, v);
+    return;
+  }
+  master_range(i, lo, hi).copy_from(src);
   refresh_model_copies(lo, hi);
+}
+
+Tensor AdamW::recovered_masters() const {
+  Tensor out = Tensor::empty({held_.numel()}, DType::F32, MemCategory::Other);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (held_off_[i] < 0) continue;
+    auto [lo, hi] = owned_of(i);
+    if (lo == hi) continue;
+    Tensor w = out.slice_rows(held_off_[i], held_off_[i] + (hi - lo));
+    ops::reuse_fp32_recover(copy_range(i, lo, hi), residual_range(i, lo, hi), v_range(lo, hi), w, nullptr);
+  }
+  return out;
+}
+
+Tensor AdamW::exp_avg_sq_clean() const {
+  if (!reuse_) return v_.clone(MemCategory::Other);
+  // Flags sit only on the elements of held slots; the others' bit 31 is v's own (0).
+  Tensor out = v_.clone(MemCategory::Other);
+  Tensor scratch;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (held_off_[i] < 0) continue;
+    auto [lo, hi] = owned_of(i);
+    if (lo == hi) continue;
+    if (!scratch.defined() || scratch.numel() < hi - lo) scratch = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other);
+    Tensor w = scratch.slice_rows(0, hi - lo), vc = out.slice_rows(lo - state_begin_, hi - state_begin_);
+    ops::reuse_fp32_recover(copy_range(i, lo, hi), residual_range(i, lo, hi), v_range(lo, hi), w, &vc);
+  }
+  return out;
+}
+
+std::string AdamW::first_non_finite() const {
+  // sum_squares is finite exactly when every element is (an f32 square is below 2^256).
+  auto bad = [](const Tensor& t) { return t.numel() > 0 && !std::isfinite(ops::sum_squares(t)); };
+  if (bad(m_)) return "exp_avg";
+  if (bad(v_)) return "exp_avg_sq";  // squares ignore the flags in the sign bit
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamSlot& p = params_[i];
+    if (!p.model_copy.defined() && held_off_[i] < 0) continue;  // an f32 weight: the model's own parameter
+    if (bad(master_view(i))) return std::string("master.") + p.name;
+  }
+  return "";
 }
 
 void AdamW::step_range(int64_t begin, int64_t end, double lr) { step_ranges({{begin, end}}, lr); }
@@ -139,13 +218,18 @@ void AdamW::step_one(int64_t begin, int64_t end, double lr) {
     ParamSlot& p = params_[i];
     const AdamWScalars s =
         AdamWScalars::make(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, p.decay);
-    Tensor w = master_range(i, lo, hi);
+    Tensor w = reuse_ && held_off_[i] >= 0 ? Tensor() : master_range(i, lo, hi);
     Tensor g = p.grad.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
     Tensor m = m_.slice_rows(lo - state_begin_, hi - state_begin_);
     Tensor v = v_.slice_rows(lo - state_begin_, hi - state_begin_);
     // The stepped range lies in the owned range, so a held slot refreshes exactly it.
     Tensor copy = p.model_copy.defined() ? p.model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i])
                                          : Tensor();
+    if (reuse_ && held_off_[i] >= 0) {  // recover, step and split in one pass; the copy is the high half
+      Tensor res = residual_range(i, lo, hi);
+      ops::adamw_step_reuse_fp32(s, copy, res, m, v, g);
+      continue;
+    }
     ops::adamw_step(s, w, m, v, g, copy.defined() ? &copy : nullptr);
   }
 }
@@ -158,6 +242,7 @@ void AdamW::refresh_model_copies(int64_t begin, int64_t end) {
   for (; i < params_.size() && offsets_[i] < end; ++i) {
     ParamSlot& p = params_[i];
     if (!p.model_copy.defined()) continue;
+    if (reuse_ && held_off_[i] >= 0) continue;  // the copy is the master's high half: always current
     int64_t lo = std::max(begin, offsets_[i]), hi = std::min(end, offsets_[i + 1]);
     if (held_off_[i] >= 0) {  // only the owned elements have a master here
       auto [olo, ohi] = owned_of(i);
@@ -180,7 +265,8 @@ OptimizerMemory AdamW::memory() const {
   mem.owned = state_end_ - state_begin_;
   mem.exp_avg_bytes = int64_t(m_.nbytes());
   mem.exp_avg_sq_bytes = int64_t(v_.nbytes());
-  mem.master_bytes = held_any_ ? int64_t(held_.nbytes()) : 0;
+  mem.master_bytes = held_any_ && !reuse_ ? int64_t(held_.nbytes()) : 0;
+  mem.residual_bytes = reuse_ ? int64_t(held_.nbytes()) : 0;
   for (const auto& p : params_)
     if (p.master.defined() && p.model_copy.defined() && !p.master.same_data(p.model_copy))
       mem.master_bytes += int64_t(p.master.nbytes());
@@ -226,9 +312,13 @@ OptimizerState AdamW::state() const {
                 {"eps", num(cfg_.eps)},
                 {"weight_decay", num(cfg_.weight_decay)}};
   if (held_any_) {
-    s.tensors.push_back({"master", held_});
+    s.tensors.push_back({"master", reuse_ ? recovered_masters() : held_});
     s.metadata["master"] = "held";
     s.metadata["held_params"] = held_string();
+  }
+  if (reuse_) {
+    s.tensors[1].second = exp_avg_sq_clean();
+    s.metadata["reuse_fp32_param"] = "true";  // informational: the file is the plain held format
   }
   return s;
 }
@@ -250,12 +340,14 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
                   "); not supported yet: resharding optimizer state across a different data-parallel size");
   const bool saved_held = meta("master") == "held";
   if (saved_held && !held_any_)
-    return KS_ERR(origin, ": optimizer state holds sharded f32 masters (a distributed-optimizer run in bf16/f16) but "
-                          "this optimizer keeps full masters; resume with the same use_distributed_optimizer setting");
+    return KS_ERR(origin, ": optimizer state holds sharded f32 masters (a distributed-optimizer or reuse_fp32_param run "
+                          "in bf16/f16) but this optimizer keeps full masters; resume with the same "
+                          "use_distributed_optimizer and reuse_fp32_param settings");
   if (!saved_held && held_any_)
     return KS_ERR(origin, ": optimizer state has no f32 master slice (it was saved with full masters, "
-                          "\"master.<name>\") but this optimizer holds sharded masters; resume with the same "
-                          "use_distributed_optimizer setting");
+                          "\"master.<name>\") but this optimizer holds sharded masters",
+                  reuse_ ? " (as bf16 copy + residual, reuse_fp32_param)" : "",
+                  "; resume with the same use_distributed_optimizer and reuse_fp32_param settings");
   if (held_any_ && meta("held_params") != held_string())
     return KS_ERR(origin, ": optimizer state holds masters for parameters '", meta("held_params"),
                   "' but this optimizer holds them for '", held_string(),
@@ -274,7 +366,7 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
     const Tensor& w = tensors.at("master");
     if (w.dtype() != DType::F32 || w.numel() != held_.numel())
       return KS_ERR(origin, ": master slice is ", w.describe(), ", expected f32[", held_.numel(), "]");
-    held_.copy_from(w);
+    if (!reuse_) held_.copy_from(w);
   }
   m_.copy_from(m);
   v_.copy_from(v);
@@ -282,7 +374,15 @@ Status AdamW::load_state(const std::map<std::string, Tensor>& tensors, const std
   for (size_t i = 0; i < params_.size(); ++i)
     if (held_off_[i] >= 0) {
       auto [lo, hi] = owned_of(i);
-      refresh_model_copies(lo, hi);
+      if (!reuse_) {
+        refresh_model_copies(lo, hi);
+        continue;
+      }
+      if (lo == hi) continue;
+      // Split the saved f32 slice into the model copy, the residual and v's flags (v is loaded first).
+      const Tensor src = tensors.at("master").slice_rows(held_off_[i], held_off_[i] + (hi - lo));
+      Tensor copy = copy_range(i, lo, hi), res = residual_range(i, lo, hi), vr = v_range(lo, hi);
+      ops::reuse_fp32_split(src, copy, res, vr);
     }
   return Status::ok();
 }

@@ -18,6 +18,25 @@
 //     the others arrive through parallel::DataParallel::gather_params().
 // memory() reports the resulting bytes per parameter.
 //
+// reuse_fp32_param (MindSpeed's "BF16 parameter copy reuse"; the constructor's
+// last argument): every bf16 slot without a master keeps its f32 master as
+// the bf16 model copy itself (the high half) plus a 16-bit residual (the low
+// half) over the owned range, instead of an f32 master: 2 bytes per owned
+// parameter instead of 4, i.e. 12 -> 10 bytes of optimizer state per
+// parameter in one process and 12/dp -> 10/dp with the distributed optimizer.
+// The split is exact round-to-nearest-even, so the copy is bit for bit what
+// the plain path rounds to, and recovery is exact for every f32 pattern; the
+// one bit a 16-bit residual cannot carry (which of two ties rounded to an even
+// copy; whether a NaN's quiet bit was forced) lives in bit 31 of the element's
+// exp_avg_sq, as MindSpeed keeps it in v's sign (backend/cpu/reuse_fp32_kernels.h).
+// Every step equals the plain path's bit for bit (the same kernel loop runs on
+// the recovered masters). With the distributed optimizer the model copy is
+// DataParallel's full bf16 parameter buffer and the residuals cover the owned
+// range only: the all-gather moves the bf16 halves (2 bytes per parameter, as
+// without reuse) and rewrites each rank's own slice with its own bits, so the
+// (copy, residual) pairs stay intact; residuals never travel. Only bf16 model
+// copies can be reused (f16 fails; f32 slots have no copy and are stepped in place).
+//
 // Update, per element, exactly as torch.optim.AdamW (foreach=False,
 // capturable=False), with t the step count after increment:
 //   p <- p * (1 - lr * wd)                       (decoupled decay, if enabled)
@@ -74,9 +93,13 @@ struct OptimizerMemory {
   int64_t exp_avg_sq_bytes = 0;  // f32 v over the owned range
   int64_t master_bytes = 0;      // f32 masters apart from the model weights: the held owned slice plus the
                                  // full masters of slots that carry both a master and a model copy
-  int64_t total_bytes() const { return exp_avg_bytes + exp_avg_sq_bytes + master_bytes; }
+  int64_t residual_bytes = 0;    // reuse_fp32_param: the 16-bit low halves over the owned range (the high
+                                 // halves are the bf16 model weights, counted as Params, not here)
+  int64_t total_bytes() const { return exp_avg_bytes + exp_avg_sq_bytes + master_bytes + residual_bytes; }
   double bytes_per_param() const { return params ? double(total_bytes()) / double(params) : 0.0; }
-  std::string to_string() const;  // "12.000 B/param (m 4.000, v 4.000, master 4.000) over N params, M owned"
+  // "12.000 B/param (m 4.000, v 4.000, master 4.000) over N params, M owned"; with reuse_fp32_param
+  // "10.000 B/param (m 4.000, v 4.000, master 0.000, residual 2.000; reuse_fp32_param) over ...".
+  std::string to_string() const;
 };
 
 class AdamW {
@@ -84,7 +107,9 @@ class AdamW {
   // state_begin/state_end: the owned slice of the flat space; -1 = everything.
   // Slots without a master get one held by the optimizer for the owned range
   // (an f32 model copy is simply used as the master).
-  AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin = 0, int64_t state_end = -1);
+  // reuse_fp32: hold the masters of master-less bf16 slots as (model copy, residual) (see the file comment).
+  AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin = 0, int64_t state_end = -1,
+        bool reuse_fp32 = false);
 
   // The flat space: params end to end in construction order; param i covers
   // [offsets()[i], offsets()[i+1]).
@@ -111,19 +136,29 @@ class AdamW {
   void refresh_model_copies(int64_t begin, int64_t end);
 
   // m and v over the owned range: f32 [state_end - state_begin], OptimizerState category.
+  // With reuse_fp32_param bit 31 of exp_avg_sq carries the split's flags: read
+  // v through state() (or exp_avg_sq_clean()), which clears them.
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
+  Tensor exp_avg_sq_clean() const;  // a copy without the flags (= exp_avg_sq() without reuse)
 
-  // Held masters: true when some slot's master is held by the optimizer.
+  // Held masters: true when some slot's master is held by the optimizer
+  // (as f32, or with reuse_fp32_param as residuals).
   bool holds_masters() const { return held_any_; }
+  bool reuses_fp32() const { return reuse_; }
   // The held masters end to end: f32 [owned elements of the held slots]
   // (= [state_end - state_begin] when every slot is held), OptimizerState category.
+  // With reuse_fp32_param: the residuals, 16-bit (BF16-typed) of the same layout.
   const Tensor& held_masters() const { return held_; }
   // The flat range [lo, hi) of param i this rank steps (empty: lo == hi).
   std::pair<int64_t, int64_t> owned_of(size_t i) const;
   // Param i's f32 master over owned_of(i), as a view (the slot's master or
-  // the held buffer): what this rank can read or save of the master.
+  // the held buffer): what this rank can read or save of the master. With
+  // reuse_fp32_param: a recovered copy (MemCategory::Other), not a view.
   Tensor master_view(size_t i) const;
+  // The first optimizer-state tensor holding a NaN or Inf ("exp_avg",
+  // "exp_avg_sq", "master.<name>"), "" when all are finite.
+  std::string first_non_finite() const;
   // Seeds param i's master from a full f32 tensor of its numel (a checkpoint's
   // "master.<name>", or a master kept elsewhere): copies the whole tensor into
   // a full master, or the owned slice into the held one, and refreshes the
@@ -135,7 +170,10 @@ class AdamW {
   // Checkpoint state: "exp_avg", "exp_avg_sq" (f32 [owned numel], borrowed, not
   // copied), "step" (i64 [1]) and, with held masters, "master" (f32
   // [held_masters().numel()], borrowed: the owned master slice; full masters
-  // are saved by the caller as "master.<name>"). Metadata records the layout
+  // are saved by the caller as "master.<name>"). With reuse_fp32_param the
+  // same names and format: "master" is the recovered f32 slice and
+  // "exp_avg_sq" v without the flags (both fresh copies), so the file is the
+  // one the distributed optimizer writes without reuse. Metadata records the layout
   // (parameter names and sizes, owned range, "master": "held" with the held
   // parameter set) and hyperparameters so a load into a different layout
   // (another dp size, or with/without the distributed optimizer) fails clearly.
@@ -149,6 +187,12 @@ class AdamW {
   void step_one(int64_t begin, int64_t end, double lr);
   // View of param i's f32 master over the flat range [lo, hi) (inside owned_of(i) for held slots).
   Tensor master_range(size_t i, int64_t lo, int64_t hi) const;
+  // reuse_fp32_param: views over the flat range [lo, hi) (inside owned_of(i)) of
+  // param i's model copy, residual and exp_avg_sq.
+  Tensor copy_range(size_t i, int64_t lo, int64_t hi) const;
+  Tensor residual_range(size_t i, int64_t lo, int64_t hi) const;
+  Tensor recovered_masters() const;  // reuse_fp32_param: the held slots' f32 masters, laid out as held_
+  Tensor v_range(int64_t lo, int64_t hi) const { return v_.slice_rows(lo - state_begin_, hi - state_begin_); }
   std::string layout_string() const;
   std::string held_string() const;
 
@@ -157,9 +201,10 @@ class AdamW {
   std::vector<int64_t> offsets_;
   int64_t state_begin_ = 0, state_end_ = 0;
   Tensor m_, v_;                   // [state_end - state_begin]
-  Tensor held_;                    // [sum of owned elements of held slots]
+  Tensor held_;                    // [sum of owned elements of held slots]: f32 masters, or residuals (reuse_)
   std::vector<int64_t> held_off_;  // per param: offset in held_ of owned_of(i).first; -1 = not held
   bool held_any_ = false;          // some slot is held (possibly with no owned elements on this rank)
+  bool reuse_ = false;             // held slots keep (bf16 model copy, residual) instead of an f32 master
   int64_t step_ = 0;
 };
 

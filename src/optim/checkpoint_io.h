@@ -22,9 +22,12 @@ namespace kestrel::optim {
 inline constexpr const char* kFullMasterPrefix = "master.";
 
 // One file per data-parallel rank when the state is sharded (the owned range
-// is recorded in the metadata and checked on load).
-inline Status save_optimizer_state(const std::string& path, const AdamW& opt) {
+// is recorded in the metadata and checked on load). `extra` adds metadata
+// entries of the caller (the training engine's skip counts).
+inline Status save_optimizer_state(const std::string& path, const AdamW& opt,
+                                   const std::map<std::string, std::string>& extra = {}) {
   OptimizerState st = opt.state();
+  for (const auto& [k, v] : extra) st.metadata[k] = v;
   std::vector<io::NamedTensor> ts;
   for (auto& [name, t] : st.tensors) ts.push_back({name, t});
   for (const auto& s : opt.params())
@@ -34,8 +37,11 @@ inline Status save_optimizer_state(const std::string& path, const AdamW& opt) {
   return io::save_safetensors(path, ts, st.metadata);
 }
 
-inline Status load_optimizer_state(const std::string& path, AdamW& opt) {
+// metadata (optional) receives the file's metadata.
+inline Status load_optimizer_state(const std::string& path, AdamW& opt,
+                                   std::map<std::string, std::string>* metadata = nullptr) {
   KS_ASSIGN(auto file, io::SafetensorsFile::open(path));
+  if (metadata) *metadata = file->metadata();
   std::map<std::string, Tensor> tensors;
   std::vector<std::pair<size_t, Tensor>> masters;
   for (const auto& info : file->tensors()) {

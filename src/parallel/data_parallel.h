@@ -29,6 +29,13 @@
 // optimizer state is 12/dp bytes per parameter instead of 4 + 8/dp
 // (AdamW::memory() reports it). Without the distributed optimizer every rank
 // keeps full masters (12 bytes per parameter).
+//
+// reuse_fp32_param (optim/adamw.h): the masters are the bf16 buffer's values
+// plus a 16-bit residual the optimizer holds for the owned range only
+// (10/dp bytes per parameter). Nothing changes here: gather_params() still
+// all-gathers the bf16 buffer, i.e. only the high halves travel; each rank's
+// own shard comes back with the bits it sent, so its (bf16, residual) pairs
+// stay exact, and the residuals never leave their rank.
 #pragma once
 #include <cstdint>
 #include <string>

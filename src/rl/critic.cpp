@@ -141,6 +141,9 @@ train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& pa
   eo.clip_grad = o.clip_grad;
   eo.parallel.dp = par.dp;
   eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
+  eo.reuse_fp32_param = o.reuse_fp32_param;
+  eo.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
+  eo.name = "critic";
   return eo;
 }
 
@@ -226,7 +229,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
             o.values = value_objective(b, m.seqs, m.rows, returns, old_values, opt_.cliprange_value, scope, &t);
             return o;
           },
-          lr);
+          lr, step + 1);
       if (dp > 1) {  // each field is this rank's share of the mini-batch value
         std::vector<double> v = {t.loss, t.clipfrac_tokens, t.vpred_sum, t.tokens};
         sum_doubles(dpg, v);

@@ -56,6 +56,8 @@ struct CriticOptions {
   optim::AdamWConfig adamw;         // critic.optim.{betas, weight_decay}
   optim::LrScheduleConfig lr;       // critic.optim.lr (verl default 1e-5), warmup, style
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
+  bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
+  int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
   // critic.megatron.use_distributed_optimizer; unset = the process layout's
   // (RlParallel::distributed_optimizer, the actor's setting).

@@ -43,6 +43,8 @@ RlWorkerOptions split_options(const RlOptions& o) {
   a.adamw = o.adamw;
   a.lr = o.lr;
   a.clip_grad = o.clip_grad;
+  a.reuse_fp32_param = o.reuse_fp32_param;
+  a.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   a.log_prob = lp;
 
   RolloutOptions& r = w.rollout;

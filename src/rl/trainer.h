@@ -122,6 +122,8 @@ struct RlOptions {
   optim::AdamWConfig adamw;
   optim::LrScheduleConfig lr;      // total_steps filled from total_steps when 0
   double clip_grad = 1.0;          // <= 0: no clipping
+  bool reuse_fp32_param = false;   // the actor's train::EngineOptions::reuse_fp32_param
+  int64_t max_consecutive_skipped_steps = 10;  // the actor's NaN/Inf guard (train::EngineOptions); 0 = never
   // Trainer (trainer.*).
   int64_t total_steps = 1;
   double time_budget_s = 0;  // trainer.time_budget_s: > 0 stops early (validated, saved) to stay within it

@@ -11,6 +11,19 @@
 namespace kestrel::rl {
 
 Status RlTrainer::save_checkpoint() {
+  // No checkpoint holds a NaN/Inf: every rank checks its weights and optimizer
+  // state, the verdict is shared (so no rank enters the collective write
+  // alone), and a refusal leaves the previous checkpoint and the pointer as
+  // they are. (The engines check again when they write their optimizer files.)
+  {
+    Status fin = actor_->engine().check_finite();
+    if (fin && critic_) fin = critic_->critic().engine().check_finite();
+    int32_t ok = fin ? 1 : 0;
+    comm::ProcessGroup& world = *opt_.parallel.world;
+    if (world.size() > 1) world.all_reduce(&ok, 1, DType::I32, comm::ReduceOp::Min);
+    if (fin && ok != 1) fin = KS_ERR("another rank holds a NaN/Inf in its weights or optimizer state (its message is in its log)");
+    if (!fin) return fin.with_context("checkpoint " + train::checkpoint_dir(opt_.ckpt_root, step_) + " not written");
+  }
   // Under mpirun every rank writes its part into one folder (collective):
   // the weights by the tp ranks of dp rank 0 (gathered, tp rank 0 writes),
   // one optimizer file per rank, the trainer state by world rank 0.

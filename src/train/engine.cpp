@@ -1,17 +1,71 @@
 #include "train/engine.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
 
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
 #include "optim/checkpoint_io.h"
+#include "ops/copy.h"
+#include "ops/optim_ops.h"
 #include "optim/grad_clip.h"
 #include "parallel/data_parallel.h"
 
 namespace kestrel::train {
 
+namespace {
+
+// reuse_fp32_param's preconditions, as MindSpeed's _validate_optimizer checks them.
+void check_reuse_fp32(const EngineOptions& o, model::CausalLM& m) {
+  if (!o.reuse_fp32_param) return;
+  for (const model::Param* p : m.params())
+    if (p->weight.dtype() != DType::BF16)
+      KS_FAIL(o.name, ": reuse_fp32_param=true needs bf16 weights (MindSpeed: \"--reuse-fp32-param only support for "
+              "`bf16`\"), but '", p->name, "' is ", dtype_name(p->weight.dtype()),
+              p->weight.dtype() == DType::F32 ? ": f32 training keeps no separate bf16 copy, so there is nothing to "
+                                                "reuse" : "",
+              "; set reuse_fp32_param=false or train in bf16");
+  // Incompatible options check point. MindSpeed refuses reuse with
+  // --swap-optimizer and with the fused EMA AdamW; neither exists in Kestrel
+  // yet. When the swap optimizer lands (EngineOptions::swap_optimizer or the
+  // like), refuse the pair here:
+  //   KS_FAIL(o.name, ": reuse_fp32_param=true cannot be combined with the swap optimizer (MindSpeed: "
+  //           "\"--swap-optimizer dose not support --reuse-fp32-param\"); turn one of them off");
+}
+
+// "3", "3,5", "2-4", optionally "actor:" first: does update `n` of engine `name` match?
+bool inject_spec_matches(const std::string& spec, const std::string& name, int64_t n) {
+  std::string list = spec;
+  if (const size_t colon = spec.find(':'); colon != std::string::npos) {
+    if (spec.substr(0, colon) != name) return false;
+    list = spec.substr(colon + 1);
+  }
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t dash = item.find('-');
+    char* end = nullptr;
+    const long long a = std::strtoll(item.c_str(), &end, 10);
+    const long long b = dash == std::string::npos ? a : std::strtoll(item.c_str() + dash + 1, &end, 10);
+    if (a <= n && n <= b) return true;
+  }
+  return false;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace
+
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
+  check_reuse_fp32(opt_, model_);
+  if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
   model_.enable_grads();
   // Under dp > 1 or tp > 1 the gradients live in DataParallel's flat buffer
   // (summed over dp: every rank's loss already carries the global
@@ -39,12 +93,13 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
     if (p->weight.dtype() == DType::F32) {
       s.master = p->weight;  // updated in place: the rollout engine and the next forward read these weights
     } else {
-      if (!held_masters) s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
+      // reuse_fp32_param: the optimizer holds the master as (this copy, a residual) over the owned range.
+      if (!held_masters && !opt_.reuse_fp32_param) s.master = p->weight.to(DType::F32, MemCategory::OptimizerState);
       s.model_copy = p->weight;
     }
     slots.push_back(std::move(s));
   }
-  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw, lo, hi);
+  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw, lo, hi, opt_.reuse_fp32_param);
   sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
 }
 
@@ -68,9 +123,49 @@ optim::ClipResult TrainingEngine::reduce_and_clip() {
   return clip;
 }
 
+bool TrainingEngine::loss_finite_everywhere(double loss) const {
+  // One flag reduced over dp and tp: a NaN on one rank makes every rank skip.
+  int32_t ok = std::isfinite(loss) ? 1 : 0;
+  for (comm::ProcessGroup* g : {dp_group_.get(), &model_.tp()})
+    if (g->size() > 1) g->all_reduce(&ok, 1, DType::I32, comm::ReduceOp::Min);
+  return ok == 1;
+}
+
+bool TrainingEngine::inject_nan_grad(int64_t update) const {
+  if (opt_.test_inject_nan_grad && opt_.test_inject_nan_grad(update)) return true;
+  return !inject_env_.empty() && inject_spec_matches(inject_env_, opt_.name, update);
+}
+
+void TrainingEngine::after_skip(const MiniBatchResult& r, int64_t update, int64_t step) {
+  ++skipped_;
+  ++consecutive_skipped_;
+  zero_grads();  // nothing non-finite stays in the gradient buffers
+  std::string what;
+  if (!r.loss_finite) what = "the loss is NaN/Inf (on at least one rank)";
+  if (!r.grad_norm_finite) what += std::string(what.empty() ? "" : " and ") + "the gradient norm is " + num(r.grad_norm);
+  const std::string at = (step >= 1 ? "step " + std::to_string(step) + " (update " + std::to_string(update) + ")"
+                                    : "update " + std::to_string(update));
+  const int64_t k = opt_.max_consecutive_skipped_steps;
+  if (k > 0 && consecutive_skipped_ >= k)
+    KS_FAIL(opt_.name, ": aborting at ", at, ": ", consecutive_skipped_,
+            " consecutive optimizer updates skipped because ", what,
+            " (max_consecutive_skipped_steps=", k, "); the weights are those of the last finite update and no "
+            "checkpoint holds a NaN/Inf: lower the learning rate or check the data, then resume from the last "
+            "checkpoint");
+  if (dp_group_->rank() == 0 && model_.tp().rank() == 0)
+    std::fprintf(stderr, "warning: %s: %s skipped: %s (%lld in a row%s)\n", opt_.name.c_str(), at.c_str(),
+                 what.c_str(), (long long)consecutive_skipped_,
+                 k > 0 ? (", abort at " + std::to_string(k)).c_str() : "");
+}
+
 MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective,
-                                                 double lr) {
+                                                 double lr, int64_t step) {
   MiniBatchResult r;
+  const int64_t update = optim_->step_count() + skipped_ + 1;  // 1-based, survives resume (both counts are saved)
+  if (!std::isfinite(lr))
+    KS_FAIL(opt_.name, ": the learning rate is ", num(lr), " at ",
+            step >= 1 ? "step " + std::to_string(step) : "update " + std::to_string(update),
+            "; the learning rate and its schedule (optim.lr, warmup, min_lr) must be finite");
   zero_grads();
   for (size_t i = 0; i < micro.size(); ++i) {
     const MicroBatch& mb = micro[i];
@@ -88,13 +183,22 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
     }
     ++r.micro_batches;
   }
+  if (inject_nan_grad(update)) {  // TEST ONLY (EngineOptions::test_inject_nan_grad, KESTREL_TEST_INJECT_NAN_GRAD)
+    Tensor g0 = optim_->params()[0].grad.view({-1}).slice_rows(0, 1);
+    ops::fill(g0, NAN);
+  }
   const optim::ClipResult clip = reduce_and_clip();
   r.grad_norm = clip.norm;
-  r.finite = clip.finite;
-  if (clip.finite) {
-    optim_->step(lr);
-    if (dp_) dp_->gather_params();  // the distributed optimizer stepped the owned range only
+  r.grad_norm_finite = clip.finite;  // global: every rank takes the same branch
+  r.loss_finite = loss_finite_everywhere(r.loss);
+  r.finite = r.grad_norm_finite && r.loss_finite;
+  if (!r.finite) {
+    after_skip(r, update, step);
+    return r;
   }
+  optim_->step(lr);
+  if (dp_) dp_->gather_params();  // the distributed optimizer stepped the owned range only
+  consecutive_skipped_ = 0;
   return r;
 }
 
@@ -114,13 +218,37 @@ void TrainingEngine::score(const std::vector<MicroBatch>& micro,
   score_micro_batches(model_, micro, consume);
 }
 
+Status TrainingEngine::check_finite() const {
+  // sum_squares is finite exactly when every element is (an f32 square is below 2^256).
+  for (const model::Param* p : model_.params()) {
+    const Tensor w = p->weight.dtype() == DType::F32 ? p->weight : p->weight.to(DType::F32, MemCategory::Other);
+    if (w.numel() > 0 && !std::isfinite(ops::sum_squares(w)))
+      return KS_ERR(opt_.name, ": refusing to save: model weight '", p->name,
+                    "' holds a NaN or Inf; nothing is written and the previous checkpoint and its pointer stay");
+  }
+  if (const std::string t = optim_->first_non_finite(); !t.empty())
+    return KS_ERR(opt_.name, ": refusing to save: optimizer state '", t,
+                  "' holds a NaN or Inf; nothing is written and the previous checkpoint and its pointer stay");
+  return Status::ok();
+}
+
 Status TrainingEngine::save_optimizer(const std::string& path) const {
-  return optim::save_optimizer_state(path, *optim_);
+  KS_TRY(check_finite());
+  return optim::save_optimizer_state(path, *optim_,
+                                     {{"skipped_steps", std::to_string(skipped_)},
+                                      {"consecutive_skipped_steps", std::to_string(consecutive_skipped_)}});
 }
 
 Status TrainingEngine::load_optimizer(const std::string& path) {
-  KS_TRY(optim::load_optimizer_state(path, *optim_));
+  std::map<std::string, std::string> md;
+  KS_TRY(optim::load_optimizer_state(path, *optim_, &md));
   if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
+  auto count = [&](const char* k) -> int64_t {  // files written before the guard have none: 0
+    auto it = md.find(k);
+    return it == md.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10);
+  };
+  skipped_ = count("skipped_steps");
+  consecutive_skipped_ = count("consecutive_skipped_steps");
   return Status::ok();
 }
 

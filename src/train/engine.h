@@ -24,6 +24,30 @@
 // pipeline schedule can interleave them). Token models take a TokenObjective
 // (next-token logprobs and entropies, train/token_objective.h), value models
 // (ModelOptions::value_head) a ValueObjective on their [T, 1] values.
+//
+// NaN/Inf guard (Megatron's skipped iteration). An update whose loss (on any
+// dp/tp rank: a flag is reduced) or global gradient norm (already reduced
+// over dp and tp) is not finite is skipped identically on every rank: no
+// AdamW step, so the optimizer's step count (bias corrections) and
+// weight_version() stay, as Megatron's optimizer.step() returns
+// update_successful=false and training.py then does not advance the LR
+// scheduler (SFT keeps its schedule on applied updates: lr(weight_version());
+// the RL workers keep verl's once-per-RL-step schedule); the gradients are
+// zeroed; MiniBatchResult says what was not finite, the trainers log it as
+// */step_skipped. After max_consecutive_skipped_steps skips in a row the
+// engine throws, naming the step and the quantity. A non-finite learning rate
+// is an error at once (a config value, not a transient). The counts are saved
+// with the optimizer state, so a resumed run skips and aborts where an
+// uninterrupted one would. save_optimizer() refuses (an error naming the
+// tensor) to write a state or model weights holding a NaN/Inf.
+//
+// Test-only fault injection (never set in production): EngineOptions::
+// test_inject_nan_grad (a C++ hook for unit tests), or the environment
+// variable KESTREL_TEST_INJECT_NAN_GRAD for CLI tests: "N[,M,...]" or "A-B"
+// (1-based update numbers of this engine: applied + skipped updates so far,
+// + 1), optionally prefixed "actor:", "critic:" or "sft:" to pick one engine
+// by EngineOptions::name. The chosen update gets a NaN in the first gradient
+// element of this rank after the backward, before the dp reduction.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -54,11 +78,28 @@ struct EngineParallel {
   bool average_grads = false;          // DataParallel's 1/dp pre-scaling
 };
 
+class TrainingEngine;
+
 struct EngineOptions {
   optim::AdamWConfig adamw;
   optim::LrScheduleConfig lr;  // total_steps must be resolved (> 0) by the caller
   double clip_grad = 1.0;      // <= 0: measure the norm, no clipping
   EngineParallel parallel;
+  // MindSpeed's --reuse-fp32-param (...megatron.override_transformer_config.
+  // reuse_fp32_param): in bf16 mixed precision the f32 masters are held as the
+  // bf16 weights plus a 16-bit residual (optim/adamw.h), 2 bytes per parameter
+  // less (2/dp with the distributed optimizer), training bit for bit the same.
+  // bf16 weights only: with f32 or f16 weights the engine refuses it, as
+  // MindSpeed does ("--reuse-fp32-param only support for `bf16`"; an f32
+  // model has no bf16 copy to reuse).
+  bool reuse_fp32_param = false;
+  // The NaN/Inf guard: abort after this many consecutive skipped updates
+  // (0 = never abort; skips are still counted and logged).
+  int64_t max_consecutive_skipped_steps = 10;
+  std::string name = "training engine";  // in messages; "actor", "critic", "sft" pick the test hook's engine
+  // TEST ONLY: called after the backward of every update with its 1-based
+  // number; true injects a NaN gradient (see the file comment).
+  std::function<bool(int64_t update)> test_inject_nan_grad;
 };
 
 // One micro-batch as the engine trains or scores it: packed sequences (no
@@ -89,7 +130,9 @@ using ObjectiveFn = std::function<Objective(const MicroBatch& mb, size_t index)>
 struct MiniBatchResult {
   double loss = 0;        // sum of the micro-batch objectives' values (this rank's share)
   double grad_norm = 0;   // the global pre-clip L2 norm (over dp and tp)
-  bool finite = true;     // false: non-finite norm, the optimizer step was skipped
+  bool finite = true;     // false: the optimizer step was skipped (the loss or the norm was not finite)
+  bool loss_finite = true;       // the loss was finite on every dp/tp rank
+  bool grad_norm_finite = true;  // the global gradient norm was finite
   int64_t micro_batches = 0;
 };
 
@@ -123,12 +166,19 @@ class TrainingEngine {
   // The schedule's learning rate at optimizer-step index `step` (0-based).
   double lr(int64_t step) const;
 
+  // The NaN/Inf guard's counts: updates skipped in all, and in a row (0 after an applied one).
+  int64_t skipped_steps() const { return skipped_; }
+  int64_t consecutive_skipped_steps() const { return consecutive_skipped_; }
+
   // One optimizer step: zero the gradients, forward + backward of every
   // micro-batch with objective(mb, i) (gradients accumulate), reduce over dp,
-  // clip, and step AdamW at `lr` when the norm is finite. An empty `micro` is
-  // a step on zero gradients of this rank (other dp ranks may contribute).
+  // clip, and step AdamW at `lr` when the loss and the norm are finite (else
+  // skip: see the NaN/Inf guard above). An empty `micro` is a step on zero
+  // gradients of this rank (other dp ranks may contribute). `step` (>= 1, or
+  // -1 = unknown) is the caller's step, named in the guard's messages.
   // Collective over the dp group (and the model's tp group).
-  MiniBatchResult train_mini_batch(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective, double lr);
+  MiniBatchResult train_mini_batch(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective, double lr,
+                                   int64_t step = -1);
 
   // Forward only over `micro` (no gradients); consume(i, out) receives
   // micro-batch i's output: f32 [T] next-token logprobs for a token model
@@ -138,8 +188,12 @@ class TrainingEngine {
   // Optimizer state (exp_avg, exp_avg_sq, step, f32 masters) as one
   // .safetensors file (optim::save_optimizer_state); under dp/tp each rank
   // writes its own file (optimizer_file_name()). Load restores it and, with
-  // the distributed optimizer, re-gathers the parameters.
+  // the distributed optimizer, re-gathers the parameters. Save first checks
+  // the model's weights and the optimizer state for NaN/Inf and fails (naming
+  // the tensor, writing nothing) when one holds any: check_finite().
   Status save_optimizer(const std::string& path) const;
+  // An error naming the first model weight or optimizer-state tensor holding a NaN or Inf.
+  Status check_finite() const;
   Status load_optimizer(const std::string& path);
   // "optimizer.safetensors" on the single-process path, else
   // "optimizer_tp{t}_dp{d}.safetensors" (this rank's tp and dp ranks).
@@ -148,6 +202,9 @@ class TrainingEngine {
  private:
   void zero_grads();
   optim::ClipResult reduce_and_clip();
+  bool loss_finite_everywhere(double loss) const;
+  bool inject_nan_grad(int64_t update) const;
+  void after_skip(const MiniBatchResult& r, int64_t update, int64_t step);
 
   model::CausalLM& model_;
   EngineOptions opt_;
@@ -155,6 +212,8 @@ class TrainingEngine {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<optim::AdamW> optim_;
   std::unique_ptr<optim::LrSchedule> sched_;
+  int64_t skipped_ = 0, consecutive_skipped_ = 0;
+  std::string inject_env_;  // KESTREL_TEST_INJECT_NAN_GRAD, read once
 };
 
 // score() for any model (e.g. a frozen reference policy that has no engine).

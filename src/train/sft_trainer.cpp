@@ -35,6 +35,9 @@ SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, st
   eo.lr = opt_.lr;
   if (eo.lr.total_steps <= 0) eo.lr.total_steps = opt_.total_steps;
   eo.clip_grad = opt_.clip_grad;
+  eo.reuse_fp32_param = opt_.reuse_fp32_param;
+  eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
+  eo.name = "sft";
   opt_.lr = eo.lr;
   engine_ = std::make_unique<TrainingEngine>(model_, std::move(eo));  // one process: the plain path
 }
@@ -62,7 +65,10 @@ std::map<std::string, double> SftTrainer::train_step() {
     micro.push_back(std::move(mb));
   }
   maybe_crash("train_step", step_ + 1);
-  const double lr = engine_->lr(step_);
+  // The schedule advances with applied updates only: a skipped step (NaN/Inf
+  // guard) holds it, as Megatron's training.py steps its scheduler only when
+  // the update succeeded. Equal to lr(step_) when nothing was skipped.
+  const double lr = engine_->lr(engine_->weight_version());
   const MiniBatchResult r = engine_->train_mini_batch(
       micro,
       [&](const MicroBatch& mb, size_t) {
@@ -73,7 +79,7 @@ std::map<std::string, double> SftTrainer::train_step() {
         o.need_entropy_grad = false;
         return o;
       },
-      lr);
+      lr, step_ + 1);
   const double loss = r.loss;
   ++step_;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -123,6 +129,9 @@ Status SftTrainer::export_hf(const std::string& dir) const {
 }
 
 Status SftTrainer::save_checkpoint() {
+  // No checkpoint holds a NaN/Inf: refuse before any file (or temp folder) is
+  // written, so the previous checkpoint and the pointer stay as they are.
+  KS_TRY(engine_->check_finite().with_context("checkpoint " + checkpoint_dir(opt_.ckpt_root, step_) + " not written"));
   return write_checkpoint(
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {

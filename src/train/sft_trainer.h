@@ -52,6 +52,8 @@ struct SftOptions {
   optim::AdamWConfig adamw;
   optim::LrScheduleConfig lr;  // total_steps filled from total_steps when 0
   double clip_grad = 1.0;      // <= 0: no clipping
+  bool reuse_fp32_param = false;              // EngineOptions::reuse_fp32_param (bf16 only)
+  int64_t max_consecutive_skipped_steps = 10; // EngineOptions: the NaN/Inf guard's abort; 0 = never
   // Trainer (trainer.*).
   int64_t save_freq = -1;      // also saves at the last step when > 0
   int64_t test_freq = -1;      // also validates at the last step when > 0

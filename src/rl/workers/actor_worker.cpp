@@ -35,6 +35,9 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.clip_grad = opt_.clip_grad;
   eo.parallel.dp = parallel_.dp;
   eo.parallel.distributed_optimizer = parallel_.distributed_optimizer;
+  eo.reuse_fp32_param = opt_.reuse_fp32_param;
+  eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
+  eo.name = "actor";
   engine_ = std::make_unique<train::TrainingEngine>(model_, std::move(eo));
 }
 
@@ -89,7 +92,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
             o.need_entropy_grad = cfg.entropy_coeff != 0;
             return o;
           },
-          lr);
+          lr, step + 1);
       n_micro += r.micro_batches;
       all_reduce_totals(*parallel_.dp, t);
       if (n_updates == 0) first = t;

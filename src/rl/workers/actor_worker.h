@@ -39,6 +39,8 @@ struct ActorOptions {
   optim::AdamWConfig adamw;
   optim::LrScheduleConfig lr;       // total_steps resolved (> 0)
   double clip_grad = 1.0;           // <= 0: no clipping
+  bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
+  int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   LogProbOptions log_prob;          // the old log-prob pass
 };
 
