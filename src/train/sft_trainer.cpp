@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/files.h"
+#include "core/progress.h"
 #include "model/batch.h"
 #include "model/scoring.h"
 #include "train/checkpoint.h"
@@ -197,6 +198,7 @@ Status SftTrainer::fit() {
   if (step_ == 0 && opt_.val_before_train && logger_) logger_->log(0, validate());
   ProgressBar bar(opt_.total_steps, step_);
   while (step_ < opt_.total_steps) {
+    set_progress(step_ + 1, "sft_step");  // for messages written from outside (core/progress.h)
     auto m = train_step();
     const bool last = step_ == opt_.total_steps;
     if (opt_.progress) {
@@ -206,11 +208,14 @@ Status SftTrainer::fit() {
     }
     if (opt_.test_freq > 0 && (step_ % opt_.test_freq == 0 || last)) {
       if (opt_.progress) bar.finish();
+      set_progress(step_, "validate");
       for (const auto& [k, v] : validate()) m[k] = v;
     }
     if (logger_) logger_->log(step_, m);
-    if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && (step_ % opt_.save_freq == 0 || last))
+    if (opt_.save_freq > 0 && !opt_.ckpt_root.empty() && (step_ % opt_.save_freq == 0 || last)) {
+      set_progress(step_, "save_checkpoint");
       KS_TRY(save_checkpoint());
+    }
   }
   if (opt_.progress) bar.finish();
   if (!opt_.export_dir.empty()) KS_TRY(export_hf(opt_.export_dir));
