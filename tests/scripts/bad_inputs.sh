@@ -277,6 +277,12 @@ bad train_reward_command_missing "reward_model.reward_command.*no_such_reward_pr
   K train "${RL[@]}" reward_model.reward_command=no_such_reward_prog
 bad train_custom_reward_missing "custom_reward_function.path.*$W/none.py" -- \
   K train "${RL[@]}" custom_reward_function.path="$W/none.py"
+echo '{"prompt": "what is one plus one plus one plus one", "data_source": "arith", "reward_model": {"ground_truth": "1"}}' > "$W/rl_long.jsonl"
+bad train_prompt_too_long "rl_long.jsonl:1: prompt is [0-9]+ tokens, longer than data.max_prompt_length=4" -- \
+  K train "${RLF[@]}" data.train_files="$W/rl_long.jsonl" data.val_files="$W/rl_long.jsonl" data.max_prompt_length=4
+printf '{"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "%s"}]}\n' "$(printf 'x%.0s' $(seq 1 400))" > "$W/sft_long.jsonl"
+bad sft_sample_too_long "sft_long.jsonl:1: sample is [0-9]+ tokens, longer than data.max_length=64" -- \
+  K sft "${SFT[@]}" data.train_files="$W/sft_long.jsonl" data.max_length=64
 bad sft_lr_negative "optim.lr' must be >= 0, got '-1'" -- K sft "${SFT[@]}" optim.lr=-1
 bad sft_warmup_ratio "optim.warmup_steps_ratio' must be in \[0, 1\], got '5'" -- K sft "${SFT[@]}" optim.warmup_steps_ratio=5
 bad sft_micro_batch_zero "data.micro_batch_size_per_gpu' must be >= 1" -- K sft "${SFT[@]}" data.micro_batch_size_per_gpu=0
