@@ -68,9 +68,14 @@ std::string missing_program(const std::string& command) {
   if (w >= words.size()) return "";
   const std::string& prog = words[w];
   if (prog.find_first_of("\"'`$*?[]{}()<>|&;~!#") != std::string::npos) return "";
-  static const char* const kShellWords[] = {"cd",   "exec", "eval", ".",     "source", "if",    "for",   "while",
-                                            "case", "test", "true", "false", "echo",   "printf", ":",    "export",
-                                            "set",  "ulimit", "umask", "command", "builtin", "trap", "read", "time"};
+  // Shell builtins and keywords (POSIX special and regular builtins, bash's common ones).
+  static const char* const kShellWords[] = {
+      ".",     ":",       "[",       "alias",   "bg",     "break",    "builtin", "case",    "cd",     "command",
+      "continue", "declare", "do",   "done",    "echo",   "elif",     "else",    "esac",    "eval",   "exec",
+      "exit",  "export",  "false",   "fc",      "fg",     "fi",       "for",     "function", "getopts", "hash",
+      "if",    "jobs",    "kill",    "let",     "local",  "printf",   "pwd",     "read",    "readonly", "return",
+      "select", "set",    "shift",   "source",  "test",   "then",     "time",    "times",   "trap",   "true",
+      "type",  "typeset", "ulimit",  "umask",   "unalias", "unset",   "until",   "wait",    "while"};
   for (const char* k : kShellWords)
     if (prog == k) return "";
   if (prog.find('/') != std::string::npos) return ::access(prog.c_str(), X_OK) == 0 ? "" : prog;
