@@ -6,7 +6,6 @@
 # and the same command then resumes. For kestrel sft and kestrel train.
 # Usage: console_resume.sh <kestrel-binary> <build-dir>
 set -uo pipefail
-set -m  # job control: a background job keeps SIGINT (a non-interactive shell's '&' would ignore it)
 KESTREL=$1
 W=$(mktemp -d)
 PID=
@@ -33,7 +32,10 @@ for job in sft rl; do
     fail "$job: re-run of a finished run did not say there is nothing to do"
 
   # 2. Ctrl-C after the first checkpoint: stops after the current step, exit 130.
-  "$KESTREL" "${CMD[@]}" trainer.total_training_steps=1000 trainer.default_local_dir="$D/int" >"$W/log.txt" 2>&1 &
+  # A background job of a non-interactive shell starts with SIGINT ignored (and
+  # kestrel, like any program, keeps an ignored SIGINT ignored): reset it.
+  env --default-signal=INT "$KESTREL" "${CMD[@]}" trainer.total_training_steps=1000 \
+    trainer.default_local_dir="$D/int" >"$W/log.txt" 2>&1 &
   PID=$!
   for _ in $(seq 1 600); do
     [ -f "$D/int/latest_checkpointed_iteration.txt" ] && break
