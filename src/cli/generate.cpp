@@ -7,6 +7,7 @@
 // Options are verl's actor_rollout_ref.rollout.* names, as --key value or as
 // key=value / actor_rollout_ref.rollout.key=value overrides.
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -108,6 +109,23 @@ std::vector<Prompt> read_prompts(const std::string& in, int64_t V, const data::C
   return prompts;
 }
 
+// The engine's message in the terms of this command: the input line stands
+// for "request 'N'", and the engine's field names become the config keys that
+// set them.
+std::string with_config_keys(std::string msg) {
+  if (msg.rfind("request '", 0) == 0) {
+    const size_t end = msg.find("': ");
+    if (end != std::string::npos) msg = msg.substr(end + 3);
+  }
+  const std::pair<const char*, const char*> keys[] = {
+      {"raise max_model_len", "raise actor_rollout_ref.rollout.max_model_len (or the model's max_position_embeddings)"},
+      {"raise kv_cache_bytes / num_blocks", "raise actor_rollout_ref.rollout.gpu_memory_utilization"},
+      {"lower max_tokens", "lower actor_rollout_ref.rollout.response_length"}};
+  for (const auto& [from, to] : keys)
+    if (size_t at = msg.find(from); at != std::string::npos) msg.replace(at, std::strlen(from), to);
+  return msg;
+}
+
 // One output line per input line, in input order, written atomically.
 void write_outputs(const std::string& out, const std::vector<std::optional<rollout::RequestOutput>>& results,
                    const data::ChatTokenizer* tok) {
@@ -187,6 +205,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   GenerateSettings gs = generate_settings(cfg);
 
   const std::string model_dir = gs.model_path, in = args.require("input"), out = args.require("output");
+  // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
+  check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
   set_num_threads(int(args.get_int("threads")));
   init_gemm_for_job();
 
@@ -225,7 +245,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     rollout::SamplingParams p = sp;
     p.seed = prompts[i].seed ? *prompts[i].seed : base_seed + i;
     Status as = eng.add_request(std::to_string(i), prompts[i].ids, p);
-    if (!as.is_ok()) KS_FAIL(in, ":", i + 1, ": ", as.message());
+    if (!as.is_ok()) KS_FAIL(in, ":", i + 1, ": ", with_config_keys(as.message()));
   }
 
   const bool quiet = args.has("quiet");

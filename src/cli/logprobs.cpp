@@ -74,6 +74,8 @@ int cmd_logprobs(const Args& argv) {
   const int64_t tp = ls.tp;
   const comm::World* world = comm::World::current();
   const bool writer = !world || world->rank() == 0;
+  // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
+  if (writer) check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
   if (tp > 1 || (world && world->size() > 1)) {
     KS_CHECK(world, "no comm::World: main() constructs it");
     auto mc = io::load_model_config(model_dir);

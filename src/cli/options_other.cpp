@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/options.h"
+#include "core/files.h"
 #include "core/status.h"
 
 namespace kestrel::cli {
@@ -83,6 +84,11 @@ train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch
   o.resume_mode = c.get_string("trainer.resume_mode");
   o.resume_from_path = c.get_string_or("trainer.resume_from_path", "");
   o.export_dir = c.get_string_or("trainer.export_dir", "");
+  // An export into the model it started from would overwrite its own input.
+  const std::string model = c.get_string("model.partial_pretrain");
+  if (model.rfind("builtin:", 0) != 0)
+    check_not_inside(o.export_dir, "trainer.export_dir", model, "the model folder model.partial_pretrain")
+        .throw_if_error();
   o.resolved_config_yaml = c.to_yaml();
   return o;
 }

@@ -37,6 +37,7 @@ int cmd_tokenize(const Args& argv) {
   if (chat && !tok.has_chat_template())
     KS_FAIL(args.get("tokenizer"), ": no chat template in tokenizer_config.json; --chat needs one");
   const std::string in = args.require("input");
+  check_output_file(args.require("output"), "--output", {{in, "--input"}}).throw_if_error();
   std::string out;
   int64_t n = 0;
   Status st = data::read_jsonl_rows(in, [&](nlohmann::ordered_json& row, int64_t line) -> Status {

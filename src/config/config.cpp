@@ -159,6 +159,7 @@ std::string docs(const Schema& s) {
     out += "    " + std::string(type_name(d.type)) + ", default " + d.default_yaml + ", " +
            support_name(d.status) + "\n";
     out += "    " + d.doc + "\n";
+    if (d.range) out += "    valid: " + d.range->describe() + "\n";
     if (!d.allowed.empty()) {
       out += "    allowed:";
       for (const auto& a : d.allowed) out += " " + a;

@@ -1,8 +1,59 @@
 #include "config/schema.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
 #include "core/status.h"
 
 namespace kestrel::config {
+
+namespace {
+std::string num(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+}  // namespace
+
+bool Range::contains(double x) const {
+  if (std::find(also.begin(), also.end(), x) != also.end()) return true;
+  if (!std::isfinite(x)) return false;  // nan/inf only as an `also` sentinel
+  const bool lo_ok = min_inclusive ? x >= min : x > min;
+  const bool hi_ok = max_inclusive ? x <= max : x < max;
+  return lo_ok && hi_ok;
+}
+
+std::string Range::describe() const {
+  std::string out;
+  const bool lo = std::isfinite(min), hi = std::isfinite(max);
+  if (lo && hi)
+    out = std::string(min_inclusive ? "in [" : "in (") + num(min) + ", " + num(max) + (max_inclusive ? "]" : ")");
+  else if (lo)
+    out = std::string(min_inclusive ? ">= " : "> ") + num(min);
+  else if (hi)
+    out = std::string(max_inclusive ? "<= " : "< ") + num(max);
+  else
+    out = "any finite value";
+  for (double a : also) out += " or " + num(a);
+  return out;
+}
+
+KeyDecl& KeyDecl::in(double lo, double hi, bool lo_inclusive, bool hi_inclusive) {
+  Range r;
+  r.min = lo;
+  r.max = hi;
+  r.min_inclusive = lo_inclusive;
+  r.max_inclusive = hi_inclusive;
+  range = r;
+  return *this;
+}
+
+KeyDecl& KeyDecl::or_value(double v) {
+  KS_CHECK(range, "config key ", path, ": or_value() needs a range first");
+  range->also.push_back(v);
+  return *this;
+}
 
 const char* type_name(Type t) {
   switch (t) {

@@ -9,6 +9,7 @@
 // something Kestrel does not do (wandb logging, vLLM, CUDA graphs, distributed
 // optimizer), the default is what Kestrel does and the doc says "verl default: ...".
 #pragma once
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,6 +32,21 @@ enum class Type { Bool, Int, Float, String, IntList, FloatList, StringList, Map 
 // non-default one prints a one-line notice on stderr.
 enum class Support { Supported, NotSupportedYet, NoEffect };
 const char* support_name(Support s);  // "supported", "not supported yet", "no effect in Kestrel"
+
+// The valid range of a numeric key (Int, Float, and each element of IntList /
+// FloatList), declared on the key's line: `b.k(...).at_least(1)`. Checked by
+// config/validate.cpp for every source (files, overrides, defaults), so
+// `config show`, `train` and `sft` refuse the same values. A Float is always
+// finite (nan/inf refused) unless `allow_inf` says otherwise. `also` lists
+// sentinel values outside the range (-1 = "all", "never", "fill in").
+struct Range {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_inclusive = true, max_inclusive = true;
+  std::vector<double> also;
+  bool contains(double x) const;
+  std::string describe() const;  // "in [0, 1]", ">= 1", "in (0, 1]", "> 0 or -1"
+};
 
 struct KeyDecl {
   std::string path;          // full dotted path, e.g. "actor_rollout_ref.actor.optim.lr"
@@ -55,6 +71,21 @@ struct KeyDecl {
   // Kestrel does instead (rollout.name=vllm runs the built-in engine;
   // trainer.logger's wandb goes to console, JSONL and TensorBoard).
   std::vector<std::pair<std::string, std::string>> noted;
+  // Numeric keys: the valid range (nullopt: any finite value; a Supported key
+  // without a range must be `unbounded` with the reason, tests/config/range_test.cpp).
+  std::optional<Range> range;
+  std::string unbounded;  // why any finite value is valid (seeds, signed offsets)
+
+  // Declaration helpers, chained on the declaring line.
+  KeyDecl& in(double lo, double hi, bool lo_inclusive = true, bool hi_inclusive = true);
+  KeyDecl& at_least(double lo) { return in(lo, std::numeric_limits<double>::infinity()); }
+  KeyDecl& above(double lo) { return in(lo, std::numeric_limits<double>::infinity(), false); }
+  // An extra valid value outside the range (a sentinel such as -1); after in/at_least/above.
+  KeyDecl& or_value(double v);
+  KeyDecl& any_value(std::string why) {
+    unbounded = std::move(why);
+    return *this;
+  }
 };
 
 const char* type_name(Type t);

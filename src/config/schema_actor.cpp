@@ -31,22 +31,22 @@ void declare_optim(Builder& b, const std::string& owner, const char* lr) {
       "Optimizer: Kestrel's AdamW (decoupled weight decay) for adam and for verl FSDP's AdamW / adamw. verl FSDP "
       "default: AdamW.",
       {"adam", "AdamW", "adamw", "Adam", "sgd"}, {"adam", "AdamW", "adamw", "Adam"});
-  b.k("lr", F, lr, YES, "Peak learning rate.");
-  b.k("lr_warmup_steps_ratio", F, "0.0", YES, "Warmup steps as a fraction of total_training_steps (used when lr_warmup_steps < 0).");
-  b.k("lr_warmup_steps", I, "-1", YES, "Linear warmup steps; negative uses lr_warmup_steps_ratio.");
-  b.k("lr_warmup_init", F, "0.0", YES, "Learning rate at the start of warmup.");
-  b.k("total_training_steps", I, "-1", YES, "Schedule length; -1 is filled in from trainer.total_training_steps at run time.");
-  b.k("weight_decay", F, "0.01", YES, "Decoupled (AdamW) weight decay.");
-  b.k("betas", FL, "[0.9, 0.999]", YES, "Adam beta1, beta2.");
-  b.k("eps", F, "1e-8", YES, "Adam epsilon.");
-  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; 0 disables.");
-  b.k("lr_decay_steps", I, "null", YES, "Decay steps; null decays over total_training_steps.");
+  b.k("lr", F, lr, YES, "Peak learning rate.").at_least(0);
+  b.k("lr_warmup_steps_ratio", F, "0.0", YES, "Warmup steps as a fraction of total_training_steps (used when lr_warmup_steps < 0).").in(0, 1);
+  b.k("lr_warmup_steps", I, "-1", YES, "Linear warmup steps; negative uses lr_warmup_steps_ratio.").at_least(-1);
+  b.k("lr_warmup_init", F, "0.0", YES, "Learning rate at the start of warmup.").at_least(0);
+  b.k("total_training_steps", I, "-1", YES, "Schedule length; -1 is filled in from trainer.total_training_steps at run time.").at_least(1).or_value(-1);
+  b.k("weight_decay", F, "0.01", YES, "Decoupled (AdamW) weight decay.").at_least(0);
+  b.k("betas", FL, "[0.9, 0.999]", YES, "Adam beta1, beta2.").in(0, 1, true, false);
+  b.k("eps", F, "1e-8", YES, "Adam epsilon.").above(0);
+  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; 0 disables.").at_least(0);
+  b.k("lr_decay_steps", I, "null", YES, "Decay steps; null decays over total_training_steps.").at_least(0);
   b.k("lr_decay_style", S, "constant", YES, "Learning-rate schedule after warmup (Megatron name).",
       {"constant", "linear", "cosine", "inverse_square_root", "WSD"}, {"constant", "linear", "cosine"});
   b.k("warmup_style", S, "null", YES, "FSDP name of the schedule; when set it replaces lr_decay_style.",
       {"constant", "cosine"});
-  b.k("min_lr", F, "0.0", YES, "Floor of the decayed learning rate.");
-  b.k("min_lr_ratio", F, "null", YES, "FSDP form of the floor: min_lr = lr * min_lr_ratio when set.");
+  b.k("min_lr", F, "0.0", YES, "Floor of the decayed learning rate.").at_least(0);
+  b.k("min_lr_ratio", F, "null", YES, "FSDP form of the floor: min_lr = lr * min_lr_ratio when set.").in(0, 1);
   b.k("weight_decay_incr_style", S, "constant", YES, "Weight-decay schedule.", {"constant", "linear", "cosine"},
       {"constant"});
   b.k("lr_wsd_decay_style", S, "exponential", NO, "Decay shape of the WSD schedule.",
@@ -149,7 +149,7 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
                                "dtype (the default follows the actor's).";
   const std::string critic_same = critic ? " Must equal the actor's: the critic runs on the actor's process grid." : "";
   b.k("tensor_model_parallel_size", I, d("tensor_model_parallel_size", "1"), own,
-      "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic_same));
+      "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic_same)).at_least(1);
   b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
       "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel's "
@@ -172,7 +172,7 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("dist_checkpointing_prefix", S, "\"\"", NO, "Key prefix inside the dist checkpoint.");
   b.k("seed", I, d("seed", "42"), critic ? YES : NOP,
       critic ? "Seed of the value head's initialisation."
-             : "Seed of parameter init and dropout; this model loads its weights from HF and Kestrel has no dropout.");
+             : "Seed of parameter init and dropout; this model loads its weights from HF and Kestrel has no dropout.").any_value("a seed: any integer");
   b.k("override_ddp_config", M, "{}", NO, "Extra Megatron DistributedDataParallelConfig fields.");
   declare_transformer_overrides(b, meg, is_ref);
   b.scope(meg);
@@ -207,20 +207,20 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("rollout_n", I, "${actor_rollout_ref.rollout.n}", NOP,
       "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
   b.k("ppo_mini_batch_size", I, "256", YES,
-      "Prompts per optimizer step (global); train_batch_size / ppo_mini_batch_size steps per PPO epoch.");
+      "Prompts per optimizer step (global); train_batch_size / ppo_mini_batch_size steps per PPO epoch.").at_least(1);
   b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
-  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per forward/backward on one rank (gradient accumulation unit).");
+  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per forward/backward on one rank (gradient accumulation unit).").at_least(1);
   b.k("use_dynamic_bsz", B, "false", YES, "Form micro-batches by token count (ppo_max_token_len_per_gpu) instead of sequence count.");
-  b.k("ppo_max_token_len_per_gpu", I, "16384", YES, "Token budget of one micro-batch when use_dynamic_bsz.");
-  b.k("ppo_epochs", I, "1", YES, "Passes over each training batch.");
+  b.k("ppo_max_token_len_per_gpu", I, "16384", YES, "Token budget of one micro-batch when use_dynamic_bsz.").at_least(1);
+  b.k("ppo_epochs", I, "1", YES, "Passes over each training batch.").at_least(1);
   b.k("shuffle", B, "false", YES, "Shuffle the batch between PPO epochs.");
-  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.");
-  b.k("clip_ratio", F, "0.2", YES, "PPO clip epsilon (default for clip_ratio_low/high).");
+  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.").any_value("a seed: any integer");
+  b.k("clip_ratio", F, "0.2", YES, "PPO clip epsilon (default for clip_ratio_low/high).").at_least(0);
   b.k("clip_ratio_low", F, "${.clip_ratio}", YES,
-      "Lower clip epsilon: ratio >= 1 - clip_ratio_low; null or unset = clip_ratio (verl default: 0.2).");
+      "Lower clip epsilon: ratio >= 1 - clip_ratio_low; null or unset = clip_ratio (verl default: 0.2).").at_least(0);
   b.k("clip_ratio_high", F, "${.clip_ratio}", YES,
-      "Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null or unset = clip_ratio (verl default: 0.2).");
-  b.k("clip_ratio_c", F, "3.0", YES, "Dual-clip constant for negative advantages; must be > 1.");
+      "Upper clip epsilon: ratio <= 1 + clip_ratio_high (DAPO clip-higher); null or unset = clip_ratio (verl default: 0.2).").at_least(0);
+  b.k("clip_ratio_c", F, "3.0", YES, "Dual-clip constant for negative advantages; must be > 1.").above(1);
   b.k("tau_pos", F, "1.0", NO, "SAPO temperature for positive advantages (policy_loss.loss_mode=sapo).");
   b.k("tau_neg", F, "1.05", NO, "SAPO temperature for negative advantages (policy_loss.loss_mode=sapo).");
   b.k("policy_loss.loss_mode", S, "vanilla", YES, "Policy loss.",
@@ -231,12 +231,12 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("policy_loss.kl_cov_ratio", F, "0.0002", NO, "kl_cov: fraction of tokens with the KL penalty.");
   b.k("policy_loss.ppo_kl_coef", F, "0.1", NO, "kl_cov: KL coefficient.");
   b.k("loss_agg_mode", S, "token-mean", YES, "How per-token losses are reduced.", kLossAgg);
-  b.k("loss_scale_factor", F, "null", YES, "Divisor for seq-mean-token-sum-norm; null = response length.");
-  b.k("entropy_coeff", F, "0", YES, "Entropy bonus coefficient.");
+  b.k("loss_scale_factor", F, "null", YES, "Divisor for seq-mean-token-sum-norm; null = response length.").above(0);
+  b.k("entropy_coeff", F, "0", YES, "Entropy bonus coefficient.").any_value("signed: verl subtracts entropy_coeff x entropy, a negative value penalises entropy");
   b.k("calculate_entropy", B, "false", NO,
       "Compute entropy in the update even when entropy_coeff is 0 (Kestrel computes it only for entropy_coeff != 0).");
   b.k("use_kl_loss", B, "false", YES, "Add a KL(actor || ref) loss term (GRPO); builds the reference model.");
-  b.k("kl_loss_coef", F, "0.001", YES, "Coefficient of the KL loss.");
+  b.k("kl_loss_coef", F, "0.001", YES, "Coefficient of the KL loss.").at_least(0);
   b.k("kl_loss_type", S, "low_var_kl", YES, "KL estimator of the KL loss; a '+' suffix uses a straight-through k2 gradient.",
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"},
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
@@ -260,7 +260,7 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("use_torch_compile", B, follow("actor_rollout_ref.actor.use_torch_compile", "true"), NOP,
       "torch.compile in verl; Kestrel is compiled C++.");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
-  b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per reference log-prob forward on one rank.");
+  b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per reference log-prob forward on one rank.").at_least(1);
   b.k("log_prob_use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), NOP,
       "Token-budget micro-batches for reference log-probs; Kestrel batches the reference pass as the old-log-prob "
       "pass (actor_rollout_ref.rollout.log_prob_*).");
@@ -284,19 +284,19 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("model.external_lib", S, "null", NO, "Python module imported to register custom models.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
   b.k("ppo_mini_batch_size", I, follow("actor_rollout_ref.actor.ppo_mini_batch_size", "256"), YES,
-      "Prompts per critic optimizer step (global).");
+      "Prompts per critic optimizer step (global).").at_least(1);
   b.k("ppo_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use ppo_micro_batch_size_per_gpu.");
-  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per critic forward/backward on one rank.");
+  b.k("ppo_micro_batch_size_per_gpu", I, "null", YES, "Sequences per critic forward/backward on one rank.").at_least(1);
   b.k("forward_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use forward_micro_batch_size_per_gpu.");
   b.k("forward_micro_batch_size_per_gpu", I, "${oc.select:.ppo_micro_batch_size_per_gpu,null}", YES,
-      "Sequences per value forward (no gradient) on one rank; null = ppo_micro_batch_size_per_gpu.");
+      "Sequences per value forward (no gradient) on one rank; null = ppo_micro_batch_size_per_gpu.").at_least(1);
   b.k("use_dynamic_bsz", B, follow("actor_rollout_ref.actor.use_dynamic_bsz", "false"), YES, "Token-budget micro-batches.");
-  b.k("ppo_max_token_len_per_gpu", I, "32768", YES, "Token budget per critic micro-batch.");
-  b.k("forward_max_token_len_per_gpu", I, "${.ppo_max_token_len_per_gpu}", YES, "Token budget per value forward micro-batch.");
-  b.k("ppo_epochs", I, follow("actor_rollout_ref.actor.ppo_epochs", "1"), YES, "Passes over each batch.");
+  b.k("ppo_max_token_len_per_gpu", I, "32768", YES, "Token budget per critic micro-batch.").at_least(1);
+  b.k("forward_max_token_len_per_gpu", I, "${.ppo_max_token_len_per_gpu}", YES, "Token budget per value forward micro-batch.").at_least(1);
+  b.k("ppo_epochs", I, follow("actor_rollout_ref.actor.ppo_epochs", "1"), YES, "Passes over each batch.").at_least(1);
   b.k("shuffle", B, follow("actor_rollout_ref.actor.shuffle", "false"), YES, "Shuffle between epochs.");
-  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.");
-  b.k("cliprange_value", F, "0.5", YES, "Value clip range around the old values.");
+  b.k("data_loader_seed", I, "42", YES, "Seed of the mini-batch shuffle.").any_value("a seed: any integer");
+  b.k("cliprange_value", F, "0.5", YES, "Value clip range around the old values.").at_least(0);
   b.k("loss_agg_mode", S, follow("actor_rollout_ref.actor.loss_agg_mode", "token-mean"), YES,
       "How per-token value losses are reduced.", kLossAgg);
   declare_checkpoint(b, critic);

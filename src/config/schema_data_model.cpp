@@ -17,19 +17,19 @@ void declare_data_and_model(Builder& b) {
   b.k("train_files", SL, "[~/data/rlhf/gsm8k/train.parquet]", YES,
       "Training data file(s): one path or a list; rows hold data.prompt_key and reward_model.ground_truth.");
   b.k("val_files", SL, "[~/data/rlhf/gsm8k/test.parquet]", YES, "Validation data file(s): one path or a list.");
-  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 uses all.");
-  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 uses all.");
+  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 uses all.").at_least(-1);
+  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 uses all.").at_least(-1);
   b.k("prompt_key", S, "prompt", YES, "Row field holding the chat messages of the prompt.");
   b.k("reward_fn_key", S, "data_source", NO,
       "Row field that selects the rule-based reward function; Kestrel's loader reads data_source.");
-  b.k("max_prompt_length", I, "512", YES, "Maximum prompt length in tokens (after the chat template).");
-  b.k("max_response_length", I, "512", YES, "Maximum generated response length in tokens.");
+  b.k("max_prompt_length", I, "512", YES, "Maximum prompt length in tokens (after the chat template).").at_least(1);
+  b.k("max_response_length", I, "512", YES, "Maximum generated response length in tokens.").at_least(1);
   b.k("train_batch_size", I, "1024", YES,
-      "Prompts per training step; responses per step = train_batch_size * actor_rollout_ref.rollout.n.");
+      "Prompts per training step; responses per step = train_batch_size * actor_rollout_ref.rollout.n.").at_least(1);
   b.k("gen_batch_size", I, "${data.train_batch_size}", YES,
       "Prompts per generation batch (DAPO recipe): each batch the data loader gives; with "
       "algorithm.filter_groups.enable batches are generated until data.train_batch_size groups are kept, else a step "
-      "trains on the whole generation batch.");
+      "trains on the whole generation batch.").at_least(1);
   b.k("val_batch_size", I, "null", NOP,
       "Prompts per validation batch; deprecated in verl, where validation runs the whole set in one batch, as "
       "Kestrel's does.");
@@ -37,7 +37,7 @@ void declare_data_and_model(Builder& b) {
   b.k("return_raw_chat", B, "true", NO, "Keep the raw chat messages next to the tokenized prompt (Kestrel always does).");
   b.k("return_full_prompt", B, "false", NO, "Also return the full templated prompt text.");
   b.k("shuffle", B, "true", YES, "Shuffle the training set every epoch.");
-  b.k("seed", I, "null", YES, "Shuffle seed; null uses a fixed default seed.");
+  b.k("seed", I, "null", YES, "Shuffle seed; null uses a fixed default seed.").any_value("a seed: any integer");
   b.k("validation_shuffle", B, "false", NOP,
       "Shuffle the validation set; Kestrel validates the whole set at once and its metrics (means over the set) "
       "do not depend on the order.");

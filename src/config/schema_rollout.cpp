@@ -27,23 +27,23 @@ void declare_rollout(Builder& b) {
       "generation here, with a notice. verl default: async.",
       {"sync", "async"}, {"sync"})
       .noted = {{"async", "Kestrel generates in the training process (sync); single-turn results are the same"}};
-  b.k("temperature", F, "1.0", YES, "Sampling temperature.");
-  b.k("top_k", I, "-1", YES, "Top-k sampling; -1 (or 0) disables.");
-  b.k("top_p", F, "1.0", YES, "Nucleus sampling mass; 1 disables.");
-  b.k("min_p", F, "0.0", NO, "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables (kestrel generate only so far).");
+  b.k("temperature", F, "1.0", YES, "Sampling temperature.").at_least(0);
+  b.k("top_k", I, "-1", YES, "Top-k sampling; -1 (or 0) disables.").at_least(-1);
+  b.k("top_p", F, "1.0", YES, "Nucleus sampling mass; 1 disables.").in(0, 1, false, true);
+  b.k("min_p", F, "0.0", NO, "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables (kestrel generate only so far).").in(0, 1);
   b.k("do_sample", B, "true", YES, "Sample; false decodes greedily.");
   b.k("ignore_eos", B, "false", NO, "Keep generating past EOS until response_length (kestrel generate only so far).");
-  b.k("n", I, "1", YES, "Responses per prompt (group size; > 1 for GRPO/RLOO).");
-  b.k("seed", I, "0", YES, "Seed of the sampler's random streams.");
-  b.k("prompt_length", I, "${oc.select:data.max_prompt_length,512}", YES, "Maximum prompt tokens.");
-  b.k("response_length", I, "${oc.select:data.max_response_length,512}", YES, "Maximum generated tokens.");
+  b.k("n", I, "1", YES, "Responses per prompt (group size; > 1 for GRPO/RLOO).").at_least(1);
+  b.k("seed", I, "0", YES, "Seed of the sampler's random streams.").any_value("a seed: any integer");
+  b.k("prompt_length", I, "${oc.select:data.max_prompt_length,512}", YES, "Maximum prompt tokens.").at_least(1);
+  b.k("response_length", I, "${oc.select:data.max_response_length,512}", YES, "Maximum generated tokens.").at_least(1);
   b.k("dtype", S, "bfloat16", YES,
       "Compute dtype of the rollout engine; in kestrel train it must equal actor.megatron.dtype (the rollout reads "
       "the actor's weights in place).",
       {"bfloat16", "float16", "float32"}, {"bfloat16", "float32"});
   b.k("gpu_memory_utilization", F, "0.5", YES,
       "Fraction of device memory for rollout weights + KV cache: kv_cache = this x memory - weights (CPU: "
-      "MemTotal / processes on the machine; KESTREL_DEVICE_MEMORY=bytes overrides).");
+      "MemTotal / processes on the machine; KESTREL_DEVICE_MEMORY=bytes overrides).").in(0, 1, false, true);
   b.k("enforce_eager", B, "true", NOP,
       "Run without CUDA graphs; Kestrel's engine always runs eagerly (graphs change speed, not results). verl "
       "default: false (CUDA graphs on).");
@@ -55,19 +55,19 @@ void declare_rollout(Builder& b) {
       "Initial rollout weights. Kestrel's rollout reads the trainer's weights (loaded from model.path) in place, so "
       "dummy, safetensors, auto and hf all start from them.",
       {"dummy", "hf", "megatron", "dtensor", "safetensors", "auto"}, {"dummy", "safetensors", "auto", "hf"});
-  b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.");
-  b.k("data_parallel_size", I, "1", YES, "Data-parallel replicas of the rollout engine.");
+  b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.").at_least(1);
+  b.k("data_parallel_size", I, "1", YES, "Data-parallel replicas of the rollout engine.").at_least(1);
   b.k("expert_parallel_size", I, "1", NO, "Expert-parallel size of the rollout engine.");
   b.k("pipeline_model_parallel_size", I, "1", NO, "Pipeline-parallel size of the rollout engine.");
-  b.k("max_num_batched_tokens", I, "8192", YES, "Token budget of one scheduler step (prefill chunks + decodes).");
-  b.k("max_model_len", I, "null", YES, "Maximum sequence length; null = prompt_length + response_length.");
-  b.k("max_num_seqs", I, "256", YES, "Maximum sequences running at once.");
+  b.k("max_num_batched_tokens", I, "8192", YES, "Token budget of one scheduler step (prefill chunks + decodes).").at_least(1);
+  b.k("max_model_len", I, "null", YES, "Maximum sequence length; null = prompt_length + response_length.").at_least(1);
+  b.k("max_num_seqs", I, "256", YES, "Maximum sequences running at once.").at_least(1);
   b.k("enable_chunked_prefill", B, "true", YES, "Split long prefills across scheduler steps.");
   b.k("enable_prefix_caching", B, "true", YES, "Reuse KV blocks of shared prompt prefixes (GRPO groups share prompts).");
   b.k("scheduling_policy", S, "fcfs", YES, "Scheduler queue order.", {"fcfs", "priority"}, {"fcfs"});
-  b.k("block_size", I, "16", YES, "Tokens per KV-cache block.");
+  b.k("block_size", I, "16", YES, "Tokens per KV-cache block.").at_least(1);
   b.k("swap_space", I, "4", YES,
-      "Host memory (GiB) for swapped-out KV blocks when preemption_mode is swap: caps the blocks swapped out at once.");
+      "Host memory (GiB) for swapped-out KV blocks when preemption_mode is swap: caps the blocks swapped out at once.").at_least(0);
   b.k("preemption_mode", S, "recompute", YES,
       "What happens to a preempted sequence's KV cache: dropped and recomputed, or swapped to host memory (vLLM's modes).",
       {"recompute", "swap"});
@@ -78,11 +78,11 @@ void declare_rollout(Builder& b) {
   b.k("disable_log_stats", B, "true", NOP,
       "Do not print vLLM's periodic engine statistics; Kestrel's engine prints none (rollout metrics are logged).");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");
-  b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per old-log-prob forward on one rank.");
+  b.k("log_prob_micro_batch_size_per_gpu", I, "null", YES, "Sequences per old-log-prob forward on one rank.").at_least(1);
   b.k("log_prob_use_dynamic_bsz", B, "${oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false}", YES,
       "Token-budget micro-batches for old log-probs.");
   b.k("log_prob_max_token_len_per_gpu", I, "${oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384}", YES,
-      "Token budget per old-log-prob micro-batch.");
+      "Token budget per old-log-prob micro-batch.").at_least(1);
   b.k("over_sample_rate", F, "0.0", NO, "Abort the remaining requests once (1 - rate) of them finished.");
   b.k("multi_stage_wake_up", B, "false", NOP,
       "Wake weights and KV cache in stages (SGLang, to lower peak memory); Kestrel's rollout reads the trainer's "
@@ -96,10 +96,10 @@ void declare_rollout(Builder& b) {
   b.k("engine_kwargs.sglang", M, "{}", NOP, "Extra SGLang engine arguments; Kestrel runs its own engine in SGLang's place, which takes none of them.");
   b.k("engine_kwargs.trtllm", M, "{}", NOP, "Extra TensorRT-LLM engine arguments; Kestrel runs its own engine in TensorRT-LLM's place, which takes none of them.");
 
-  b.k("val_kwargs.top_k", I, "-1", YES, "Validation top-k.");
-  b.k("val_kwargs.top_p", F, "1.0", YES, "Validation top-p.");
-  b.k("val_kwargs.temperature", F, "0", YES, "Validation temperature.");
-  b.k("val_kwargs.n", I, "1", YES, "Validation responses per prompt.");
+  b.k("val_kwargs.top_k", I, "-1", YES, "Validation top-k.").at_least(-1);
+  b.k("val_kwargs.top_p", F, "1.0", YES, "Validation top-p.").in(0, 1, false, true);
+  b.k("val_kwargs.temperature", F, "0", YES, "Validation temperature.").at_least(0);
+  b.k("val_kwargs.n", I, "1", YES, "Validation responses per prompt.").at_least(1);
   b.k("val_kwargs.do_sample", B, "false", YES, "Sample during validation; false decodes greedily.");
 
   b.k("multi_turn.enable", B, "false", NO, "Multi-turn rollouts with tools or interactions.");

@@ -23,24 +23,24 @@ void declare_sft(Builder& b) {
   b.k("prompt_key", S, "prompt", YES, "Row field with the prompt (string or chat messages).");
   b.k("response_key", S, "response", YES, "Row field with the response text.");
   b.k("multiturn.messages_key", S, "messages", YES, "Row field with a whole conversation (loss on assistant turns).");
-  b.k("max_length", I, "512", YES, "Maximum tokens per sample (prompt + response).");
+  b.k("max_length", I, "512", YES, "Maximum tokens per sample (prompt + response).").at_least(1);
   b.k("truncation", S, "error", YES, "What to do with a longer sample.", {"error", "left", "right", "middle"});
-  b.k("train_batch_size", I, "64", YES, "Samples per optimizer step.");
-  b.k("micro_batch_size_per_gpu", I, "8", YES, "Samples per micro-batch when use_dynamic_bsz is false.");
+  b.k("train_batch_size", I, "64", YES, "Samples per optimizer step.").at_least(1);
+  b.k("micro_batch_size_per_gpu", I, "8", YES, "Samples per micro-batch when use_dynamic_bsz is false.").at_least(1);
   b.k("use_dynamic_bsz", B, "true", YES, "Micro-batches by token budget (max_token_len_per_gpu) instead of count.");
-  b.k("max_token_len_per_gpu", I, "4096", YES, "Token budget of one micro-batch (dynamic batch size).");
+  b.k("max_token_len_per_gpu", I, "4096", YES, "Token budget of one micro-batch (dynamic batch size).").at_least(1);
   b.k("shuffle", B, "true", YES, "Shuffle the training set every epoch.");
-  b.k("seed", I, "null", YES, "Shuffle seed; null = trainer.seed.");
+  b.k("seed", I, "null", YES, "Shuffle seed; null = trainer.seed.").any_value("a seed: any integer");
   b.k("skip_malformed", B, "false", YES, "Skip (and count) malformed rows instead of failing (Kestrel).");
-  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 = all.");
-  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 = all.");
-  b.k("max_response_length", I, "128", YES, "Generation length of the evaluation by generation (Kestrel).");
-  b.k("arith.num_train", I, "20000", YES, "builtin:arith training problems (Kestrel).");
-  b.k("arith.num_test", I, "500", YES, "builtin:arith test problems (Kestrel).");
-  b.k("arith.seed", I, "1234", YES, "builtin:arith generator seed (Kestrel).");
-  b.k("arith.min_steps", I, "1", YES, "builtin:arith fewest events per problem (Kestrel).");
-  b.k("arith.max_steps", I, "2", YES, "builtin:arith most events per problem (Kestrel).");
-  b.k("arith.max_operand", I, "20", YES, "builtin:arith largest +/- operand (Kestrel).");
+  b.k("train_max_samples", I, "-1", YES, "Use at most this many training rows; -1 = all.").at_least(-1);
+  b.k("val_max_samples", I, "-1", YES, "Use at most this many validation rows; -1 = all.").at_least(-1);
+  b.k("max_response_length", I, "128", YES, "Generation length of the evaluation by generation (Kestrel).").at_least(1);
+  b.k("arith.num_train", I, "20000", YES, "builtin:arith training problems (Kestrel).").in(1, 1e7);
+  b.k("arith.num_test", I, "500", YES, "builtin:arith test problems (Kestrel).").in(0, 1e7);
+  b.k("arith.seed", I, "1234", YES, "builtin:arith generator seed (Kestrel).").any_value("a seed: any integer");
+  b.k("arith.min_steps", I, "1", YES, "builtin:arith fewest events per problem (Kestrel).").in(1, 1000);
+  b.k("arith.max_steps", I, "2", YES, "builtin:arith most events per problem (Kestrel).").in(1, 1000);
+  b.k("arith.max_operand", I, "20", YES, "builtin:arith largest +/- operand (Kestrel).").in(1, 1e9);
 
   b.scope("model");
   b.k("partial_pretrain", S, "builtin:tiny", YES, "HF model folder, or builtin:tiny | builtin:small (random init).");
@@ -48,14 +48,14 @@ void declare_sft(Builder& b) {
   b.k("dtype", S, "f32", YES, "Compute dtype; bf16 keeps f32 master weights (Kestrel).", {"f32", "bf16"});
 
   b.scope("optim");
-  b.k("lr", F, "1e-5", YES, "Peak learning rate.");
-  b.k("betas", FL, "[0.9, 0.95]", YES, "AdamW betas.");
-  b.k("eps", F, "1e-8", YES, "AdamW epsilon.");
-  b.k("weight_decay", F, "0.01", YES, "AdamW decoupled weight decay.");
-  b.k("warmup_steps_ratio", F, "0.1", YES, "Warmup steps as a fraction of the total steps.");
-  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; <= 0 disables.");
+  b.k("lr", F, "1e-5", YES, "Peak learning rate.").at_least(0);
+  b.k("betas", FL, "[0.9, 0.95]", YES, "AdamW betas.").in(0, 1, true, false);
+  b.k("eps", F, "1e-8", YES, "AdamW epsilon.").above(0);
+  b.k("weight_decay", F, "0.01", YES, "AdamW decoupled weight decay.").at_least(0);
+  b.k("warmup_steps_ratio", F, "0.1", YES, "Warmup steps as a fraction of the total steps.").in(0, 1);
+  b.k("clip_grad", F, "1.0", YES, "Global gradient-norm clip; 0 disables.").at_least(0);
   b.k("lr_scheduler", S, "cosine", YES, "Learning-rate schedule after warmup.", {"cosine", "constant", "linear"});
-  b.k("min_lr_ratio", F, "0.0", YES, "Floor of the decayed learning rate, as a fraction of optim.lr.");
+  b.k("min_lr_ratio", F, "0.0", YES, "Floor of the decayed learning rate, as a fraction of optim.lr.").in(0, 1);
 
   b.scope("trainer");
   b.k("default_local_dir", S, "checkpoints/sft", YES, "Checkpoint root: global_step_N folders and the latest pointer.");
@@ -63,21 +63,21 @@ void declare_sft(Builder& b) {
       "Names the run in verl's experiment trackers (wandb, ...); Kestrel's loggers (console, file, tensorboard) "
       "write under default_local_dir and have no run name.");
   b.k("experiment_name", S, "arith", NOP, "Names the run in verl's experiment trackers; see trainer.project_name.");
-  b.k("total_epochs", I, "1", YES, "Passes over the training set.");
-  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.");
+  b.k("total_epochs", I, "1", YES, "Passes over the training set.").at_least(1);
+  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.").at_least(1);
   b.k("logger", SL, "[console]", YES, "Metric sinks: console, tensorboard; metrics.jsonl is always written in the run folder (file is accepted, the same).",
       {"console", "file", "tensorboard"});
-  b.k("seed", I, "1", YES, "Seed of the built-in model's init and the default shuffle seed.");
-  b.k("save_freq", I, "-1", YES, "Checkpoint every N steps and at the end; -1 = never.");
-  b.k("test_freq", I, "-1", YES, "Validate every N steps and at the end; -1 = never.");
+  b.k("seed", I, "1", YES, "Seed of the built-in model's init and the default shuffle seed.").any_value("a seed: any integer");
+  b.k("save_freq", I, "-1", YES, "Checkpoint every N steps and at the end; -1 = never.").at_least(-1);
+  b.k("test_freq", I, "-1", YES, "Validate every N steps and at the end; -1 = never.").at_least(-1);
   b.k("val_before_train", B, "false", YES, "Validate before the first step.");
-  b.k("max_ckpt_to_keep", I, "null", YES, "Keep the newest N checkpoints; null = all.");
+  b.k("max_ckpt_to_keep", I, "null", YES, "Keep the newest N checkpoints; null = all.").at_least(0);
   b.k("resume_mode", S, "auto", YES, "auto: latest checkpoint in default_local_dir; disable: fresh; resume_path.",
       {"auto", "disable", "resume_path"});
   b.k("resume_from_path", S, "null", YES, "global_step_N folder for resume_mode=resume_path.");
   b.k("export_dir", S, "null", YES, "Write the final model as an HF folder here (Kestrel).");
-  b.k("val_generations", I, "0", YES, "Validation prompts greedy-decoded for val/acc; 0 = off (Kestrel).");
-  b.k("threads", I, "0", YES, "CPU threads; 0 = all cores (Kestrel).");
+  b.k("val_generations", I, "0", YES, "Validation prompts greedy-decoded for val/acc; 0 = off (Kestrel).").at_least(0);
+  b.k("threads", I, "0", YES, "CPU threads; 0 = all cores (Kestrel).").in(0, 4096);
 }
 
 }  // namespace kestrel::config::schema_detail

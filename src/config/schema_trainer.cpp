@@ -23,7 +23,7 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "External reward program (run via /bin/sh -c) speaking JSON lines on stdin/stdout (Kestrel).");
   b.k("arith_step_credit", F, "0.0", YES,
       "Built-in arith task: a wrong answer scores this times the fraction of its equations with right "
-      "arithmetic; validation accuracy stays exact match (Kestrel).");
+      "arithmetic; validation accuracy stays exact match (Kestrel).").in(0, 1);
   b.k("model.input_tokenizer", S, "${actor_rollout_ref.model.path}", NO, "Tokenizer of the policy's text (for re-tokenizing).");
   b.k("model.path", S, "~/models/FsfairX-LLaMA3-RM-v0.1", NO, "Reward model directory.");
   b.k("model.trust_remote_code", B, "false", NO, "Run Python modelling code from the model repository.");
@@ -43,10 +43,10 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("sandbox_fusion.memory_limit_mb", I, "1024", NO, "Sandbox memory limit.");
   b.k("overlong_buffer.enable", B, "false", YES,
       "DAPO overlong penalty (reward_manager=dapo; the recipe's run scripts set it here).");
-  b.k("overlong_buffer.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).");
+  b.k("overlong_buffer.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).").at_least(0);
   b.k("overlong_buffer.penalty_factor", F, "0.0", YES,
       "DAPO penalty added to the score: min(-(L - (max_resp_len - L_buf)) / L_buf * factor, 0); max_resp_len = "
-      "reward.reward_kwargs.max_resp_len, else data.max_response_length.");
+      "reward.reward_kwargs.max_resp_len, else data.max_response_length.").at_least(0);
   b.k("overlong_buffer.log", B, "false", YES, "Log overlong_reward and overlong in reward_extra_info.");
 
   // verl's older layout: reward_model.reward_kwargs are the reward manager's
@@ -57,9 +57,10 @@ void declare_reward_algorithm_trainer(Builder& b) {
     b.k(key, flag ? B : (std::string(k) == "len" ? I : F), flag ? "false" : (std::string(k) == "len" ? "0" : "0.0"), YES,
         "As reward.reward_kwargs.overlong_buffer_cfg." + std::string(k) + " (verl's older layout; added with '+').")
         .addable = true;
+    if (!flag) b.existing(b.prefix() + "." + key).at_least(0);
   }
   b.k("reward_kwargs.max_resp_len", I, "null", YES,
-      "As reward.reward_kwargs.max_resp_len (verl's older layout; added with '+').")
+      "As reward.reward_kwargs.max_resp_len (verl's older layout; added with '+').").at_least(1)
       .addable = true;
 
   // The DAPO recipe's newer layout (recipe/dapo/config/dapo_trainer.yaml).
@@ -67,23 +68,23 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("reward_manager.name", S, "null", YES, "Reward manager (as reward_model.reward_manager, which null keeps).",
       {"naive", "prime", "batch", "dapo", "remote", "rate_limited"}, {"naive", "prime", "batch", "dapo", "remote"});
   b.k("reward_kwargs.overlong_buffer_cfg.enable", B, "false", YES, "DAPO overlong penalty (reward_manager=dapo).");
-  b.k("reward_kwargs.overlong_buffer_cfg.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).");
+  b.k("reward_kwargs.overlong_buffer_cfg.len", I, "0", YES, "DAPO overlong buffer length L_buf (tokens).").at_least(0);
   b.k("reward_kwargs.overlong_buffer_cfg.penalty_factor", F, "0.0", YES,
-      "DAPO penalty: min(-(L - (max_resp_len - L_buf)) / L_buf * factor, 0).");
+      "DAPO penalty: min(-(L - (max_resp_len - L_buf)) / L_buf * factor, 0).").at_least(0);
   b.k("reward_kwargs.overlong_buffer_cfg.log", B, "false", YES, "Log overlong_reward and overlong in reward_extra_info.");
-  b.k("reward_kwargs.max_resp_len", I, "null", YES, "max_resp_len of the overlong penalty; null = data.max_response_length.");
+  b.k("reward_kwargs.max_resp_len", I, "null", YES, "max_resp_len of the overlong penalty; null = data.max_response_length.").at_least(1);
 
   b.scope("custom_reward_function");
   b.k("path", S, "null", YES, "Python file with fn(data_source, solution_str, ground_truth, extra_info).");
   b.k("name", S, "compute_score", YES, "Function name in custom_reward_function.path.");
   b.k("timeout_s", F, "30.0", YES,
-      "Seconds to wait for each reward answer; a hang scores 0, is counted, and the program restarts (Kestrel).");
+      "Seconds to wait for each reward answer; a hang scores 0, is counted, and the program restarts (Kestrel).").above(0);
   b.k("stderr_log", S, "null", YES, "File for the reward program's stderr; null forwards it to Kestrel's (Kestrel).");
   b.k("reward_kwargs", M, "{}", YES, "Extra keyword arguments passed to the reward function.");
 
   b.scope("algorithm");
-  b.k("gamma", F, "1.0", YES, "Discount factor (GAE).");
-  b.k("lam", F, "1.0", YES, "GAE lambda.");
+  b.k("gamma", F, "1.0", YES, "Discount factor (GAE).").in(0, 1);
+  b.k("lam", F, "1.0", YES, "GAE lambda.").in(0, 1);
   b.k("adv_estimator", S, "gae", YES, "Advantage estimator: gae (PPO with critic), grpo, rloo, reinforce_plus_plus ...",
       {"gae", "grpo", "grpo_vectorized", "grpo_passk", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
        "rloo", "rloo_vectorized", "opo", "gpg", "optimal_token_baseline", "tir_optimal_token_baseline"},
@@ -94,9 +95,9 @@ void declare_reward_algorithm_trainer(Builder& b) {
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"},
       {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"});
   b.k("kl_ctrl.type", S, "fixed", YES, "KL coefficient controller.", {"fixed", "adaptive"});
-  b.k("kl_ctrl.kl_coef", F, "0.001", YES, "(Initial) in-reward KL coefficient.");
-  b.k("kl_ctrl.horizon", I, "10000", YES, "Adaptive controller horizon.");
-  b.k("kl_ctrl.target_kl", F, "0.1", YES, "Adaptive controller target KL.");
+  b.k("kl_ctrl.kl_coef", F, "0.001", YES, "(Initial) in-reward KL coefficient.").at_least(0);
+  b.k("kl_ctrl.horizon", I, "10000", YES, "Adaptive controller horizon.").at_least(1);
+  b.k("kl_ctrl.target_kl", F, "0.1", YES, "Adaptive controller target KL.").above(0);
   b.k("use_pf_ppo", B, "false", NO, "Preference-feedback PPO reweighting.");
   b.k("pf_ppo.reweight_method", S, "pow", NO, "PF-PPO reweighting.", {"pow", "max_min", "max_random"});
   b.k("pf_ppo.weight_pow", F, "2.0", NO, "PF-PPO weight power.");
@@ -106,7 +107,7 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("filter_groups.metric", S, "null", YES,
       "Per-response metric whose std over a group must be > 0: acc, score (a reward_extra_info key), seq_reward "
       "(the score), seq_final_reward (after the in-reward KL), or another reward_extra_info key.");
-  b.k("filter_groups.max_num_gen_batches", I, "0", YES, "Generation batches tried per step; <= 0 = unlimited.");
+  b.k("filter_groups.max_num_gen_batches", I, "0", YES, "Generation batches tried per step; <= 0 = unlimited.").any_value("<= 0 means unlimited");
   b.k("rollout_correction.rollout_is", S, "null", NO, "Importance weights for rollout/train mismatch.", {"token", "sequence"});
   b.k("rollout_correction.rollout_is_threshold", F, "2.0", NO, "Importance weight cap.");
   b.k("rollout_correction.rollout_rs", S, "null", NO, "Rejection sampling for mismatch.", {"token", "sequence", "geometric"});
@@ -117,8 +118,8 @@ void declare_reward_algorithm_trainer(Builder& b) {
 
   b.scope("trainer");
   b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");
-  b.k("total_epochs", I, "30", YES, "Passes over the training set.");
-  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.");
+  b.k("total_epochs", I, "30", YES, "Passes over the training set.").at_least(1);
+  b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.").at_least(1);
   b.k("project_name", S, "verl_examples", YES, "Project name for logging and checkpoint paths.");
   b.k("experiment_name", S, "gsm8k", YES, "Run name for logging and checkpoint paths.");
   b.k("logger", SL, "[console]", YES, "Metric sinks. verl default: [console, wandb].",
@@ -131,7 +132,7 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("n_gpus_per_node", I, "8", NOP, "Devices (ranks) per node; Kestrel's processes are the ones mpirun/srun starts.");
   b.k("device", S, "cuda", NOP, "Device type; Kestrel has only its CPU backend so far, and runs there for both values.",
       {"cuda", "npu", "cpu"}, {"cuda", "cpu"});
-  b.k("save_freq", I, "-1", YES, "Save a checkpoint every N steps and at the end; -1 never saves.");
+  b.k("save_freq", I, "-1", YES, "Save a checkpoint every N steps and at the end; -1 never saves.").at_least(-1);
   b.k("esi_redundant_time", I, "0", NO, "Save before an ESI instance expires (seconds of margin).");
   b.k("resume_mode", S, "auto", YES, "auto: latest checkpoint in default_local_dir; disable: fresh; resume_path: resume_from_path.",
       {"auto", "disable", "resume_path"});
@@ -139,15 +140,15 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("del_local_ckpt_after_load", B, "false", NO, "Delete the local checkpoint after resuming from it.");
   b.k("val_before_train", B, "true", YES, "Validate before the first step.");
   b.k("val_only", B, "false", YES, "Validate and exit.");
-  b.k("test_freq", I, "-1", YES, "Validate every N steps; -1 never.");
-  b.k("critic_warmup", I, "0", YES, "Steps of critic-only training before actor updates start.");
+  b.k("test_freq", I, "-1", YES, "Validate every N steps; -1 never.").at_least(-1);
+  b.k("critic_warmup", I, "0", YES, "Steps of critic-only training before actor updates start.").at_least(0);
   b.k("time_budget_s", F, "null", YES,
       "Wall-clock budget in seconds (validation included): training stops early, validated and saved, "
-      "so the run ends within it; null = none (Kestrel).");
+      "so the run ends within it; null = none (Kestrel).").above(0);
   b.k("default_hdfs_dir", S, "null", NO, "Copy checkpoints to HDFS.");
   b.k("default_local_dir", S, "checkpoints/${trainer.project_name}/${trainer.experiment_name}", YES,
       "Checkpoint root: {default_local_dir}/global_step_{N}/.");
-  b.k("max_actor_ckpt_to_keep", I, "null", YES, "Keep at most this many actor checkpoints; null keeps all.");
+  b.k("max_actor_ckpt_to_keep", I, "null", YES, "Keep at most this many actor checkpoints; null keeps all.").at_least(0);
   b.k("max_critic_ckpt_to_keep", I, "null", NO,
       "Keep at most this many critic checkpoints; Kestrel saves the critic inside each global_step_N, which "
       "max_actor_ckpt_to_keep prunes.");

@@ -310,6 +310,7 @@ void amend_for_verl(Builder& b) {
   for (const char* k : {"trainer.n_gpus_per_node", "trainer.nnodes"}) {
     KeyDecl& d = b.existing(k);
     d.status = YES;
+    d.at_least(1);
     d.doc = std::string(k == std::string("trainer.nnodes") ? "Nodes" : "Processes per node") +
             ": when n_gpus_per_node or nnodes is set, n_gpus_per_node x nnodes must equal the processes mpirun/srun "
             "starts (kestrel train checks it).";

@@ -79,7 +79,7 @@ void declare_verl_fsdp(Builder& b) {
     b.scope(owner);
     b.k("grad_clip", F, "null", YES,
         "Gradient-norm clip, verl's FSDP name (dp_actor/dp_critic read it); when set it replaces optim.clip_grad. "
-        "verl FSDP default: 1.0, as optim.clip_grad's.");
+        "verl FSDP default: 1.0, as optim.clip_grad's.").at_least(0);
     b.k("ulysses_sequence_parallel_size", I, "1", NO,
         "Ulysses sequence (context) parallel size; context parallelism is not built (megatron.context_parallel_size).");
   }

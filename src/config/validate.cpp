@@ -2,6 +2,7 @@
 // values, and "only the default" for keys that are not supported yet.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <set>
 
 #include "config/config.h"
@@ -115,6 +116,37 @@ std::vector<std::string> members(const Value& v) {
   return out;
 }
 
+bool numeric(Type t) { return t == Type::Int || t == Type::Float || t == Type::IntList || t == Type::FloatList; }
+
+// The range check of one numeric value (a scalar or a list element): empty when
+// valid, else why not. Floats are finite whatever the range; nulls were
+// checked by coerce.
+std::string out_of_range(const KeyDecl& d, const Value& e) {
+  if (e.kind != Value::Kind::Int && e.kind != Value::Kind::Float) return "";
+  const double x = e.kind == Value::Kind::Int ? static_cast<double>(e.i) : e.f;
+  const std::string valid = d.range ? d.range->describe() : "a finite number";
+  if (e.kind == Value::Kind::Float && !std::isfinite(x) && !(d.range && d.range->contains(x)))
+    return "must be finite (" + valid + ")";
+  if (d.range && !d.range->contains(x)) return "must be " + valid;
+  return "";
+}
+
+// Range and finiteness of a numeric key; empty when valid.
+std::string range_error(const KeyDecl& d, const Value& v) {
+  if (!numeric(d.type) || v.is_null()) return "";
+  if (v.is_list()) {
+    for (size_t i = 0; i < v.list.size(); ++i) {
+      const std::string why = out_of_range(d, v.list[i]);
+      if (!why.empty())
+        return "config key '" + d.path + "' element " + std::to_string(i) + " " + why + ", got '" +
+               show(v.list[i]) + "' in " + to_flow_yaml(v) + from(v.origin);
+    }
+    return "";
+  }
+  const std::string why = out_of_range(d, v);
+  return why.empty() ? "" : "config key '" + d.path + "' " + why + ", got '" + show(v) + "'" + from(v.origin);
+}
+
 }  // namespace
 
 namespace {
@@ -161,6 +193,10 @@ void validate(const Schema& schema, Value& resolved, const Value& raw, std::vect
       }
     }
     if (bad_value) continue;
+    if (std::string why = range_error(d, *v); !why.empty()) {
+      report(std::move(why));
+      continue;
+    }
     const std::string shown = d.path + "=" + to_flow_yaml(*v);
     bool unsupported = false;
     for (const auto& m : ms) {

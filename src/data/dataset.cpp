@@ -113,7 +113,9 @@ Status check_file_fields(const std::string& path, const std::vector<std::vector<
     std::ifstream in(path, std::ios::binary);
     if (!in) return KS_ERR(path, ": cannot open (does the file exist and is it readable?)");
     std::string line;
-    while (std::getline(in, line) && line.find_first_not_of(" \t\r\n") == std::string::npos) {}
+    bool any = false;
+    while (!any && std::getline(in, line)) any = line.find_first_not_of(" \t\r\n") != std::string::npos;
+    if (!any) return KS_ERR(path, ": no rows (the file is empty); give a JSONL file with one JSON object per line");
     try {
       first = oj::parse(line);
     } catch (const nlohmann::json::exception&) {

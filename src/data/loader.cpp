@@ -29,8 +29,10 @@ Result<LoaderState> LoaderState::from_json(const nlohmann::json& j, const std::s
 
 EpochLoader::EpochLoader(int64_t n, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last)
     : drop_last_(drop_last) {
-  KS_CHECK(n > 0, "data loader: the dataset is empty");
-  KS_CHECK(batch_size > 0, "data loader: batch size must be positive");
+  if (n <= 0)
+    KS_FAIL("data loader: no rows to train on (the files are empty, or every row was filtered out or skipped: see "
+            "the 'rows kept' line above; check data.train_files, data.filter_overlong_prompts, data.skip_malformed)");
+  if (batch_size <= 0) KS_FAIL("data loader: batch size must be >= 1, got ", batch_size, " (data.train_batch_size)");
   if (drop_last && batch_size > n)
     KS_FAIL("data loader: batch size ", batch_size, " is larger than the dataset (", n,
             " rows); lower data.train_batch_size or add data");

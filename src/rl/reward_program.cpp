@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -48,6 +50,47 @@ std::string clip(const std::string& s, size_t n = 80) { return s.size() <= n ? s
 
 // Pipe ends above fd 2 with close-on-exec: the dup2 of the spawn file actions
 // is then never a no-op on a fd that would stay close-on-exec.
+// The program a shell command starts, when it is plainly one word (after
+// VAR=value assignments) and cannot be found; "" when found or when the
+// command is shell syntax this check does not read (builtins, quotes, $).
+std::string missing_program(const std::string& command) {
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < command.size()) {
+    while (i < command.size() && std::isspace(static_cast<unsigned char>(command[i]))) ++i;
+    size_t j = i;
+    while (j < command.size() && !std::isspace(static_cast<unsigned char>(command[j]))) ++j;
+    if (j > i) words.push_back(command.substr(i, j - i));
+    i = j;
+  }
+  size_t w = 0;
+  while (w < words.size() && words[w].find('=') != std::string::npos && words[w][0] != '=') ++w;
+  if (w >= words.size()) return "";
+  const std::string& prog = words[w];
+  if (prog.find_first_of("\"'`$*?[]{}()<>|&;~!#") != std::string::npos) return "";
+  // Shell builtins and keywords (POSIX special and regular builtins, bash's common ones).
+  static const char* const kShellWords[] = {
+      ".",     ":",       "[",       "alias",   "bg",     "break",    "builtin", "case",    "cd",     "command",
+      "continue", "declare", "do",   "done",    "echo",   "elif",     "else",    "esac",    "eval",   "exec",
+      "exit",  "export",  "false",   "fc",      "fg",     "fi",       "for",     "function", "getopts", "hash",
+      "if",    "jobs",    "kill",    "let",     "local",  "printf",   "pwd",     "read",    "readonly", "return",
+      "select", "set",    "shift",   "source",  "test",   "then",     "time",    "times",   "trap",   "true",
+      "type",  "typeset", "ulimit",  "umask",   "unalias", "unset",   "until",   "wait",    "while"};
+  for (const char* k : kShellWords)
+    if (prog == k) return "";
+  if (prog.find('/') != std::string::npos) return ::access(prog.c_str(), X_OK) == 0 ? "" : prog;
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/bin:/bin";
+  for (size_t a = 0; a <= p.size();) {
+    size_t b = p.find(':', a);
+    if (b == std::string::npos) b = p.size();
+    const std::string dir = b > a ? p.substr(a, b - a) : ".";
+    if (::access((dir + "/" + prog).c_str(), X_OK) == 0) return "";
+    a = b + 1;
+  }
+  return prog;
+}
+
 Status make_pipe(int fds[2]) {
   int raw[2];
   if (::pipe2(raw, O_CLOEXEC) != 0) return KS_ERR("pipe2 failed: ", std::strerror(errno));
@@ -210,12 +253,23 @@ Result<std::unique_ptr<RewardProgram>> RewardProgram::start(RewardProgramOptions
     return KS_ERR(opt.name, ": give exactly one of a command argv or a shell command");
   if (!(opt.timeout_s > 0) || !std::isfinite(opt.timeout_s))
     return KS_ERR(opt.name, ": timeout must be a positive number of seconds, got ", opt.timeout_s);
+  if (!opt.shell_command.empty()) {
+    // /bin/sh starts whatever the command names, so a missing program would
+    // only show as exit 127 and zero rewards for the whole run: checked here.
+    if (const std::string miss = missing_program(opt.shell_command); !miss.empty())
+      return KS_ERR(opt.name, ": program '", miss, "' of the command '", clip(opt.shell_command, 200), "' ",
+                    miss.find('/') == std::string::npos ? "is not on PATH" : "does not exist or is not executable",
+                    " (give an executable program, e.g. an absolute path)");
+  }
   std::unique_ptr<RewardProgram> p(new RewardProgram(std::move(opt)));
   if (!p->opt_.stderr_log.empty() && !p->opt_.stderr_sink) {
     p->log_ = std::fopen(p->opt_.stderr_log.c_str(), "a");
     if (!p->log_)
       return KS_ERR(p->opt_.name, ": cannot open the stderr log '", p->opt_.stderr_log, "' for appending: ",
                     std::strerror(errno));
+    std::fseek(p->log_, 0, SEEK_END);
+    const long size = std::ftell(p->log_);
+    p->log_bytes_ = size > 0 ? static_cast<uint64_t>(size) : 0;
   }
   KS_TRY(p->spawn());
   return p;
@@ -291,6 +345,26 @@ void RewardProgram::close_fds() {
 }
 
 void RewardProgram::emit_stderr_line(const std::string& line) {
+  // A program printing without end (1 GiB per call) must not fill the disk
+  // or the console: past the per-call cap lines are only counted.
+  if (call_err_bytes_ + line.size() + 1 > opt_.max_stderr_per_call) {
+    call_err_dropped_ += line.size() + 1;
+    return;
+  }
+  call_err_bytes_ += line.size() + 1;
+  if (log_ && !opt_.stderr_sink) {
+    if (log_full_) return;
+    if (log_bytes_ + line.size() + 1 > opt_.max_stderr_log) {
+      log_full_ = true;
+      std::fprintf(log_, "[kestrel: this log reached its cap of %llu bytes; further reward-program stderr is dropped "
+                   "(rotate or remove the file)]\n", static_cast<unsigned long long>(opt_.max_stderr_log));
+      std::fflush(log_);
+      warn(opt_.name + ": stderr log '" + opt_.stderr_log + "' reached its cap of " +
+           std::to_string(opt_.max_stderr_log) + " bytes; further stderr of the program is dropped");
+      return;
+    }
+    log_bytes_ += line.size() + 1;
+  }
   if (opt_.stderr_sink) {
     opt_.stderr_sink(line);
   } else if (log_) {
@@ -370,6 +444,8 @@ void RewardProgram::stop() {
 
 RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   const size_t B = batch.size();
+  call_err_bytes_ = 0;
+  call_err_dropped_ = 0;
   RewardProgramBatch r;
   r.scores.assign(B, 0.0);
   r.extra.assign(B, nlohmann::ordered_json::object());
@@ -382,6 +458,10 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
   };
   const int64_t restarts_before = total_.restarts;
   auto finish = [&]() {
+    if (call_err_dropped_ > 0)
+      warn(opt_.name + " wrote " + std::to_string(call_err_bytes_ + call_err_dropped_) +
+           " bytes on stderr during one batch; the first " + std::to_string(call_err_bytes_) +
+           " were kept and the rest dropped (cap " + std::to_string(opt_.max_stderr_per_call) + " bytes per batch)");
     r.failures.restarts = total_.restarts - restarts_before;
     RewardFailureCounts add = r.failures;
     add.restarts = 0;  // already in total_

@@ -73,6 +73,11 @@ struct RewardProgramOptions {
   // stderr_log when that is set.
   std::function<void(const std::string&)> stderr_sink;
   std::string stderr_log;
+  // Caps on the child's stderr: what one score() call passes on (the rest is
+  // counted and dropped, with a warning), and how large stderr_log may grow
+  // (counting what it held before; a notice is written at the cap).
+  size_t max_stderr_per_call = size_t(1) << 20;
+  uint64_t max_stderr_log = uint64_t(256) << 20;
   std::string name = "reward program";  // for messages ("custom_reward_function my.py:fn")
   // Extra environment for the child (KEY=VALUE), on top of ours.
   std::vector<std::string> extra_env;
@@ -125,6 +130,10 @@ class RewardProgram {
   int64_t next_id_ = 0;
   int64_t spawned_ = 0;
   std::FILE* log_ = nullptr;
+  uint64_t log_bytes_ = 0;           // size of stderr_log, to cap it
+  bool log_full_ = false;            // the cap notice was written
+  size_t call_err_bytes_ = 0;        // stderr passed on during this score() call
+  uint64_t call_err_dropped_ = 0;    // and dropped over the per-call cap
   RewardFailureCounts total_;
 };
 

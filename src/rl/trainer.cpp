@@ -8,6 +8,7 @@
 #include "core/progress.h"
 #include "rl/distributed.h"
 #include "train/checkpoint.h"
+#include "train/run_control.h"
 
 namespace kestrel::rl {
 
@@ -291,6 +292,16 @@ void RlTrainer::add_data_metrics(const RolloutBatch& b, double secs, std::map<st
   m["perf/throughput"] = secs > 0 ? double(tokens) / secs : 0.0;
 }
 
+namespace {
+// Ctrl-C: every rank stops after the same step (rank 0's flag decides), then
+// the process ends as SIGINT does (train/run_control.h).
+void stop_if_interrupted(comm::ProcessGroup& world, int64_t step, const std::string& ckpt_root, bool leader) {
+  int32_t stop = train::interrupt_requested() ? 1 : 0;
+  if (world.size() > 1) world.broadcast(&stop, 1, DType::I32, 0);
+  if (stop) train::end_interrupted(step, ckpt_root, "kestrel train", leader);
+}
+}  // namespace
+
 Status RlTrainer::fit() {
   if (!opt_.ckpt_root.empty() && is_world_leader()) train::remove_stale_checkpoint_temps(opt_.ckpt_root);
   opt_.parallel.world->barrier();
@@ -310,7 +321,11 @@ Status RlTrainer::fit() {
   if (!resume_dir.empty()) {
     KS_TRY(load_checkpoint(resume_dir).with_context("resuming from " + resume_dir));
     std::fprintf(stderr, "resumed from %s (step %lld)\n", resume_dir.c_str(), (long long)step_);
+    if (is_world_leader())
+      train::report_if_finished(step_, opt_.total_steps, resume_dir, "trainer.total_training_steps",
+                                "trainer.default_local_dir");
   }
+  train::install_interrupt_handler();
   fit_start_step_ = step_;
   const auto t_fit = Clock::now();
   if (step_ == 0 && opt_.val_before_train) {
@@ -365,6 +380,7 @@ Status RlTrainer::fit() {
       (void)seconds_since(t0);
     }
     if (out_of_time) break;
+    stop_if_interrupted(*opt_.parallel.world, step_, opt_.ckpt_root, is_world_leader());
   }
   if (opt_.progress) bar.finish();
   return Status::ok();

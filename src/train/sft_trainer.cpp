@@ -11,6 +11,7 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/micro_batch.h"
+#include "train/run_control.h"
 #include "train/token_objective.h"
 
 namespace kestrel::train {
@@ -194,7 +195,9 @@ Status SftTrainer::fit() {
   if (!resume_dir.empty()) {
     KS_TRY(load_checkpoint(resume_dir).with_context("resuming from " + resume_dir));
     std::fprintf(stderr, "resumed from %s (step %lld)\n", resume_dir.c_str(), (long long)step_);
+    report_if_finished(step_, opt_.total_steps, resume_dir, "trainer.total_training_steps", "trainer.default_local_dir");
   }
+  install_interrupt_handler();
   if (step_ == 0 && opt_.val_before_train && logger_) logger_->log(0, validate());
   ProgressBar bar(opt_.total_steps, step_);
   while (step_ < opt_.total_steps) {
@@ -216,6 +219,7 @@ Status SftTrainer::fit() {
       set_progress(step_, "save_checkpoint");
       KS_TRY(save_checkpoint());
     }
+    if (interrupt_requested()) end_interrupted(step_, opt_.ckpt_root, "kestrel sft", true);
   }
   if (opt_.progress) bar.finish();
   if (!opt_.export_dir.empty()) KS_TRY(export_hf(opt_.export_dir));
