@@ -286,10 +286,12 @@ void amend_for_verl(Builder& b) {
               "one pass over the logits (ops/vocab_loss.h).";
   }
   KeyDecl& gc = b.existing("actor_rollout_ref.model.enable_gradient_checkpointing");
-  gc.status = NOP;
+  gc.status = YES;
   gc.as_default = {"false"};
-  gc.doc = "Activation recompute (FSDP); Kestrel keeps the activations (recompute is not built), which changes "
-           "memory, not values. Megatron-style recompute: megatron.override_transformer_config.recompute_*.";
+  gc.doc = "Activation recompute (verl FSDP): set to true (in a file or on the command line) it is full recompute "
+           "of every layer (recompute_granularity=full, method uniform, 1 layer) when "
+           "actor.megatron.override_transformer_config.recompute_granularity is null; bit-identical, costs time. "
+           "Its default (verl FSDP's true) is not applied: as in verl's Megatron engine, recompute is opt-in.";
   KeyDecl& raw = b.existing("data.return_raw_chat");
   raw.status = NOP;
   raw.doc = "Keep the raw chat messages next to the tokenized prompt; Kestrel always keeps them.";
