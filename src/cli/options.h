@@ -126,7 +126,7 @@ LogprobsSettings logprobs_settings(const config::Config& c);
 // "bfloat16" | "float32" (PPO names) or "bf16" | "f32" (flag names) -> DType.
 DType parse_compute_dtype(const std::string& name, const std::string& key);
 // The recompute policy of one trained model from <meg>.override_transformer_config.recompute_* and, when those
-// leave it off, verl FSDP's gc_key (enable_gradient_checkpointing) set to true explicitly: full/uniform/1.
+// leave it off, verl FSDP's gc_key (enable_gradient_checkpointing) when true: full/uniform/1.
 // Fails naming the key and the fix.
 model::RecomputePolicy recompute_policy(const config::Config& c, const std::string& meg, const std::string& gc_key);
 

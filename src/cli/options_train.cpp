@@ -49,8 +49,8 @@ model::RecomputePolicy recompute_policy(const config::Config& c, const std::stri
   auto num = [&](const std::string& k) { return c.get_int_or(K + k, -1); };
   std::string gran = str("recompute_granularity"), method = str("recompute_method");
   int64_t n = num("recompute_num_layers");
-  // verl FSDP's switch, when set explicitly and the Megatron keys leave recompute off: full/uniform/1.
-  const bool gc = !gc_key.empty() && c.get_bool(gc_key) && c.origin(gc_key) != "default";
+  // verl FSDP's switch, when the Megatron keys leave recompute off: full/uniform/1.
+  const bool gc = !gc_key.empty() && c.get_bool(gc_key);
   if (gc && gran.empty() && method.empty() && n < 0) {
     gran = "full";
     method = "uniform";

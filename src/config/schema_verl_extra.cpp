@@ -287,11 +287,11 @@ void amend_for_verl(Builder& b) {
   }
   KeyDecl& gc = b.existing("actor_rollout_ref.model.enable_gradient_checkpointing");
   gc.status = YES;
-  gc.as_default = {"false"};
-  gc.doc = "Activation recompute (verl FSDP): set to true (in a file or on the command line) it is full recompute "
-           "of every layer (recompute_granularity=full, method uniform, 1 layer) when "
-           "actor.megatron.override_transformer_config.recompute_granularity is null; bit-identical, costs time. "
-           "Its default (verl FSDP's true) is not applied: as in verl's Megatron engine, recompute is opt-in.";
+  gc.default_yaml = "false";
+  gc.doc = "Activation recompute (verl's FSDP switch): true is full recompute of every layer (recompute_granularity="
+           "full, recompute_method=uniform, recompute_num_layers=1) when actor.megatron.override_transformer_config."
+           "recompute_granularity is null; bit-identical, costs step time. verl default: true (FSDP tree), false "
+           "(Megatron tree, whose defaults Kestrel takes).";
   KeyDecl& raw = b.existing("data.return_raw_chat");
   raw.status = NOP;
   raw.doc = "Keep the raw chat messages next to the tokenized prompt; Kestrel always keeps them.";

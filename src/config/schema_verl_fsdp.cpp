@@ -104,10 +104,10 @@ void declare_verl_fsdp(Builder& b) {
 
   b.scope(C + ".model");
   b.k("use_shm", B, "false", NO, "Copy the critic's weights through /dev/shm before loading.");
-  b.k("enable_gradient_checkpointing", B, "true", YES,
-      "Activation recompute of the critic (verl FSDP): set to true (in a file or on the command line) it is full "
-      "recompute of every layer when critic.megatron.override_transformer_config.recompute_granularity is null; "
-      "its default (verl FSDP's true) is not applied (opt-in, as verl's Megatron engine).").as_default = {"false"};
+  b.k("enable_gradient_checkpointing", B, "false", YES,
+      "Activation recompute of the critic (verl's FSDP switch): true is full recompute of every layer when "
+      "critic.megatron.override_transformer_config.recompute_granularity is null. verl default: true (FSDP tree); "
+      "Kestrel takes the Megatron tree's opt-in.");
   b.k("enable_activation_offload", B, "false", NOP, std::string("Offload the critic's activations to host memory.") + kOffloadOnCpu);
   b.k("use_remove_padding", B, "true", NOP,
       "Packed critic inputs without padding; Kestrel always packs (false gives the same values). verl default: false.");
