@@ -53,6 +53,9 @@ struct TrainInputs {
   std::string critic_model_path;  // == model_path: the actor's folder
   uint64_t critic_seed = 0;
   DType critic_dtype = DType::F32;  // critic.megatron.dtype
+  // Activation recompute of the actor / critic (megatron.override_transformer_config.recompute_*, or
+  // model.enable_gradient_checkpointing=true); the reference and the rollout have no backward.
+  model::RecomputePolicy recompute, critic_recompute;
 };
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.
@@ -89,6 +92,7 @@ struct SftInputs {
   int threads = 0;
   std::vector<std::string> loggers;
   int64_t val_generations = 0, max_response_length = 0;
+  model::RecomputePolicy recompute;  // model.enable_gradient_checkpointing: full/uniform/1
 };
 SftInputs sft_inputs(const config::Config& c);
 train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch);
@@ -122,6 +126,10 @@ LogprobsSettings logprobs_settings(const config::Config& c);
 
 // "bfloat16" | "float32" (PPO names) or "bf16" | "f32" (flag names) -> DType.
 DType parse_compute_dtype(const std::string& name, const std::string& key);
+// The recompute policy of one trained model from <meg>.override_transformer_config.recompute_* and, when those
+// leave it off, verl FSDP's gc_key (enable_gradient_checkpointing) when true: full/uniform/1.
+// Fails naming the key and the fix.
+model::RecomputePolicy recompute_policy(const config::Config& c, const std::string& meg, const std::string& gc_key);
 
 // kestrel train's summary line for the built-in run on a machine too slow for
 // its budget (cli/train.cpp): "" unless a run from step 0 was cut by a budget

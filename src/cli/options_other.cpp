@@ -48,6 +48,8 @@ SftInputs sft_inputs(const config::Config& c) {
   in.arith_num_train = c.get_int("data.arith.num_train");
   in.arith_num_test = c.get_int("data.arith.num_test");
   in.dtype = parse_compute_dtype(c.get_string("model.dtype"), "model.dtype");
+  if (c.get_bool("model.enable_gradient_checkpointing"))
+    in.recompute = model::make_recompute_policy("full", "uniform", 1, {}, false, -1, false, -1, "").value();
   in.train_batch_size = c.get_int("data.train_batch_size");
   in.shuffle = c.get_bool("data.shuffle");
   in.seed = uint64_t(c.get_int("trainer.seed"));

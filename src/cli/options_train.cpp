@@ -43,6 +43,31 @@ double clip_ratio_side(const config::Config& c, const std::string& side) {
 
 }  // namespace
 
+model::RecomputePolicy recompute_policy(const config::Config& c, const std::string& meg, const std::string& gc_key) {
+  const std::string K = meg + ".override_transformer_config.";
+  auto str = [&](const std::string& k) { return c.is_null(K + k) ? std::string() : c.get_string(K + k); };
+  auto num = [&](const std::string& k) { return c.get_int_or(K + k, -1); };
+  std::string gran = str("recompute_granularity"), method = str("recompute_method");
+  int64_t n = num("recompute_num_layers");
+  // verl FSDP's switch, when the Megatron keys leave recompute off: full/uniform/1.
+  const bool gc = !gc_key.empty() && c.get_bool(gc_key);
+  if (gc && gran.empty() && method.empty() && n < 0) {
+    gran = "full";
+    method = "uniform";
+    n = 1;
+  }
+  auto r = model::make_recompute_policy(
+      gran, method, n, c.get_string_list(K + "recompute_modules"), c.get_bool(K + "recompute_activation_function"),
+      num("recompute_activation_function_num_layers"), c.get_bool(K + "recompute_norm"),
+      num("recompute_norm_num_layers"), K);
+  if (!r) {
+    const std::string where = c.origin(K + "recompute_granularity");
+    KS_FAIL(where == "default" && gc ? c.origin(gc_key) + ": " + gc_key + "=true: " : where + ": ",
+            r.status().message());
+  }
+  return std::move(r).value();
+}
+
 DType parse_compute_dtype(const std::string& name, const std::string& key) {
   if (name == "float32" || name == "f32" || name == "fp32") return DType::F32;
   if (name == "bfloat16" || name == "bf16") return DType::BF16;
@@ -92,6 +117,7 @@ TrainInputs train_inputs(const config::Config& c) {
             in.vocab_divisible_by);
   in.sequence_parallel = c.get_bool(A + "megatron.override_transformer_config.sequence_parallel");
   in.distributed_optimizer = c.get_bool(A + "megatron.override_transformer_config.use_distributed_optimizer");
+  in.recompute = recompute_policy(c, A + "megatron", "actor_rollout_ref.model.enable_gradient_checkpointing");
   in.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
   in.collective_timeout_s = double(c.get_int("actor_rollout_ref.nccl_timeout"));
   in.console_logger = false;
@@ -106,6 +132,7 @@ TrainInputs train_inputs(const config::Config& c) {
   in.critic_model_path = c.get_string("critic.model.path");
   in.critic_seed = uint64_t(c.get_int("critic.megatron.seed"));
   in.critic_dtype = parse_compute_dtype(c.get_string("critic.megatron.dtype"), "critic.megatron.dtype");
+  in.critic_recompute = recompute_policy(c, "critic.megatron", "critic.model.enable_gradient_checkpointing");
 
   // The rollout reads the actor's weights in place, so it computes in their dtype.
   const std::string rdt = c.get_string(R + "dtype"), adt = c.get_string(A + "megatron.dtype");

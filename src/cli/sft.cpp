@@ -159,6 +159,7 @@ int cmd_sft(const Args& argv) {
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
+  mopt.recompute = in.recompute;
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& m = **loaded;

@@ -173,6 +173,7 @@ std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const TrainInpu
   mo.value_head = true;
   mo.value_head_seed = in.critic_seed;
   mo.dtype = in.critic_dtype;
+  mo.recompute = in.critic_recompute;
   auto m = model::CausalLM::load(dir, mo);
   if (!m) KS_FAIL(c.origin("critic.model.path"), ": ", m.status().message());
   return std::make_unique<rl::Critic>(std::move(m).value(), critic_options(c, o));
@@ -379,6 +380,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
+  mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
   if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);

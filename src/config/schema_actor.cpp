@@ -77,12 +77,38 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       "Megatron's vocabulary padding: under tp > 1 a vocabulary tp does not divide is padded to a multiple of this "
       "x tp (rows that never win, stripped on export); tp = 1 and divisible vocabularies are not padded.");
   // verl's defaults (engine/megatron.yaml).
-  add("recompute_granularity", S, "null", NO, "Activation recompute: full layers or selective (attention core).",
+  // Activation recompute (model/recompute.h); bit-identical to none. The ref
+  // has no backward, so there they have no effect.
+  const Support RC = is_ref ? NOP : YES;
+  const std::string no_bwd = is_ref ? " The reference model has no backward: no effect here." : "";
+  add("recompute_granularity", S, "null", RC,
+      "Activation recompute: full (keep only each chunk's input, rerun its forward in backward; needs "
+      "recompute_method and recompute_num_layers) or selective (recompute_modules).",
       {"full", "selective"});
-  add("recompute_modules", SL, "[core_attn]", NO, "Modules recomputed by selective recompute.",
-      {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
-  add("recompute_method", S, "null", NO, "How full recompute picks layers.", {"uniform", "block"});
-  add("recompute_num_layers", I, "null", NO, "Layers per recompute unit (uniform) or recomputed layers per stage (block).");
+  add("recompute_modules", SL, "[core_attn]", RC,
+      "Modules recomputed by selective recompute: core_attn (attention core output and lse, from q/k/v), "
+      "layernorm (both norms' outputs), mlp (the dense MLP's gate/up/act, from its norm); moe_act, moe, "
+      "shared_experts, mla_up_proj need MoE/MLA, not built." + no_bwd,
+      {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"},
+      {"core_attn", "layernorm", "mlp"});
+  add("recompute_method", S, "null", RC,
+      "How full recompute picks layers: uniform (chunks of recompute_num_layers, one checkpoint each) or block "
+      "(the first recompute_num_layers layers of the stage, one checkpoint each)." + no_bwd,
+      {"uniform", "block"});
+  add("recompute_num_layers", I, "null", RC,
+      "Layers per recompute chunk (uniform) or recomputed layers per stage (block); >= 1 with full." + no_bwd);
+  add("recompute_activation_function", B, "false", RC,
+      "MindSpeed: drop the SwiGLU output once the down projection used it, recompute it before the down "
+      "projection's weight gradient; with full recompute only with recompute_method=block (its layers come after "
+      "the full ones)." + no_bwd);
+  add("recompute_activation_function_num_layers", I, "null", RC,
+      "MindSpeed: layers (after the full-recompute ones) with activation-function recompute; null = all." + no_bwd);
+  add("recompute_norm", B, "false", RC,
+      "MindSpeed: drop both RMSNorm outputs once q/k/v and gate/up used them, recompute them (an all-gather "
+      "under sequence parallelism) before their backward; with full recompute only with recompute_method=block." +
+          no_bwd);
+  add("recompute_norm_num_layers", I, "null", RC,
+      "MindSpeed: layers (after the full-recompute ones) with norm recompute; null = all." + no_bwd);
   add("attention_backend", S, "flash", NOP,
       "Megatron attention implementation; Kestrel runs its own fused (flash-style) attention for every value.",
       {"flash", "fused", "unfused", "local", "auto"});

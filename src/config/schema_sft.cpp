@@ -46,6 +46,9 @@ void declare_sft(Builder& b) {
   b.k("partial_pretrain", S, "builtin:tiny", YES, "HF model folder, or builtin:tiny | builtin:small (random init).");
   b.k("tokenizer_path", S, "null", YES, "Tokenizer folder; null = the model folder.");
   b.k("dtype", S, "f32", YES, "Compute dtype; bf16 keeps f32 master weights (Kestrel).", {"f32", "bf16"});
+  b.k("enable_gradient_checkpointing", B, "false", YES,
+      "Activation recompute: full recompute of every layer (Megatron's full/uniform/1), bit-identical, costs "
+      "time. verl's FSDP SFT default is true; Kestrel's is false (opt-in).");
 
   b.scope("optim");
   b.k("lr", F, "1e-5", YES, "Peak learning rate.").at_least(0);

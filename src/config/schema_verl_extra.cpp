@@ -286,10 +286,12 @@ void amend_for_verl(Builder& b) {
               "one pass over the logits (ops/vocab_loss.h).";
   }
   KeyDecl& gc = b.existing("actor_rollout_ref.model.enable_gradient_checkpointing");
-  gc.status = NOP;
-  gc.as_default = {"false"};
-  gc.doc = "Activation recompute (FSDP); Kestrel keeps the activations (recompute is not built), which changes "
-           "memory, not values. Megatron-style recompute: megatron.override_transformer_config.recompute_*.";
+  gc.status = YES;
+  gc.default_yaml = "false";
+  gc.doc = "Activation recompute (verl's FSDP switch): true is full recompute of every layer (recompute_granularity="
+           "full, recompute_method=uniform, recompute_num_layers=1) when actor.megatron.override_transformer_config."
+           "recompute_granularity is null; bit-identical, costs step time. verl default: true (FSDP tree), false "
+           "(Megatron tree, whose defaults Kestrel takes).";
   KeyDecl& raw = b.existing("data.return_raw_chat");
   raw.status = NOP;
   raw.doc = "Keep the raw chat messages next to the tokenized prompt; Kestrel always keeps them.";

@@ -104,9 +104,10 @@ void declare_verl_fsdp(Builder& b) {
 
   b.scope(C + ".model");
   b.k("use_shm", B, "false", NO, "Copy the critic's weights through /dev/shm before loading.");
-  b.k("enable_gradient_checkpointing", B, "true", NOP,
-      "FSDP activation recompute of the critic; Kestrel keeps the activations (recompute is not built), which "
-      "changes memory, not values.").as_default = {"false"};
+  b.k("enable_gradient_checkpointing", B, "false", YES,
+      "Activation recompute of the critic (verl's FSDP switch): true is full recompute of every layer when "
+      "critic.megatron.override_transformer_config.recompute_granularity is null. verl default: true (FSDP tree); "
+      "Kestrel takes the Megatron tree's opt-in.");
   b.k("enable_activation_offload", B, "false", NOP, std::string("Offload the critic's activations to host memory.") + kOffloadOnCpu);
   b.k("use_remove_padding", B, "true", NOP,
       "Packed critic inputs without padding; Kestrel always packs (false gives the same values). verl default: false.");

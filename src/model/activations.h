@@ -1,10 +1,12 @@
 // What the forward keeps for the backward, per layer. Named fields (not a
-// generic map) so that recompute and offload policies can later choose
-// exactly which to drop and rebuild.
+// generic map) so that recompute (model/recompute.h) and offload policies
+// choose exactly which to drop and rebuild: a dropped field is left undefined
+// by the forward and rebuilt by the backward right before its use.
 #pragma once
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/recompute.h"
 
 namespace kestrel::model {
 
@@ -24,6 +26,7 @@ struct LayerActivations {
   Tensor rstd2;     // f32 [T]
   Tensor gate, up;  // [T, F]
   Tensor act;       // [T, F] silu(gate) * up
+  BlockRecompute rc;  // what this block's forward drops (training only; default: keep everything)
 };
 
 struct Activations {

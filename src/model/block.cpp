@@ -37,6 +37,7 @@ Tensor Block::forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActiva
   ops::rmsnorm_fwd(x, input_norm_.weight, dims_.eps, norm1, A.rstd1);
   A.norm1 = ex.enter(norm1);  // [Tp, D] input of the column-parallel q/k/v
   Tensor attn = attn_->forward(ex, layer, A.norm1, A);  // [Tl, D]
+  if (A.rc.norm) A.norm1 = Tensor();  // norm recompute: rebuilt from x_in before q/k/v's backward
   A.x_mid = ex.buffer(BlockBuf::XMid, {Tl, D}, dt);
   ops::add(x, attn, A.x_mid);
 
@@ -45,19 +46,34 @@ Tensor Block::forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActiva
   ops::rmsnorm_fwd(A.x_mid, post_norm_.weight, dims_.eps, norm2, A.rstd2);
   A.norm2 = ex.enter(norm2);  // [Tp, D]
   Tensor mlp = mlp_->forward(ex, A.norm2, A);  // [Tl, D]
+  if (A.rc.norm) A.norm2 = Tensor();  // rebuilt from x_mid before gate/up's backward
   Tensor out = ex.buffer(BlockBuf::XOut, {Tl, D}, dt);  // may be x itself in inference: x is not read after this
   ops::add(A.x_mid, mlp, out);
   return out;
+}
+
+// Norm recompute: the [Tp, D] entered norm output of x [Tl, D], as the
+// forward made it (same kernel, same input; under SP the same all-gather,
+// which every tp rank runs at the same point of its backward).
+Tensor Block::norm_again(TrainExec& ex, BlockBuf slot, const Tensor& x, const Param& w) const {
+  Tensor n = ex.buffer(slot, {ex.Tl, dims_.D}, dims_.dtype);
+  Tensor rstd = Tensor::empty({ex.Tl}, DType::F32, MemCategory::Activations);  // equals the kept one; dropped
+  ops::rmsnorm_fwd(x, w.weight, dims_.eps, n, rstd);
+  return ex.enter(n);
 }
 
 void Block::backward(TrainExec& ex, LayerActivations& A, Tensor& dx) {
   const int64_t D = dims_.D;
   Tensor dnorm = ex.grad_buf(GradBuf::DNorm, {ex.Tp, D});  // [Tp, D] partial under tp
   Tensor tmp_l = ex.grad_buf(GradBuf::TmpL, {ex.Tl, D});
+  if (A.rc.norm) A.norm2 = norm_again(ex, BlockBuf::Norm2, A.x_mid, post_norm_);
   mlp_->backward(ex, A, dx, dnorm);
+  if (A.rc.norm) A.norm2 = Tensor();
   ex.norm_bwd(A.x_mid, post_norm_, A.rstd2, parallel::tp_enter_bwd(ex.tp, ex.sp, dnorm), tmp_l);
   ops::add_inplace(dx, tmp_l);  // dx is now d x_mid
+  if (A.rc.norm) A.norm1 = norm_again(ex, BlockBuf::Norm1, A.x_in, input_norm_);
   attn_->backward(ex, A, dx, dnorm);
+  if (A.rc.norm) A.norm1 = Tensor();
   ex.norm_bwd(A.x_in, input_norm_, A.rstd1, parallel::tp_enter_bwd(ex.tp, ex.sp, dnorm), tmp_l);
   ops::add_inplace(dx, tmp_l);  // dx is now d x_in
 }

@@ -128,6 +128,7 @@ class Block {
   const MlpBlock& mlp() const { return *mlp_; }
 
  private:
+  Tensor norm_again(TrainExec& ex, BlockBuf slot, const Tensor& x, const Param& w) const;
   int64_t index_;
   BlockDims dims_;
   Param input_norm_, post_norm_;  // [D]

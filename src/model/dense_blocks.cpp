@@ -70,6 +70,10 @@ Tensor DenseAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, La
   A.attn = ex.attend(layer, A.q, A.k, A.v, A);  // [Tp, H*hd]
   Tensor out = ex.buffer(BlockBuf::O, {ex.Tl, dims_.D}, dt);
   ex.row_linear(A.attn, o.weight, bias_of(o_bias), out);
+  if (A.rc.core_attn) {  // selective core_attn: rebuilt from q, k, v before o_proj's backward
+    A.attn = Tensor();
+    A.lse = Tensor();
+  }
   return out;
 }
 
@@ -97,11 +101,19 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
   Tensor dq = ex.grad_buf(GradBuf::DQ, {Tp, H * hd}), dk = ex.grad_buf(GradBuf::DK, {Tp, Hkv * hd});
   Tensor dv = ex.grad_buf(GradBuf::DV, {Tp, Hkv * hd});
   Tensor tmp_d = ex.grad_buf(GradBuf::TmpD, {Tp, D});
+  // Selective core_attn: the forward's attention core again (the training
+  // core does not depend on the layer index: no KV cache). Same kernel, same
+  // q/k/v: the same attn and lse bits.
+  if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, A);
   parallel::row_linear_bwd(ex.tp, ex.sp, A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
   Tensor dq_r = ex.real_rows(dq), dk_r = ex.real_rows(dk), dv_r = ex.real_rows(dv);
   ops::attention_bwd(ex.real_rows(A.q), ex.real_rows(A.k), ex.real_rows(A.v), ex.real_rows(A.attn), A.lse,
                      ex.real_rows(dattn), ex.batch.cu_seqlens, ops::AttentionShape{H, Hkv, hd, 0.f}, dq_r, dk_r, dv_r,
                      ex.prefix_of());
+  if (A.rc.core_attn) {
+    A.attn = Tensor();
+    A.lse = Tensor();
+  }
   ops::rope_bwd(dq, ex.positions, *ex.rope, H);
   ops::rope_bwd(dk, ex.positions, *ex.rope, Hkv);
   Tensor dq_in = dq, dk_in = dk;  // gradients of the q/k projections' outputs
@@ -164,6 +176,10 @@ Tensor DenseMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) co
   ops::swiglu_fwd(A.gate, A.up, A.act);
   Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, dims_.D}, dt);
   ex.row_linear(A.act, down.weight, bias_of(down_bias), out);
+  // Activation-function recompute drops act once down consumed it; selective
+  // mlp drops gate and up too (rebuilt from norm2 in backward).
+  if (A.rc.act || A.rc.mlp) A.act = Tensor();
+  if (A.rc.mlp) A.gate = A.up = Tensor();
   return out;
 }
 
@@ -173,8 +189,21 @@ void DenseMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Te
   Tensor dF1 = ex.grad_buf(GradBuf::DF1, {Tp, F}), dF2 = ex.grad_buf(GradBuf::DF2, {Tp, F});
   Tensor dact = ex.grad_buf(GradBuf::DAct, {Tp, F});
   Tensor tmp_d = ex.grad_buf(GradBuf::TmpD, {Tp, dims_.D});
+  const DType dt = dims_.dtype;
+  if (A.rc.mlp) {  // gate/up projections again, the forward's kernels on the same norm2
+    A.gate = ex.buffer(BlockBuf::Gate, {Tp, F}, dt);
+    A.up = ex.buffer(BlockBuf::Up, {Tp, F}, dt);
+    ex.linear(A.norm2, gate.weight, bias_of(gate_bias), A.gate);
+    ex.linear(A.norm2, up.weight, bias_of(up_bias), A.up);
+  }
+  if (A.rc.act || A.rc.mlp) {  // swiglu again, before the down projection's weight gradient reads it
+    A.act = ex.buffer(BlockBuf::Act, {Tp, F}, dt);
+    ops::swiglu_fwd(A.gate, A.up, A.act);
+  }
   parallel::row_linear_bwd(ex.tp, ex.sp, A.act, down.weight, dy, &dact, &down.grad, grad_of(down_bias));
+  if (A.rc.act || A.rc.mlp) A.act = Tensor();
   ops::swiglu_bwd(A.gate, A.up, dact, dF1, dF2);
+  if (A.rc.mlp) A.gate = A.up = Tensor();
   ops::linear_bwd(A.norm2, gate.weight, dF1, &dx, &gate.grad, grad_of(gate_bias));
   ops::linear_bwd(A.norm2, up.weight, dF2, &tmp_d, &up.grad, grad_of(up_bias));
   ops::add_inplace(dx, tmp_d);

@@ -49,8 +49,22 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
              "] ", dtype_name(dt), " of the previous slice, got ", hidden.defined() ? hidden.describe() : "none");
     x = hidden;
   }
-  acts.layers.resize(keep ? blocks_.size() : 1);
-  for (size_t li = 0; li < blocks_.size(); ++li) x = blocks_[li]->forward(ex, int64_t(li), x, acts.layers[keep ? li : 0]);
+  acts.layers.assign(keep ? blocks_.size() : 1, LayerActivations());
+  // The recompute plan: training only (keep); inference reuses one record and keeps nothing anyway.
+  const std::vector<BlockRecompute> plan = opts_.recompute.plan(keep ? num_blocks() : 0);
+  for (size_t li = 0; li < blocks_.size(); ++li) {
+    if (keep && plan[li].full) {
+      // Full recompute: the block runs into a record dropped right after;
+      // only the chunk's first input survives (the checkpoint).
+      LayerActivations scratch;
+      if (int64_t(li) == plan[li].chunk_first) acts.layers[li].x_in = x;
+      x = blocks_[li]->forward(ex, int64_t(li), x, scratch);
+      continue;
+    }
+    LayerActivations& A = acts.layers[keep ? li : 0];
+    if (keep) A.rc = plan[li];
+    x = blocks_[li]->forward(ex, int64_t(li), x, A);
+  }
   if (!has_head()) {
     if (!keep) acts.clear();
     return x;
@@ -100,6 +114,15 @@ void CausalLM::backward(const PackedBatch& b, Activations& acts, const Tensor& d
   backward_hidden(b, acts, dlogits);
 }
 
+void CausalLM::rerun_chunk(TrainExec& ex, Activations& acts, int64_t first, int64_t last) const {
+  Tensor x = acts.layers[size_t(first)].x_in;  // [Tl, D] the checkpoint
+  for (int64_t j = first; j <= last; ++j) {
+    LayerActivations& A = acts.layers[size_t(j)];
+    A = LayerActivations();  // keep everything (rc: none) for this chunk's backward
+    x = blocks_[size_t(j)]->forward(ex, j, x, A);
+  }
+}
+
 Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const Tensor& dout) {
   TrainExec ex = exec_for(*this, b);
   comm::ProcessGroup& g = tp();
@@ -140,8 +163,11 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
              " takes the f32 gradient of its residual stream [", Tl, ", ", D, "], got ", dout.describe());
     dx.copy_from(dout);  // accumulated in place below
   }
+  const std::vector<BlockRecompute> plan = opts_.recompute.plan(num_blocks());
   for (size_t li = blocks_.size(); li-- > 0;) {
+    if (plan[li].full && int64_t(li) == plan[li].chunk_last) rerun_chunk(ex, acts, plan[li].chunk_first, int64_t(li));
     blocks_[li]->backward(ex, acts.layers[li], dx);
+    acts.layers[li] = LayerActivations();  // this block's activations are spent
     ready(blocks_[li]->index());
   }
   if (!has_embedding()) return dx;

@@ -53,6 +53,7 @@
 #include "model/batch.h"
 #include "model/block.h"
 #include "model/param.h"
+#include "model/recompute.h"
 #include "ops/rope.h"
 #include "parallel/sharding.h"
 #include "parallel/tp_layers.h"
@@ -94,6 +95,11 @@ struct ModelOptions {
   // (excluded from the vocab-parallel logprob/entropy/loss reductions, cut from
   // the rollout's logits), get zero gradients and are stripped on export.
   int64_t make_vocab_size_divisible_by = 128;
+
+  // Activation recompute of the training forward (model/recompute.h), decided
+  // per block of the slice; bit-identical to none. Scoring and the rollout
+  // ignore it (they keep nothing).
+  RecomputePolicy recompute;
 };
 
 class CausalLM {
@@ -206,6 +212,9 @@ class CausalLM {
   void allocate_params();
   void build_rope();
   Tensor run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep) const;
+  // Full recompute: reruns the forward of blocks [first, last] from the
+  // chunk's kept input, filling acts.layers[first..last] completely.
+  void rerun_chunk(TrainExec& ex, Activations& acts, int64_t first, int64_t last) const;
   void ready(int64_t stage) const {
     if (grad_hook_) grad_hook_(stage);
   }
