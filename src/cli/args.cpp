@@ -1,6 +1,9 @@
 #include "cli/args.h"
 
+#include <algorithm>
 #include <sstream>
+#include <stdexcept>
+#include <thread>
 
 #include "core/status.h"
 
@@ -66,10 +69,24 @@ int64_t ParsedArgs::get_int(const std::string& name) const {
     size_t pos = 0;
     int64_t x = std::stoll(v, &pos);
     if (pos != v.size()) throw std::invalid_argument(v);
+    if (name == "threads") check_threads(x);
     return x;
-  } catch (const std::exception&) {
+  } catch (const std::invalid_argument&) {
+    KS_FAIL("kestrel ", command_, ": option --", name, " must be an integer, got '", v, "'");
+  } catch (const std::out_of_range&) {
     KS_FAIL("kestrel ", command_, ": option --", name, " must be an integer, got '", v, "'");
   }
+}
+
+// OpenMP starts one OS thread per requested thread at the first parallel
+// region: --threads 65536 crashed inside libgomp (thread creation failed).
+// More threads than 4x the hardware's only time-slice the same cores.
+void ParsedArgs::check_threads(int64_t n) const {
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t limit = std::min<int64_t>(1024, std::max<int64_t>(4, 4 * hw));
+  if (n < 0 || n > limit)
+    KS_FAIL("kestrel ", command_, ": --threads ", n, " is out of range: use 0 (all ", hw, " hardware threads) or 1..",
+            limit, " (at most 4x the hardware threads, and 1024)");
 }
 
 std::string ParsedArgs::usage() const {
