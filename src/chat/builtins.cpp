@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "chat/ast.h"
 
@@ -34,8 +35,9 @@ int64_t floordiv(int64_t a, int64_t b) {
 
 std::string repeat(const std::string& s, int64_t n) {
   if (n <= 0 || s.empty()) return {};
-  if (uint64_t(n) > kMaxStringBytes / s.size() + 1) check_string_size(kMaxStringBytes + 1);
-  check_string_size(s.size() * size_t(n));
+  size_t total;  // checked before anything is allocated
+  if (__builtin_mul_overflow(s.size(), size_t(n), &total)) total = SIZE_MAX;
+  check_string_size(total);
   std::string out;
   out.reserve(s.size() * size_t(n));
   for (int64_t k = 0; k < n; ++k) out += s;

@@ -30,7 +30,7 @@ class ParsedArgs {
   std::string usage() const;
 
  private:
-  void check_threads(int64_t n) const;
+  void check_threads(int64_t n, const char* what) const;  // what: "--threads " or "OMP_NUM_THREADS="
   std::string command_;
   std::vector<FlagSpec> specs_;
   std::map<std::string, std::string> values_;

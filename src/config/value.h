@@ -72,7 +72,7 @@ Result<Value> parse_override_value(const std::string& text, const std::string& o
 // overflow or gigabytes of memory. verl's deepest config nests 8 levels and
 // its trees hold a few thousand nodes.
 inline constexpr int kMaxYamlDepth = 64;
-inline constexpr int64_t kMaxYamlNodes = 200'000;
+inline constexpr int64_t kMaxYamlNodes = 50'000;
 Result<Value> from_yaml(const YAML::Node& node, const std::string& file, int line_hint);
 
 // One scalar or flow collection as YAML text that reads back to the same value

@@ -42,8 +42,8 @@ TEST(ChatLimits, NestingIsBoundedAtParse) {
 TEST(ChatLimits, StringSizeIsBounded) {
   // Reached 4.2 GB in 10 s.
   const std::string e = render("{{ \"x\" * 1000000000 }}");
-  EXPECT_NE(e.find("ERROR: chat template line 1, col 4: a string of 1000000000 bytes exceeds the chat template "
-                   "limit of 64 MiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("ERROR: chat template line 1, col "), std::string::npos) << e;
+  EXPECT_NE(e.find(": a string of 1000000000 bytes exceeds the chat template limit of 64 MiB"), std::string::npos) << e;
   EXPECT_NE(render("{{ 'ab' * 9223372036854775807 }}").find("exceeds the chat template limit"), std::string::npos);
   EXPECT_NE(render("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
                    "{% endfor %}").find("exceeds the chat template limit of 64 MiB"), std::string::npos);
@@ -88,7 +88,7 @@ TEST(ChatLimits, IntegerOverflowIsAnError) {
   EXPECT_NE(render("{{ (-9223372036854775807 - 1) // -1 }}").find("integer overflow in '//'"), std::string::npos);
   EXPECT_EQ(render("{{ (-9223372036854775807 - 1) % -1 }} {{ -7 // 2 }} {{ -7 % 2 }}"), "0 -4 1");
   EXPECT_NE(render("{{ -(-9223372036854775807 - 1) }}").find("integer overflow in unary '-'"), std::string::npos);
-  EXPECT_NE(render("{{ 1e300 | int }}").find("integer overflow in 'int'"), std::string::npos);
+  EXPECT_NE(render("{{ (10.0 ** 300) | int }}").find("integer overflow in 'int'"), std::string::npos);
   EXPECT_NE(render("{{ [1] | tojson(indent=100000000) }}").find("tojson indent 100000000 is above 1024"),
             std::string::npos);
 }
