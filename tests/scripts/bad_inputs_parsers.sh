@@ -121,7 +121,7 @@ n = struct.unpack("<Q", b[:8])[0]
 h = json.loads(b[8:8 + n])
 name = next(k for k, v in h.items() if k != "__metadata__" and v["dtype"] == "F32")
 h[name]["dtype"] = "I32"  # same width: the offsets stay valid
-t = json.dumps(h).encode()
+t = json.dumps(h, separators=(",", ":")).encode()
 t += b" " * (n - len(t)) if len(t) <= n else b""
 assert len(t) == n, "header grew"
 open(p, "wb").write(b[:8] + t + b[8 + n:])
