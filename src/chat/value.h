@@ -33,7 +33,7 @@ enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespa
 // loops over the messages and their tool calls). Each is a ValueError that
 // the renderer reports at the template position, naming the limit.
 inline constexpr int kMaxValueDepth = 512;                    // list/dict nesting (printing, comparing recurse)
-inline constexpr size_t kMaxStringBytes = size_t(64) << 20;   // any string, the output included
+inline constexpr size_t kMaxStringBytes = size_t(16) << 20;   // any string, the output included (a 128k-token prompt is ~0.5 MB)
 inline constexpr int64_t kMaxLoopIterations = 100'000;        // for-loop iterations (filters included), all loops (jinja2's MAX_RANGE)
 inline constexpr int64_t kMaxRenderWork = 4'000'000;          // items built + 64-byte chunks of strings built
 

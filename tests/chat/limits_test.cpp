@@ -43,10 +43,10 @@ TEST(ChatLimits, StringSizeIsBounded) {
   // Reached 4.2 GB in 10 s.
   const std::string e = render("{{ \"x\" * 1000000000 }}");
   EXPECT_NE(e.find("ERROR: chat template line 1, col "), std::string::npos) << e;
-  EXPECT_NE(e.find(": a string of 1000000000 bytes exceeds the chat template limit of 64 MiB"), std::string::npos) << e;
+  EXPECT_NE(e.find(": a string of 1000000000 bytes exceeds the chat template limit of 16 MiB"), std::string::npos) << e;
   EXPECT_NE(render("{{ 'ab' * 9223372036854775807 }}").find("exceeds the chat template limit"), std::string::npos);
   EXPECT_NE(render("{% set ns = namespace(s='x' * 1000000) %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
-                   "{% endfor %}").find("exceeds the chat template limit of 64 MiB"), std::string::npos);
+                   "{% endfor %}").find("exceeds the chat template limit of 16 MiB"), std::string::npos);
   EXPECT_NE(render("{{ ('x' * 60000000) | replace('x', 'yy') }}").find("exceeds"), std::string::npos);
   EXPECT_EQ(render("{{ 'ab' * 3 }}{{ 'x' * -1 }}"), "ababab");
 }

@@ -35,6 +35,13 @@ TEST(YamlLimits, OverrideValuesAreBoundedToo) {
   EXPECT_NE(e.find("YAML nested deeper than 64 levels"), std::string::npos) << e;
 }
 
+TEST(YamlLimits, OverrideKeyPathDepthIsBounded) {
+  std::string key = "+actor_rollout_ref.model.override_config";
+  for (int k = 0; k < 100; ++k) key += ".a";
+  const std::string e = load_error({key + "=1"});
+  EXPECT_NE(e.find("a key path deeper than 64 levels"), std::string::npos) << e;
+}
+
 TEST(YamlLimits, OrdinaryAliasesStillWork) {
   TempYaml y("alias_ok", "common: &c {lr: 2.0e-6}\nactor_rollout_ref:\n  actor:\n    optim: *c\n");
   auto c = testing::load_overrides({}, {y.path()});

@@ -82,7 +82,7 @@ case_ template_nested_5000 'chat_template: chat template line 1, col' "$W/o5.jso
   "$KESTREL" tokenize --tokenizer "$W/c_deep" --input "$W/chat.jsonl" --output "$W/o5.jsonl" --chat
 grep -qF 'nested deeper than 500 levels (the chat template limit)' "$W/stderr" || { echo "FAIL template_nested_5000: limit not named"; fails=$((fails + 1)); }
 tmpl_with "$W/c_big" '{{ "x" * 1000000000 }}'
-case_ template_huge_string 'exceeds the chat template limit of 64 MiB' "$W/o6.jsonl" -- \
+case_ template_huge_string 'exceeds the chat template limit of 16 MiB' "$W/o6.jsonl" -- \
   "$KESTREL" tokenize --tokenizer "$W/c_big" --input "$W/chat.jsonl" --output "$W/o6.jsonl" --chat
 tmpl_with "$W/c_loop" '{% for a in range(100000) %}{% for b in range(100000) %}.{% endfor %}{% endfor %}'
 case_ template_endless_loops 'loop iterations in one render (the chat template limit' "$W/o7.jsonl" -- \
