@@ -4,7 +4,9 @@ PRESET ?= dev
 BUILD := build/$(PRESET)
 JOBS ?= 2
 
-.PHONY: all deps configure build test demo bench clean
+FUZZ_SECONDS ?= 600
+
+.PHONY: all deps configure build test demo bench fuzz clean
 
 all: build
 
@@ -27,6 +29,12 @@ demo: deps
 
 bench: deps
 	@cmake --preset release >/dev/null && cmake --build build/release -j $(JOBS)
+
+# libFuzzer targets (fuzz/, docs/reliability.md): each runs FUZZ_SECONDS over
+# its committed seeds; new inputs go to build/fuzz/corpus/<target>, crashes
+# to build/fuzz/artifacts/. FUZZ_TARGETS narrows the list (names as in fuzz/corpus).
+fuzz: deps
+	@bash scripts/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf build

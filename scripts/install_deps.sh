@@ -7,7 +7,9 @@ PKGS=(cmake ninja-build ccache g++ pkg-config
       libopenblas-dev libopenblas0-openmp libblis-dev libdnnl2
       libopenmpi-dev openmpi-bin
       libicu-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libomp-dev
-      libsnappy-dev libzstd-dev zlib1g-dev)
+      libsnappy-dev libzstd-dev zlib1g-dev
+      # the fuzz preset only (fuzz/, tests/scripts/fuzz_smoke.sh): clang and its libFuzzer/sanitizer runtimes
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "chat/ast.h"
 
@@ -23,15 +24,61 @@ namespace {
 }
 
 int64_t floordiv(int64_t a, int64_t b) {
+  if (b == -1) {  // the one quotient that overflows: INT64_MIN // -1
+    if (a == INT64_MIN) throw ValueError{"integer overflow in '//' (chat template integers are 64-bit)"};
+    return -a;
+  }
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
 }
 
 std::string repeat(const std::string& s, int64_t n) {
+  if (n <= 0 || s.empty()) return {};
+  size_t total;  // checked before anything is allocated
+  if (__builtin_mul_overflow(s.size(), size_t(n), &total)) total = SIZE_MAX;
+  check_string_size(total);
+  // By doubling: appending a one-byte string 10^7 times took seconds under ASan.
   std::string out;
-  for (int64_t k = 0; k < n; ++k) out += s;
+  out.reserve(total);
+  out = s;
+  while (out.size() * 2 <= total) out += out;
+  out.append(out, 0, total - out.size());
   return out;
+}
+
+// Python integers are unbounded; the template's are 64-bit, so an overflow
+// is an error instead of undefined behaviour or a wrapped number.
+[[noreturn]] void int_overflow(const std::string& op) {
+  throw ValueError{"integer overflow in '" + op + "' (chat template integers are 64-bit)"};
+}
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) int_overflow("+");
+  return r;
+}
+int64_t checked_sub(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_sub_overflow(a, b, &r)) int_overflow("-");
+  return r;
+}
+int64_t checked_mul(int64_t a, int64_t b, const char* op = "*") {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) int_overflow(op);
+  return r;
+}
+// a ** b for b >= 0 by squaring (a loop of b multiplications hangs on 2 ** 10**12).
+int64_t checked_pow(int64_t a, int64_t b) {
+  if (a == 0) return b == 0 ? 1 : 0;
+  if (a == 1) return 1;
+  if (a == -1) return (b % 2) ? -1 : 1;
+  int64_t r = 1;
+  while (b > 0) {
+    if (b & 1) r = checked_mul(r, a, "**");
+    b >>= 1;
+    if (b) a = checked_mul(a, a, "**");
+  }
+  return r;
 }
 
 std::string str_arg(const Value& v, const char* what) {
@@ -121,11 +168,13 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     for (size_t k = 0; k <= cps.size(); ++k) {
       if (count < 0 || done < count) { out += to; ++done; }
       if (k < cps.size()) utf8_append(out, cps[k]);
+      check_string_size(out.size());
     }
     return out;
   }
   for (size_t p = s.find(from); p != std::string::npos && (count < 0 || done < count); p = s.find(from, b)) {
     out += s.substr(b, p - b) + to;
+    check_string_size(out.size());
     b = p + from.size();
     ++done;
   }
@@ -202,9 +251,12 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   const bool num = a.is_numeric() && b.is_numeric();
   const bool ints = num && a.kind != Kind::Float && b.kind != Kind::Float;
   if (op == "+") {
-    if (ints) return Value::integer(a.as_int() + b.as_int());
+    if (ints) return Value::integer(checked_add(a.as_int(), b.as_int()));
     if (num) return Value::number(a.as_double() + b.as_double());
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_string_size(a.s.size() + b.s.size());
+      return Value::string(a.s + b.s);
+    }
     if (a.kind == Kind::List && b.kind == Kind::List && a.is_tuple == b.is_tuple) {
       List l = *a.list;
       l.insert(l.end(), b.list->begin(), b.list->end());
@@ -215,12 +267,12 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     type_error("+", a, b);
   }
   if (op == "-") {
-    if (ints) return Value::integer(a.as_int() - b.as_int());
+    if (ints) return Value::integer(checked_sub(a.as_int(), b.as_int()));
     if (num) return Value::number(a.as_double() - b.as_double());
     type_error("-", a, b);
   }
   if (op == "*") {
-    if (ints) return Value::integer(a.as_int() * b.as_int());
+    if (ints) return Value::integer(checked_mul(a.as_int(), b.as_int()));
     if (num) return Value::number(a.as_double() * b.as_double());
     if (a.is_string() && (b.kind == Kind::Int || b.kind == Kind::Bool)) return Value::string(repeat(a.s, b.as_int()));
     if (b.is_string() && (a.kind == Kind::Int || a.kind == Kind::Bool)) return Value::string(repeat(b.s, a.as_int()));
@@ -229,9 +281,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (!num) type_error(op, a, b);
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
-      return Value::integer(r);
+      return Value::integer(checked_pow(a.as_int(), b.as_int()));
     }
     return Value::number(std::pow(a.as_double(), b.as_double()));
   }
@@ -242,7 +292,7 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
     return Value::number(std::floor(a.as_double() / b.as_double()));
   }
   if (op == "%") {
-    if (ints) return Value::integer(a.as_int() - b.as_int() * floordiv(a.as_int(), b.as_int()));
+    if (ints) return Value::integer(b.as_int() == -1 ? 0 : a.as_int() - b.as_int() * floordiv(a.as_int(), b.as_int()));
     const double m = std::fmod(a.as_double(), b.as_double());
     return Value::number((m != 0 && ((m < 0) != (b.as_double() < 0))) ? m + b.as_double() : m);
   }
@@ -387,7 +437,11 @@ Value apply_filter(const std::string& n, const Value& v, const CallArgs& a) {
     // transformers' override: json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
     JsonDumpOptions o;
     if (const Value* x = a.get(0, "ensure_ascii")) o.ensure_ascii = truthy(*x);
-    if (const Value* x = a.get(1, "indent"); x && x->kind != Kind::None) o.indent = int(int_arg(x, 0));
+    if (const Value* x = a.get(1, "indent"); x && x->kind != Kind::None) {
+      const int64_t ind = int_arg(x, 0);
+      if (ind > 1024) throw ValueError{"tojson indent " + std::to_string(ind) + " is above 1024 (the chat template limit)"};
+      o.indent = int(ind);
+    }
     if (const Value* x = a.get(2, "separators"); x && x->kind != Kind::None) {
       if (x->kind != Kind::List || x->list->size() != 2) throw ValueError{"tojson separators must be a pair"};
       o.item_sep = str_arg((*x->list)[0], "separator");
@@ -435,6 +489,7 @@ Value apply_filter(const std::string& n, const Value& v, const CallArgs& a) {
       if (!first && sep) out += py_str(*sep);
       first = false;
       out += py_str(x);
+      check_string_size(out.size());
     }
     return Value::string(out);
   }
@@ -451,7 +506,11 @@ Value apply_filter(const std::string& n, const Value& v, const CallArgs& a) {
   }
   if (n == "int") {
     if (v.kind == Kind::Int || v.kind == Kind::Bool) return Value::integer(v.as_int());
-    if (v.kind == Kind::Float) return Value::integer(int64_t(v.f));
+    if (v.kind == Kind::Float) {
+      if (std::isnan(v.f)) throw ValueError{"cannot convert float NaN to integer"};
+      if (!(v.f > -9.2233720368547758e18 && v.f < 9.2233720368547758e18)) int_overflow("int");
+      return Value::integer(int64_t(v.f));
+    }
     try {
       return Value::integer(std::stoll(py_strip(py_str(v), nullptr, true, true)));
     } catch (...) {
@@ -518,6 +577,7 @@ Value call_method(const Value& obj, const std::string& m, const CallArgs& a) {
         if (!first) out += s;
         first = false;
         out += str_arg(x, "sequence item");
+        check_string_size(out.size());
       }
       return Value::string(out);
     }

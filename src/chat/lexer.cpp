@@ -5,6 +5,9 @@
 #include <cctype>
 #include <cstring>
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "chat/ast.h"
 
 namespace kestrel::chat::detail {
@@ -129,8 +132,17 @@ size_t lex_tag(const std::string& src, size_t p, bool block, size_t tag_pos, std
       for (size_t k = p; k < q; ++k)
         if (src[k] != '_') digits += src[k];
       Token t{is_float ? Tok::Float : Tok::Int, digits, p};
-      if (is_float) t.fval = std::stod(digits);
-      else t.ival = std::stoll(digits);
+      // std::stoll/stod throw out_of_range (found by fuzz/fuzz_chat_template):
+      // Python's ints are unbounded, ours 64-bit; a float beyond range is inf, as in Python.
+      if (is_float) {
+        t.fval = std::strtod(digits.c_str(), nullptr);
+      } else {
+        errno = 0;
+        t.ival = std::strtoll(digits.c_str(), nullptr, 10);
+        if (errno == ERANGE)
+          throw SourceError{p, "integer literal " + digits.substr(0, 40) + (digits.size() > 40 ? "..." : "") +
+                                   " does not fit 64 bits (chat template integers are 64-bit)"};
+      }
       out.push_back(t);
       p = q;
       continue;

@@ -33,6 +33,12 @@ ExprPtr mk(EK kind, size_t pos) {
   return e;
 }
 
+// Nesting the parser allows: blocks inside blocks, brackets, unary and
+// operator chains (a+a+...+a is a left-deep tree as deep as it is long). The
+// renderer and the tree's destructor recurse once per level, so a template
+// nested 5000 deep would overflow the stack; real templates nest < 20.
+constexpr int kMaxNesting = 500;
+
 class Parser {
  public:
   explicit Parser(const std::vector<Token>& toks) : t_(toks) {}
@@ -45,6 +51,22 @@ class Parser {
  private:
   const std::vector<Token>& t_;
   size_t i_ = 0;
+  int nest_ = 0;
+
+  // One more level of nesting for the guard's lifetime (and one more per deeper()).
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p), saved_(p.nest_) { deeper(); }
+    ~Nest() { p_.nest_ = saved_; }
+    void deeper() {
+      if (++p_.nest_ > kMaxNesting)
+        p_.fail("nested deeper than " + std::to_string(kMaxNesting) + " levels (the chat template limit)");
+    }
+
+   private:
+    Parser& p_;
+    int saved_;
+  };
 
   const Token& cur() const { return t_[i_]; }
   const Token& peek(size_t n = 1) const { return t_[std::min(i_ + n, t_.size() - 1)]; }
@@ -75,6 +97,7 @@ class Parser {
 
   // Parses statements until one of `ends` opens a block; leaves the cursor on that tag's name.
   Body parse_body(const std::vector<std::string>& ends, std::string* which) {
+    Nest nest(*this);
     Body body;
     while (true) {
       const Token& tk = cur();
@@ -230,11 +253,16 @@ class Parser {
     return tup;
   }
 
-  ExprPtr parse_expression(bool with_condexpr) { return with_condexpr ? parse_condexpr() : parse_or(); }
+  ExprPtr parse_expression(bool with_condexpr) {
+    Nest nest(*this);
+    return with_condexpr ? parse_condexpr() : parse_or();
+  }
 
   ExprPtr parse_condexpr() {
+    Nest nest(*this);
     ExprPtr e = parse_or();
     while (is_name("if")) {
+      nest.deeper();
       auto c = mk(EK::Cond, cur().pos);
       ++i_;
       ExprPtr cond = parse_or();
@@ -252,8 +280,10 @@ class Parser {
   }
 
   ExprPtr binary_chain(EK kind, const char* word, ExprPtr (Parser::*next)()) {
+    Nest nest(*this);
     ExprPtr left = (this->*next)();
     while (is_name(word)) {
+      nest.deeper();
       auto n = mk(kind, cur().pos);
       ++i_;
       n->args.push_back(std::move(left));
@@ -266,6 +296,7 @@ class Parser {
   ExprPtr parse_and() { return binary_chain(EK::And, "and", &Parser::parse_not); }
 
   ExprPtr parse_not() {
+    Nest nest(*this);
     if (is_name("not")) {
       auto n = mk(EK::Not, cur().pos);
       ++i_;
@@ -301,9 +332,11 @@ class Parser {
   }
 
   ExprPtr binary_ops(std::initializer_list<const char*> ops, ExprPtr (Parser::*next)()) {
+    Nest nest(*this);
     ExprPtr left = (this->*next)();
     while (cur().type == Tok::Op &&
            std::any_of(ops.begin(), ops.end(), [&](const char* o) { return cur().text == o; })) {
+      nest.deeper();
       auto n = mk(EK::Binary, cur().pos);
       n->name = cur().text;
       ++i_;
@@ -331,6 +364,7 @@ class Parser {
   ExprPtr parse_unary_filtered() { return parse_unary(true); }
 
   ExprPtr parse_unary(bool with_filter) {
+    Nest nest(*this);
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
       node = mk(is_op("-") ? EK::Neg : EK::Pos, cur().pos);
@@ -421,7 +455,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    Nest nest(*this);
     while (true) {
+      nest.deeper();
       if (is_op(".")) {
         const size_t pos = cur().pos;
         ++i_;
@@ -507,7 +543,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    Nest nest(*this);
     while (true) {
+      nest.deeper();
       if (is_op("|")) {
         ++i_;
         auto f = mk(EK::Filter, cur().pos);

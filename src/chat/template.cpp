@@ -58,6 +58,29 @@ class Renderer {
  private:
   const RenderOptions& opt_;
   std::vector<std::unordered_map<std::string, Value>> frames_;
+  int64_t iterations_left_ = kMaxLoopIterations;  // for-loop iterations left in this render, all loops together
+
+  void append(std::string& out, const std::string& piece, size_t pos) {
+    if (out.size() + piece.size() > kMaxStringBytes)
+      fail(pos, "the rendered text exceeds the chat template limit of " + std::to_string(kMaxStringBytes >> 20) + " MiB");
+    out += piece;
+  }
+  void count_iteration(size_t pos) {
+    if (--iterations_left_ < 0)
+      fail(pos, "more than " + std::to_string(kMaxLoopIterations) +
+                    " loop iterations in one render (the chat template limit; nested loops over large ranges?)");
+  }
+  static bool holds_namespace(const Value& v, int depth) {
+    if (v.kind == Kind::Namespace) return true;
+    if (depth > 2 * kMaxValueDepth) return false;  // unreachable: deeper values are refused when built
+    if (v.kind == Kind::List)
+      for (const Value& e : *v.list)
+        if (holds_namespace(e, depth + 1)) return true;
+    if (v.kind == Kind::Dict)
+      for (const auto& kv : v.dict->items)
+        if (holds_namespace(kv.second, depth + 1)) return true;
+    return false;
+  }
 
   [[noreturn]] static void fail(size_t pos, std::string msg) { throw RenderError{pos, std::move(msg)}; }
 
@@ -90,8 +113,8 @@ class Renderer {
 
   Flow exec(const Stmt& s, std::string& out) {
     switch (s.kind) {
-      case SK::Text: out += s.text; return Flow::Normal;
-      case SK::Output: out += py_str(eval(*s.expr)); return Flow::Normal;
+      case SK::Text: append(out, s.text, s.pos); return Flow::Normal;
+      case SK::Output: append(out, py_str(eval(*s.expr)), s.pos); return Flow::Normal;
       case SK::If:
         for (const auto& [cond, body] : s.branches)
           if (!cond || truthy(eval(*cond))) return exec_body(body, out);
@@ -109,6 +132,12 @@ class Renderer {
                           "': it is not a namespace() object");
         if (!s.ns_attr.empty() && s.ns_attr[0] == '_')
           fail(s.pos, "chat templates cannot store underscore-prefixed attributes on a namespace");
+        // A namespace is the one mutable container: one stored in another
+        // (or in itself) could form a cycle that printing never leaves.
+        if (holds_namespace(v, 0))
+          fail(s.pos, "not supported yet: storing a namespace() object inside a namespace (attribute '" + s.ns_attr + "')");
+        if (v.depth + 1 > kMaxValueDepth)
+          fail(s.pos, "a value nested deeper than " + std::to_string(kMaxValueDepth) + " levels (the chat template limit)");
         ns.dict->set(s.ns_attr, std::move(v));
         return Flow::Normal;
       }
@@ -138,6 +167,7 @@ class Renderer {
     if (s.filter) {
       std::vector<Value> kept;
       for (const Value& it : items) {
+        count_iteration(s.pos);
         frames_.emplace_back();
         assign(s, s.targets, it);
         const bool keep = truthy(eval(*s.filter));
@@ -148,6 +178,7 @@ class Renderer {
     }
     const int64_t n = int64_t(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      count_iteration(s.pos);
       frames_.emplace_back();
       assign(s, s.targets, items[size_t(k)]);
       Dict loop;
@@ -312,6 +343,8 @@ class Renderer {
           fail(e.pos, std::string("bad operand type for unary ") + (e.kind == EK::Neg ? "-" : "+") + ": '" +
                           type_name(v) + "'");
         if (e.kind == EK::Pos) return v.kind == Kind::Bool ? Value::integer(v.as_int()) : v;
+        if (v.kind != Kind::Float && v.as_int() == INT64_MIN)
+          fail(e.pos, "integer overflow in unary '-' (chat template integers are 64-bit)");
         return v.kind == Kind::Float ? Value::number(-v.f) : Value::integer(-v.as_int());
       }
       case EK::Binary: return binary_op(e.name, eval(*e.args[0]), eval(*e.args[1]));
@@ -349,7 +382,10 @@ class Renderer {
       case EK::Not: return Value::boolean(!truthy(eval(*e.args[0])));
       case EK::Concat: {
         std::string s;
-        for (const auto& a : e.args) s += py_str(eval(*a));
+        for (const auto& a : e.args) {
+          s += py_str(eval(*a));
+          check_string_size(s.size());
+        }
         return Value::string(std::move(s));
       }
       case EK::Cond:
@@ -403,6 +439,8 @@ Result<std::string> render_impl(const Template::Impl& impl, std::unordered_map<s
   } catch (const RenderError& e) {
     if (e.raised) return KS_ERR(where(impl.source, e.pos), ": the template raised an exception: ", e.msg);
     return KS_ERR(where(impl.source, e.pos), ": ", e.msg);
+  } catch (const ValueError& e) {  // from building loop variables, outside any expression
+    return KS_ERR("chat template: ", e.msg);
   }
   return out;
 }
@@ -410,8 +448,13 @@ Result<std::string> render_impl(const Template::Impl& impl, std::unordered_map<s
 template <class J>
 Result<std::string> render_json(const Template::Impl& impl, const J& context, const RenderOptions& opt) {
   if (!context.is_object()) return KS_ERR("chat template context must be a JSON object, got ", context.type_name());
+  RenderBudget budget;  // the context's conversion counts toward the render's work
   std::unordered_map<std::string, Value> vars;
-  for (auto it = context.begin(); it != context.end(); ++it) vars[it.key()] = from_json(it.value());
+  try {
+    for (auto it = context.begin(); it != context.end(); ++it) vars[it.key()] = from_json(it.value());
+  } catch (const ValueError& e) {
+    return KS_ERR("chat template variables: ", e.msg);
+  }
   return render_impl(impl, std::move(vars), opt);
 }
 

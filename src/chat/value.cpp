@@ -22,9 +22,49 @@ void Dict::set(const std::string& key, Value v) {
   else items.emplace_back(key, std::move(v));
 }
 
+namespace {
+thread_local int64_t g_work_left = 0;
+thread_local bool g_budget_active = false;
+
+int nested_depth(int deepest_child) {
+  if (deepest_child + 1 > kMaxValueDepth)
+    throw ValueError{"a list or dict nested deeper than " + std::to_string(kMaxValueDepth) +
+                     " levels (the chat template limit)"};
+  return deepest_child + 1;
+}
+}  // namespace
+
+void charge_work(int64_t units) {
+  if (!g_budget_active) return;
+  g_work_left -= units;
+  if (g_work_left < 0)
+    throw ValueError{"the template built more than " + std::to_string(kMaxRenderWork) +
+                     " items and string chunks in one render (the chat template limit; a loop that grows a value "
+                     "each iteration?)"};
+}
+
+void check_string_size(size_t n) {
+  if (n > kMaxStringBytes)
+    throw ValueError{"a string of " + std::to_string(n) + " bytes exceeds the chat template limit of " +
+                     std::to_string(kMaxStringBytes >> 20) + " MiB"};
+}
+
+RenderBudget::RenderBudget() : saved_(g_work_left), saved_active_(g_budget_active) {
+  g_work_left = kMaxRenderWork;
+  g_budget_active = true;
+}
+RenderBudget::~RenderBudget() {
+  g_work_left = saved_;
+  g_budget_active = saved_active_;
+}
+
 Value Value::make_list(List items, bool tuple) {
   Value v;
   v.kind = Kind::List;
+  int deepest = 0;
+  for (const Value& e : items) deepest = std::max(deepest, e.depth);
+  v.depth = nested_depth(deepest);
+  charge_work(int64_t(items.size()) + 1);
   v.list = std::make_shared<List>(std::move(items));
   v.is_tuple = tuple;
   return v;
@@ -32,6 +72,10 @@ Value Value::make_list(List items, bool tuple) {
 Value Value::make_dict(Dict d) {
   Value v;
   v.kind = Kind::Dict;
+  int deepest = 0;
+  for (const auto& kv : d.items) deepest = std::max(deepest, kv.second.depth);
+  v.depth = nested_depth(deepest);
+  charge_work(int64_t(d.items.size()) + 1);
   v.dict = std::make_shared<Dict>(std::move(d));
   return v;
 }

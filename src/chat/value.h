@@ -27,8 +27,37 @@ struct Dict {
 
 enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
 
+// Sandbox limits of one render. jinja2's sandbox bounds range() alone; these
+// keep a hostile template from exhausting the stack, memory or time, far
+// above what chat templates do (a few nesting levels, kilobytes of text,
+// loops over the messages and their tool calls). Each is a ValueError that
+// the renderer reports at the template position, naming the limit.
+inline constexpr int kMaxValueDepth = 512;                    // list/dict nesting (printing, comparing recurse)
+inline constexpr size_t kMaxStringBytes = size_t(16) << 20;   // any string, the output included (a 128k-token prompt is ~0.5 MB)
+inline constexpr int64_t kMaxLoopIterations = 100'000;        // for-loop iterations (filters included), all loops (jinja2's MAX_RANGE)
+inline constexpr int64_t kMaxRenderWork = 4'000'000;          // items built + 64-byte chunks of strings built
+
+// Throws ValueError once the current render has built more than
+// kMaxRenderWork units (quadratic `ns.l = ns.l + [x]` loops); no-op outside a render.
+void charge_work(int64_t units);
+// Throws ValueError when a string of n bytes would exceed kMaxStringBytes.
+void check_string_size(size_t n);
+// Starts a render's work budget on this thread; the previous one is restored on exit.
+class RenderBudget {
+ public:
+  RenderBudget();
+  ~RenderBudget();
+  RenderBudget(const RenderBudget&) = delete;
+  RenderBudget& operator=(const RenderBudget&) = delete;
+
+ private:
+  int64_t saved_;
+  bool saved_active_;
+};
+
 struct Value {
   Kind kind = Kind::Undefined;
+  int depth = 0;  // List/Dict/Namespace: 1 + the deepest element's depth (at construction)
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -42,7 +71,14 @@ struct Value {
   static Value boolean(bool x) { Value v; v.kind = Kind::Bool; v.b = x; return v; }
   static Value integer(int64_t x) { Value v; v.kind = Kind::Int; v.i = x; return v; }
   static Value number(double x) { Value v; v.kind = Kind::Float; v.f = x; return v; }
-  static Value string(std::string x) { Value v; v.kind = Kind::String; v.s = std::move(x); return v; }
+  static Value string(std::string x) {
+    check_string_size(x.size());
+    charge_work(int64_t(x.size() / 64));
+    Value v;
+    v.kind = Kind::String;
+    v.s = std::move(x);
+    return v;
+  }
   static Value make_list(List items = {}, bool tuple = false);
   static Value make_dict(Dict d = {});
   static Value make_namespace(Dict d = {});
@@ -79,7 +115,9 @@ std::string to_json(const Value& v, const JsonDumpOptions& opt);  // json.dumps
 // Conversion from nlohmann JSON. nlohmann::json sorts object keys; pass
 // nlohmann::ordered_json to keep the caller's key order (tojson output depends on it).
 template <class J>
-Value from_json(const J& j) {
+Value from_json(const J& j, int depth = 0) {
+  if (depth > kMaxValueDepth)
+    throw ValueError{"JSON data nested deeper than " + std::to_string(kMaxValueDepth) + " levels (the chat template limit)"};
   switch (j.type()) {
     case nlohmann::detail::value_t::null: return Value::none();
     case nlohmann::detail::value_t::boolean: return Value::boolean(j.template get<bool>());
@@ -90,12 +128,12 @@ Value from_json(const J& j) {
     case nlohmann::detail::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(from_json(e));
+      for (const auto& e : j) items.push_back(from_json(e, depth + 1));
       return Value::make_list(std::move(items));
     }
     case nlohmann::detail::value_t::object: {
       Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return Value::make_dict(std::move(d));
     }
     default: return Value::undefined("binary JSON values are not supported");

@@ -1,6 +1,11 @@
 #include "cli/args.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <sstream>
+#include <stdexcept>
+#include <thread>
 
 #include "core/status.h"
 
@@ -45,6 +50,15 @@ ParsedArgs::ParsedArgs(const std::string& command, const std::vector<FlagSpec>& 
     }
     values_[name] = value;
   }
+  // libgomp reads OMP_NUM_THREADS itself and starts that many threads at the
+  // first parallel region: the same crash as --threads 65536, so the same bound
+  // (checked here, before any parallel region runs). "4,2" (nested levels): the first.
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(env, &end, 10);
+    if (end != env && errno == 0) check_threads(n, "OMP_NUM_THREADS=");
+  }
 }
 
 std::string ParsedArgs::get(const std::string& name) const {
@@ -66,10 +80,24 @@ int64_t ParsedArgs::get_int(const std::string& name) const {
     size_t pos = 0;
     int64_t x = std::stoll(v, &pos);
     if (pos != v.size()) throw std::invalid_argument(v);
+    if (name == "threads") check_threads(x, "--threads ");
     return x;
-  } catch (const std::exception&) {
+  } catch (const std::invalid_argument&) {
+    KS_FAIL("kestrel ", command_, ": option --", name, " must be an integer, got '", v, "'");
+  } catch (const std::out_of_range&) {
     KS_FAIL("kestrel ", command_, ": option --", name, " must be an integer, got '", v, "'");
   }
+}
+
+// OpenMP starts one OS thread per requested thread at the first parallel
+// region: --threads 65536 crashed inside libgomp (thread creation failed).
+// More threads than 4x the hardware's only time-slice the same cores.
+void ParsedArgs::check_threads(int64_t n, const char* what) const {
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t limit = std::min<int64_t>(1024, std::max<int64_t>(4, 4 * hw));
+  if (n < 0 || n > limit)
+    KS_FAIL("kestrel ", command_, ": ", what, n, " is out of range: use 0 (all ", hw, " hardware threads) or 1..",
+            limit, " (at most 4x the hardware threads, and 1024)");
 }
 
 std::string ParsedArgs::usage() const {

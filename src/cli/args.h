@@ -23,12 +23,14 @@ class ParsedArgs {
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string get(const std::string& name) const;       // value or the spec default
   std::string require(const std::string& name) const;   // error naming the flag when absent
+  // An integer flag; --threads is also range-checked (0 or 1..min(4x hardware threads, 1024)).
   int64_t get_int(const std::string& name) const;
   bool help() const { return help_; }
   const std::vector<std::string>& positional() const { return positional_; }
   std::string usage() const;
 
  private:
+  void check_threads(int64_t n, const char* what) const;  // what: "--threads " or "OMP_NUM_THREADS="
   std::string command_;
   std::vector<FlagSpec> specs_;
   std::map<std::string, std::string> values_;

@@ -50,7 +50,7 @@ Result<Value> read_yaml(const std::string& file) {
   } catch (const YAML::Exception& e) {
     return KS_ERR(file, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML parse error: ", e.msg);
   }
-  Value v = from_yaml(node, file, 1);
+  KS_ASSIGN(Value v, from_yaml(node, file, 1));
   if (v.is_null()) return Value::empty_map(file + ":1");
   if (!v.is_map()) return KS_ERR(file, ": a config file must be a YAML mapping of sections (data:, trainer:, ...)");
   return v;

@@ -1,6 +1,7 @@
 // Sources and merging: defaults <- YAML files <- Hydra-style overrides.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -184,6 +185,10 @@ Status apply_override(const Schema& s, Value& tree, const std::string& text, std
   if (!std::regex_match(key, key_re) || (op != Op::Delete && eq == std::string::npos) ||
       (op == Op::Delete && eq != std::string::npos))
     return KS_ERR("bad override '", text, "': expected key=value, +key=value, ++key=value or ~key");
+  // The tree under a free-form section is as deep as the key path; printing
+  // and merging recurse per level, as for YAML files.
+  if (std::count(key.begin(), key.end(), '.') >= kMaxYamlDepth)
+    return KS_ERR("bad override '", key.substr(0, 80), "...': a key path deeper than ", kMaxYamlDepth, " levels");
 
   const KeyDecl* d = s.find(key);
   const bool section = s.is_section(key);

@@ -7,6 +7,13 @@
 
 namespace kestrel::config {
 
+Value::Value() = default;
+Value::~Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+
 Value Value::null(std::string origin) {
   Value v;
   v.origin = std::move(origin);
@@ -167,9 +174,28 @@ Value infer_scalar(const std::string& t, const std::string& origin) {
   return v;
 }
 
-Value from_yaml(const YAML::Node& node, const std::string& file, int line_hint) {
+namespace {
+
+struct YamlBudget {
+  std::string file;  // "" for the command line
+  int64_t nodes_left = kMaxYamlNodes;
+};
+
+// The error names the file and the line of the node that went past a limit.
+Status yaml_limit(const YamlBudget& b, const YAML::Node& node, const std::string& what) {
+  const std::string where = b.file.empty() ? std::string("command-line value")
+                                           : b.file + ":" + std::to_string(node.Mark().line + 1);
+  return KS_ERR(where, ": ", what,
+                " (is an alias inside the node it names, or do aliases expand exponentially? Write the values out)");
+}
+
+Result<Value> from_yaml_at(const YAML::Node& node, int line_hint, int depth, YamlBudget& b) {
+  if (depth > kMaxYamlDepth)
+    return yaml_limit(b, node, "YAML nested deeper than " + std::to_string(kMaxYamlDepth) + " levels once aliases expand");
+  if (--b.nodes_left < 0)
+    return yaml_limit(b, node, "YAML expands to more than " + std::to_string(kMaxYamlNodes) + " nodes once aliases expand");
   const int line = node.Mark().line >= 0 && !node.IsNull() ? node.Mark().line + 1 : line_hint;
-  const std::string origin = file.empty() ? std::string("command line") : file + ":" + std::to_string(line);
+  const std::string origin = b.file.empty() ? std::string("command line") : b.file + ":" + std::to_string(line);
   Value v;
   v.origin = origin;
   switch (node.Type()) {
@@ -184,17 +210,29 @@ Value from_yaml(const YAML::Node& node, const std::string& file, int line_hint) 
       return infer_scalar(node.Scalar(), origin);
     case YAML::NodeType::Sequence:
       v.kind = Value::Kind::List;
-      for (const auto& e : node) v.list.push_back(from_yaml(e, file, line));
+      for (const auto& e : node) {
+        KS_ASSIGN(Value item, from_yaml_at(e, line, depth + 1, b));
+        v.list.push_back(std::move(item));
+      }
       return v;
     case YAML::NodeType::Map:
       v.kind = Value::Kind::Map;
       for (const auto& kv : node) {
         const int kline = kv.first.Mark().line + 1;
-        v.at_or_insert(kv.first.Scalar()) = from_yaml(kv.second, file, kline);
+        KS_ASSIGN(Value item, from_yaml_at(kv.second, kline, depth + 1, b));
+        v.at_or_insert(kv.first.Scalar()) = std::move(item);
       }
       return v;
   }
   return v;
+}
+
+}  // namespace
+
+Result<Value> from_yaml(const YAML::Node& node, const std::string& file, int line_hint) {
+  YamlBudget b;
+  b.file = file;
+  return from_yaml_at(node, line_hint, 0, b);
 }
 
 Result<Value> parse_override_value(const std::string& text, const std::string& origin) {
@@ -204,7 +242,10 @@ Result<Value> parse_override_value(const std::string& text, const std::string& o
   if (c == '[' || c == '{' || c == '\'' || c == '"') {
     try {
       YAML::Node n = YAML::Load(text);
-      Value v = from_yaml(n, "", 0);
+      auto parsed = from_yaml(n, "", 0);
+      if (!parsed) return KS_ERR("cannot parse value '", text.size() > 200 ? text.substr(0, 200) + "..." : text, "' (",
+                                 origin, "): ", parsed.status().message());
+      Value v = std::move(parsed).value();
       v.set_origin_recursive(origin);
       return v;
     } catch (const YAML::Exception& e) {

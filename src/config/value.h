@@ -28,6 +28,15 @@ struct Value {
   std::vector<std::pair<std::string, Value>> map;  // insertion-ordered
   std::string origin;  // "default", "file.yaml:12", "command line"
 
+  // Out of line (value.cpp), where Value is complete: clang (the fuzz preset)
+  // refuses to instantiate pair<string, Value>'s members inside the class.
+  Value();
+  ~Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+
   static Value null(std::string origin = {});
   static Value string(std::string s, std::string origin = {});
   static Value empty_map(std::string origin = {});
@@ -56,7 +65,15 @@ Value infer_scalar(const std::string& text, const std::string& origin);
 Result<Value> parse_override_value(const std::string& text, const std::string& origin);
 
 // yaml-cpp node -> Value; `file` names origins "file:line" (1-based).
-Value from_yaml(const YAML::Node& node, const std::string& file, int line_hint);
+// Aliases are expanded, so a node nested deeper than kMaxYamlDepth (a
+// self-referencing alias, `a: &a [*a]`, is infinitely deep) or a tree of more
+// than kMaxYamlNodes expanded nodes ("billion laughs": nine aliases of nine
+// aliases ...) is an error naming the file and the limit, not a stack
+// overflow or gigabytes of memory. verl's deepest config nests 8 levels and
+// its trees hold a few thousand nodes.
+inline constexpr int kMaxYamlDepth = 64;
+inline constexpr int64_t kMaxYamlNodes = 50'000;
+Result<Value> from_yaml(const YAML::Node& node, const std::string& file, int line_hint);
 
 // One scalar or flow collection as YAML text that reads back to the same value
 // (strings that would be misread, e.g. "1" or "true", are double-quoted).

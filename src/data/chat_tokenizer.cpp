@@ -69,7 +69,9 @@ Result<std::string> ChatTokenizer::render(const nlohmann::ordered_json& messages
   nlohmann::ordered_json vars = extra;
   if (!vars.contains("bos_token")) vars["bos_token"] = bos_text_;
   if (!vars.contains("eos_token")) vars["eos_token"] = eos_text_;
-  return chat::apply_chat_template(*tmpl_, messages, add_generation_prompt, vars);
+  auto r = chat::apply_chat_template(*tmpl_, messages, add_generation_prompt, vars);
+  if (!r) return r.status().with_context(dir_ + ": chat template");  // which template, for the sandbox limits
+  return r;
 }
 
 Result<Truncation> parse_truncation(const std::string& s, const std::string& origin) {

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/json_limits.h"
 #include "io/parquet/parquet.h"
 
 namespace kestrel::data {
@@ -116,6 +117,7 @@ Status check_file_fields(const std::string& path, const std::vector<std::vector<
     bool any = false;
     while (!any && std::getline(in, line)) any = line.find_first_not_of(" \t\r\n") != std::string::npos;
     if (!any) return KS_ERR(path, ": no rows (the file is empty); give a JSONL file with one JSON object per line");
+    if (json_nesting_depth(line) > kMaxJsonDepth) return Status::ok();  // reported with its line by the loader
     try {
       first = oj::parse(line);
     } catch (const nlohmann::json::exception&) {
@@ -188,8 +190,11 @@ Status read_jsonl_rows(const std::string& path, const std::function<Status(oj&, 
     oj row;
     std::string err;
     try {
-      row = oj::parse(line);
-      if (!row.is_object()) err = "a row must be a JSON object";
+      // dump(), copies and the chat template recurse per level: refuse before parsing.
+      if (json_nesting_depth(line) > kMaxJsonDepth)
+        err = "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels (the limit for a dataset row)";
+      else row = oj::parse(line);
+      if (err.empty() && !row.is_object()) err = "a row must be a JSON object";
     } catch (const nlohmann::json::exception& e) {
       err = std::string("not valid JSON: ") + e.what();
     }

@@ -9,6 +9,8 @@
 
 #include "io/model_config.h"
 
+#include "core/json_limits.h"
+
 namespace kestrel::io {
 
 using json = nlohmann::json;
@@ -325,6 +327,8 @@ int64_t ModelConfig::num_parameters() const {
 }
 
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& origin) {
+  if (json_nesting_depth(json_text) > kMaxJsonDepth)
+    return KS_ERR(origin, ": JSON nested deeper than ", kMaxJsonDepth, " levels (a config.json nests fewer than 5)");
   json j;
   try {
     j = json::parse(json_text);

@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_limits.h"
 #include "io/convert.h"
 #include "io/safetensors.h"
 
@@ -47,6 +48,8 @@ bool is_known_other_st_dtype(const std::string& s) {
 
 // Multiplies with overflow detection: shapes come from untrusted files.
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+bool is_floating(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
 }  // namespace
 
@@ -104,9 +107,13 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
   f->data_offset_ = 8 + size_t(n);
   const uint64_t data_size = size - 8 - n;
 
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes + 8), size_t(n));
+  if (json_nesting_depth(header_text) > kMaxJsonDepth)
+    return KS_ERR(path, ": safetensors header nested deeper than ", kMaxJsonDepth,
+                  " levels (a header nests 3); the file is corrupt");
   json header;
   try {
-    header = json::parse(bytes + 8, bytes + 8 + n);
+    header = json::parse(header_text);
   } catch (const json::parse_error& e) {
     // e.what() carries the parser's position ("at line 1, column 17").
     return KS_ERR(path, ": safetensors header is not valid JSON: ", e.what(), " (byte offset ", e.byte,
@@ -234,6 +241,8 @@ Result<WeightSource> WeightSource::open_dir(const std::string& dir) {
   if (!in) return KS_ERR(ipath, ": cannot read: ", std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (json_nesting_depth(ss.str()) > kMaxJsonDepth)
+    return KS_ERR(ipath, ": JSON nested deeper than ", kMaxJsonDepth, " levels (an index nests 2); the file is corrupt");
   json j;
   try {
     j = json::parse(ss.str());
@@ -292,6 +301,13 @@ Result<Tensor> WeightSource::load(const std::string& name, const Shape& expect_s
                   "); the checkpoint does not match config.json (architecture, tie_word_embeddings?)");
   const auto& file = files_[it->second];
   KS_ASSIGN(Tensor src, file->get(name));
+  // A float tensor stored as I32 would be converted value by value into
+  // integers-as-weights (log-probs near -8e8, exit 0): weights and integer
+  // tensors never stand in for each other.
+  if (is_floating(src.dtype()) != is_floating(dtype))
+    return KS_ERR(file->path(), ": tensor '", name, "' is stored as ", safetensors_dtype_name(src.dtype()),
+                  " but is read as ", safetensors_dtype_name(dtype), is_floating(dtype) ? " weights (F32, BF16 or F16 expected)" : "",
+                  "; the header's dtype is wrong or the file is not this model's checkpoint");
   if (src.shape() != expect_shape)
     return KS_ERR(file->path(), ": tensor '", name, "' has shape ", shape_str(src.shape()), ", expected ",
                   shape_str(expect_shape), " from config.json; the checkpoint does not match its config");

@@ -1,5 +1,7 @@
 #include "rl/reward_program.h"
 
+#include "core/json_limits.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -175,6 +177,13 @@ void RewardFailureCounts::add(const RewardFailureCounts& o) {
 ParsedAnswer parse_reward_answer(const std::string& raw, int64_t expected_id) {
   ParsedAnswer a;
   const std::string line = trim(raw);
+  // The extra keys are copied and dumped (recursive per level): a reply nested
+  // deeper than any JSON reader here accepts is garbage, not a score.
+  if (json_nesting_depth(line) > kMaxJsonDepth) {
+    a.desync = true;
+    a.error = "answer nested deeper than " + std::to_string(kMaxJsonDepth) + " levels: '" + clip(line) + "'";
+    return a;
+  }
   auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Python's json.dumps writes NaN/Infinity, which JSON lacks: such a line

@@ -24,6 +24,8 @@ class Tokenizer {
  public:
   // Reads a tokenizer.json.
   static Result<Tokenizer> from_file(const std::string& path);
+  // The same from the file's text; `path` names it in errors (fuzz/, tests).
+  static Result<Tokenizer> from_json_text(const std::string& text, const std::string& path);
   // Reads <dir>/tokenizer.json and, when present, <dir>/tokenizer_config.json for bos/eos.
   static Result<Tokenizer> from_dir(const std::string& dir);
 

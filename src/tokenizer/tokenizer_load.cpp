@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_limits.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
 
@@ -13,10 +14,28 @@ namespace {
 
 using json = nlohmann::json;
 
+// Model-vocab ids index a table (id_to_model_token) and, downstream, the
+// embedding: an id must be a non-negative integer small enough that the table
+// stays a table. The largest HF vocabularies are ~262k (Gemma); 2^24 leaves
+// room while keeping a hostile id from allocating gigabytes.
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
+// A token id from JSON, range-checked: nlohmann's get<int32_t>() truncates
+// (2^40 becomes 0 and aliases token 0) and accepts negatives.
+Result<int32_t> token_id(const json& v, const std::string& what, int64_t limit) {
+  if (!v.is_number_integer())
+    return KS_ERR(what, " has id ", v.dump(), ", which is not an integer (ids are integers in [0, ", limit, "))");
+  const bool neg = v.is_number_unsigned() ? false : v.get<int64_t>() < 0;
+  const bool big = v.is_number_unsigned() ? v.get<uint64_t>() >= uint64_t(limit) : v.get<int64_t>() >= limit;
+  if (neg || big) return KS_ERR(what, " has id ", v.dump(), ", outside the id range [0, ", limit, ")");
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 bool get_bool(const json& j, const char* key, bool dflt) {
   auto it = j.find(key);
   return it == j.end() || it->is_null() ? dflt : it->get<bool>();
 }
+std::string clip_token(const std::string& t) { return t.size() <= 60 ? t : t.substr(0, 60) + "..."; }
 std::string type_of(const json& j) { return j.contains("type") ? j["type"].get<std::string>() : std::string("?"); }
 
 Result<std::unique_ptr<Normalizer>> load_normalizer(const json& j) {
@@ -103,7 +122,12 @@ Status load_post_processor(const json& j, const Tokenizer::Impl& m, std::vector<
         const json& st = j.at("special_tokens");
         if (!st.contains(name))
           return KS_ERR("post_processor TemplateProcessing: special token \"", name, "\" missing from special_tokens");
-        out.push_back({false, st[name].at("ids").get<std::vector<int32_t>>()});
+        std::vector<int32_t> ids;
+        for (const auto& idj : st[name].at("ids")) {
+          KS_ASSIGN(const int32_t id, token_id(idj, "special token \"" + clip_token(name) + "\"", m.vocab_size));
+          ids.push_back(id);
+        }
+        out.push_back({false, std::move(ids)});
       } else {
         return KS_ERR("post_processor TemplateProcessing: unknown template item ", item.dump());
       }
@@ -113,7 +137,8 @@ Status load_post_processor(const json& j, const Tokenizer::Impl& m, std::vector<
     return Status::ok();
   }
   if (t == "RobertaProcessing" || t == "BertProcessing") {
-    const int32_t cls = j.at("cls").at(1).get<int32_t>(), sep = j.at("sep").at(1).get<int32_t>();
+    KS_ASSIGN(const int32_t cls, token_id(j.at("cls").at(1), "post_processor cls token", m.vocab_size));
+    KS_ASSIGN(const int32_t sep, token_id(j.at("sep").at(1), "post_processor sep token", m.vocab_size));
     tpl = {{false, {cls}}, {true, {}}, {false, {sep}}};
     return Status::ok();
   }
@@ -130,9 +155,15 @@ Status load_model(const json& j, bool byte_level, Tokenizer::Impl& m) {
       return KS_ERR("not supported yet: BPE ", k, " \"", j[k].get<std::string>(), "\"");
   StrMap<int32_t> vocab;
   int32_t max_id = -1;
-  for (const auto& [tok, id] : j.at("vocab").items()) {
-    vocab.emplace(tok, id.get<int32_t>());
-    max_id = std::max(max_id, id.get<int32_t>());
+  std::unordered_map<int32_t, std::string> owner;  // id -> its token, to refuse two tokens on one id
+  for (const auto& [tok, idj] : j.at("vocab").items()) {
+    KS_ASSIGN(const int32_t id, token_id(idj, "model.vocab token \"" + clip_token(tok) + "\"", kMaxTokenId));
+    auto [it, fresh] = owner.emplace(id, tok);
+    if (!fresh)
+      return KS_ERR("model.vocab tokens \"", clip_token(it->second), "\" and \"", clip_token(tok), "\" both have id ", id,
+                    " (each id names one token)");
+    vocab.emplace(tok, id);
+    max_id = std::max(max_id, id);
   }
   std::vector<std::pair<std::string, std::string>> merges;
   size_t idx = 0;
@@ -173,10 +204,15 @@ Status load_model(const json& j, bool byte_level, Tokenizer::Impl& m) {
 }
 
 Status load_added(const json& j, Tokenizer::Impl& m) {
+  // Added tokens extend the model vocab densely (HF gives each new one the
+  // next id) or reuse a model id: one past the model vocab plus their count
+  // bounds them. An id beyond that would index past any embedding sized from
+  // the vocabulary.
+  const int64_t limit = m.vocab_size + static_cast<int64_t>(j.size());
   for (const auto& a : j) {
     AddedToken t;
-    t.id = a.at("id").get<int32_t>();
     t.content = a.at("content").get<std::string>();
+    KS_ASSIGN(t.id, token_id(a.at("id"), "added token \"" + clip_token(t.content) + "\"", limit));
     t.single_word = get_bool(a, "single_word", false);
     t.lstrip = get_bool(a, "lstrip", false);
     t.rstrip = get_bool(a, "rstrip", false);
@@ -257,6 +293,12 @@ std::optional<std::string> config_token(const json& cfg, const char* key) {
 
 Result<Tokenizer> Tokenizer::from_file(const std::string& path) {
   KS_ASSIGN(std::string text, read_text(path));
+  return from_json_text(text, path);
+}
+
+Result<Tokenizer> Tokenizer::from_json_text(const std::string& text, const std::string& path) {
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    return KS_ERR(path, ": JSON nested deeper than ", kMaxJsonDepth, " levels (a tokenizer.json nests fewer than 10)");
   json j;
   try {
     j = json::parse(text);
@@ -279,6 +321,8 @@ Result<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
   const auto cfg_path = (d / "tokenizer_config.json").string();
   if (!std::filesystem::exists(cfg_path)) return tok;
   KS_ASSIGN(std::string text, read_text(cfg_path));
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    return KS_ERR(cfg_path, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
   json cfg;
   try {
     cfg = json::parse(text);
