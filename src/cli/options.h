@@ -47,6 +47,8 @@ struct TrainInputs {
   bool sequence_parallel = false, distributed_optimizer = false;
   double gpu_memory_utilization = 0.5;
   double collective_timeout_s = 600;  // actor_rollout_ref.nccl_timeout (comm/mpi/health.h)
+  bool deterministic = false;  // megatron deterministic_mode / fsdp full_determinism (core/parallel_for.h)
+  bool console_full = false;   // trainer.console_metrics=full
   bool console_logger = true, val_only = false;
   // The critic (critic.enable, or null = exactly for adv_estimator=gae).
   bool critic = false;
@@ -91,6 +93,7 @@ struct SftInputs {
   uint64_t seed = 1, data_seed = 1;
   int threads = 0;
   std::vector<std::string> loggers;
+  bool console_full = false;  // trainer.console_metrics=full
   int64_t val_generations = 0, max_response_length = 0;
   model::RecomputePolicy recompute;  // model.enable_gradient_checkpointing: full/uniform/1
 };

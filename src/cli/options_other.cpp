@@ -56,6 +56,7 @@ SftInputs sft_inputs(const config::Config& c) {
   in.data_seed = c.is_null("data.seed") ? in.seed : uint64_t(c.get_int("data.seed"));
   in.threads = int(c.get_int("trainer.threads"));
   in.loggers = c.get_string_list("trainer.logger");
+  in.console_full = c.get_string("trainer.console_metrics") == "full";
   in.val_generations = c.get_int("trainer.val_generations");
   in.max_response_length = c.get_int("data.max_response_length");
   return in;
@@ -73,6 +74,7 @@ train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch
   if (betas.size() != 2) KS_FAIL(c.origin("optim.betas"), ": optim.betas must hold two numbers");
   o.adamw = {betas[0], betas[1], c.get_float("optim.eps"), c.get_float("optim.weight_decay")};
   o.lr.lr = c.get_float("optim.lr");
+  o.max_consecutive_skipped_steps = c.get_int("trainer.max_consecutive_skipped_steps");
   o.lr.style = optim::parse_lr_style(c.get_string("optim.lr_scheduler"), "optim.lr_scheduler").value();
   o.lr.total_steps = o.total_steps;
   o.lr.warmup_steps = int64_t(c.get_float("optim.warmup_steps_ratio") * double(o.total_steps));

@@ -120,6 +120,9 @@ TrainInputs train_inputs(const config::Config& c) {
   in.recompute = recompute_policy(c, A + "megatron", "actor_rollout_ref.model.enable_gradient_checkpointing");
   in.gpu_memory_utilization = c.get_float(R + "gpu_memory_utilization");
   in.collective_timeout_s = double(c.get_int("actor_rollout_ref.nccl_timeout"));
+  in.deterministic = c.get_bool(A + "megatron.override_transformer_config.deterministic_mode") ||
+                     c.get_bool(A + "fsdp_config.full_determinism");
+  in.console_full = c.get_string("trainer.console_metrics") == "full";
   in.console_logger = false;
   for (const auto& l : c.get_string_list("trainer.logger"))
     if (l == "console") in.console_logger = true;
@@ -254,6 +257,8 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.gamma = c.get_float("algorithm.gamma");
   o.lam = c.get_float("algorithm.lam");
   o.adamw = adamw_config(c, A);
+  o.reuse_fp32_param = c.get_bool(A + "megatron.override_transformer_config.reuse_fp32_param");
+  o.max_consecutive_skipped_steps = c.get_int("trainer.max_consecutive_skipped_steps");
   o.clip_grad = c.get_float_or(A + "grad_clip", c.get_float(A + "optim.clip_grad"));  // verl FSDP's name wins
   const int64_t epochs = c.get_int("trainer.total_epochs");
   o.total_steps = c.get_int_or("trainer.total_training_steps", batches_per_epoch * epochs);
@@ -300,6 +305,8 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   co.loss_scale_factor = o.loss_scale_factor;
   co.response_length = o.response_length;
   co.adamw = adamw_config(c, C);
+  co.reuse_fp32_param = c.get_bool(C + "megatron.override_transformer_config.reuse_fp32_param");
+  co.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   co.lr = lr_schedule_config(c, C, o.total_steps);
   co.clip_grad = c.get_float_or(C + "grad_clip", c.get_float(C + "optim.clip_grad"));  // verl FSDP's name wins
   co.distributed_optimizer = c.get_bool(C + "megatron.override_transformer_config.use_distributed_optimizer");

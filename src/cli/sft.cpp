@@ -183,6 +183,7 @@ int cmd_sft(const Args& argv) {
 
   train::MetricsOptions mo;
   mo.console = false;
+  mo.console_full = in.console_full;
   // metrics.jsonl is always written next to the checkpoints (as kestrel train
   // does): the run report and a resumed run read it.
   mo.jsonl_path = root + "/metrics.jsonl";

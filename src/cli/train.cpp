@@ -19,6 +19,7 @@
 #include "comm/world.h"
 #include "config/config.h"
 #include "core/files.h"
+#include "core/parallel_for.h"
 #include "data/arith.h"
 #include "data/chat_tokenizer.h"
 #include "data/config_options.h"
@@ -333,6 +334,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
   // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
   comm::World::set_collective_timeout(in.collective_timeout_s);
+  if (in.deterministic) set_deterministic(true);  // before the GEMM library is chosen (it pins one)
   if (leader && !first.empty()) {
     // The built-in run says up front what it will do and for how long.
     const bool warm = in.model_path == "builtin:arith-sft";
@@ -421,6 +423,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // (the config layer accepts only trainer.logger=[console] so far).
   train::MetricsOptions mo;
   mo.console = in.console_logger;
+  mo.console_full = in.console_full;
   mo.jsonl_path = o.ckpt_root + "/metrics.jsonl";
   mo.tensorboard_dir = o.ckpt_root + "/tensorboard";
   fs::create_directories(o.ckpt_root);

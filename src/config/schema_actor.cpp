@@ -65,8 +65,10 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
     return is_ref ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
   };
   auto add = [&](const std::string& key, Type t, const std::string& def, Support s, const std::string& doc,
-                 std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) {
-    b.k(key, t, d(key, def), s, doc, std::move(allowed), std::move(supported)).addable = true;
+                 std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) -> KeyDecl& {
+    KeyDecl& k = b.k(key, t, d(key, def), s, doc, std::move(allowed), std::move(supported));
+    k.addable = true;
+    return k;
   };
   // Defaults to this engine's own megatron.<key>; the ref follows the actor's override.
   auto add_own = [&](const std::string& key, Support s, const std::string& doc) {
@@ -96,19 +98,19 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       "(the first recompute_num_layers layers of the stage, one checkpoint each)." + no_bwd,
       {"uniform", "block"});
   add("recompute_num_layers", I, "null", RC,
-      "Layers per recompute chunk (uniform) or recomputed layers per stage (block); >= 1 with full." + no_bwd);
+      "Layers per recompute chunk (uniform) or recomputed layers per stage (block); >= 1 with full." + no_bwd).at_least(1);
   add("recompute_activation_function", B, "false", RC,
       "MindSpeed: drop the SwiGLU output once the down projection used it, recompute it before the down "
       "projection's weight gradient; with full recompute only with recompute_method=block (its layers come after "
       "the full ones)." + no_bwd);
   add("recompute_activation_function_num_layers", I, "null", RC,
-      "MindSpeed: layers (after the full-recompute ones) with activation-function recompute; null = all." + no_bwd);
+      "MindSpeed: layers (after the full-recompute ones) with activation-function recompute; null = all." + no_bwd).at_least(1);
   add("recompute_norm", B, "false", RC,
       "MindSpeed: drop both RMSNorm outputs once q/k/v and gate/up used them, recompute them (an all-gather "
       "under sequence parallelism) before their backward; with full recompute only with recompute_method=block." +
           no_bwd);
   add("recompute_norm_num_layers", I, "null", RC,
-      "MindSpeed: layers (after the full-recompute ones) with norm recompute; null = all." + no_bwd);
+      "MindSpeed: layers (after the full-recompute ones) with norm recompute; null = all." + no_bwd).at_least(1);
   add("attention_backend", S, "flash", NOP,
       "Megatron attention implementation; Kestrel runs its own fused (flash-style) attention for every value.",
       {"flash", "fused", "unfused", "local", "auto"});
@@ -129,6 +131,21 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       is_ref ? "The reference model has no optimizer."
              : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
   add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
+  const bool critic_meg = meg.rfind("critic", 0) == 0;
+  // BF16 parameter-copy reuse (optim/adamw.h): the f32 master held as the bf16 weights + a 16-bit residual.
+  add("reuse_fp32_param", B, "false", is_ref ? NOP : YES,
+      is_ref ? "The reference model has no optimizer (it follows the actor's value)."
+             : "MindSpeed: hold each f32 master as the bf16 weight plus a 16-bit residual (exact round-to-nearest-even "
+               "split), 2 bytes per parameter less (/dp with the distributed optimizer); training is bit-identical. "
+               "bf16 only (megatron.dtype).");
+  // Deterministic computation (core/parallel_for.h): process-wide, so the actor's key decides.
+  add("deterministic_mode", B, "false", is_ref || critic_meg ? NOP : YES,
+      is_ref || critic_meg
+          ? "Process-wide in Kestrel: actor_rollout_ref.actor.megatron.override_transformer_config.deterministic_mode "
+            "(or KESTREL_DETERMINISTIC=1) decides for every model."
+          : "Megatron's deterministic mode: GEMMs in fixed tiles of one pinned library, so training, scoring and "
+            "rollout give the same bits at any thread count (Kestrel's own kernels always do); also "
+            "actor.fsdp_config.full_determinism or KESTREL_DETERMINISTIC=1.");
   add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
   add("num_layers", I, "null", NO, "Override the model's layer count (used with noop_layers).");
   add_own("context_parallel_size", NO,

@@ -67,7 +67,7 @@ void declare_data_and_model(Builder& b) {
   b.k("hybrid_engine", B, "true", NO, "Actor, rollout and reference share devices (Kestrel is always colocated).");
   b.k("nccl_timeout", I, "600", YES,
       "Seconds any collective may wait (Kestrel's collectives run over MPI): past it the job aborts with the ranks "
-      "that did not answer and the step; <= 0 waits forever.");
+      "that did not answer and the step; <= 0 waits forever.").any_value("seconds; <= 0 waits forever");
 
   b.scope("actor_rollout_ref.model");
   b.k("path", S, "~/models/deepseek-llm-7b-chat", YES, "HuggingFace model directory (config.json + safetensors).");

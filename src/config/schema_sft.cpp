@@ -70,6 +70,13 @@ void declare_sft(Builder& b) {
   b.k("total_training_steps", I, "null", YES, "Stop after this many steps; null = steps per epoch * total_epochs.").at_least(1);
   b.k("logger", SL, "[console]", YES, "Metric sinks: console, tensorboard; metrics.jsonl is always written in the run folder (file is accepted, the same).",
       {"console", "file", "tensorboard"});
+  b.k("console_metrics", S, "compact", YES,
+      "What the console logger prints per step: compact (loss, validation loss, gradient norm, seconds) or full "
+      "(every metric); metrics.jsonl always gets every metric (Kestrel).",
+      {"compact", "full"});
+  b.k("max_consecutive_skipped_steps", I, "10", YES,
+      "NaN/Inf guard: an update whose loss or gradient norm is not finite is skipped and counted "
+      "(train/step_skipped); after this many skips in a row the run stops; 0 never stops (Kestrel).").at_least(0);
   b.k("seed", I, "1", YES, "Seed of the built-in model's init and the default shuffle seed.").any_value("a seed: any integer");
   b.k("save_freq", I, "-1", YES, "Checkpoint every N steps and at the end; -1 = never.").at_least(-1);
   b.k("test_freq", I, "-1", YES, "Validate every N steps and at the end; -1 = never.").at_least(-1);

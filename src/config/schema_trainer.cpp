@@ -125,6 +125,15 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("logger", SL, "[console]", YES, "Metric sinks. verl default: [console, wandb].",
       {"console", "wandb", "swanlab", "mlflow", "tensorboard", "trackio", "vemlp_wandb", "clearml", "file"},
       {"console", "tensorboard", "file"});
+  b.k("console_metrics", S, "compact", YES,
+      "What the console logger prints per step: compact (reward, accuracy when validated, KL, entropy, response "
+      "length, seconds) or full (every metric, as verl's console logger); metrics.jsonl and TensorBoard always get "
+      "every metric (Kestrel).",
+      {"compact", "full"});
+  b.k("max_consecutive_skipped_steps", I, "10", YES,
+      "NaN/Inf guard: an update whose loss or gradient norm is not finite is skipped and counted "
+      "(actor/step_skipped); after this many skips in a row the run stops with the step and the quantity; 0 never "
+      "stops (Kestrel).").at_least(0);
   b.k("log_val_generations", I, "0", NO, "Validation generations printed per validation.");
   b.k("rollout_data_dir", S, "null", NO, "Dump each step's rollouts as JSONL here.");
   b.k("validation_data_dir", S, "null", NO, "Dump validation generations as JSONL here.");

@@ -35,8 +35,11 @@ void declare_fsdp_engine(Builder& b, const std::string& at, const std::string& o
       {"fp32", "bf16", "fp16", "float32", "bfloat16", "float16"});
   b.k("use_orig_params", B, "false", NOP, std::string("FSDP1 flat-parameter detail: ") + kWhyShard);
   b.k("seed", I, "42", NOP, "Seed of FSDP's initialisation; Kestrel loads HF weights and has no dropout.");
-  b.k("full_determinism", B, "false", NOP,
-      "torch deterministic algorithms; Kestrel's kernels are deterministic for a fixed thread count.");
+  const bool actor_engine = at == "actor_rollout_ref.actor.fsdp_config";
+  b.k("full_determinism", B, "false", actor_engine ? YES : NOP,
+      actor_engine ? "verl's full determinism: Kestrel's deterministic mode (as megatron.override_transformer_config."
+                     "deterministic_mode): the same bits at any thread count, for training, scoring and rollout."
+                   : "Process-wide in Kestrel: actor_rollout_ref.actor.fsdp_config.full_determinism decides.");
   b.k("ulysses_sequence_parallel_size", I, "1", NO, "Ulysses sequence (context) parallel size; context parallelism is not built.");
   b.k("entropy_from_logits_with_chunking", B, "false", NOP,
       "Compute the entropy over chunks of the logits to save memory; the values are the same.");

@@ -311,13 +311,6 @@ Result<Tensor> WeightSource::load(const std::string& name, const Shape& expect_s
   if (src.shape() != expect_shape)
     return KS_ERR(file->path(), ": tensor '", name, "' has shape ", shape_str(src.shape()), ", expected ",
                   shape_str(expect_shape), " from config.json; the checkpoint does not match its config");
-  // Integers converted to float weights would give nonsense without a word
-  // (a float tensor whose header says I32: log-probs near -8e8).
-  auto is_float = [](DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; };
-  if (is_float(dtype) && !is_float(src.dtype()))
-    return KS_ERR(file->path(), ": tensor '", name, "' is stored as ", safetensors_dtype_name(src.dtype()),
-                  ", not a floating-point type; model weights must be F32, BF16 or F16 (the header's dtype is "
-                  "wrong, or this is not a weight file)");
   Tensor out = Tensor::empty(expect_shape, dtype, cat);
   convert_elements(src.raw(), src.dtype(), out.raw(), dtype, src.numel());
   return out;

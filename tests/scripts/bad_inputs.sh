@@ -109,7 +109,7 @@ D=$(broken json); header_edit "$D/$ST" '1s/"dtype"/"dtyp\x22/'
 bad model_header_bad_json "$ST" --absent "$W/o.jsonl" -- \
   K logprobs --model "$D" --input "$W/ids.jsonl" --output "$W/o.jsonl"
 D=$(broken dtype); header_edit "$D/$ST" '1s/"F32"/"I32"/'
-bad model_wrong_dtype "$ST: tensor .* is stored as I32, not a floating-point type" --absent "$W/o.jsonl" -- \
+bad model_wrong_dtype "$ST: tensor .* is stored as I32 but is read as F32 weights" --absent "$W/o.jsonl" -- \
   K logprobs --model "$D" --input "$W/ids.jsonl" --output "$W/o.jsonl"
 D=$(broken dtype_unknown); header_edit "$D/$ST" '1s/"F32"/"Q32"/'
 bad model_unknown_dtype "$ST.*Q32" --absent "$W/o.jsonl" -- \
