@@ -9,7 +9,9 @@ PKGS=(cmake ninja-build ccache g++ pkg-config
       libicu-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libomp-dev
       libsnappy-dev libzstd-dev zlib1g-dev
       # the fuzz preset only (fuzz/, tests/scripts/fuzz_smoke.sh): clang and its libFuzzer/sanitizer runtimes
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev
+      # tests/scripts/run_report.sh renders the HTML run report in headless Chromium
+      chromium-headless-shell fonts-dejavu-core)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
