@@ -34,6 +34,13 @@ std::vector<double> ticks(double lo, double hi, int n) {
   return out;
 }
 
+// Axis labels: plain digits up to a million (throughput reads 30000, not 3e+04).
+std::string fmt_tick(double t) {
+  char b[32];
+  std::snprintf(b, sizeof b, std::abs(t) >= 1e4 && std::abs(t) < 1e6 ? "%.0f" : "%.4g", t);
+  return b;
+}
+
 std::string pct(double p) {
   char b[32];
   std::snprintf(b, sizeof b, p < 0.1 ? "&lt;0.1%%" : "%.1f%%", p);
@@ -100,7 +107,7 @@ std::string line_plot(const std::string& id, const std::vector<Series>& series) 
     o += "<line x1=\"" + std::to_string(kLeft) + "\" x2=\"" + num(kLeft + pw) + "\" y1=\"" + num(Y(t)) + "\" y2=\"" +
          num(Y(t)) + "\" stroke=\"#e4e4e4\"/>";
     o += "<text x=\"" + std::to_string(kLeft - 6) + "\" y=\"" + num(Y(t) + 4) +
-         "\" text-anchor=\"end\" font-size=\"11\">" + fmt_short(t) + "</text>\n";
+         "\" text-anchor=\"end\" font-size=\"11\">" + fmt_tick(t) + "</text>\n";
   }
   for (double t : ticks(x0, x1, 6)) {
     if (t != std::floor(t)) continue;  // steps are integers
