@@ -10,8 +10,9 @@
 // and its kernels may round differently per split, and `KESTREL_BLAS=auto`
 // picks a library by timing. In deterministic mode every GEMM is cut into
 // fixed output tiles (their shape depends only on the problem), each tile is
-// one single-threaded library call, and one library (OpenBLAS unless
-// KESTREL_BLAS names another) runs every pattern: results are then
+// one single-threaded library call, and one library runs every pattern
+// (oneDNN, else BLIS, else OpenBLAS, by what is installed, never by timing;
+// KESTREL_BLAS names another): results are then
 // bit-identical across runs and across thread counts on one build and machine
 // (backend/cpu/gemm.h).
 #pragma once

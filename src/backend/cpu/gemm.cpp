@@ -159,16 +159,26 @@ Result<Plan> choose_auto(std::string* notes) {
 
 Result<Plan> choose_default(std::string* notes) {
   KS_ASSIGN(std::optional<GemmProvider> forced, blas_from_env(std::getenv("KESTREL_BLAS")));
-  // Deterministic mode pins one library: a timed choice could differ between runs.
+  // Deterministic mode runs its tiles as single-threaded calls from several
+  // threads at once, so it needs a library whose calls run concurrently:
+  // oneDNN, else BLIS (OpenBLAS 0.3's OpenMP build serialises calls made
+  // inside a parallel region: measured, 2 threads ran at 1 thread's speed).
+  // The choice depends only on what is installed, never on timing, so every
+  // run and thread count on one machine uses the same library.
   if (!forced && deterministic()) {
-    std::string why;
-    const BlasLib* lib = load_blas(GemmProvider::OpenBLAS, &why);
-    if (!lib)
-      return KS_ERR("deterministic mode pins OpenBLAS for every GEMM, but ", why,
-                    " (install it: scripts/install_deps.sh, or name another library with KESTREL_BLAS)");
-    Plan p = single(lib);
-    p.summary = describe(p, nullptr, "deterministic mode (fixed tiles, one library)");
-    return p;
+    for (GemmProvider g : {GemmProvider::OneDNN, GemmProvider::BLIS, GemmProvider::OpenBLAS}) {
+      const BlasLib* lib = load_blas(g);
+      if (!lib) continue;
+      Plan p = single(lib);
+      p.summary = describe(p, nullptr,
+                           g == GemmProvider::OpenBLAS
+                               ? "deterministic mode (fixed tiles; OpenBLAS, the only library here: its tiles run "
+                                 "one at a time, install libdnnl2 for parallel tiles)"
+                               : "deterministic mode (fixed tiles, one library)");
+      return p;
+    }
+    return KS_ERR("deterministic mode: no GEMM library could be loaded (install libdnnl2, libblis4 or "
+                  "libopenblas0-openmp: scripts/install_deps.sh)");
   }
   if (!forced) return choose_auto(notes);
   std::string why;
