@@ -35,6 +35,7 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "io/model_config.h"
+#include "model/recompute.h"
 
 namespace kestrel::rl {
 
@@ -45,24 +46,13 @@ struct PlanLayout {
   bool distributed_optimizer = false;   // ZeRO-1 over dp
 };
 
-// Activation recompute, the semantics of model/'s RecomputePolicy:
-//  full/uniform/n: only each chunk of n blocks' input x_in [Tl, D] survives the
-//    forward; the backward recomputes one chunk at a time (its activations live).
-//  full/block/n: the first n blocks keep only x_in, the others everything.
-//  selective core_attn: drops attn [Tp, H*hd] and lse f32 [H, T] per layer.
-//  activation_function: drops act [Tp, F]; norm: drops norm1, norm2 [Tp, D].
-enum class RecomputeGranularity { None, Full, Selective };
-enum class RecomputeMethod { Uniform, Block };
-struct PlanRecompute {
-  RecomputeGranularity granularity = RecomputeGranularity::None;
-  RecomputeMethod method = RecomputeMethod::Uniform;
-  int64_t num_layers = 1;
-  bool core_attn = false;
-  bool activation_function = false;
-  bool norm = false;
-  bool any() const { return granularity != RecomputeGranularity::None || activation_function || norm || core_attn; }
-  std::string describe() const;  // "none", "full/uniform/1", "selective[core_attn]+act+norm", ...
-};
+// Activation recompute: model/'s own policy (model/recompute.h), so the plan
+// follows what the training forward keeps block by block (RecomputePolicy::plan):
+// full/uniform/n and full/block/n keep only each chunk's input x_in [Tl, D] and
+// rerun the chunk in the backward; selective core_attn / layernorm / mlp,
+// MindSpeed's activation-function and norm recompute drop single fields that
+// the block's backward rebuilds right before their use.
+using PlanRecompute = model::RecomputePolicy;
 
 // Phase-level offload (verl's megatron param/grad/optimizer_offload): the
 // state leaves the device outside the phase that needs it.
@@ -102,7 +92,9 @@ struct PlanInputs {
   PlanLayout layout;
   DType dtype = DType::F32;          // actor compute/storage dtype (bf16: f32 masters in the optimizer)
   bool reuse_fp32_param = false;     // bf16: master as bf16 param + 16-bit residual (-2 B/param, /dp with distopt)
-  PlanRecompute recompute;
+  bool critic_reuse_fp32_param = false;  // the critic's (critic.megatron...reuse_fp32_param)
+  PlanRecompute recompute;           // the actor's (ModelOptions::recompute)
+  PlanRecompute critic_recompute;    // the critic's
   PlanOffload offload;
   PlanBatching batch;
   PlanRollout rollout;

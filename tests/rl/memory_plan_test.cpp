@@ -77,31 +77,52 @@ TEST(MemoryPlan, ParameterCountIsTheModelsAndShardsByTp) {
   EXPECT_LT(s2.params, in.model.num_parameters());
 }
 
+// The policy the config keys give (cli::recompute_policy builds it the same way).
+PlanRecompute policy(const std::string& gran, const std::string& method, int64_t n,
+                     std::vector<std::string> modules = {"core_attn"}, bool act = false, bool norm = false,
+                     int64_t act_n = -1, int64_t norm_n = -1) {
+  return model::make_recompute_policy(gran, method, n, modules, act, act_n, norm, norm_n, "").value();
+}
+
 TEST(MemoryPlan, RecomputeDropsWhatItsFormulaSays) {
   PlanInputs in = base_inputs();
   const PlanShapes s = plan_shapes(in, 1, 1);
-  const int64_t T = 1000, D = s.D, q = s.H * s.hd, F = s.F;
+  const int64_t T = 1000, D = s.D, q = s.H * s.hd, F = s.F, L = s.L;
   const TrainActivations none = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(none.kept_layers, s.L * none.per_layer);
-  in.recompute.granularity = RecomputeGranularity::Selective;
-  in.recompute.core_attn = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * (4 * T * q + 4 * s.H * T));
-  in.recompute = {};
-  in.recompute.activation_function = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * 4 * T * F);
-  in.recompute = {};
-  in.recompute.norm = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * 2 * 4 * T * D);
-  in.recompute = {};
-  in.recompute.granularity = RecomputeGranularity::Full;
-  in.recompute.num_layers = 2;
-  const TrainActivations full = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(full.kept_layers, (s.L / 2) * 4 * T * D);  // each chunk's input
+  EXPECT_EQ(none.kept_layers, L * none.per_layer);
+  EXPECT_EQ(none.recompute_live, 0);
+  auto kept = [&](const PlanRecompute& rc) {
+    in.recompute = rc;
+    EXPECT_TRUE(validate_plan_inputs(in).is_ok()) << rc.describe();
+    return train_activations(s, in, T, DType::F32);
+  };
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"core_attn"})).kept_layers, L * (4 * T * q + 4 * s.H * T));
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"layernorm"})).kept_layers, L * 2 * 4 * T * D);
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"mlp"})).kept_layers, L * 3 * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, true)).kept_layers, L * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, true, false, 3)).kept_layers, 3 * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, false, true)).kept_layers, L * 2 * 4 * T * D);
+  const TrainActivations full = kept(policy("full", "uniform", 2));
+  EXPECT_EQ(full.kept_layers, (L / 2) * 4 * T * D);  // each chunk's input
   EXPECT_EQ(full.recompute_live, 2 * none.per_layer - 4 * T * D);
   EXPECT_LT(full.peak, none.peak);
-  in.recompute.method = RecomputeMethod::Block;
-  const TrainActivations block = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(block.kept_layers, 2 * 4 * T * D + (s.L - 2) * none.per_layer);
+  const TrainActivations block = kept(policy("full", "block", 2));
+  EXPECT_EQ(block.kept_layers, 2 * 4 * T * D + (L - 2) * none.per_layer);
+  // block + MindSpeed's act and norm: the blocks after the full ones drop act and both norms.
+  const TrainActivations mixed = kept(policy("full", "block", 2, {}, true, true));
+  EXPECT_EQ(mixed.kept_layers, 2 * 4 * T * D + (L - 2) * (none.per_layer - 4 * T * F - 2 * 4 * T * D));
+  // Every mode lowers the peak, and a refused combination is refused by validate_plan_inputs.
+  for (const PlanRecompute& rc : {policy("selective", "", -1, {"core_attn"}), policy("selective", "", -1, {"mlp"}),
+                                  policy("", "", -1, {}, true, true), policy("full", "uniform", 1)})
+    EXPECT_LT(kept(rc).peak, none.peak) << rc.describe();
+  in.recompute = PlanRecompute{};
+  in.recompute.granularity = model::RecomputeGranularity::Full;
+  in.recompute.method = model::RecomputeMethod::Uniform;
+  in.recompute.num_layers = 1;
+  in.recompute.norm = true;
+  const Status bad = validate_plan_inputs(in);
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("recompute_method=block"), std::string::npos) << bad.message();
 }
 
 TEST(MemoryPlan, PipelineAndContextParallelAreModelledAndMarkedNotSupported) {
@@ -180,30 +201,33 @@ struct RecomputeMode {
   PlanRecompute plan;
 };
 
+// Every mode and the combinations the config allows (model/recompute.h).
 std::vector<RecomputeMode> recompute_modes() {
   const std::string OT = "actor_rollout_ref.actor.megatron.override_transformer_config.";
-  PlanRecompute full1;
-  full1.granularity = RecomputeGranularity::Full;
-  full1.num_layers = 1;
-  PlanRecompute block2 = full1;
-  block2.method = RecomputeMethod::Block;
-  block2.num_layers = 2;
-  PlanRecompute sel;
-  sel.granularity = RecomputeGranularity::Selective;
-  sel.core_attn = true;
+  const std::string full = OT + "recompute_granularity=full", sel = OT + "recompute_granularity=selective";
   return {
       {"none", {}, PlanRecompute{}},
-      {"full/uniform/1",
-       {OT + "recompute_granularity=full", OT + "recompute_method=uniform", OT + "recompute_num_layers=1"}, full1},
-      {"full/block/2", {OT + "recompute_granularity=full", OT + "recompute_method=block", OT + "recompute_num_layers=2"},
-       block2},
-      {"selective/core_attn", {OT + "recompute_granularity=selective", OT + "recompute_modules=[core_attn]"}, sel},
+      {"full/uniform/1", {full, OT + "recompute_method=uniform", OT + "recompute_num_layers=1"},
+       policy("full", "uniform", 1)},
+      {"full/uniform/3", {full, OT + "recompute_method=uniform", OT + "recompute_num_layers=3"},
+       policy("full", "uniform", 3)},
+      {"full/block/2", {full, OT + "recompute_method=block", OT + "recompute_num_layers=2"}, policy("full", "block", 2)},
+      {"selective/core_attn", {sel, OT + "recompute_modules=[core_attn]"}, policy("selective", "", -1, {"core_attn"})},
+      {"selective/layernorm", {sel, OT + "recompute_modules=[layernorm]"}, policy("selective", "", -1, {"layernorm"})},
+      {"selective/mlp", {sel, OT + "recompute_modules=[mlp]"}, policy("selective", "", -1, {"mlp"})},
+      {"activation_function", {OT + "recompute_activation_function=true"}, policy("", "", -1, {}, true)},
+      {"norm", {OT + "recompute_norm=true"}, policy("", "", -1, {}, false, true)},
+      {"full/block/2+act+norm",
+       {full, OT + "recompute_method=block", OT + "recompute_num_layers=2", OT + "recompute_activation_function=true",
+        OT + "recompute_norm=true"},
+       policy("full", "block", 2, {}, true, true)},
+      {"selective/core_attn+act+norm",
+       {sel, OT + "recompute_modules=[core_attn]", OT + "recompute_activation_function=true", OT + "recompute_norm=true"},
+       policy("selective", "", -1, {"core_attn"}, true, true)},
   };
 }
 
-// Sets the model's recompute policy; false while model/ has none (the
-// integrator wires model::ModelOptions' RecomputePolicy here when it lands).
-bool apply_recompute(model::ModelOptions&, const PlanRecompute& r) { return !r.any(); }
+void apply_recompute(model::ModelOptions& mo, const PlanRecompute& r) { mo.recompute = r; }
 
 void measure_update(PlanInputs in, const RecomputeMode& mode) {
   const DType dt = in.dtype;
@@ -211,11 +235,11 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
     config::LoadOptions lo;
     lo.overrides = mode.overrides;
     auto c = config::load(lo);
-    if (!c) GTEST_SKIP() << mode.name << ": the config refuses it in this branch: " << c.status().message();
+    ASSERT_TRUE(c.is_ok()) << mode.name << ": the config refuses it: " << c.status().message();
   }
   model::ModelOptions mo;
   mo.dtype = dt;
-  if (!apply_recompute(mo, mode.plan)) GTEST_SKIP() << mode.name << ": model/ has no RecomputePolicy in this branch";
+  apply_recompute(mo, mode.plan);
 
   in.recompute = mode.plan;
   const MemoryPlan plan = plan_memory(in);
@@ -325,7 +349,7 @@ TEST(MemoryPlanQwen, ActorUpdateWithinTenPercent) {
   measure_update(in, recompute_modes()[0]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, MeasuredPeak, ::testing::Range<size_t>(0, 4), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Modes, MeasuredPeak, ::testing::Range<size_t>(0, recompute_modes().size()), [](const auto& info) {
   std::string n = recompute_modes()[info.param].name;
   for (auto& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
