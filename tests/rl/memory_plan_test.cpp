@@ -256,6 +256,7 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
   ao.ppo_mini_batch_size = in.batch.ppo_mini_batch_size;
   ao.max_token_len = in.batch.max_token_len;
   ao.share_prompts = in.batch.share_prompts;
+  ao.reuse_fp32_param = in.reuse_fp32_param;
   ao.lr.lr = 1e-5;
   ao.lr.total_steps = 1;
   ao.loss.agg.mode = AggMode::TokenMean;
@@ -318,16 +319,34 @@ TEST(MemoryPlanScoring, OldLogProbActivationsWithinTenPercentBf16) { measure_sco
 
 class MeasuredPeak : public ::testing::TestWithParam<size_t> {};
 
-PlanInputs with_dtype(PlanInputs in, DType dt) {
+// none: two prompts, two 179-token micro-batches (the second reuses what the
+// first freed); a recompute mode: one prompt, one 179-token micro-batch (the
+// same peak, half the time: 22 updates run in make test).
+PlanInputs mode_inputs(DType dt, size_t mode) {
+  PlanInputs in = base_inputs();
   in.dtype = dt;
+  if (mode != 0) in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 1;
   return in;
 }
 
 TEST_P(MeasuredPeak, ActorUpdateF32WithinTenPercent) {
-  measure_update(with_dtype(base_inputs(), DType::F32), recompute_modes()[GetParam()]);
+  measure_update(mode_inputs(DType::F32, GetParam()), recompute_modes()[GetParam()]);
 }
 TEST_P(MeasuredPeak, ActorUpdateBf16WithinTenPercent) {
-  measure_update(with_dtype(base_inputs(), DType::BF16), recompute_modes()[GetParam()]);
+  measure_update(mode_inputs(DType::BF16, GetParam()), recompute_modes()[GetParam()]);
+}
+
+// reuse_fp32_param through the engine (train::EngineOptions): the bf16
+// masters held as the weights plus a 16-bit residual, -2 B/param of
+// OptimizerState, the other categories unchanged.
+TEST(MemoryPlanReuseFp32, ActorUpdateBf16WithinTenPercent) {
+  PlanInputs in = mode_inputs(DType::BF16, 1);
+  in.reuse_fp32_param = true;
+  const PlanInputs plain = mode_inputs(DType::BF16, 1);
+  const int64_t O = int64_t(cat(MemCategory::OptimizerState));
+  EXPECT_EQ(plan_memory(plain).phases.back().bytes[size_t(O)] - plan_memory(in).phases.back().bytes[size_t(O)],
+            2 * plan_shapes(in, 1, 1).params);
+  measure_update(in, {"reuse_fp32_param", {}, PlanRecompute{}});
 }
 
 // docs/benchmarks.md "Memory model vs allocator": the Qwen2.5-0.5B-shaped
