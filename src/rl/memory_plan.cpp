@@ -228,10 +228,10 @@ int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T
   return std::max({in_layer, at_head, after});
 }
 
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs) {
-  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1]; prefix_of i32 [B] (shared prompts).
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches) {
+  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1] per micro-batch; prefix_of i32 [B] (shared prompts).
   const int64_t packed_seqs = b.share_prompts ? seqs + ceil_div(seqs, std::max<int64_t>(1, b.n)) : seqs;
-  return 12 * tokens + 4 * (packed_seqs + 1) + (b.share_prompts ? 4 * packed_seqs : 0);
+  return 12 * tokens + 4 * (packed_seqs + std::max<int64_t>(1, micro_batches)) + (b.share_prompts ? 4 * packed_seqs : 0);
 }
 
 MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max_token_len, int64_t micro_batch_size,

@@ -269,14 +269,14 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
                                                  in.batch.log_prob_micro_batch_size, false);
     const int64_t acts = scoring_activations(s, in, sm.max_tokens, dt) +
-                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs);
+                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches);
     phase("scoring", true, acts, 0,
           std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
               (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
   }
   if (in.critic) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
-    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs), 0,
+    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches), 0,
           "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
   }
   // ---- the actor update ----
@@ -290,7 +290,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                            p.actor.recompute_live + p.actor.backward;
     acts = std::max(stage0, p.actor.peak);
   }
-  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs);
+  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches);
   int64_t other = 0;
   if (l.dp > 1 && l.distributed_optimizer) {
     // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.

@@ -268,10 +268,13 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
   actor.update(b, 0);
   const MemStats after = alloc.stats();
   const char* names[] = {"Params", "Grads", "OptimizerState", "Activations", "KVCache", "Other"};
+  std::printf("  %s %s: %lld micro-batch(es) of <= %lld tokens\n", mode.name, dtype_name(dt),
+              (long long)plan.micro.micro_batches, (long long)plan.micro.max_tokens);
   for (size_t c = 0; c < kNumMemCategories; ++c) {
     const double got = double(after.peak[c] - before.live[c]), pred = double(want.bytes[c]);
-    std::printf("  %s %-14s measured %12.0f predicted %12.0f (%+.2f%%)\n", mode.name, names[c], got, pred,
-                pred > 0 ? 100 * (got / pred - 1) : 0.0);
+    std::printf("  %s %-14s measured %12.0f predicted %12.0f (%+.2f%%)%s\n", mode.name, names[c], got, pred,
+                pred > 0 ? 100 * (got / pred - 1) : 0.0,
+                c == cat(MemCategory::Activations) ? (", peak at " + plan.actor.at).c_str() : "");
     if (pred == 0) EXPECT_EQ(got, 0) << names[c];
     else EXPECT_NEAR(got / pred, 1.0, 0.10) << mode.name << " " << dtype_name(dt) << " " << names[c];
   }
@@ -352,7 +355,7 @@ TEST(MemoryPlanReuseFp32, ActorUpdateBf16WithinTenPercent) {
 // docs/benchmarks.md "Memory model vs allocator": the Qwen2.5-0.5B-shaped
 // config (random weights), one actor-update step. ~10 GiB and minutes on 2
 // cores, so only on request:
-//   KESTREL_PLAN_MEASURE_QWEN=bf16 build/release/test_rl --gtest_filter='MemoryPlanQwen*'
+//   KESTREL_PLAN_MEASURE_QWEN=bf16 [KESTREL_PLAN_QWEN_MODE=full/uniform/1] build/dev/test_rl --gtest_filter='MemoryPlanQwen*'
 TEST(MemoryPlanQwen, ActorUpdateWithinTenPercent) {
   const char* e = std::getenv("KESTREL_PLAN_MEASURE_QWEN");
   if (!e || !*e) GTEST_SKIP() << "set KESTREL_PLAN_MEASURE_QWEN=f32|bf16 to measure (about 10 GiB)";
@@ -365,7 +368,11 @@ TEST(MemoryPlanQwen, ActorUpdateWithinTenPercent) {
   in.batch.n = 2;
   in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
   in.batch.max_token_len = 512;
-  measure_update(in, recompute_modes()[0]);
+  // KESTREL_PLAN_QWEN_MODE=<a recompute_modes() name> (default none), e.g. full/uniform/1.
+  const char* want = std::getenv("KESTREL_PLAN_QWEN_MODE");
+  for (const RecomputeMode& mode : recompute_modes())
+    if (mode.name == std::string(want && *want ? want : "none")) return measure_update(in, mode);
+  FAIL() << "KESTREL_PLAN_QWEN_MODE=" << want << " is not one of recompute_modes()";
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, MeasuredPeak, ::testing::Range<size_t>(0, recompute_modes().size()), [](const auto& info) {
