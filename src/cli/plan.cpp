@@ -5,10 +5,11 @@
 // communication per step, and the cheapest changes that make it fit.
 //
 // It reads the config with kestrel train's own readers (train_inputs,
-// rl_options). Layout keys whose feature training does not build yet
-// (pipeline, virtual pipeline, context and expert parallelism, recompute,
-// reuse_fp32_param) are accepted here on the command line and planned from
-// Megatron's formulas, marked "not supported yet".
+// rl_options; activation recompute is TrainInputs::recompute, the policy the
+// model runs). Layout keys whose feature training does not build yet
+// (pipeline, virtual pipeline, context and expert parallelism) are accepted
+// here on the command line and planned from Megatron's formulas, marked "not
+// supported yet"; so is reuse_fp32_param while the config does not declare it.
 //
 // Exit status: 0 fits, 3 does not fit (the advice is printed), 1 bad input.
 #include <algorithm>
@@ -34,26 +35,16 @@ namespace {
 
 const std::string A = "actor_rollout_ref.actor.", M = A + "megatron.", OT = M + "override_transformer_config.";
 
-// The model's recompute is not built in this branch: kestrel train keeps every
-// activation whatever enable_gradient_checkpointing says, so its start-up
-// check plans no recompute. Flip when model/'s RecomputePolicy lands.
-constexpr bool kRecomputeBuilt = false;
-// reuse_fp32_param is planned (-2 B/param) but not built in this branch either.
-constexpr bool kReuseFp32Built = false;
-
 // Keys planned here that the config layer refuses today (not supported yet,
 // or undeclared additions): taken aside from the command line before loading.
 bool planned_only(const std::string& key) {
   static const char* const kKeys[] = {
       "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
       "expert_model_parallel_size",   "override_transformer_config.context_parallel_size",
-      "override_transformer_config.recompute_granularity", "override_transformer_config.recompute_method",
-      "override_transformer_config.recompute_num_layers", "override_transformer_config.recompute_modules",
-      "override_transformer_config.recompute_activation_function", "override_transformer_config.recompute_norm",
       "override_transformer_config.reuse_fp32_param"};
   for (const char* k : kKeys)
     if (key == M + k) return true;
-  return false;
+  return key == "critic.megatron.override_transformer_config.reuse_fp32_param";
 }
 
 // key=value overrides of planned-only keys the schema does not accept yet.
@@ -102,64 +93,6 @@ bool aside_bool(const std::map<std::string, std::string>& aside, const std::stri
 
 }  // namespace
 
-// The one place recompute options are read (switch to model/'s
-// RecomputePolicy when it lands): megatron.override_transformer_config.
-// recompute_{granularity, method, num_layers, modules}, MindSpeed's
-// recompute_activation_function / recompute_norm, and verl's
-// model.enable_gradient_checkpointing (full/uniform/1, when set).
-rl::PlanRecompute recompute_from_config(const config::Config& c, const std::map<std::string, std::string>& aside) {
-  auto str = [&](const std::string& k) -> std::string {
-    if (auto it = aside.find(OT + k); it != aside.end()) return it->second == "null" ? "" : it->second;
-    return c.schema().find(OT + k) ? c.get_string_or(OT + k, "") : "";
-  };
-  rl::PlanRecompute r;
-  const std::string gran = str("recompute_granularity"), method = str("recompute_method");
-  if (gran == "full") r.granularity = rl::RecomputeGranularity::Full;
-  else if (gran == "selective") r.granularity = rl::RecomputeGranularity::Selective;
-  else if (!gran.empty() && gran != "null")
-    KS_FAIL(OT, "recompute_granularity: must be full or selective, got '", gran, "'");
-  if (method == "block") r.method = rl::RecomputeMethod::Block;
-  else if (!method.empty() && method != "uniform" && method != "null")
-    KS_FAIL(OT, "recompute_method: must be uniform or block, got '", method, "'");
-  const int64_t n_cfg = c.schema().find(OT + "recompute_num_layers") ? c.get_int_or(OT + "recompute_num_layers", 1) : 1;
-  r.num_layers = aside_int(aside, OT + "recompute_num_layers", n_cfg);
-  if (r.granularity == rl::RecomputeGranularity::Full && r.num_layers < 1)
-    KS_FAIL(OT, "recompute_num_layers: must be >= 1 with recompute_granularity=full, got ", r.num_layers);
-  std::vector<std::string> modules = {"core_attn"};
-  if (auto it = aside.find(OT + "recompute_modules"); it != aside.end()) {
-    modules.clear();
-    std::string v = it->second;
-    for (char ch : {'[', ']', ' ', '\'', '"'}) v.erase(std::remove(v.begin(), v.end(), ch), v.end());
-    for (size_t p = 0; p <= v.size();) {
-      const size_t q = std::min(v.find(',', p), v.size());
-      if (q > p) modules.push_back(v.substr(p, q - p));
-      p = q + 1;
-    }
-  } else if (c.schema().find(OT + "recompute_modules")) {
-    modules = c.get_string_list(OT + "recompute_modules");
-  }
-  if (r.granularity == rl::RecomputeGranularity::Selective)
-    for (const auto& m : modules) {
-      if (m == "core_attn") r.core_attn = true;
-      else if (m == "layernorm") r.norm = true;
-      else KS_FAIL("not supported yet: ", OT, "recompute_modules entry '", m, "' (Kestrel plans core_attn and layernorm)");
-    }
-  const auto flag = [&](const std::string& k) {
-    const bool declared = c.schema().find(OT + k) != nullptr;
-    return aside_bool(aside, OT + k, declared ? c.get_bool(OT + k) : false);
-  };
-  r.activation_function = flag("recompute_activation_function");
-  r.norm = r.norm || flag("recompute_norm");
-  // verl's FSDP switch (default true in verl's tree): full/uniform/1 when a script sets it.
-  const std::string gc = "actor_rollout_ref.model.enable_gradient_checkpointing";
-  if (r.granularity == rl::RecomputeGranularity::None && c.origin(gc) != "default" && c.get_bool(gc)) {
-    r.granularity = rl::RecomputeGranularity::Full;
-    r.method = rl::RecomputeMethod::Uniform;
-    r.num_layers = 1;
-  }
-  return r;
-}
-
 namespace {
 
 // config.json of actor_rollout_ref.model.path, or a built-in model's config
@@ -183,9 +116,22 @@ struct PlanContext {
   std::map<std::string, std::string> aside;
   int64_t world = 0;          // 0: from trainer.n_gpus_per_node x nnodes when set, else 1
   int64_t device_memory = 0;  // 0: the machine's
-  bool reuse_fp32_param = false;
+  bool reuse_fp32_param = false;  // --reuse-fp32-param
   bool for_train = false;     // kestrel train's start-up check: only what training builds
 };
+
+// A reuse_fp32_param key: the config's value when the schema declares it
+// (kestrel train reads it then), else the planned-only override's (not for
+// kestrel train's check: train cannot run an undeclared key).
+bool reuse_declared(const config::Config& c, const std::string& key) {
+  const config::KeyDecl* d = c.schema().find(key);
+  return d && d->status != config::Support::NotSupportedYet;
+}
+
+bool reuse_flag(const config::Config& c, const PlanContext& ctx, const std::string& key) {
+  if (reuse_declared(c, key)) return c.get_bool(key);
+  return !ctx.for_train && aside_bool(ctx.aside, key, false);
+}
 
 rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_path, const PlanContext& ctx) {
   const TrainInputs in = train_inputs(c);
@@ -212,12 +158,18 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     KS_FAIL("the world size ", world, " (--world, or trainer.n_gpus_per_node x trainer.nnodes) does not divide by "
             "tensor x pipeline x context parallel = ", model_ranks, "; choose sizes dividing it");
   l.dp = world / model_ranks;
-  p.reuse_fp32_param = ctx.reuse_fp32_param || aside_bool(ctx.aside, OT + "reuse_fp32_param", false);
+  // reuse_fp32_param: read from the config when it declares the key (then
+  // kestrel train runs it), else taken aside from the command line (planned
+  // only; kestrel train's start-up check plans what train runs: none).
+  const std::string reuse_key = OT + "reuse_fp32_param", critic_reuse_key = "critic.megatron." + reuse_key.substr(M.size());
+  p.reuse_fp32_param = reuse_flag(c, ctx, reuse_key) || (!ctx.for_train && ctx.reuse_fp32_param);
   if (p.reuse_fp32_param && p.dtype == DType::F32)
-    KS_FAIL("reuse_fp32_param: needs bf16 training (", A, "megatron.dtype=bfloat16); f32 weights are the masters");
-  p.recompute = recompute_from_config(c, ctx.aside);
-  if (ctx.for_train && !kRecomputeBuilt) p.recompute = rl::PlanRecompute{};
-  if (ctx.for_train && !kReuseFp32Built) p.reuse_fp32_param = false;
+    KS_FAIL(reuse_key, "=true needs bf16 training (", M, "dtype=bfloat16); f32 weights are the masters");
+  p.critic_reuse_fp32_param = in.critic && reuse_flag(c, ctx, critic_reuse_key);
+  if (p.critic_reuse_fp32_param && in.critic_dtype == DType::F32)
+    KS_FAIL(critic_reuse_key, "=true needs bf16 training (critic.megatron.dtype=bfloat16)");
+  p.recompute = in.recompute;  // the policy kestrel train gives the actor's model
+  p.critic_recompute = in.critic_recompute;
   p.offload = {c.get_bool(M + "param_offload"), c.get_bool(M + "grad_offload"), c.get_bool(M + "optimizer_offload")};
   if (ctx.for_train) p.offload = {};  // no effect on this build (host memory is the device memory)
   rl::PlanBatching& b = p.batch;
@@ -433,13 +385,14 @@ int cmd_plan(const std::vector<std::string>& argv) {
           "ranks per node\n"
           "  --world N             processes (default trainer.n_gpus_per_node x nnodes when set, else 1); dp = N / "
           "(tp x pp x cp)\n"
-          "  --reuse-fp32-param    bf16 master held as the bf16 weight + a 16-bit residual\n"
+          "  --reuse-fp32-param    plan the actor's bf16 master as the bf16 weight + a 16-bit residual\n"
           "  --json                print JSON\n"
           "  --show-builtin-layer  print kestrel train's built-in run layer (applied without --config and data)\n\n"
           "Planned but not built for training (accepted here as overrides, shown as not supported yet):\n"
           "  %spipeline_model_parallel_size, virtual_pipeline_model_parallel_size, context_parallel_size,\n"
-          "  expert_model_parallel_size, override_transformer_config.recompute_{granularity,method,num_layers,modules},\n"
-          "  +override_transformer_config.recompute_{activation_function,norm}\n\n"
+          "  expert_model_parallel_size, and override_transformer_config.reuse_fp32_param while the config does not\n"
+          "  declare it. Activation recompute (override_transformer_config.recompute_*, model.enable_gradient_checkpointing)\n"
+          "  is planned as kestrel train runs it.\n\n"
           "Exit status: 0 fits, 3 does not fit, 1 bad input.\n",
           M.c_str());
       return 0;
@@ -465,11 +418,9 @@ int cmd_plan(const std::vector<std::string>& argv) {
   const config::Config c = load_command_config(config::ppo_schema(), args, first_layer(args));
   const rl::PlanInputs in = plan_inputs(c, "", ctx);
   rl::MemoryPlan p = rl::plan_memory(in);
-  if (!kRecomputeBuilt && in.recompute.any())
-    p.not_supported.push_back("not supported yet: recompute " + in.recompute.describe() +
-                              " for training (planned with model/'s recompute semantics)");
-  if (!kReuseFp32Built && in.reuse_fp32_param)
-    p.not_supported.push_back("not supported yet: reuse_fp32_param for training (planned: -2 B/param of optimizer state)");
+  if (in.reuse_fp32_param && !reuse_declared(c, OT + "reuse_fp32_param"))
+    p.not_supported.push_back("not supported yet: " + OT + "reuse_fp32_param in kestrel train's config (the engine "
+                              "builds it; planned: -2 B/param of optimizer state)");
   std::vector<rl::PlanAdvice> advice;
   if (!p.fits()) advice = rl::plan_advice(in);
   const std::string model = c.get_string("actor_rollout_ref.model.path");

@@ -44,12 +44,17 @@ int64_t layer_full(const PlanShapes& s, const Rows& r, int64_t a) {
   return b;
 }
 
-// What selective recompute drops from one layer (and rebuilds in its backward).
-int64_t layer_dropped(const PlanShapes& s, const Rows& r, int64_t a, const PlanRecompute& rc) {
-  int64_t b = 0;
-  if (rc.core_attn) b += a * r.Tp * s.H * s.hd + 4 * s.H * r.T;  // attn, lse
-  if (rc.activation_function) b += a * r.Tp * s.F;               // act
-  if (rc.norm) b += 2 * a * r.Tp * s.D;                           // norm1, norm2
+// What block p's forward keeps (model/block.cpp, dense_blocks.cpp,
+// forward_backward.cpp): everything less its selective drops; a block of a
+// full-recompute chunk keeps only the chunk's input x_in [Tl, D] (on its first block).
+int64_t layer_store(const PlanShapes& s, const Rows& r, int64_t a, int64_t full_store, const model::BlockRecompute& p,
+                    int64_t index) {
+  if (p.full) return p.chunk_first == index ? a * r.Tl * s.D : 0;
+  int64_t b = full_store;
+  if (p.core_attn) b -= a * r.Tp * s.H * s.hd + 4 * s.H * r.T;  // attn [Tp, H*hd], lse f32 [H, T]
+  if (p.norm) b -= 2 * a * r.Tp * s.D;                           // norm1, norm2 [Tp, D]
+  if (p.mlp) b -= 3 * a * r.Tp * s.F;                            // gate, up, act [Tp, F]
+  else if (p.act) b -= a * r.Tp * s.F;                           // act [Tp, F]
   return b;
 }
 
@@ -59,18 +64,6 @@ int64_t total_of(const CategoryBytes& b) {
   int64_t t = 0;
   for (int64_t x : b) t += x;
   return t;
-}
-
-std::string PlanRecompute::describe() const {
-  std::string s;
-  if (granularity == RecomputeGranularity::Full)
-    s = std::string("full/") + (method == RecomputeMethod::Uniform ? "uniform/" : "block/") + std::to_string(num_layers);
-  std::vector<std::string> parts;
-  if (core_attn) parts.push_back("core_attn");
-  if (activation_function) parts.push_back("activation_function");
-  if (norm) parts.push_back("norm");
-  for (const auto& p : parts) s += (s.empty() ? "" : "+") + p;
-  return s.empty() ? "none" : s;
 }
 
 PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head) {
@@ -114,29 +107,16 @@ TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, in
   const bool sp = sp_on(in), bf = dt != DType::F32;
   const int64_t T = ceil_div(T_in, std::max<int64_t>(1, in.layout.cp));  // CP: this rank's share of the tokens
   const Rows rw = rows_of(T, in.layout.tp, sp);
-  const int64_t Tp = rw.Tp, Tl = rw.Tl, D = s.D, F = s.F, q = s.H * s.hd, kv = s.Hkv * s.hd;
-  const PlanRecompute& rc = in.recompute;
+  const int64_t Tp = rw.Tp, Tl = rw.Tl, D = s.D, F = s.F, q = s.H * s.hd, kv = s.Hkv * s.hd, V = s.V, L = s.L;
+  const std::vector<model::BlockRecompute> plan = (value_head ? in.critic_recompute : in.recompute).plan(L);
 
   r.per_layer = layer_full(s, rw, a);
-  const int64_t dropped = layer_dropped(s, rw, a, rc);
-  const int64_t layer_sel = r.per_layer - dropped;  // with the selective drops
-  const int64_t x_in = a * Tl * D;
-  const int64_t L = s.L;
-  if (rc.granularity == RecomputeGranularity::Full) {
-    const int64_t n = std::clamp<int64_t>(rc.num_layers, 1, L);
-    if (rc.method == RecomputeMethod::Uniform) {
-      r.kept_layers = ceil_div(L, n) * x_in;        // each chunk's input only
-      r.recompute_live = n * layer_sel - x_in;      // one chunk rebuilt in the backward
-    } else {
-      r.kept_layers = n * x_in + (L - n) * layer_sel;  // the first n blocks keep only x_in
-      r.recompute_live = layer_sel - x_in;             // one block rebuilt at a time
-    }
-  } else {
-    r.kept_layers = L * layer_sel;
-    r.recompute_live = dropped;  // one layer's dropped tensors rebuilt for its backward
+  std::vector<int64_t> store(static_cast<size_t>(L));  // what each block keeps through the forward
+  for (int64_t i = 0; i < L; ++i) {
+    store[size_t(i)] = layer_store(s, rw, a, r.per_layer, plan[size_t(i)], i);
+    r.kept_layers += store[size_t(i)];
   }
-  r.head = x_in + a * Tp * D + 4 * Tl;  // x_final [Tl, D], normf [Tp, D], rstdf f32 [Tl]
-  const int64_t V = s.V;
+  r.head = a * Tl * D + a * Tp * D + 4 * Tl;  // x_final [Tl, D], normf [Tp, D], rstdf f32 [Tl]
   if (value_head) {
     r.logits = a * Tp + 4 * T;  // values [Tp, 1], dvalues f32 [T, 1]
     r.loss = 0;
@@ -147,43 +127,83 @@ TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, in
     if (Tp != T) r.logits += 4 * Tp * V;  // the padded f32 copy of dlogits under SP (forward_backward.cpp)
     r.loss = 5 * 4 * T;  // logprob, entropy, lse, dlogprob, dentropy f32 [T]
   }
-  // The backward's f32 buffers: dx [Tl, D]; GradBuf DNorm, TmpD [Tp, D], TmpL
-  // [Tl, D] (TmpD itself without SP), DF1, DF2, DAct [Tp, F], DAttn, DQ [Tp, q], DK, DV [Tp, kv].
-  r.backward = 4 * (Tl * D + 2 * Tp * D + (Tl != Tp ? Tl * D : 0) + 3 * Tp * F + 2 * Tp * q + 2 * Tp * kv);
-  if (sp) r.backward += 8 * Tp;  // the backward TrainExec's padded ids and positions (i32 [Tp])
+  // The backward's f32 buffers (model/train_exec.h GradBuf, one per kind for
+  // the whole backward, made at first use): dx [Tl, D] and DNorm [Tp, D] from
+  // the head on; TmpD [Tp, D], TmpL [Tl, D] (TmpD itself without SP), DF1, DF2,
+  // DAct [Tp, F] from the top block's MLP backward on; DAttn, DQ [Tp, q], DK,
+  // DV [Tp, kv] from its attention backward on. Under SP the backward
+  // TrainExec's padded ids and positions (i32 [Tp]).
+  const int64_t g_head = 4 * (Tl * D + Tp * D) + (sp ? 8 * Tp : 0);
+  const int64_t g_mlp = 4 * (Tp * D + (Tl != Tp ? Tl * D : 0) + 3 * Tp * F);
+  const int64_t g_att = 4 * (2 * Tp * q + 2 * Tp * kv);
+  r.backward = g_head + g_mlp + g_att;
 
-  // Transients at each candidate moment (the CPU backend widens bf16 GEMM
-  // operands to f32 scratch, backend/cpu/linear.cpp).
-  const int64_t ws_head_fwd = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;         // xf, wf, yf of lm_head
-  const int64_t ws_head_bwd = bf ? 4 * std::max(V * D, Tp * D) : 0;          // wf (dx), then xf (dW)
-  int64_t ws_layer = 0;
-  if (bf) ws_layer = 4 * std::max({Tp * F, D * F, Tp * D, Tp * q, D * q});  // the largest f32 view of a block GEMM
-  if (s.qk_norm) ws_layer = std::max(ws_layer, 4 * Tp * (q + kv));          // dq_in, dk_in f32
-  if (sp) ws_layer = std::max(ws_layer, 4 * Tp * D + 4 * Tl * D);           // gathered dy, reduce-scattered dnorm
+  // Transients of the backward's moments. The CPU backend widens bf16 GEMM
+  // operands to f32 scratch (backend/cpu/linear.cpp: a weight's f32 copy for
+  // dx, then the input's for dW; a forward GEMM holds x, W and y in f32).
+  const int64_t ws_head_fwd = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;   // xf, wf, yf of lm_head
+  const int64_t ws_head_bwd = bf ? 4 * std::max(V * D, Tp * D) : 0;    // wf (dx), then xf (dW)
+  int64_t ws_mlp = bf ? 4 * std::max({D * F, Tp * F, Tp * D}) : 0;      // down, gate/up backward
+  int64_t ws_att = bf ? 4 * std::max({D * q, Tp * q, Tp * D, kv * D}) : 0;  // o, q/k/v backward
+  if (s.qk_norm) ws_att = std::max(ws_att, 4 * Tp * (q + kv));          // dq_in, dk_in f32
+  if (sp) {  // gathered dy, reduce-scattered dnorm
+    ws_mlp = std::max(ws_mlp, 4 * Tp * D + 4 * Tl * D);
+    ws_att = std::max(ws_att, 4 * Tp * D + 4 * Tl * D);
+  }
   if (s.Hkv * in.layout.tp > in.model.num_key_value_heads && in.layout.tp > 1)
-    ws_layer = std::max(ws_layer, 4 * kv * D);  // a replicated kv head's summed grad
+    ws_att = std::max(ws_att, 4 * kv * D);  // a replicated kv head's summed grad
+  // A forward GEMM of a rerun or of selective mlp's gate/up: x, W, y in f32
+  // (bf16), or the row-parallel f32 partial under tp.
+  const int64_t ws_fwd_gemm = bf ? 4 * (Tp * F + D * F + Tp * D) : (in.layout.tp > 1 ? 4 * Tp * D : 0);
+  // The end of a block's forward in a rerun: the attention and MLP outputs
+  // and the block output [Tl, D] (and under SP the norms' local [Tl, D]),
+  // or, earlier, the down projection's GEMM with the first two.
+  const int64_t ws_rerun = std::max(3 * a * Tl * D + (sp ? 2 * a * Tl * D : 0), 2 * a * Tl * D + ws_fwd_gemm);
   const int64_t sums = (in.layout.tp > 1 || V * in.layout.tp != in.model.vocab_size) ? 12 * T : 0;
 
+  struct Moment {
+    int64_t bytes = -1, ws = 0;
+    std::string at;
+  };
+  Moment best;
+  auto consider = [&](int64_t bytes, int64_t ws, std::string at) {
+    if (bytes > best.bytes) best = {bytes, ws, std::move(at)};
+  };
   const int64_t base = r.kept_layers + r.head;
-  struct Cand {
-    int64_t bytes;
-    const char* at;
-  };
-  const Cand cands[] = {
-      {base + a * Tp * V * !value_head + ws_head_fwd, "forward, lm_head"},
-      {base + r.logits + r.loss + sums, "loss"},
-      {base + r.logits + r.loss + 4 * Tl * D + 4 * Tp * D + ws_head_bwd, "backward, lm_head"},
-      {base + r.recompute_live + r.logits + r.loss + r.backward + ws_layer, "backward, top layer"},
-  };
-  const Cand* best = &cands[0];
-  for (const Cand& c : cands)
-    if (c.bytes > best->bytes) best = &c;
-  r.peak = best->bytes;
-  r.at = best->at;
-  if (best == &cands[0]) r.workspace = ws_head_fwd;
-  if (best == &cands[1]) r.workspace = sums;
-  if (best == &cands[2]) r.workspace = ws_head_bwd + 4 * Tl * D + 4 * Tp * D;
-  if (best == &cands[3]) r.workspace = ws_layer;
+  consider(base + a * Tp * V * !value_head + ws_head_fwd, ws_head_fwd, "forward, lm_head");
+  consider(base + r.logits + r.loss + sums, sums, "loss");
+  const int64_t fixed = r.head + r.logits + r.loss;  // through the whole backward
+  consider(r.kept_layers + fixed + g_head + ws_head_bwd, ws_head_bwd, "backward, lm_head");
+  // The blocks' backward, top down (forward_backward.cpp): blocks above i are
+  // spent (freed), a full chunk is rerun keeping everything before its last
+  // block's backward, selective drops are rebuilt right before their use.
+  for (int64_t i = L - 1; i >= 0; --i) {
+    const model::BlockRecompute& p = plan[size_t(i)];
+    int64_t alive = 0, rebuilt = 0;
+    for (int64_t j = 0; j <= i; ++j) {
+      const bool rerun = p.full && plan[size_t(j)].full && plan[size_t(j)].chunk_first == p.chunk_first;
+      alive += rerun ? r.per_layer : store[size_t(j)];
+      if (rerun) rebuilt += r.per_layer - store[size_t(j)];
+    }
+    const bool top = i == L - 1;
+    const int64_t bufs = g_head + (top ? 0 : g_mlp + g_att);
+    const std::string layer = "backward, layer " + std::to_string(i);
+    if (p.full && p.chunk_last == i) consider(alive + fixed + bufs + ws_rerun, ws_rerun, layer + " rerun");
+    const model::BlockRecompute k = p.full ? model::BlockRecompute{} : p;  // a rerun block keeps everything
+    const int64_t n2 = k.norm ? a * Tp * D : 0;                              // norm2 rebuilt
+    const int64_t mlp_again = k.mlp ? 3 * a * Tp * F : (k.act ? a * Tp * F : 0);
+    // MLP backward: the rebuilt norm2 and gate/up/act, or act; selective mlp's
+    // gate/up GEMMs run before act exists.
+    int64_t mlp_ws = ws_mlp;
+    if (k.mlp) mlp_ws = std::max(mlp_ws, ws_fwd_gemm - a * Tp * F);
+    consider(alive + fixed + bufs + (top ? g_mlp : 0) + n2 + mlp_again + mlp_ws, mlp_ws, layer + " MLP");
+    const int64_t att_again = (k.norm ? a * Tp * D : 0) + (k.core_attn ? a * Tp * q + 4 * s.H * T : 0);
+    consider(alive + fixed + bufs + (top ? g_mlp + g_att : 0) + att_again + ws_att, ws_att, layer + " attention");
+    r.recompute_live = std::max(r.recompute_live, rebuilt + std::max(n2 + mlp_again, att_again));
+  }
+  r.peak = best.bytes;
+  r.at = best.at;
+  r.workspace = best.ws;
   return r;
 }
 
@@ -208,10 +228,10 @@ int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T
   return std::max({in_layer, at_head, after});
 }
 
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs) {
-  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1]; prefix_of i32 [B] (shared prompts).
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches) {
+  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1] per micro-batch; prefix_of i32 [B] (shared prompts).
   const int64_t packed_seqs = b.share_prompts ? seqs + ceil_div(seqs, std::max<int64_t>(1, b.n)) : seqs;
-  return 12 * tokens + 4 * (packed_seqs + 1) + (b.share_prompts ? 4 * packed_seqs : 0);
+  return 12 * tokens + 4 * (packed_seqs + std::max<int64_t>(1, micro_batches)) + (b.share_prompts ? 4 * packed_seqs : 0);
 }
 
 MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max_token_len, int64_t micro_batch_size,

@@ -10,8 +10,10 @@
 //                 old-log-prob / reference micro-batch's forward (logits [T, V]);
 //   critic        values and update of the PPO critic (KV cache released);
 //   actor update  the residents plus the largest micro-batch's forward and
-//                 backward (every layer's LayerActivations, logits and their
-//                 f32 gradient, the backward's f32 scratch buffers).
+//                 backward (what each layer's LayerActivations keeps under the
+//                 recompute policy, logits and their f32 gradient, the
+//                 backward's f32 scratch buffers), at the backward's largest
+//                 moment, block by block as model/forward_backward.cpp runs it.
 // The activation terms follow the code, not a textbook: model/block.cpp and
 // model/dense_blocks.cpp (what LayerActivations keeps, at [Tl, D] or [Tp, ...]),
 // model/forward_backward.cpp (the head, dx), model/train_exec.cpp (GradBuf
@@ -35,6 +37,7 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "io/model_config.h"
+#include "model/recompute.h"
 
 namespace kestrel::rl {
 
@@ -45,24 +48,13 @@ struct PlanLayout {
   bool distributed_optimizer = false;   // ZeRO-1 over dp
 };
 
-// Activation recompute, the semantics of model/'s RecomputePolicy:
-//  full/uniform/n: only each chunk of n blocks' input x_in [Tl, D] survives the
-//    forward; the backward recomputes one chunk at a time (its activations live).
-//  full/block/n: the first n blocks keep only x_in, the others everything.
-//  selective core_attn: drops attn [Tp, H*hd] and lse f32 [H, T] per layer.
-//  activation_function: drops act [Tp, F]; norm: drops norm1, norm2 [Tp, D].
-enum class RecomputeGranularity { None, Full, Selective };
-enum class RecomputeMethod { Uniform, Block };
-struct PlanRecompute {
-  RecomputeGranularity granularity = RecomputeGranularity::None;
-  RecomputeMethod method = RecomputeMethod::Uniform;
-  int64_t num_layers = 1;
-  bool core_attn = false;
-  bool activation_function = false;
-  bool norm = false;
-  bool any() const { return granularity != RecomputeGranularity::None || activation_function || norm || core_attn; }
-  std::string describe() const;  // "none", "full/uniform/1", "selective[core_attn]+act+norm", ...
-};
+// Activation recompute: model/'s own policy (model/recompute.h), so the plan
+// follows what the training forward keeps block by block (RecomputePolicy::plan):
+// full/uniform/n and full/block/n keep only each chunk's input x_in [Tl, D] and
+// rerun the chunk in the backward; selective core_attn / layernorm / mlp,
+// MindSpeed's activation-function and norm recompute drop single fields that
+// the block's backward rebuilds right before their use.
+using PlanRecompute = model::RecomputePolicy;
 
 // Phase-level offload (verl's megatron param/grad/optimizer_offload): the
 // state leaves the device outside the phase that needs it.
@@ -102,7 +94,9 @@ struct PlanInputs {
   PlanLayout layout;
   DType dtype = DType::F32;          // actor compute/storage dtype (bf16: f32 masters in the optimizer)
   bool reuse_fp32_param = false;     // bf16: master as bf16 param + 16-bit residual (-2 B/param, /dp with distopt)
-  PlanRecompute recompute;
+  bool critic_reuse_fp32_param = false;  // the critic's (critic.megatron...reuse_fp32_param)
+  PlanRecompute recompute;           // the actor's (ModelOptions::recompute)
+  PlanRecompute critic_recompute;    // the critic's
   PlanOffload offload;
   PlanBatching batch;
   PlanRollout rollout;
@@ -133,15 +127,16 @@ PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_
 struct TrainActivations {
   int64_t per_layer = 0;      // one layer's LayerActivations without recompute
   int64_t kept_layers = 0;    // every layer's kept activations after the forward (with recompute)
-  int64_t recompute_live = 0; // activations rebuilt in the backward, live at once
+  int64_t recompute_live = 0; // the most activations rebuilt in the backward live at once (a rerun chunk, drops)
   int64_t head = 0;           // x_final, normf, rstdf
   int64_t logits = 0;         // logits [Tp, V] and (bf16) their f32 gradient; values [T, 1] for a critic
   int64_t loss = 0;           // logprob, entropy, lse, dlogprob, dentropy f32 [T]
   int64_t backward = 0;       // dx and the GradBuf scratch, f32
   int64_t workspace = 0;      // the largest transient at the peak (bf16 GEMM widening, qk-norm grads)
   int64_t peak = 0;           // the peak of the Activations category during the pass
-  std::string at;             // where the peak is reached
+  std::string at;             // where the peak is reached ("backward, layer 7 MLP", "backward, layer 6 rerun")
 };
+// The actor's (in.recompute) or, with value_head, the critic's (in.critic_recompute).
 TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt,
                                    bool value_head = false);
 
@@ -162,8 +157,9 @@ struct MicroBatchPlan {
 };
 MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max_token_len, int64_t micro_batch_size,
                                   bool whole_mini_batch);
-// Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of).
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs);
+// Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of),
+// `micro_batches` PackedBatches together.
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches);
 
 struct PhasePlan {
   std::string name;       // "rollout", "scoring", "critic", "actor update"

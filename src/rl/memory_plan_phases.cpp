@@ -20,7 +20,7 @@ size_t cat(MemCategory c) { return size_t(c); }
 struct ModelStates {
   int64_t params = 0, grads = 0, optimizer = 0;
 };
-ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt) {
+ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse_fp32_param) {
   const PlanLayout& l = in.layout;
   const int64_t a = int64_t(dtype_size(dt));
   const bool distributed = l.dp > 1 || l.tp > 1;  // the engine runs with DataParallel
@@ -33,7 +33,7 @@ ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt) {
   if (dt == DType::F32) {
     s.optimizer = 8 * owned;  // m, v; the weights are the masters
   } else {
-    const int64_t master = in.reuse_fp32_param ? 2 : 4;  // reuse_fp32_param: a 16-bit residual next to the bf16 weight
+    const int64_t master = reuse_fp32_param ? 2 : 4;  // reuse_fp32_param: a 16-bit residual next to the bf16 weight
     s.optimizer = (8 + master) * owned;
   }
   return s;
@@ -110,6 +110,10 @@ void plan_comm(MemoryPlan& p, const PlanInputs& in, const PlanShapes& s) {
     add_comm(p, "rollout tp all-reduce", 4 * tokens * s.D * (2 * in.model.num_hidden_layers + 1),
              2 * (double(in.rollout.tp) - 1) / double(in.rollout.tp), 0);
   }
+}
+
+model::RecomputePolicy selective(const std::vector<std::string>& modules) {
+  return model::make_recompute_policy("selective", "", -1, modules, false, -1, false, -1, "").value();
 }
 
 std::string pct(double x) {
@@ -189,6 +193,11 @@ Status validate_plan_inputs(const PlanInputs& in) {
   if (in.batch.max_token_len <= 0 && in.batch.micro_batch_size < 0)
     return KS_ERR("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be >= 1 or null");
   if (in.device_memory <= 0) return KS_ERR("--device-memory must be positive");
+  const std::string OT = M + "override_transformer_config.";
+  if (Status s = in.recompute.validate(OT); !s.is_ok()) return s;
+  if (in.critic) {
+    if (Status s = in.critic_recompute.validate("critic.megatron.override_transformer_config."); !s.is_ok()) return s;
+  }
   return Status::ok();
 }
 
@@ -204,7 +213,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   // ---- residents of every phase ----
   CategoryBytes resident{};
-  const ModelStates actor = trained_states(in, s.params, dt);
+  const ModelStates actor = trained_states(in, s.params, dt, in.reuse_fp32_param);
   resident[cat(MemCategory::Params)] += actor.params + rope_bytes(s);
   resident[cat(MemCategory::Grads)] += actor.grads;
   resident[cat(MemCategory::OptimizerState)] += actor.optimizer;
@@ -212,7 +221,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   PlanShapes cs;
   if (in.critic) {
     cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true);
-    const ModelStates c = trained_states(in, cs.params, in.critic_dtype);
+    const ModelStates c = trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param);
     resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs);
     resident[cat(MemCategory::Grads)] += c.grads;
     resident[cat(MemCategory::OptimizerState)] += c.optimizer;
@@ -260,14 +269,14 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
                                                  in.batch.log_prob_micro_batch_size, false);
     const int64_t acts = scoring_activations(s, in, sm.max_tokens, dt) +
-                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs);
+                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches);
     phase("scoring", true, acts, 0,
           std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
               (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
   }
   if (in.critic) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
-    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs), 0,
+    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches), 0,
           "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
   }
   // ---- the actor update ----
@@ -281,7 +290,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                            p.actor.recompute_live + p.actor.backward;
     acts = std::max(stage0, p.actor.peak);
   }
-  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs);
+  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches);
   int64_t other = 0;
   if (l.dp > 1 && l.distributed_optimizer) {
     // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.
@@ -297,14 +306,18 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // ---- FLOPs per rank per step ----
   const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
   const double fwd = forward_flops(s, s.L, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
-  double recompute_extra = 0;
-  if (in.recompute.granularity == RecomputeGranularity::Full)
-    recompute_extra = in.recompute.method == RecomputeMethod::Uniform
-                          ? 1.0
-                          : double(std::min(in.recompute.num_layers, s.L)) / double(std::max<int64_t>(1, s.L));
-  else if (in.recompute.core_attn)
-    recompute_extra = 4 * double(p.micro.attention_pairs) * double(s.H * s.hd * s.L) / std::max(1.0, fwd);
-  p.flops_actor = epochs * (3 + recompute_extra) * fwd;
+  // Recompute reruns forward work in the backward (model/recompute.h): a
+  // full block its whole forward, selective mlp the gate/up GEMMs, core_attn
+  // the attention core; norms and swiglu are elementwise (not counted).
+  double recompute_flops = 0;
+  {
+    const double tokens = double(p.micro.step_tokens), pairs = double(p.micro.attention_pairs);
+    const double layer = forward_flops(s, 1, tokens, pairs, false) - 2 * tokens * double(s.D * s.V);
+    const double core = 4 * pairs * double(s.H * s.hd), gate_up = 2 * tokens * 2 * double(s.D * s.F);
+    for (const model::BlockRecompute& b : in.recompute.plan(s.L))
+      recompute_flops += b.full ? layer : (b.mlp ? gate_up : 0) + (b.core_attn ? core : 0);
+  }
+  p.flops_actor = epochs * (3 * fwd + recompute_flops);
   p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
   {
     const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
@@ -376,15 +389,15 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
   if (in.layout.dp > 1 && !in.layout.distributed_optimizer)
     try_change(OT + "use_distributed_optimizer=true", true, [](PlanInputs& x) { x.layout.distributed_optimizer = true; });
   if (in.dtype != DType::F32 && !in.reuse_fp32_param)
-    try_change("reuse_fp32_param (bf16 master as a residual)", false, [](PlanInputs& x) { x.reuse_fp32_param = true; });
-  if (!in.recompute.any()) {
-    try_change(OT + "recompute_granularity=selective " + OT + "recompute_modules=[core_attn]", false,
-               [](PlanInputs& x) {
-                 x.recompute.granularity = RecomputeGranularity::Selective;
-                 x.recompute.core_attn = true;
-               });
-    try_change("+" + OT + "recompute_activation_function=true +" + OT + "recompute_norm=true", false,
-               [](PlanInputs& x) { x.recompute.activation_function = x.recompute.norm = true; });
+    try_change(OT + "reuse_fp32_param=true", true, [](PlanInputs& x) { x.reuse_fp32_param = true; });
+  if (!in.recompute.enabled()) {
+    try_change(OT + "recompute_granularity=selective " + OT + "recompute_modules=[core_attn]", true,
+               [](PlanInputs& x) { x.recompute = selective({"core_attn"}); });
+    try_change(OT + "recompute_activation_function=true " + OT + "recompute_norm=true", true, [](PlanInputs& x) {
+      x.recompute.activation_function = x.recompute.norm = true;
+    });
+    try_change(OT + "recompute_granularity=selective " + OT + "recompute_modules=[core_attn,mlp,layernorm]", true,
+               [](PlanInputs& x) { x.recompute = selective({"core_attn", "mlp", "layernorm"}); });
   }
   const int64_t seq = in.batch.prompt_len + in.batch.response_len;
   if (in.batch.max_token_len > 0 && base.micro.max_tokens > seq) {
@@ -409,12 +422,10 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
     try_change(A + "ppo_micro_batch_size_per_gpu=" + std::to_string(k), true,
                [k](PlanInputs& x) { x.batch.micro_batch_size = k; });
   }
-  if (in.recompute.granularity != RecomputeGranularity::Full)
+  if (in.recompute.granularity != model::RecomputeGranularity::Full)
     try_change(OT + "recompute_granularity=full " + OT + "recompute_method=uniform " + OT + "recompute_num_layers=1",
-               false, [](PlanInputs& x) {
-                 x.recompute = PlanRecompute{};
-                 x.recompute.granularity = RecomputeGranularity::Full;
-                 x.recompute.num_layers = 1;
+               true, [](PlanInputs& x) {
+                 x.recompute = model::make_recompute_policy("full", "uniform", 1, {}, false, -1, false, -1, "").value();
                });
   if (!in.offload.grad || !in.offload.optimizer)
     try_change(M + "grad_offload=true " + M + "optimizer_offload=true", false,

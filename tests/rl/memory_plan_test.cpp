@@ -77,31 +77,52 @@ TEST(MemoryPlan, ParameterCountIsTheModelsAndShardsByTp) {
   EXPECT_LT(s2.params, in.model.num_parameters());
 }
 
+// The policy the config keys give (cli::recompute_policy builds it the same way).
+PlanRecompute policy(const std::string& gran, const std::string& method, int64_t n,
+                     std::vector<std::string> modules = {"core_attn"}, bool act = false, bool norm = false,
+                     int64_t act_n = -1, int64_t norm_n = -1) {
+  return model::make_recompute_policy(gran, method, n, modules, act, act_n, norm, norm_n, "").value();
+}
+
 TEST(MemoryPlan, RecomputeDropsWhatItsFormulaSays) {
   PlanInputs in = base_inputs();
   const PlanShapes s = plan_shapes(in, 1, 1);
-  const int64_t T = 1000, D = s.D, q = s.H * s.hd, F = s.F;
+  const int64_t T = 1000, D = s.D, q = s.H * s.hd, F = s.F, L = s.L;
   const TrainActivations none = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(none.kept_layers, s.L * none.per_layer);
-  in.recompute.granularity = RecomputeGranularity::Selective;
-  in.recompute.core_attn = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * (4 * T * q + 4 * s.H * T));
-  in.recompute = {};
-  in.recompute.activation_function = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * 4 * T * F);
-  in.recompute = {};
-  in.recompute.norm = true;
-  EXPECT_EQ(none.kept_layers - train_activations(s, in, T, DType::F32).kept_layers, s.L * 2 * 4 * T * D);
-  in.recompute = {};
-  in.recompute.granularity = RecomputeGranularity::Full;
-  in.recompute.num_layers = 2;
-  const TrainActivations full = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(full.kept_layers, (s.L / 2) * 4 * T * D);  // each chunk's input
+  EXPECT_EQ(none.kept_layers, L * none.per_layer);
+  EXPECT_EQ(none.recompute_live, 0);
+  auto kept = [&](const PlanRecompute& rc) {
+    in.recompute = rc;
+    EXPECT_TRUE(validate_plan_inputs(in).is_ok()) << rc.describe();
+    return train_activations(s, in, T, DType::F32);
+  };
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"core_attn"})).kept_layers, L * (4 * T * q + 4 * s.H * T));
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"layernorm"})).kept_layers, L * 2 * 4 * T * D);
+  EXPECT_EQ(none.kept_layers - kept(policy("selective", "", -1, {"mlp"})).kept_layers, L * 3 * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, true)).kept_layers, L * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, true, false, 3)).kept_layers, 3 * 4 * T * F);
+  EXPECT_EQ(none.kept_layers - kept(policy("", "", -1, {}, false, true)).kept_layers, L * 2 * 4 * T * D);
+  const TrainActivations full = kept(policy("full", "uniform", 2));
+  EXPECT_EQ(full.kept_layers, (L / 2) * 4 * T * D);  // each chunk's input
   EXPECT_EQ(full.recompute_live, 2 * none.per_layer - 4 * T * D);
   EXPECT_LT(full.peak, none.peak);
-  in.recompute.method = RecomputeMethod::Block;
-  const TrainActivations block = train_activations(s, in, T, DType::F32);
-  EXPECT_EQ(block.kept_layers, 2 * 4 * T * D + (s.L - 2) * none.per_layer);
+  const TrainActivations block = kept(policy("full", "block", 2));
+  EXPECT_EQ(block.kept_layers, 2 * 4 * T * D + (L - 2) * none.per_layer);
+  // block + MindSpeed's act and norm: the blocks after the full ones drop act and both norms.
+  const TrainActivations mixed = kept(policy("full", "block", 2, {}, true, true));
+  EXPECT_EQ(mixed.kept_layers, 2 * 4 * T * D + (L - 2) * (none.per_layer - 4 * T * F - 2 * 4 * T * D));
+  // Every mode lowers the peak, and a refused combination is refused by validate_plan_inputs.
+  for (const PlanRecompute& rc : {policy("selective", "", -1, {"core_attn"}), policy("selective", "", -1, {"mlp"}),
+                                  policy("", "", -1, {}, true, true), policy("full", "uniform", 1)})
+    EXPECT_LT(kept(rc).peak, none.peak) << rc.describe();
+  in.recompute = PlanRecompute{};
+  in.recompute.granularity = model::RecomputeGranularity::Full;
+  in.recompute.method = model::RecomputeMethod::Uniform;
+  in.recompute.num_layers = 1;
+  in.recompute.norm = true;
+  const Status bad = validate_plan_inputs(in);
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.message().find("recompute_method=block"), std::string::npos) << bad.message();
 }
 
 TEST(MemoryPlan, PipelineAndContextParallelAreModelledAndMarkedNotSupported) {
@@ -180,30 +201,33 @@ struct RecomputeMode {
   PlanRecompute plan;
 };
 
+// Every mode and the combinations the config allows (model/recompute.h).
 std::vector<RecomputeMode> recompute_modes() {
   const std::string OT = "actor_rollout_ref.actor.megatron.override_transformer_config.";
-  PlanRecompute full1;
-  full1.granularity = RecomputeGranularity::Full;
-  full1.num_layers = 1;
-  PlanRecompute block2 = full1;
-  block2.method = RecomputeMethod::Block;
-  block2.num_layers = 2;
-  PlanRecompute sel;
-  sel.granularity = RecomputeGranularity::Selective;
-  sel.core_attn = true;
+  const std::string full = OT + "recompute_granularity=full", sel = OT + "recompute_granularity=selective";
   return {
       {"none", {}, PlanRecompute{}},
-      {"full/uniform/1",
-       {OT + "recompute_granularity=full", OT + "recompute_method=uniform", OT + "recompute_num_layers=1"}, full1},
-      {"full/block/2", {OT + "recompute_granularity=full", OT + "recompute_method=block", OT + "recompute_num_layers=2"},
-       block2},
-      {"selective/core_attn", {OT + "recompute_granularity=selective", OT + "recompute_modules=[core_attn]"}, sel},
+      {"full/uniform/1", {full, OT + "recompute_method=uniform", OT + "recompute_num_layers=1"},
+       policy("full", "uniform", 1)},
+      {"full/uniform/3", {full, OT + "recompute_method=uniform", OT + "recompute_num_layers=3"},
+       policy("full", "uniform", 3)},
+      {"full/block/2", {full, OT + "recompute_method=block", OT + "recompute_num_layers=2"}, policy("full", "block", 2)},
+      {"selective/core_attn", {sel, OT + "recompute_modules=[core_attn]"}, policy("selective", "", -1, {"core_attn"})},
+      {"selective/layernorm", {sel, OT + "recompute_modules=[layernorm]"}, policy("selective", "", -1, {"layernorm"})},
+      {"selective/mlp", {sel, OT + "recompute_modules=[mlp]"}, policy("selective", "", -1, {"mlp"})},
+      {"activation_function", {OT + "recompute_activation_function=true"}, policy("", "", -1, {}, true)},
+      {"norm", {OT + "recompute_norm=true"}, policy("", "", -1, {}, false, true)},
+      {"full/block/2+act+norm",
+       {full, OT + "recompute_method=block", OT + "recompute_num_layers=2", OT + "recompute_activation_function=true",
+        OT + "recompute_norm=true"},
+       policy("full", "block", 2, {}, true, true)},
+      {"selective/core_attn+act+norm",
+       {sel, OT + "recompute_modules=[core_attn]", OT + "recompute_activation_function=true", OT + "recompute_norm=true"},
+       policy("selective", "", -1, {"core_attn"}, true, true)},
   };
 }
 
-// Sets the model's recompute policy; false while model/ has none (the
-// integrator wires model::ModelOptions' RecomputePolicy here when it lands).
-bool apply_recompute(model::ModelOptions&, const PlanRecompute& r) { return !r.any(); }
+void apply_recompute(model::ModelOptions& mo, const PlanRecompute& r) { mo.recompute = r; }
 
 void measure_update(PlanInputs in, const RecomputeMode& mode) {
   const DType dt = in.dtype;
@@ -211,11 +235,11 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
     config::LoadOptions lo;
     lo.overrides = mode.overrides;
     auto c = config::load(lo);
-    if (!c) GTEST_SKIP() << mode.name << ": the config refuses it in this branch: " << c.status().message();
+    ASSERT_TRUE(c.is_ok()) << mode.name << ": the config refuses it: " << c.status().message();
   }
   model::ModelOptions mo;
   mo.dtype = dt;
-  if (!apply_recompute(mo, mode.plan)) GTEST_SKIP() << mode.name << ": model/ has no RecomputePolicy in this branch";
+  apply_recompute(mo, mode.plan);
 
   in.recompute = mode.plan;
   const MemoryPlan plan = plan_memory(in);
@@ -232,6 +256,7 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
   ao.ppo_mini_batch_size = in.batch.ppo_mini_batch_size;
   ao.max_token_len = in.batch.max_token_len;
   ao.share_prompts = in.batch.share_prompts;
+  ao.reuse_fp32_param = in.reuse_fp32_param;
   ao.lr.lr = 1e-5;
   ao.lr.total_steps = 1;
   ao.loss.agg.mode = AggMode::TokenMean;
@@ -243,10 +268,13 @@ void measure_update(PlanInputs in, const RecomputeMode& mode) {
   actor.update(b, 0);
   const MemStats after = alloc.stats();
   const char* names[] = {"Params", "Grads", "OptimizerState", "Activations", "KVCache", "Other"};
+  std::printf("  %s %s: %lld micro-batch(es) of <= %lld tokens\n", mode.name, dtype_name(dt),
+              (long long)plan.micro.micro_batches, (long long)plan.micro.max_tokens);
   for (size_t c = 0; c < kNumMemCategories; ++c) {
     const double got = double(after.peak[c] - before.live[c]), pred = double(want.bytes[c]);
-    std::printf("  %s %-14s measured %12.0f predicted %12.0f (%+.2f%%)\n", mode.name, names[c], got, pred,
-                pred > 0 ? 100 * (got / pred - 1) : 0.0);
+    std::printf("  %s %-14s measured %12.0f predicted %12.0f (%+.2f%%)%s\n", mode.name, names[c], got, pred,
+                pred > 0 ? 100 * (got / pred - 1) : 0.0,
+                c == cat(MemCategory::Activations) ? (", peak at " + plan.actor.at).c_str() : "");
     if (pred == 0) EXPECT_EQ(got, 0) << names[c];
     else EXPECT_NEAR(got / pred, 1.0, 0.10) << mode.name << " " << dtype_name(dt) << " " << names[c];
   }
@@ -294,22 +322,40 @@ TEST(MemoryPlanScoring, OldLogProbActivationsWithinTenPercentBf16) { measure_sco
 
 class MeasuredPeak : public ::testing::TestWithParam<size_t> {};
 
-PlanInputs with_dtype(PlanInputs in, DType dt) {
+// none: two prompts, two 179-token micro-batches (the second reuses what the
+// first freed); a recompute mode: one prompt, one 179-token micro-batch (the
+// same peak, half the time: 22 updates run in make test).
+PlanInputs mode_inputs(DType dt, size_t mode) {
+  PlanInputs in = base_inputs();
   in.dtype = dt;
+  if (mode != 0) in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 1;
   return in;
 }
 
 TEST_P(MeasuredPeak, ActorUpdateF32WithinTenPercent) {
-  measure_update(with_dtype(base_inputs(), DType::F32), recompute_modes()[GetParam()]);
+  measure_update(mode_inputs(DType::F32, GetParam()), recompute_modes()[GetParam()]);
 }
 TEST_P(MeasuredPeak, ActorUpdateBf16WithinTenPercent) {
-  measure_update(with_dtype(base_inputs(), DType::BF16), recompute_modes()[GetParam()]);
+  measure_update(mode_inputs(DType::BF16, GetParam()), recompute_modes()[GetParam()]);
+}
+
+// reuse_fp32_param through the engine (train::EngineOptions): the bf16
+// masters held as the weights plus a 16-bit residual, -2 B/param of
+// OptimizerState, the other categories unchanged.
+TEST(MemoryPlanReuseFp32, ActorUpdateBf16WithinTenPercent) {
+  PlanInputs in = mode_inputs(DType::BF16, 1);
+  in.reuse_fp32_param = true;
+  const PlanInputs plain = mode_inputs(DType::BF16, 1);
+  const int64_t O = int64_t(cat(MemCategory::OptimizerState));
+  EXPECT_EQ(plan_memory(plain).phases.back().bytes[size_t(O)] - plan_memory(in).phases.back().bytes[size_t(O)],
+            2 * plan_shapes(in, 1, 1).params);
+  measure_update(in, {"reuse_fp32_param", {}, PlanRecompute{}});
 }
 
 // docs/benchmarks.md "Memory model vs allocator": the Qwen2.5-0.5B-shaped
 // config (random weights), one actor-update step. ~10 GiB and minutes on 2
 // cores, so only on request:
-//   KESTREL_PLAN_MEASURE_QWEN=bf16 build/release/test_rl --gtest_filter='MemoryPlanQwen*'
+//   KESTREL_PLAN_MEASURE_QWEN=bf16 [KESTREL_PLAN_QWEN_MODE=full/uniform/1] build/dev/test_rl --gtest_filter='MemoryPlanQwen*'
 TEST(MemoryPlanQwen, ActorUpdateWithinTenPercent) {
   const char* e = std::getenv("KESTREL_PLAN_MEASURE_QWEN");
   if (!e || !*e) GTEST_SKIP() << "set KESTREL_PLAN_MEASURE_QWEN=f32|bf16 to measure (about 10 GiB)";
@@ -322,10 +368,14 @@ TEST(MemoryPlanQwen, ActorUpdateWithinTenPercent) {
   in.batch.n = 2;
   in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
   in.batch.max_token_len = 512;
-  measure_update(in, recompute_modes()[0]);
+  // KESTREL_PLAN_QWEN_MODE=<a recompute_modes() name> (default none), e.g. full/uniform/1.
+  const char* want = std::getenv("KESTREL_PLAN_QWEN_MODE");
+  for (const RecomputeMode& mode : recompute_modes())
+    if (mode.name == std::string(want && *want ? want : "none")) return measure_update(in, mode);
+  FAIL() << "KESTREL_PLAN_QWEN_MODE=" << want << " is not one of recompute_modes()";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, MeasuredPeak, ::testing::Range<size_t>(0, 4), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Modes, MeasuredPeak, ::testing::Range<size_t>(0, recompute_modes().size()), [](const auto& info) {
   std::string n = recompute_modes()[info.param].name;
   for (auto& ch : n)
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';

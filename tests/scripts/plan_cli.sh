@@ -2,12 +2,14 @@
 # kestrel plan: the per-rank table for kestrel train's built-in run, --json
 # that parses and adds up, a --device-memory too small gives the advice and
 # exit status 3, bad input names its flag or key (exit 1), not-built layouts
-# are planned and say "not supported yet", a Qwen2.5-0.5B-shaped config.json
+# are planned and say "not supported yet", every recompute mode is planned as
+# the model runs it (and kestrel train's start-up check honours it),
+# reuse_fp32_param takes 2 B/param off, a Qwen2.5-0.5B-shaped config.json
 # plans without weights, and plan's copy of train's built-in run layer equals
 # the one `kestrel train --help` prints.
 # Usage: plan_cli.sh <kestrel-binary> <build-dir>
 set -euo pipefail
-KESTREL=$1
+KESTREL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -85,6 +87,55 @@ grep -q "not supported yet: context parallelism" "$W/pp.txt" || fail "cp not mar
   actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform \
   actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1 >"$W/rc.txt"
 grep -q "recompute full/uniform/1" "$W/rc.txt" || fail "recompute not planned: $(cat "$W/rc.txt")"
+grep -q "not supported yet" "$W/rc.txt" && fail "recompute is built: $(cat "$W/rc.txt")"
+
+# 5b. Recompute is planned as kestrel train runs it (model/'s policy): selective mlp and the MindSpeed
+# combinations plan and lower the update's activations; a combination the model refuses is refused (exit 1).
+OT=actor_rollout_ref.actor.megatron.override_transformer_config
+act_peak() { "$KESTREL" plan --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["actor_activations"]["peak"])'; }
+if command -v python3 >/dev/null; then
+  none=$(act_peak)
+  for mode in "$OT.recompute_granularity=selective $OT.recompute_modules=[mlp]" \
+    "$OT.recompute_granularity=full $OT.recompute_method=block $OT.recompute_num_layers=2 $OT.recompute_activation_function=true $OT.recompute_norm=true" \
+    "$OT.recompute_granularity=selective $OT.recompute_modules=[core_attn,layernorm] $OT.recompute_activation_function=true" \
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true"; do
+    # shellcheck disable=SC2086
+    got=$(act_peak $mode) || fail "plan $mode"
+    [ "$got" -lt "$none" ] || fail "plan $mode: activations $got not below none's $none"
+  done
+fi
+"$KESTREL" plan $OT.recompute_granularity=selective "$OT.recompute_modules=[mlp]" >"$W/mlp.txt" || fail "selective mlp"
+grep -q "recompute selective\[mlp\]" "$W/mlp.txt" || fail "selective mlp not planned: $(head -1 "$W/mlp.txt")"
+expect_error "recompute_method=block" $OT.recompute_granularity=full $OT.recompute_method=uniform \
+  $OT.recompute_num_layers=1 $OT.recompute_norm=true
+
+# 5c. kestrel train's start-up check plans the recompute it runs: with memory between the two peaks
+# no recompute is refused before anything loads, full recompute passes (validation only, 2 samples).
+LOW="actor_rollout_ref.rollout.gpu_memory_utilization=0.1 trainer.val_only=true data.val_max_samples=2"
+FULL="$OT.recompute_granularity=full $OT.recompute_method=uniform $OT.recompute_num_layers=1"
+(cd "$W" && set +e
+  # shellcheck disable=SC2086
+  KESTREL_DEVICE_MEMORY=$((280 * 1024 * 1024)) "$KESTREL" train $LOW trainer.default_local_dir="$W/ck" >"$W/t1.txt" 2>&1
+  echo $? >"$W/t1.rc"
+  # shellcheck disable=SC2086
+  KESTREL_DEVICE_MEMORY=$((280 * 1024 * 1024)) "$KESTREL" train $LOW $FULL trainer.default_local_dir="$W/ck" >"$W/t2.txt" 2>&1
+  echo $? >"$W/t2.rc")
+[ "$(cat "$W/t1.rc")" != 0 ] && grep -q "exceeds the device memory 280.0 MiB" "$W/t1.txt" ||
+  fail "train without recompute at 280 MiB should be refused at start: $(tail -3 "$W/t1.txt")"
+grep -q "recompute_" "$W/t1.txt" || fail "the start-up refusal should advise recompute: $(tail -1 "$W/t1.txt")"
+[ "$(cat "$W/t2.rc")" = 0 ] || fail "train with full recompute at 280 MiB should pass the start-up check: $(tail -3 "$W/t2.txt")"
+
+# 5d. reuse_fp32_param: bf16 masters as the weights + a 16-bit residual, 2 B/param less optimizer state.
+BF="actor_rollout_ref.actor.megatron.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16"
+if command -v python3 >/dev/null; then
+  opt() { "$KESTREL" plan --json "$@" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["phases"][-1]["bytes"]["OptimizerState"], j["params_per_rank"])'; }
+  # shellcheck disable=SC2086
+  read -r o1 n < <(opt $BF)
+  # shellcheck disable=SC2086
+  read -r o2 _ < <(opt $BF --reuse-fp32-param)
+  [ $((o1 - o2)) -eq $((2 * n)) ] || fail "reuse_fp32_param: optimizer state $o1 -> $o2 for $n params"
+fi
+expect_error "needs bf16" --reuse-fp32-param
 
 # 6. A Qwen2.5-0.5B-shaped config.json (no weights), bf16 with the distributed optimizer over 8 ranks.
 "$KESTREL" plan --world 8 --device-memory 80GiB data.train_files=/nonexistent.parquet \
