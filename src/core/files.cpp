@@ -176,7 +176,7 @@ Status for_each_jsonl(const std::string& path, const std::function<Status(const 
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number that overflows
       return KS_ERR(path, ":", lineno, ": invalid JSON (", e.what(), ")");
     }
     KS_TRY(fn(j, lineno).with_context(path + ":" + std::to_string(lineno)));

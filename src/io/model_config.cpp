@@ -332,7 +332,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows (1e999999)
     // e.what() names the position: "parse error at line 3, column 5: ..."
     return KS_ERR(origin, ": malformed JSON: ", e.what());
   }

@@ -118,6 +118,8 @@ Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string
     // e.what() carries the parser's position ("at line 1, column 17").
     return KS_ERR(path, ": safetensors header is not valid JSON: ", e.what(), " (byte offset ", e.byte,
                   " in the header)");
+  } catch (const json::exception& e) {  // out_of_range: a number that overflows (1e999999)
+    return KS_ERR(path, ": safetensors header is not valid JSON: ", e.what());
   }
   if (!header.is_object()) return KS_ERR(path, ": safetensors header must be a JSON object, got ", header.type_name());
 
@@ -246,7 +248,7 @@ Result<WeightSource> WeightSource::open_dir(const std::string& dir) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number that overflows (1e999999)
     return KS_ERR(ipath, ": not valid JSON: ", e.what());
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())

@@ -266,3 +266,12 @@ TEST(ModelConfigErrors, UnsupportedFeatures) {
   EXPECT_HAS(parse_err(edit(kQwen25_05B, "quantization_config", {{"quant_method", "awq"}})),
              "not supported yet: quantization_config");
 }
+
+// Found by fuzz_model_config: a number that overflows a double made
+// nlohmann throw out_of_range (not parse_error), which escaped as a crash.
+TEST(ModelConfig, OverflowingNumberIsAnErrorNotACrash) {
+  auto r = kestrel::io::parse_model_config(R"({"hidden_size": 1e3333333333333333333333})", "config.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("config.json: malformed JSON"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("number overflow"), std::string::npos) << r.status().message();
+}
