@@ -16,56 +16,19 @@
 #include "train/checkpoint.h"
 #include "train/engine.h"
 #include "train/micro_batch.h"
+#include "engine_testing.h"
 
 namespace kestrel::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-io::ModelConfig tiny_config() {
-  const std::string j = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 24,
-    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
-    "eos_token_id": 1})";
-  return io::parse_model_config(j, "test").value();
-}
-
-std::vector<std::vector<int32_t>> sequences(int n, int salt = 0) {
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int32_t> s;
-    for (int t = 0; t < 4 + (i + salt) % 5; ++t) s.push_back(int32_t(2 + (i * 7 + t * 3 + salt) % 22));
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// Micro-batches of `per` sequences each over `seqs`.
-std::vector<MicroBatch> split(const std::vector<std::vector<int32_t>>& seqs, size_t per) {
-  std::vector<MicroBatch> out;
-  for (size_t i = 0; i < seqs.size(); i += per) {
-    std::vector<std::vector<int32_t>> part(seqs.begin() + long(i), seqs.begin() + long(std::min(seqs.size(), i + per)));
-    MicroBatch mb;
-    mb.batch = model::pack_sequences(part);
-    out.push_back(std::move(mb));
-  }
-  return out;
-}
-
-// Token-mean cross-entropy over every predicted token of the mini-batch.
-ObjectiveFn mean_nll(const std::vector<std::vector<int32_t>>& seqs) {
-  int64_t n = 0;
-  for (const auto& s : seqs) n += int64_t(s.size()) - 1;
-  const float w = 1.f / float(n);
-  return [w](const MicroBatch& mb, size_t) {
-    std::vector<float> weights;
-    for (int64_t t = 0; t < mb.batch.num_tokens; ++t) weights.push_back(mb.batch.targets.get(t) >= 0 ? w : 0.f);
-    Objective o;
-    o.tokens = cross_entropy_objective(weights);
-    o.need_entropy_grad = false;
-    return o;
-  };
-}
+// The tiny model, its sequences, the micro-batch split and the objective are
+// the folder's shared ones; options() here has no weight decay.
+using engine_testing::mean_nll;
+using engine_testing::sequences;
+using engine_testing::split;
+using engine_testing::tiny_config;
 
 EngineOptions options(double clip) {
   EngineOptions o;

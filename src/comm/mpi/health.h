@@ -22,15 +22,9 @@
 // Only ranks inside wait() answer: a rank computing, or inside an MPI call
 // that is not issued here (MPI_Comm_split at start-up), stays silent.
 #pragma once
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
 #include <string>
+
+#include "comm/mpi/mpi_runtime.h"  // <mpi.h> without its C++ bindings
 
 namespace kestrel::comm::mpi {
 
