@@ -63,6 +63,10 @@ namespace kestrel::model {
 struct ModelParallel {
   std::shared_ptr<comm::ProcessGroup> tp = comm::local_group("tp");
   bool sequence_parallel = false;  // ignored at tp = 1, as Megatron does
+  // The pipeline group this rank's stage belongs to (size 1 = no pipeline):
+  // pp rank r holds the slice(s) of stage r (ModelOptions first_layer /
+  // num_layers, or chunks under the interleaved schedule).
+  std::shared_ptr<comm::ProcessGroup> pp = comm::local_group("pp");
 };
 
 struct ModelOptions {
@@ -177,6 +181,7 @@ class CausalLM {
 
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
+  comm::ProcessGroup& pp() const { return *opts_.parallel.pp; }
   bool sequence_parallel() const { return opts_.parallel.sequence_parallel && tp().size() > 1; }
   int64_t vocab_start() const { return vocab_.start; }
   int64_t local_vocab() const { return vocab_.size(); }  // padded_vocab() / tp
