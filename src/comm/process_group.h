@@ -15,6 +15,16 @@ namespace kestrel::comm {
 
 enum class ReduceOp { Sum, Max, Min, Avg };
 
+// A point-to-point transfer in flight (ProcessGroup::isend / irecv). The
+// buffer must stay alive, and for a send unchanged, until wait() returns;
+// destruction waits, so a transfer never outlives its buffer's owner
+// unnoticed. A receive's wait() checks the element count that arrived.
+class PendingTransfer {
+ public:
+  virtual ~PendingTransfer() = default;
+  virtual void wait() = 0;
+};
+
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
@@ -35,6 +45,12 @@ class ProcessGroup {
                            const std::vector<int64_t>& recv_counts, DType dtype) = 0;
   virtual void send(const void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
   virtual void recv(void* buf, int64_t count, DType dtype, int peer, int tag) = 0;
+  // Non-blocking send / receive (the pipeline's activations and gradients:
+  // a stage posts its send and computes on, so two stages sending to each
+  // other never deadlock). Messages between one pair on one tag arrive in the
+  // order they were posted. The defaults complete at once through send/recv.
+  virtual std::unique_ptr<PendingTransfer> isend(const void* buf, int64_t count, DType dtype, int peer, int tag);
+  virtual std::unique_ptr<PendingTransfer> irecv(void* buf, int64_t count, DType dtype, int peer, int tag);
   virtual void barrier() = 0;
 
   // Tensor conveniences over the calls above: the transport reads and writes

@@ -29,7 +29,11 @@ int64_t CausalLM::hidden_rows(const PackedBatch& b) const { return exec_for(*thi
 
 // Runs the slice; when `keep` is false one LayerActivations is reused per
 // layer and nothing survives for backward.
-Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep) const {
+Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep,
+                             int64_t chunk) const {
+  KS_CHECK(chunk >= 0 && chunk < num_chunks(), "model chunk ", chunk, " of ", num_chunks());
+  const int64_t base = chunk_begin_[size_t(chunk)], nb = chunk_num_blocks(chunk);
+  const bool embed = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
   const auto& c = cfg_;
   const DType dt = dtype();
   TrainExec ex = exec_for(*this, b);
@@ -38,34 +42,38 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
            rope_.cos.size(0), " positions)");
 
   Tensor x;  // [Tl, D] residual stream
-  if (has_embedding()) {
+  if (embed) {
     KS_CHECK(!hidden.defined(), "forward of a slice with the embedding takes token ids, not hidden states");
     x = act_tensor({Tl, D}, dt);
     parallel::vocab_embedding_fwd(tp(), ex.sp, ex.ids, embed_.weight, vocab_.start, x);
   } else {
     KS_CHECK(hidden.defined() && hidden.dtype() == dt && hidden.dim() == 2 && hidden.size(0) == Tl &&
                  hidden.size(1) == D,
-             "forward of a slice starting at layer ", first_layer(), " takes the residual stream [", Tl, ", ", D,
+             "forward of a slice starting at layer ", chunk_first_layer(chunk), " takes the residual stream [", Tl,
+             ", ", D,
              "] ", dtype_name(dt), " of the previous slice, got ", hidden.defined() ? hidden.describe() : "none");
     x = hidden;
   }
-  acts.layers.assign(keep ? blocks_.size() : 1, LayerActivations());
-  // The recompute plan: training only (keep); inference reuses one record and keeps nothing anyway.
-  const std::vector<BlockRecompute> plan = opts_.recompute.plan(keep ? num_blocks() : 0);
-  for (size_t li = 0; li < blocks_.size(); ++li) {
+  acts.layers.assign(keep ? size_t(nb) : 1, LayerActivations());
+  // The recompute plan: training only (keep); inference reuses one record and
+  // keeps nothing anyway. Per model chunk, as MindSpeed counts recompute
+  // layers per virtual pipeline stage.
+  const std::vector<BlockRecompute> plan = opts_.recompute.plan(keep ? nb : 0);
+  for (size_t li = 0; li < size_t(nb); ++li) {
+    const Block& blk = *blocks_[size_t(base) + li];
     if (keep && plan[li].full) {
       // Full recompute: the block runs into a record dropped right after;
       // only the chunk's first input survives (the checkpoint).
       LayerActivations scratch;
       if (int64_t(li) == plan[li].chunk_first) acts.layers[li].x_in = x;
-      x = blocks_[li]->forward(ex, int64_t(li), x, scratch);
+      x = blk.forward(ex, int64_t(li), x, scratch);
       continue;
     }
     LayerActivations& A = acts.layers[keep ? li : 0];
     if (keep) A.rc = plan[li];
-    x = blocks_[li]->forward(ex, int64_t(li), x, A);
+    x = blk.forward(ex, int64_t(li), x, A);
   }
-  if (!has_head()) {
+  if (!head) {
     if (!keep) acts.clear();
     return x;
   }
@@ -89,53 +97,57 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
 }
 
 Tensor CausalLM::forward(const PackedBatch& batch, Activations& acts) const {
-  KS_CHECK(has_embedding() && has_head(), "forward() runs ids to logits; a slice uses forward_hidden()");
-  return run_forward(batch, Tensor(), acts, /*keep=*/true);
+  KS_CHECK(has_embedding() && has_head() && num_chunks() == 1, "forward() runs ids to logits; a slice uses forward_hidden()");
+  return run_forward(batch, Tensor(), acts, /*keep=*/true, 0);
 }
 
 Tensor CausalLM::forward_inference(const PackedBatch& batch) const {
-  KS_CHECK(has_embedding() && has_head(), "forward_inference() runs ids to logits; a slice uses "
+  KS_CHECK(has_embedding() && has_head() && num_chunks() == 1, "forward_inference() runs ids to logits; a slice uses "
            "forward_hidden_inference()");
   Activations scratch;
-  return run_forward(batch, Tensor(), scratch, /*keep=*/false);
+  return run_forward(batch, Tensor(), scratch, /*keep=*/false, 0);
 }
 
-Tensor CausalLM::forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts) const {
-  return run_forward(batch, hidden, acts, /*keep=*/true);
+Tensor CausalLM::forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts,
+                                int64_t chunk) const {
+  return run_forward(batch, hidden, acts, /*keep=*/true, chunk);
 }
 
-Tensor CausalLM::forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden) const {
+Tensor CausalLM::forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden, int64_t chunk) const {
   Activations scratch;
-  return run_forward(batch, hidden, scratch, /*keep=*/false);
+  return run_forward(batch, hidden, scratch, /*keep=*/false, chunk);
 }
 
 void CausalLM::backward(const PackedBatch& b, Activations& acts, const Tensor& dlogits) {
-  KS_CHECK(has_embedding() && has_head(), "backward() runs logits to the embedding; a slice uses backward_hidden()");
+  KS_CHECK(has_embedding() && has_head() && num_chunks() == 1, "backward() runs logits to the embedding; a slice uses backward_hidden()");
   backward_hidden(b, acts, dlogits);
 }
 
-void CausalLM::rerun_chunk(TrainExec& ex, Activations& acts, int64_t first, int64_t last) const {
+void CausalLM::rerun_chunk(TrainExec& ex, Activations& acts, int64_t base, int64_t first, int64_t last) const {
   Tensor x = acts.layers[size_t(first)].x_in;  // [Tl, D] the checkpoint
   for (int64_t j = first; j <= last; ++j) {
     LayerActivations& A = acts.layers[size_t(j)];
     A = LayerActivations();  // keep everything (rc: none) for this chunk's backward
-    x = blocks_[size_t(j)]->forward(ex, j, x, A);
+    x = blocks_[size_t(base + j)]->forward(ex, j, x, A);
   }
 }
 
-Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const Tensor& dout) {
+Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const Tensor& dout, int64_t chunk) {
+  KS_CHECK(chunk >= 0 && chunk < num_chunks(), "model chunk ", chunk, " of ", num_chunks());
+  const int64_t base = chunk_begin_[size_t(chunk)], nb = chunk_num_blocks(chunk);
+  const bool embed = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
   TrainExec ex = exec_for(*this, b);
   comm::ProcessGroup& g = tp();
   const bool sp = ex.sp, tp_on = g.size() > 1;
   const int64_t T = ex.T, Tp = ex.Tp, Tl = ex.Tl, D = cfg_.hidden_size;
-  KS_CHECK(acts.layers.size() == blocks_.size(), "backward without a kept forward");
+  KS_CHECK(int64_t(acts.layers.size()) == nb, "backward without a kept forward");
   const std::vector<Param*> ps = params();
   KS_CHECK(ps.empty() || ps.front()->grad.defined(), "backward before enable_grads()");
   const auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); };
 
   // Activation gradients stay f32 in both precisions; only parameters are bf16.
   Tensor dx = f32({Tl, D});  // gradient of the residual stream
-  if (has_head()) {
+  if (head) {
     KS_CHECK(dout.dtype() == DType::F32 && dout.numel() == T * output_dim(),
              opts_.value_head ? "dvalues must be f32 [T, " : "dlogits must be f32 [T, ", output_dim(),
              opts_.value_head ? "]" : "] (this rank's vocab columns)", ", got ", dout.describe());
@@ -159,18 +171,20 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
     ready(cfg_.num_hidden_layers);
   } else {
     KS_CHECK(dout.dtype() == DType::F32 && dout.dim() == 2 && dout.size(0) == Tl && dout.size(1) == D,
-             "backward of a slice ending at layer ", first_layer() + num_blocks() - 1,
+             "backward of a slice ending at layer ", chunk_first_layer(chunk) + nb - 1,
              " takes the f32 gradient of its residual stream [", Tl, ", ", D, "], got ", dout.describe());
     dx.copy_from(dout);  // accumulated in place below
   }
-  const std::vector<BlockRecompute> plan = opts_.recompute.plan(num_blocks());
-  for (size_t li = blocks_.size(); li-- > 0;) {
-    if (plan[li].full && int64_t(li) == plan[li].chunk_last) rerun_chunk(ex, acts, plan[li].chunk_first, int64_t(li));
-    blocks_[li]->backward(ex, acts.layers[li], dx);
+  const std::vector<BlockRecompute> plan = opts_.recompute.plan(nb);
+  for (size_t li = size_t(nb); li-- > 0;) {
+    if (plan[li].full && int64_t(li) == plan[li].chunk_last)
+      rerun_chunk(ex, acts, base, plan[li].chunk_first, int64_t(li));
+    Block& blk = *blocks_[size_t(base) + li];
+    blk.backward(ex, acts.layers[li], dx);
     acts.layers[li] = LayerActivations();  // this block's activations are spent
-    ready(blocks_[li]->index());
+    ready(blk.index());
   }
-  if (!has_embedding()) return dx;
+  if (!embed) return dx;
   parallel::vocab_embedding_bwd(g, sp, ex.ids, dx, embed_.grad, vocab_.start);
   ready(-1);
   return Tensor();

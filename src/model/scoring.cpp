@@ -17,7 +17,10 @@ void logprob_entropy_bwd(const CausalLM& m, const Tensor& logits, const Tensor& 
 }
 
 TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch) {
-  Tensor logits = model.forward_inference(batch);  // [T, V] ([T, V/tp] under tp)
+  return score_logits(model, batch, model.forward_inference(batch));  // [T, V] ([T, V/tp] under tp)
+}
+
+TokenScores score_logits(const CausalLM& model, const PackedBatch& batch, const Tensor& logits) {
   TokenScores s;
   const int64_t T = batch.num_tokens;
   s.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);

@@ -14,6 +14,8 @@ struct TokenScores {
 // Inference only: nothing is kept for backward. Under tp it is collective over
 // the tp group and every rank gets the full [T] results.
 TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch);
+// The same scores of logits the caller computed (a pipeline's last stage).
+TokenScores score_logits(const CausalLM& model, const PackedBatch& batch, const Tensor& logits);
 
 // The logprob/entropy of model.forward()'s logits for any layout: at tp = 1
 // exactly ops::logprob_entropy_fwd/bwd; under tp the vocab-parallel versions

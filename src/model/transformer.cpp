@@ -113,16 +113,7 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
            dtype_name(opts_.dtype));
   KS_CHECK(opts_.parallel.tp != nullptr, "ModelParallel.tp must be a process group (size 1 for no tp)");
   KS_CHECK(opts_.value_head || !opts_.value_head_bias, "value_head_bias needs value_head");
-  const int64_t L = cfg_.num_hidden_layers;
-  if (opts_.num_layers < 0) opts_.num_layers = L - opts_.first_layer;
-  KS_CHECK(opts_.first_layer >= 0 && opts_.num_layers >= 0 && opts_.first_layer + opts_.num_layers <= L,
-           "model slice: layers [", opts_.first_layer, ", ", opts_.first_layer + opts_.num_layers,
-           ") are outside num_hidden_layers ", L);
-  KS_CHECK(!opts_.has_embedding || opts_.first_layer == 0, "model slice: the embedding feeds layer 0, but the slice "
-           "starts at layer ", opts_.first_layer, " (set has_embedding only on the first slice)");
-  KS_CHECK(!opts_.has_head || opts_.first_layer + opts_.num_layers == L, "model slice: the head follows layer ", L - 1,
-           ", but the slice ends at layer ", opts_.first_layer + opts_.num_layers - 1,
-           " (set has_head only on the last slice)");
+  check_chunks();
   KS_CHECK(opts_.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by must be >= 1, got ",
            opts_.make_vocab_size_divisible_by);
   const int n = opts_.parallel.tp->size(), r = opts_.parallel.tp->rank();
@@ -136,6 +127,31 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   build_rope();
 }
 
+void CausalLM::check_chunks() {
+  const int64_t L = cfg_.num_hidden_layers;
+  if (opts_.chunks.empty()) {
+    if (opts_.num_layers < 0) opts_.num_layers = L - opts_.first_layer;
+    opts_.chunks = {{opts_.first_layer, opts_.num_layers}};
+  }
+  int64_t next = 0;  // chunks ascend and do not overlap
+  for (const auto& ch : opts_.chunks) {
+    KS_CHECK(ch.first_layer >= next && ch.num_layers >= 0 && ch.first_layer + ch.num_layers <= L,
+             "model slice: layers [", ch.first_layer, ", ", ch.first_layer + ch.num_layers,
+             ") are outside num_hidden_layers ", L, " or overlap the previous chunk");
+    next = ch.first_layer + ch.num_layers;
+  }
+  const auto& first = opts_.chunks.front();
+  const auto& last = opts_.chunks.back();
+  opts_.first_layer = first.first_layer;
+  opts_.num_layers = 0;
+  for (const auto& ch : opts_.chunks) opts_.num_layers += ch.num_layers;
+  KS_CHECK(!opts_.has_embedding || first.first_layer == 0, "model slice: the embedding feeds layer 0, but the slice "
+           "starts at layer ", first.first_layer, " (set has_embedding only on the first slice)");
+  KS_CHECK(!opts_.has_head || last.first_layer + last.num_layers == L, "model slice: the head follows layer ", L - 1,
+           ", but the slice ends at layer ", last.first_layer + last.num_layers - 1,
+           " (set has_head only on the last slice)");
+}
+
 void CausalLM::allocate_params() {
   const auto& c = cfg_;
   const DType dt = opts_.dtype;
@@ -146,6 +162,9 @@ void CausalLM::allocate_params() {
   };
   const bool tied_head = opts_.has_head && !opts_.value_head && c.tie_word_embeddings;
   if (opts_.has_embedding || tied_head) embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
+  // The last stage's copy of a tied embedding (Megatron's shared embedding)
+  // is the first stage's parameter again: counted once in the gradient norm.
+  if (!opts_.has_embedding && tied_head) embed_.norm_counted = false;
   BlockDims dims;
   dims.D = D;
   dims.F = local_ffn();
@@ -157,8 +176,12 @@ void CausalLM::allocate_params() {
     return make_param(std::move(name), std::move(shape), dt, decay);
   };
   blocks_.reserve(size_t(opts_.num_layers));
-  for (int64_t i = opts_.first_layer; i < opts_.first_layer + opts_.num_layers; ++i)
-    blocks_.push_back(std::make_unique<Block>(c, dims, i, factory));
+  chunk_begin_ = {0};
+  for (const auto& ch : opts_.chunks) {
+    for (int64_t i = ch.first_layer; i < ch.first_layer + ch.num_layers; ++i)
+      blocks_.push_back(std::make_unique<Block>(c, dims, i, factory));
+    chunk_begin_.push_back(int64_t(blocks_.size()));
+  }
   if (!opts_.has_head) return;
   final_norm_ = make_param("model.norm.weight", {D}, dt, false);
   if (opts_.value_head) {

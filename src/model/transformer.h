@@ -91,6 +91,16 @@ struct ModelOptions {
   int64_t num_layers = -1;
   bool has_embedding = true;
   bool has_head = true;
+  // Several slices on one rank: the model chunks of the interleaved pipeline
+  // schedule (virtual pipeline, vpp > 1), ascending and disjoint, each a range
+  // of blocks [first_layer, first_layer + num_layers) (num_layers may be 0: a
+  // chunk of noop layers only). The embedding belongs to chunk 0 (which must
+  // start at layer 0), the head to the last chunk (which must end at the last
+  // layer). Empty = one chunk, first_layer / num_layers above.
+  struct LayerRange {
+    int64_t first_layer = 0, num_layers = 0;
+  };
+  std::vector<LayerRange> chunks;
 
   // Vocabulary padding for tensor parallelism (Megatron's
   // make_vocab_size_divisible_by): when tp > 1 and vocab_size does not divide
@@ -159,13 +169,15 @@ class CausalLM {
   // what forward() returns when the slice has the head, else the residual
   // stream [hidden_rows(batch), D] entering the next slice. forward_hidden
   // keeps `hidden` (not a copy) in acts for the backward: leave it unchanged.
-  Tensor forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts) const;
-  Tensor forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden) const;
+  // `chunk` picks the model chunk (ModelOptions::chunks) on a rank holding
+  // several; the embedding runs in chunk 0 and the head in the last one.
+  Tensor forward_hidden(const PackedBatch& batch, const Tensor& hidden, Activations& acts, int64_t chunk = 0) const;
+  Tensor forward_hidden_inference(const PackedBatch& batch, const Tensor& hidden, int64_t chunk = 0) const;
   // dout: dlogits / dvalues as backward() takes them when the slice has the
   // head, else the f32 gradient of the returned residual stream
   // [hidden_rows(batch), D]. Returns the f32 gradient of `hidden` (undefined
   // when the slice has the embedding).
-  Tensor backward_hidden(const PackedBatch& batch, Activations& acts, const Tensor& dout);
+  Tensor backward_hidden(const PackedBatch& batch, Activations& acts, const Tensor& dout, int64_t chunk = 0);
   // Rows of the residual stream on this rank: T, or under sequence
   // parallelism T padded to a multiple of tp, divided by tp.
   int64_t hidden_rows(const PackedBatch& batch) const;
@@ -208,6 +220,12 @@ class CausalLM {
   const Block& block(int64_t i) const { return *blocks_[size_t(i)]; }  // local index
   bool has_embedding() const { return opts_.has_embedding; }
   bool has_head() const { return opts_.has_head; }
+  // Model chunks (ModelOptions::chunks; 1 without them) and what each holds.
+  int64_t num_chunks() const { return int64_t(chunk_begin_.size()) - 1; }
+  int64_t chunk_first_layer(int64_t c) const { return opts_.chunks[size_t(c)].first_layer; }
+  int64_t chunk_num_blocks(int64_t c) const { return chunk_begin_[size_t(c) + 1] - chunk_begin_[size_t(c)]; }
+  bool chunk_has_embedding(int64_t c) const { return has_embedding() && c == 0; }
+  bool chunk_has_head(int64_t c) const { return has_head() && c == num_chunks() - 1; }
   bool is_whole_model() const {
     return has_embedding() && has_head() && num_blocks() == cfg_.num_hidden_layers;
   }
@@ -216,10 +234,12 @@ class CausalLM {
   CausalLM(io::ModelConfig cfg, ModelOptions opts);
   void allocate_params();
   void build_rope();
-  Tensor run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep) const;
-  // Full recompute: reruns the forward of blocks [first, last] from the
-  // chunk's kept input, filling acts.layers[first..last] completely.
-  void rerun_chunk(TrainExec& ex, Activations& acts, int64_t first, int64_t last) const;
+  Tensor run_forward(const PackedBatch& b, const Tensor& hidden, Activations& acts, bool keep, int64_t chunk) const;
+  // Full recompute: reruns the forward of blocks [first, last] (indices in
+  // the model chunk starting at blocks_[base]) from the recompute chunk's
+  // kept input, filling acts.layers[first..last] completely.
+  void rerun_chunk(TrainExec& ex, Activations& acts, int64_t base, int64_t first, int64_t last) const;
+  void check_chunks();
   void ready(int64_t stage) const {
     if (grad_hook_) grad_hook_(stage);
   }
@@ -229,7 +249,8 @@ class CausalLM {
   // [V, D]; in a slice with the head but no embedding, a tied lm_head's own
   // copy (Megatron's word embeddings on the last stage); else undefined there.
   Param embed_;
-  std::vector<std::unique_ptr<Block>> blocks_;  // the slice's layers
+  std::vector<std::unique_ptr<Block>> blocks_;  // the slice's layers, all chunks in order
+  std::vector<int64_t> chunk_begin_;             // chunk c is blocks_[chunk_begin_[c], chunk_begin_[c + 1])
   Param final_norm_;  // [D]
   Param lm_head_;     // [V, D], undefined when tied or in a value model
   Param score_;       // [1, D] value head, value models only

@@ -141,7 +141,7 @@ void DataParallel::reduce_to_owners(int64_t b0, int64_t b1) {
   ops::sum_rows(got, dst);  // in rank order
 }
 
-double DataParallel::grad_norm(comm::ProcessGroup* tp) const {
+double DataParallel::grad_norm(comm::ProcessGroup* tp, comm::ProcessGroup* pp) const {
   auto [lo, hi] = owned_range();
   double sq = 0;
   for (size_t i = 0; i < flat_.size(); ++i) {
@@ -151,6 +151,7 @@ double DataParallel::grad_norm(comm::ProcessGroup* tp) const {
   }
   if (opts_.distributed_optimizer) sq = sum_over(*dp_, sq);
   if (tp) sq = sum_over(*tp, sq);
+  if (pp) sq = sum_over(*pp, sq);  // each stage's parameters (a tied embedding's last-stage copy is not counted)
   return std::sqrt(sq);
 }
 
@@ -160,8 +161,8 @@ void DataParallel::scale_grads(float coef) {
   ops::scale_(owned, coef);
 }
 
-double DataParallel::clip_grad_norm(double max_norm, comm::ProcessGroup* tp) {
-  const double norm = grad_norm(tp);
+double DataParallel::clip_grad_norm(double max_norm, comm::ProcessGroup* tp, comm::ProcessGroup* pp) {
+  const double norm = grad_norm(tp, pp);
   if (!std::isfinite(norm) || max_norm <= 0) return norm;
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) scale_grads(float(coef));

@@ -103,15 +103,16 @@ class DataParallel {
   // Global L2 norm of the gradients of the whole model: squares of the owned
   // range (tp duplicates skipped) summed over dp (distributed optimizer only:
   // without it every dp rank holds the same full gradients) and over `tp`
-  // (nullptr: no tensor parallelism). Sums in double (ops::sum_squares per
+  // (nullptr: no tensor parallelism), then over the pipeline stages `pp`
+  // (nullptr: no pipeline). Sums in double (ops::sum_squares per
   // parameter segment, as optim::clip_grad_norm sums per tensor), combined in
   // rank order.
-  double grad_norm(comm::ProcessGroup* tp) const;
+  double grad_norm(comm::ProcessGroup* tp, comm::ProcessGroup* pp = nullptr) const;
   // grads *= coef over the owned range.
   void scale_grads(float coef);
   // Clips like torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),
   // applied when < 1. Returns the pre-clip norm (non-finite: grads untouched).
-  double clip_grad_norm(double max_norm, comm::ProcessGroup* tp);
+  double clip_grad_norm(double max_norm, comm::ProcessGroup* tp, comm::ProcessGroup* pp = nullptr);
 
   // Distributed optimizer: after the optimizer stepped the owned range (and
   // rounded its held masters into the owned model-copy elements), sends every

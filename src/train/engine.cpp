@@ -9,9 +9,11 @@
 #include "model/scoring.h"
 #include "optim/checkpoint_io.h"
 #include "ops/copy.h"
+#include "ops/linear.h"
 #include "ops/optim_ops.h"
 #include "optim/grad_clip.h"
 #include "parallel/data_parallel.h"
+#include "train/pipeline.h"
 
 namespace kestrel::train {
 
@@ -74,7 +76,7 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
   std::vector<model::Param*> order = model_.params();
   int64_t lo = 0, hi = -1;
   bool held_masters = false;
-  if (dp_group_->size() > 1 || model_.tp().size() > 1) {
+  if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1) {
     parallel::DpOptions dpo;
     dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
     dpo.average = opt_.parallel.average_grads;
@@ -114,19 +116,39 @@ void TrainingEngine::zero_grads() {
 
 optim::ClipResult TrainingEngine::reduce_and_clip() {
   if (!dp_) return optim::clip_grad_norm(optim_->params(), opt_.clip_grad);
+  sum_tied_embedding_grads();
   dp_->start_grad_sync();
   dp_->finish_grad_sync();
   comm::ProcessGroup* tp = model_.tp().size() > 1 ? &model_.tp() : nullptr;
+  comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
   optim::ClipResult clip;
-  clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp) : dp_->grad_norm(tp);
+  clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp, pp) : dp_->grad_norm(tp, pp);
   clip.finite = std::isfinite(clip.norm);  // global: every rank takes the same branch
   return clip;
+}
+
+void TrainingEngine::sum_tied_embedding_grads() {
+  // Megatron's embedding group: with tied embeddings the first stage's
+  // embedding and the last stage's lm_head are one parameter held twice; each
+  // copy's gradient becomes the sum of both before the dp reduction, so the
+  // two copies take identical updates (a + b == b + a in floating point).
+  comm::ProcessGroup& pp = model_.pp();
+  const int p = pp.size(), r = pp.rank();
+  if (p == 1 || model_.is_value_model() || !model_.config().tie_word_embeddings || (r != 0 && r != p - 1)) return;
+  model::Param* e = model_.find_param("model.embed_tokens.weight");
+  KS_CHECK(e && e->grad.defined(), "tied embedding missing on pipeline stage ", r);
+  const int peer = r == 0 ? p - 1 : 0;
+  Tensor other = Tensor::empty(e->grad.shape(), DType::F32, MemCategory::Other);
+  auto sent = pp.isend(e->grad.raw(), e->grad.numel(), DType::F32, peer, 0);
+  pp.recv(other.raw(), other.numel(), DType::F32, peer, 0);
+  sent->wait();
+  ops::add_inplace(e->grad, other);
 }
 
 bool TrainingEngine::loss_finite_everywhere(double loss) const {
   // One flag reduced over dp and tp: a NaN on one rank makes every rank skip.
   int32_t ok = std::isfinite(loss) ? 1 : 0;
-  for (comm::ProcessGroup* g : {dp_group_.get(), &model_.tp()})
+  for (comm::ProcessGroup* g : {dp_group_.get(), &model_.tp(), &model_.pp()})
     if (g->size() > 1) g->all_reduce(&ok, 1, DType::I32, comm::ReduceOp::Min);
   return ok == 1;
 }
@@ -167,7 +189,11 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
             step >= 1 ? "step " + std::to_string(step) : "update " + std::to_string(update),
             "; the learning rate and its schedule (optim.lr, warmup, min_lr) must be finite");
   zero_grads();
-  for (size_t i = 0; i < micro.size(); ++i) {
+  if (model_.pp().size() > 1) {
+    r.loss = train_pipelined(micro, objective);
+    r.micro_batches = int64_t(micro.size());
+  }
+  for (size_t i = 0; model_.pp().size() == 1 && i < micro.size(); ++i) {
     const MicroBatch& mb = micro[i];
     const Objective obj = objective(mb, i);
     if (model_.is_value_model()) {
@@ -202,8 +228,33 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
   return r;
 }
 
+double TrainingEngine::train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {
+  // The loss runs on the last stage only, as each micro-batch's head output
+  // appears (the objective is built there, right before its use).
+  const HeadLossFn head = [&](size_t i, const Tensor& out) -> std::pair<double, Tensor> {
+    const Objective obj = objective(micro[i], i);
+    if (model_.is_value_model()) {
+      KS_CHECK(obj.values, "training engine: a value model needs a value objective");
+      Tensor dv = Tensor::zeros({micro[i].batch.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
+      const double l = obj.values(out, dv);
+      return {l, dv};
+    }
+    KS_CHECK(obj.tokens, "training engine: a token model needs a token objective");
+    HeadLoss h = token_head_loss(model_, micro[i].batch, out, obj.tokens, obj.need_entropy_grad);
+    return {h.result.loss, h.dlogits};
+  };
+  if (last_trace_) *last_trace_ = PipelineTrace();
+  return pipeline_train(model_, micro, head, opt_.pipeline_group_size, last_trace_.get());
+}
+
+void TrainingEngine::record_pipeline_trace(bool on) {
+  if (on && !last_trace_) last_trace_ = std::make_unique<PipelineTrace>();
+  if (!on) last_trace_.reset();
+}
+
 void score_micro_batches(const model::CausalLM& model, const std::vector<MicroBatch>& micro,
                          const std::function<void(size_t, const Tensor&)>& consume) {
+  if (model.pp().size() > 1) return pipeline_score(model, micro, consume);
   for (size_t i = 0; i < micro.size(); ++i) {
     if (model.is_value_model()) {
       consume(i, model.forward_inference(micro[i].batch));  // [T, 1]
@@ -254,7 +305,8 @@ Status TrainingEngine::load_optimizer(const std::string& path) {
 
 std::string TrainingEngine::optimizer_file_name() const {
   if (!dp_) return "optimizer.safetensors";
-  return "optimizer_tp" + std::to_string(model_.tp().rank()) + "_dp" + std::to_string(dp_group_->rank()) +
+  const std::string pp = model_.pp().size() > 1 ? "_pp" + std::to_string(model_.pp().rank()) : "";
+  return "optimizer_tp" + std::to_string(model_.tp().rank()) + pp + "_dp" + std::to_string(dp_group_->rank()) +
          ".safetensors";
 }
 

@@ -60,6 +60,7 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "train/pipeline.h"
 #include "train/token_objective.h"
 
 namespace kestrel::parallel {
@@ -97,6 +98,9 @@ struct EngineOptions {
   // (0 = never abort; skips are still counted and logged).
   int64_t max_consecutive_skipped_steps = 10;
   std::string name = "training engine";  // in messages; "actor", "critic", "sft" pick the test hook's engine
+  // The interleaved pipeline's micro-batch group (Megatron's
+  // microbatch_group_size_per_vp_stage); 0 = the pipeline size.
+  int64_t pipeline_group_size = 0;
   // TEST ONLY: called after the backward of every update with its 1-based
   // number; true injects a NaN gradient (see the file comment).
   std::function<bool(int64_t update)> test_inject_nan_grad;
@@ -166,6 +170,12 @@ class TrainingEngine {
   // The schedule's learning rate at optimizer-step index `step` (0-based).
   double lr(int64_t step) const;
 
+  // Under pipeline parallelism: record what this rank executes in each
+  // mini-batch (the op trace, memory in flight, bytes sent) for the
+  // schedule's measurements; pipeline_trace() is the last mini-batch's.
+  void record_pipeline_trace(bool on);
+  const PipelineTrace* pipeline_trace() const { return last_trace_.get(); }
+
   // The NaN/Inf guard's counts: updates skipped in all, and in a row (0 after an applied one).
   int64_t skipped_steps() const { return skipped_; }
   int64_t consecutive_skipped_steps() const { return consecutive_skipped_; }
@@ -202,6 +212,8 @@ class TrainingEngine {
  private:
   void zero_grads();
   optim::ClipResult reduce_and_clip();
+  void sum_tied_embedding_grads();
+  double train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective);
   bool loss_finite_everywhere(double loss) const;
   bool inject_nan_grad(int64_t update) const;
   void after_skip(const MiniBatchResult& r, int64_t update, int64_t step);
@@ -213,6 +225,7 @@ class TrainingEngine {
   std::unique_ptr<optim::AdamW> optim_;
   std::unique_ptr<optim::LrSchedule> sched_;
   int64_t skipped_ = 0, consecutive_skipped_ = 0;
+  std::unique_ptr<PipelineTrace> last_trace_;  // set by record_pipeline_trace()
   std::string inject_env_;  // KESTREL_TEST_INJECT_NAN_GRAD, read once
 };
 

@@ -4,12 +4,11 @@
 
 namespace kestrel::train {
 
-ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBatch& b, const TokenObjective& objective,
-                                       bool need_entropy_grad) {
+HeadLoss token_head_loss(const model::CausalLM& m, const model::PackedBatch& b, Tensor logits,
+                         const TokenObjective& objective, bool need_entropy_grad) {
   const int64_t T = b.num_tokens;
-  model::Activations acts;
-  Tensor logits = m.forward(b, acts);  // [T, V]
-  ForwardBackwardResult r;
+  HeadLoss h;
+  ForwardBackwardResult& r = h.result;
   r.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   r.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
@@ -28,12 +27,21 @@ ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBa
     for (int64_t t = 0; t < T && !any_entropy; ++t) any_entropy = dent[size_t(t)] != 0.f;
   // f32 logits are overwritten by their gradient: the single [T, V] buffer
   // (under tensor parallelism, this rank's [T, V/tp] shard).
-  Tensor dlogits = logits.dtype() == DType::F32 ? logits
-                                                : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations);
+  h.dlogits = logits.dtype() == DType::F32 ? logits
+                                           : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations);
   model::logprob_entropy_bwd(m, logits, b.targets, lse, dlogprob, any_entropy ? &dentropy : nullptr, &r.entropy,
-                             dlogits);
-  m.backward(b, acts, dlogits);
-  return r;
+                             h.dlogits);
+  return h;
+}
+
+ForwardBackwardResult forward_backward(model::CausalLM& m, const model::PackedBatch& b, const TokenObjective& objective,
+                                       bool need_entropy_grad) {
+  model::Activations acts;
+  // [T, V]; alive through the backward (the memory model counts it there).
+  const Tensor logits = m.forward(b, acts);
+  HeadLoss h = token_head_loss(m, b, logits, objective, need_entropy_grad);
+  m.backward(b, acts, h.dlogits);
+  return std::move(h.result);
 }
 
 TokenObjective cross_entropy_objective(const std::vector<float>& weights) {

@@ -24,6 +24,17 @@ struct ForwardBackwardResult {
   Tensor entropy;  // f32 [T]
 };
 
+// The objective on logits the caller's forward produced ([T, V], this rank's
+// [T, V/tp] under tp): the loss, and the f32 gradient of the logits the
+// backward takes (written over f32 logits: one [T, V] buffer). The plain
+// loop and a pipeline's last stage share it.
+struct HeadLoss {
+  ForwardBackwardResult result;
+  Tensor dlogits;
+};
+HeadLoss token_head_loss(const model::CausalLM& model, const model::PackedBatch& batch, Tensor logits,
+                         const TokenObjective& objective, bool need_entropy_grad);
+
 // Accumulates parameter gradients (+=) into model.params()[i].grad.
 ForwardBackwardResult forward_backward(model::CausalLM& model, const model::PackedBatch& batch,
                                        const TokenObjective& objective, bool need_entropy_grad = true);

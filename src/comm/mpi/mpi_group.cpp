@@ -217,6 +217,78 @@ void MpiGroup::recv(void* buf, int64_t count, DType dtype, int peer, int tag) {
   } while (off < count);
 }
 
+// One isend/irecv: a request per chunk (messages between one pair on one tag
+// do not overtake, so the chunks match in order), completed by wait() through
+// MpiGroup::complete (the collective timeout's polling).
+class MpiTransfer final : public PendingTransfer {
+ public:
+  MpiTransfer(const MpiGroup& g, bool is_recv, int peer, int tag, DType dt)
+      : g_(g), recv_(is_recv), peer_(peer), tag_(tag), dt_(dt) {}
+  ~MpiTransfer() override {
+    try {
+      wait();
+    } catch (...) {  // the error was (or will be) reported by the rank's own wait; never throw from a destructor
+    }
+  }
+  void add(MPI_Request r, int n) {
+    reqs_.push_back(r);
+    counts_.push_back(n);
+  }
+  void wait() override {
+    for (; done_ < reqs_.size(); ++done_) {
+      MPI_Status st;
+      g_.complete(reqs_[done_], recv_ ? &st : MPI_STATUS_IGNORE, recv_ ? "MPI_Recv" : "MPI_Send");
+      if (!recv_) continue;
+      int got = 0;
+      g_.check(MPI_Get_count(&st, mpi::datatype(dt_), &got), "MPI_Get_count");
+      if (got != counts_[done_])
+        KS_FAIL("irecv on group '", g_.name(), "' from rank ", peer_, " tag ", tag_, ": expected ", counts_[done_],
+                " ", dtype_name(dt_), " elements, the matching send carried ", got);
+    }
+  }
+
+ private:
+  const MpiGroup& g_;
+  bool recv_;
+  int peer_, tag_;
+  DType dt_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<int> counts_;
+  size_t done_ = 0;
+};
+
+std::unique_ptr<PendingTransfer> MpiGroup::isend(const void* buf, int64_t count, DType dtype, int peer, int tag) {
+  KS_CHECK(count >= 0 && tag >= 0, "isend count ", count, " tag ", tag);
+  check_peer(peer, "isend");
+  const MPI_Datatype t = mpi::datatype(dtype);
+  auto tr = std::make_unique<MpiTransfer>(*this, false, peer, tag, dtype);
+  int64_t off = 0;
+  do {
+    const int n = int(std::min(kChunk, count - off));
+    MPI_Request req;
+    check(MPI_Isend(byte_ptr(buf, off, dtype), n, t, peer, tag, comm_, &req), "MPI_Isend");
+    tr->add(req, n);
+    off += n;
+  } while (off < count);
+  return tr;
+}
+
+std::unique_ptr<PendingTransfer> MpiGroup::irecv(void* buf, int64_t count, DType dtype, int peer, int tag) {
+  KS_CHECK(count >= 0 && tag >= 0, "irecv count ", count, " tag ", tag);
+  check_peer(peer, "irecv");
+  const MPI_Datatype t = mpi::datatype(dtype);
+  auto tr = std::make_unique<MpiTransfer>(*this, true, peer, tag, dtype);
+  int64_t off = 0;
+  do {
+    const int n = int(std::min(kChunk, count - off));
+    MPI_Request req;
+    check(MPI_Irecv(byte_ptr(buf, off, dtype), n, t, peer, tag, comm_, &req), "MPI_Irecv");
+    tr->add(req, n);
+    off += n;
+  } while (off < count);
+  return tr;
+}
+
 void MpiGroup::barrier() {
   if (blocking()) {
     check(MPI_Barrier(comm_), "MPI_Barrier");

@@ -51,6 +51,8 @@ class MpiGroup final : public ProcessGroup {
                    const std::vector<int64_t>& recv_counts, DType dtype) override;
   void send(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   void recv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
+  std::unique_ptr<PendingTransfer> isend(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
+  std::unique_ptr<PendingTransfer> irecv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
   void barrier() override;
 
   // Collective over this group (MPI_Comm_split): ranks passing the same color
@@ -65,6 +67,7 @@ class MpiGroup final : public ProcessGroup {
   // timeout and liveness report, comm/mpi/health.h); `call` names the
   // blocking MPI function it stands for.
   void complete(MPI_Request& req, MPI_Status* st, const char* call) const;
+  friend class MpiTransfer;
   // No collective timeout (<= 0): the plain blocking MPI calls, no polling.
   static bool blocking();
 

@@ -1,0 +1,63 @@
+// Pipeline-parallel execution of a mini-batch (Megatron's
+// forward_backward_pipelining_{without,with}_interleaving): every rank of the
+// model's pipeline group (CausalLM::pp()) holds its stage, a slice of blocks
+// (model chunks under the interleaved schedule), and runs its op list from
+// train/pipeline_schedule.h; activations go forward and their gradients back
+// over the pp group, point to point.
+//
+// Virtual stage s = chunk * p + rank (p = pp size): chunk c of rank r feeds
+// rank r + 1's chunk c, and the last rank's chunk c feeds rank 0's chunk c+1.
+// The embedding is chunk 0 of rank 0, the head (and the loss) the last chunk
+// of rank p - 1.
+//
+// Wire format (variable-length packed micro-batches, nothing padded to a
+// fixed length): each transfer is a header, int64 [rows, cols], then the
+// payload, [rows, D] in the compute dtype forward and f32 backward, on a tag
+// naming the receiving (micro-batch, chunk) and the direction. The receiver
+// knows the shape from its own copy of the micro-batch and checks the
+// header against it. Sends are posted non-blocking (the sender computes on;
+// two stages sending to each other never deadlock) and the receive of the
+// next op is posted before the current op computes, so transfers overlap
+// compute as far as MPI progresses them.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "model/transformer.h"
+#include "train/pipeline_schedule_tmp.h"  // TEMP until the schedules unit lands
+
+namespace kestrel::train {
+
+struct MicroBatch;
+
+// The loss of micro-batch `mb` on the head's output (logits [T, V/tp] or
+// values [T, 1], compute dtype), and the f32 gradient of that output the
+// backward takes. Called on the last stage only, in micro-batch order.
+using HeadLossFn = std::function<std::pair<double, Tensor>(size_t mb, const Tensor& out)>;
+
+// What one rank executed, for the schedule's measurements (bubble, memory in
+// flight, bytes on the wire).
+struct PipelineTrace {
+  std::vector<PipeOp> ops;          // in execution order
+  int64_t peak_in_flight = 0;       // (micro-batch, chunk) forwards whose backward had not run yet, at most
+  int64_t bytes_sent = 0;           // headers and payloads
+  int64_t bytes_received = 0;
+};
+
+// Forward and backward of every micro-batch (1F1B; interleaved 1F1B when the
+// model holds several chunks, Megatron's group size `group_size`, 0 = p).
+// Gradients accumulate into the stage's Param::grad. Returns the sum of the
+// losses, the same value on every pp rank (sent from the last stage).
+// Collective over the pp group (and each stage's tp group).
+double pipeline_train(model::CausalLM& model, const std::vector<MicroBatch>& micro, const HeadLossFn& loss,
+                      int64_t group_size = 0, PipelineTrace* trace = nullptr);
+
+// Forward only (scoring): consume(i, out) on every pp rank, in micro-batch
+// order, with the last stage's result for micro-batch i: f32 [T] next-token
+// log-probs for a token model, values [T, 1] (compute dtype) for a value model.
+void pipeline_score(const model::CausalLM& model, const std::vector<MicroBatch>& micro,
+                    const std::function<void(size_t, const Tensor&)>& consume, PipelineTrace* trace = nullptr);
+
+}  // namespace kestrel::train
