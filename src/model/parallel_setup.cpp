@@ -10,17 +10,25 @@ ModelParallel model_parallel_for(const parallel::ProcessGrid& grid) {
   return p;
 }
 
+void set_pipeline_stage(ModelOptions& o, const std::vector<parallel::StageChunk>& mine) {
+  KS_CHECK(!mine.empty(), "a pipeline stage holds at least one chunk");
+  o.chunks.clear();
+  for (const parallel::StageChunk& c : mine) o.chunks.push_back({c.first_layer, c.num_layers});
+  o.has_embedding = mine.front().has_embedding;
+  o.has_head = mine.back().has_head;
+}
+
 std::vector<parallel::DpParam> dp_params(CausalLM& m) {
   std::vector<parallel::DpParam> out;
   for (Param* p : m.params()) out.push_back({p->name, &p->weight, &p->grad, m.grad_stage(*p), p->norm_counted});
   return out;
 }
 
-parallel::ModelFacts model_facts(const io::ModelConfig& c) {
+parallel::ModelFacts model_facts(const io::ModelConfig& c, bool pipelined) {
   parallel::ModelFacts f;
   f.n_heads = c.num_attention_heads;
   f.n_kv_heads = c.num_key_value_heads;
-  f.n_layers = c.num_hidden_layers;
+  f.n_layers = pipelined ? 0 : c.num_hidden_layers;
   f.vocab = c.vocab_size;
   f.vocab_padded = true;  // CausalLM pads it for tp (ModelOptions::make_vocab_size_divisible_by)
   f.ffn = c.intermediate_size;

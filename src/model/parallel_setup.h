@@ -7,6 +7,7 @@
 #include "model/transformer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline_layout.h"
 
 namespace kestrel::model {
 
@@ -17,7 +18,13 @@ ModelParallel model_parallel_for(const parallel::ProcessGrid& grid);
 // counts in the global grad norm on this rank (Param::norm_counted).
 std::vector<parallel::DpParam> dp_params(CausalLM& model);
 
-// What validate() needs to know about the model.
-parallel::ModelFacts model_facts(const io::ModelConfig& cfg);
+// This pipeline rank's slice(s) (parallel::pipeline_chunks()[pp rank]) as
+// model options: the chunks' layer ranges, the embedding and the head.
+void set_pipeline_stage(ModelOptions& o, const std::vector<parallel::StageChunk>& mine);
+
+// What validate() needs to know about the model. pipelined: the layer
+// split is checked by parallel::pipeline_chunks (uneven stages, noop
+// layers), so the plain "layers divide by pp" rule is left out.
+parallel::ModelFacts model_facts(const io::ModelConfig& cfg, bool pipelined = false);
 
 }  // namespace kestrel::model

@@ -230,8 +230,9 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
             return o;
           },
           lr, step + 1);
-      if (dp > 1) {  // each field is this rank's share of the mini-batch value
+      if (dp > 1 || engine_->model().pp().size() > 1) {  // each field is this rank's share of the mini-batch value
         std::vector<double> v = {t.loss, t.clipfrac_tokens, t.vpred_sum, t.tokens};
+        broadcast_from_last_stage(engine_->model().pp(), v);  // the value loss ran on the last pipeline stage only
         sum_doubles(dpg, v);
         t.loss = v[0], t.clipfrac_tokens = v[1], t.vpred_sum = v[2], t.tokens = v[3];
       }

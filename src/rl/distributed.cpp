@@ -148,6 +148,21 @@ void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t) {
   t.rollout_diff_sum = sums[8], t.rollout_diff_tokens = sums[9], t.rollout_diff_max = mx;
 }
 
+void broadcast_from_last_stage(comm::ProcessGroup& pp, std::vector<double>& v) {
+  if (pp.size() > 1) pp.broadcast(v.data(), int64_t(v.size()), DType::I64, pp.size() - 1);  // raw 8-byte patterns
+}
+
+void broadcast_from_last_stage(comm::ProcessGroup& pp, LossTotals& t) {
+  if (pp.size() == 1) return;
+  std::vector<double> v = {t.loss, t.pg_loss, t.kl_loss, t.clipfrac_tokens, t.clipfrac_lower_tokens,
+                           t.ppo_kl_tokens, t.entropy_tokens, t.tokens, t.rollout_diff_sum, t.rollout_diff_tokens,
+                           t.rollout_diff_max};
+  broadcast_from_last_stage(pp, v);
+  t.loss = v[0], t.pg_loss = v[1], t.kl_loss = v[2], t.clipfrac_tokens = v[3], t.clipfrac_lower_tokens = v[4];
+  t.ppo_kl_tokens = v[5], t.entropy_tokens = v[6], t.tokens = v[7], t.rollout_diff_sum = v[8];
+  t.rollout_diff_tokens = v[9], t.rollout_diff_max = v[10];
+}
+
 void sum_doubles(comm::ProcessGroup& g, std::vector<double>& v) {
   if (g.size() > 1) combine_doubles(g, v, false);
 }

@@ -67,6 +67,12 @@ void all_gather_token_values(comm::ProcessGroup& dp, const RolloutBatch& b, cons
 // of the mini-batch value, so the sums are the mini-batch values.
 void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t);
 
+// Under pipeline parallelism the loss (and its totals) is computed on the
+// last stage only: every stage of the pp group takes the last stage's values
+// (raw 8-byte patterns, exact). No-op on a size-1 group.
+void broadcast_from_last_stage(comm::ProcessGroup& pp, std::vector<double>& v);
+void broadcast_from_last_stage(comm::ProcessGroup& pp, LossTotals& t);
+
 // Element-wise sums over the group, in rank order (bit-identical on every rank).
 void sum_doubles(comm::ProcessGroup& g, std::vector<double>& v);
 

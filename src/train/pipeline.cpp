@@ -183,19 +183,32 @@ double pipeline_train(model::CausalLM& m, const std::vector<MicroBatch>& micro, 
   return broadcast_from_last(m.pp(), total);
 }
 
-void pipeline_score(const model::CausalLM& m, const std::vector<MicroBatch>& micro,
-                    const std::function<void(size_t, const Tensor&)>& consume, PipelineTrace* trace) {
+namespace {
+
+// Forward only through the pipeline; head(i, out) on the last stage turns
+// micro-batch i's head output into its results, which every pp rank then
+// receives (shapes from like(i) on the other stages) and hands to consume.
+using HeadResults = std::function<std::vector<Tensor>(size_t, const Tensor&)>;
+using LikeResults = std::function<std::vector<Tensor>(size_t)>;
+void forward_only(const model::CausalLM& m, const std::vector<const model::PackedBatch*>& batches,
+                  const HeadResults& head, const LikeResults& like,
+                  const std::function<void(size_t, std::vector<Tensor>&)>& consume, PipelineTrace* trace) {
   const Geometry g = geometry_of(m);
-  const int64_t M = int64_t(micro.size()), D = m.config().hidden_size;
+  const int64_t M = int64_t(batches.size()), D = m.config().hidden_size;
   const std::vector<PipeOp> ops = schedule_forward_only(g.p, g.r, M, g.v);
-  std::vector<Tensor> results(static_cast<size_t>(M));
+  std::vector<std::vector<Tensor>> results(static_cast<size_t>(M));
   {
     Wire wire(m.pp(), g.v, trace);
     for (size_t k = 0; k < ops.size(); ++k) {
       const PipeOp& op = ops[k];
-      if (k + 1 < ops.size()) prefetch(wire, g, m, micro, ops[k + 1]);
+      if (k + 1 < ops.size()) {
+        const PipeOp& nx = ops[k + 1];
+        if (!g.first_virtual(nx.chunk))
+          wire.post_recv(prev_stage(g.r, nx.chunk, g.p), nx.micro_batch, nx.chunk, kForward,
+                         m.hidden_rows(*batches[size_t(nx.micro_batch)]), D, m.dtype());
+      }
       const int c = op.chunk;
-      const model::PackedBatch& b = micro[size_t(op.micro_batch)].batch;
+      const model::PackedBatch& b = *batches[size_t(op.micro_batch)];
       Tensor in;
       if (!g.first_virtual(c))
         in = wire.take(prev_stage(g.r, c, g.p), op.micro_batch, c, kForward, m.hidden_rows(b), D, m.dtype());
@@ -203,21 +216,55 @@ void pipeline_score(const model::CausalLM& m, const std::vector<MicroBatch>& mic
       if (!g.last_virtual(c)) {
         wire.send(out, next_stage(g.r, c, g.p), op.micro_batch, kForward);
       } else {
-        results[size_t(op.micro_batch)] = m.is_value_model() ? out : model::score_logits(m, b, out).logprob;
+        results[size_t(op.micro_batch)] = head(size_t(op.micro_batch), out);
       }
       if (trace) trace->ops.push_back(op);
     }
   }
   // Every pp rank gets the last stage's results, so callers see one process's data.
   for (int64_t i = 0; i < M; ++i) {
-    Tensor& t = results[size_t(i)];
-    const int64_t T = micro[size_t(i)].batch.num_tokens;
-    if (g.r != g.p - 1)
-      t = m.is_value_model() ? Tensor::empty({T, 1}, m.dtype(), MemCategory::Activations)
-                             : Tensor::empty({T}, DType::F32, MemCategory::Activations);
-    m.pp().broadcast(t, g.p - 1);
-    consume(size_t(i), t);
+    std::vector<Tensor>& r = results[size_t(i)];
+    if (g.r != g.p - 1) r = like(size_t(i));
+    for (Tensor& t : r) m.pp().broadcast(t, g.p - 1);
+    consume(size_t(i), r);
   }
+}
+
+}  // namespace
+
+void pipeline_score(const model::CausalLM& m, const std::vector<MicroBatch>& micro,
+                    const std::function<void(size_t, const Tensor&)>& consume, PipelineTrace* trace) {
+  std::vector<const model::PackedBatch*> batches;
+  for (const MicroBatch& mb : micro) batches.push_back(&mb.batch);
+  forward_only(
+      m, batches,
+      [&](size_t i, const Tensor& out) -> std::vector<Tensor> {
+        if (m.is_value_model()) return {out};  // [T, 1]
+        return {model::score_logits(m, *batches[i], out).logprob};  // f32 [T]
+      },
+      [&](size_t i) -> std::vector<Tensor> {
+        const int64_t T = batches[i]->num_tokens;
+        if (m.is_value_model()) return {Tensor::empty({T, 1}, m.dtype(), MemCategory::Activations)};
+        return {Tensor::empty({T}, DType::F32, MemCategory::Activations)};
+      },
+      [&](size_t i, std::vector<Tensor>& r) { consume(i, r[0]); }, trace);
+}
+
+model::TokenScores pipeline_score_tokens(const model::CausalLM& m, const model::PackedBatch& b) {
+  KS_CHECK(!m.is_value_model(), "pipeline_score_tokens: a value model scores states, not tokens");
+  model::TokenScores s;
+  forward_only(
+      m, {&b},
+      [&](size_t, const Tensor& out) -> std::vector<Tensor> {
+        model::TokenScores t = model::score_logits(m, b, out);
+        return {t.logprob, t.entropy};
+      },
+      [&](size_t) -> std::vector<Tensor> {
+        return {Tensor::empty({b.num_tokens}, DType::F32, MemCategory::Activations),
+                Tensor::empty({b.num_tokens}, DType::F32, MemCategory::Activations)};
+      },
+      [&](size_t, std::vector<Tensor>& r) { s.logprob = r[0], s.entropy = r[1]; }, nullptr);
+  return s;
 }
 
 }  // namespace kestrel::train

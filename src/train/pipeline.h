@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/scoring.h"
 #include "model/transformer.h"
 #include "train/pipeline_schedule_tmp.h"  // TEMP until the schedules unit lands
 
@@ -59,5 +60,9 @@ double pipeline_train(model::CausalLM& model, const std::vector<MicroBatch>& mic
 // log-probs for a token model, values [T, 1] (compute dtype) for a value model.
 void pipeline_score(const model::CausalLM& model, const std::vector<MicroBatch>& micro,
                     const std::function<void(size_t, const Tensor&)>& consume, PipelineTrace* trace = nullptr);
+
+// model::score_tokens through the pipeline: one packed batch's next-token
+// log-probs and entropies, f32 [T] each, on every pp rank (kestrel logprobs).
+model::TokenScores pipeline_score_tokens(const model::CausalLM& model, const model::PackedBatch& batch);
 
 }  // namespace kestrel::train

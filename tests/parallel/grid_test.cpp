@@ -267,8 +267,8 @@ TEST(CheckSupported, RejectsCpEpPpButNotTpDp) {
   d.ep = 2;
   EXPECT_HAS(check_supported(d), "not supported yet: expert_model_parallel_size > 1 (ep=2)");
   d.ep = 1;
-  d.pp = 2;
-  EXPECT_HAS(check_supported(d), "not supported yet: pipeline_model_parallel_size > 1 (pp=2)");
+  d.pp = 2;  // pipeline parallelism runs (train/pipeline.h)
+  EXPECT_TRUE(check_supported(d).is_ok());
   d.pp = 1;
   d.etp = 1;
   EXPECT_HAS(check_supported(d), "not supported yet: expert_tensor_parallel_size=1 different from tensor_model_parallel_size=2");

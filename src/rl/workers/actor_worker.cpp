@@ -94,6 +94,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
           },
           lr, step + 1);
       n_micro += r.micro_batches;
+      broadcast_from_last_stage(model_.pp(), t);  // the loss ran on the last pipeline stage only
       all_reduce_totals(*parallel_.dp, t);
       if (n_updates == 0) first = t;
       if (!r.finite) skipped += 1;
