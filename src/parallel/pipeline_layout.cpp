@@ -152,6 +152,7 @@ Result<std::vector<std::vector<StageChunk>>> pipeline_chunks(const PipelineSpec&
 
 Status check_interleaved_microbatches(const PipelineSpec& spec, int64_t num_micro_batches) {
   if (spec.vpp <= 1) return Status::ok();
+  if (spec.pp < 2 || spec.microbatch_group_size < 0) return check_sizes(spec, 1);
   const int64_t p = spec.pp, m = num_micro_batches, n = microbatch_group_size(spec);
   const std::string group = spec.microbatch_group_size > 0
                                 ? detail::concat(kGroup, "=", n)

@@ -71,7 +71,8 @@ int64_t microbatch_group_size(const PipelineSpec& spec);
 // micro-batches per step, with N = microbatch_group_size(spec):
 // p <= N <= m (else its ValueError), and m % N == 0 or m % N >= p (else its
 // RuntimeError: the last group would leave dependency bubbles). OK when
-// vpp == 1 (no interleaving: any m >= 1 runs the plain 1F1B).
+// vpp == 1 (no interleaving: any m >= 1 runs the plain 1F1B); with vpp > 1
+// also the size errors (pp < 2, a negative group).
 Status check_interleaved_microbatches(const PipelineSpec& spec, int64_t num_micro_batches);
 
 }  // namespace kestrel::parallel

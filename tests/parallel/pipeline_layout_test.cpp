@@ -306,4 +306,6 @@ TEST(PipelineLayout, InterleavedMicroBatchConstraint) {
   s.microbatch_group_size = 5;
   EXPECT_TRUE(check_interleaved_microbatches(s, 9).is_ok());  // 9 % 5 = 4 >= 4
   EXPECT_TRUE(check_interleaved_microbatches(s, 10).is_ok());
+  s.pp = 1;  // interleaving needs two stages (the layout's rule)
+  EXPECT_TRUE(has(msg(8), "should be greater than 1 with interleaved schedule")) << msg(8);
 }
