@@ -27,7 +27,7 @@
 
 #include "model/scoring.h"
 #include "model/transformer.h"
-#include "train/pipeline_schedule_tmp.h"  // TEMP until the schedules unit lands
+#include "train/pipeline_schedule.h"
 
 namespace kestrel::train {
 
