@@ -23,6 +23,9 @@ class PendingTransfer {
  public:
   virtual ~PendingTransfer() = default;
   virtual void wait() = 0;
+  // True when the transfer has completed (then wait() returns at once);
+  // never blocks, so a sender can free a buffer as soon as it is sent.
+  virtual bool test() { return true; }
 };
 
 class ProcessGroup {

@@ -1,6 +1,7 @@
 #include "train/pipeline.h"
 
 #include <array>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -37,6 +38,7 @@ struct Transfer {
     if (header_tr) header_tr->wait();
     if (payload_tr) payload_tr->wait();
   }
+  bool test() { return (!header_tr || header_tr->test()) && (!payload_tr || payload_tr->test()); }
 };
 
 class Wire {
@@ -56,8 +58,14 @@ class Wire {
     s.payload_tr = pp_.isend(t.raw(), t.numel(), t.dtype(), to.rank, tag);
     if (trace_) trace_->bytes_sent += 16 + t.nbytes();
     sends_.push_back(std::move(s));
-    // Completed sends free their buffers early (the activation memory a stage holds).
-    while (sends_.size() > 64) sends_.front().wait(), sends_.pop_front();
+    reap();
+  }
+
+  // Frees the buffers of completed sends (Megatron's
+  // deallocate_pipeline_outputs: a sent activation is not held until the
+  // step ends). Called before every op.
+  void reap() {
+    for (auto it = sends_.begin(); it != sends_.end();) it = it->test() ? sends_.erase(it) : std::next(it);
   }
 
   // Posts the receive of this rank's (mb, chunk) input from `from`: [rows, D] of dt.
@@ -139,8 +147,20 @@ double pipeline_train(model::CausalLM& m, const std::vector<MicroBatch>& micro, 
     ops = schedule_1f1b(g.p, g.r, M);
   } else {
     auto s = schedule_interleaved_1f1b(g.p, g.r, M, g.v, group_size);
-    if (!s) KS_FAIL(s.status().message());
-    ops = std::move(s).value();
+    if (s) {
+      ops = std::move(s).value();
+    } else {
+      // Megatron refuses such a step. A dynamic micro-batch split (token
+      // budgets) can produce one mid-run, so the step runs all forwards then
+      // all backwards instead: the same gradients, more activations in
+      // flight. Said once per process.
+      static bool warned = false;
+      if (!warned && m.pp().rank() == 0 && m.tp().rank() == 0)
+        std::fprintf(stderr, "warning: %s; this mini-batch (and any other such) runs all forwards, then all "
+                             "backwards (same result, more activation memory)\n", s.status().message().c_str());
+      warned = true;
+      ops = schedule_all_forward_all_backward(g.p, g.r, M, g.v, group_size);
+    }
   }
   Wire wire(m.pp(), g.v, trace);
   std::vector<model::Activations> acts(size_t(M * g.v));  // [mb * v + chunk]
@@ -149,6 +169,7 @@ double pipeline_train(model::CausalLM& m, const std::vector<MicroBatch>& micro, 
   int64_t in_flight = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
     const PipeOp& op = ops[k];
+    wire.reap();
     if (k + 1 < ops.size()) prefetch(wire, g, m, micro, ops[k + 1]);
     const int c = op.chunk;
     const model::PackedBatch& b = micro[size_t(op.micro_batch)].batch;

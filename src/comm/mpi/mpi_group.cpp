@@ -234,20 +234,34 @@ class MpiTransfer final : public PendingTransfer {
     reqs_.push_back(r);
     counts_.push_back(n);
   }
+  bool test() override {
+    while (done_ < reqs_.size()) {
+      int flag = 0;
+      MPI_Status st;
+      g_.check(MPI_Test(&reqs_[done_], &flag, recv_ ? &st : MPI_STATUS_IGNORE), "MPI_Test");
+      if (!flag) return false;
+      if (recv_) check_count(st);
+      ++done_;
+    }
+    return true;
+  }
   void wait() override {
     for (; done_ < reqs_.size(); ++done_) {
       MPI_Status st;
       g_.complete(reqs_[done_], recv_ ? &st : MPI_STATUS_IGNORE, recv_ ? "MPI_Recv" : "MPI_Send");
-      if (!recv_) continue;
-      int got = 0;
-      g_.check(MPI_Get_count(&st, mpi::datatype(dt_), &got), "MPI_Get_count");
-      if (got != counts_[done_])
-        KS_FAIL("irecv on group '", g_.name(), "' from rank ", peer_, " tag ", tag_, ": expected ", counts_[done_],
-                " ", dtype_name(dt_), " elements, the matching send carried ", got);
+      if (recv_) check_count(st);
     }
   }
 
  private:
+  void check_count(const MPI_Status& st) const {
+    int got = 0;
+    g_.check(MPI_Get_count(&st, mpi::datatype(dt_), &got), "MPI_Get_count");
+    if (got != counts_[done_])
+      KS_FAIL("irecv on group '", g_.name(), "' from rank ", peer_, " tag ", tag_, ": expected ", counts_[done_], " ",
+              dtype_name(dt_), " elements, the matching send carried ", got);
+  }
+
   const MpiGroup& g_;
   bool recv_;
   int peer_, tag_;
