@@ -1,6 +1,7 @@
 // kestrel train's option builders: ppo_trainer keys -> TrainInputs,
 // rl::RlOptions, rl::CriticOptions (see options.h).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -260,12 +261,16 @@ TrainInputs train_inputs(const config::Config& c) {
 void check_layout_divides(const config::Config& c, const TrainInputs& in, int world_size) {
   auto check = [&](const std::string& meg, int64_t tp, int64_t pp) {
     const std::string tk = meg + ".tensor_model_parallel_size", pk = meg + ".pipeline_model_parallel_size";
+    const std::string sizes = tk + "=" + std::to_string(tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
+                              std::to_string(pp) + " (from " + c.origin(pk) + ")";
+    // Each size below 2^31 first, so tp x pp cannot overflow (the config ranges say >= 1; pp <= 65536).
+    if (tp < 1 || pp < 1 || tp > INT32_MAX || pp > INT32_MAX)
+      KS_FAIL(sizes, ": each must be in [1, the number of processes ", world_size, "]");
     const int64_t ranks = tp * pp;
-    if (tp < 1 || pp < 1 || world_size % ranks != 0)
-      KS_FAIL(tk, "=", tp, " (from ", c.origin(tk), ") x ", pk, "=", pp, " (from ", c.origin(pk), ") = ", ranks,
-              " ranks per model replica must divide the number of processes (", world_size,
-              "); launch with mpirun -np <a multiple of ", ranks, "> kestrel train ..., or choose sizes whose product "
-              "divides ", world_size);
+    if (world_size % ranks != 0)
+      KS_FAIL(sizes, " = ", ranks, " ranks per model replica must divide the number of processes (", world_size,
+              "); launch with mpirun -np <a multiple of ", ranks, "> kestrel train ..., or choose sizes whose "
+              "product divides ", world_size);
   };
   check(A + "megatron", in.tp, in.actor_pipeline.pp);
   if (in.critic)

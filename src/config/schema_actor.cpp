@@ -19,6 +19,9 @@ const std::vector<std::string> kDtypes = {"bfloat16", "float16", "float32"};
 const std::vector<std::string> kDtypesOk = {"bfloat16", "float32"};
 
 constexpr const char* kActorMeg = "actor_rollout_ref.actor.megatron";
+// Bound of pipeline_model_parallel_size and virtual_pipeline_model_parallel_size (parallel::PipelineSpec holds
+// them as int; no run has more stages than this).
+constexpr double kMaxStages = 65536;
 
 // Default for a ref key: follow the actor's value when it is set (verl's form).
 std::string follow(const std::string& actor_path, const std::string& fallback) {
@@ -227,10 +230,10 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
       "Pipeline-parallel size (PP): the decoder layers are split over this many stages (Megatron's rules; uneven "
       "splits: override_transformer_config.num_layers_in_{first,last}_pipeline_stage, noop_layers); the processes "
       "form a tp x pp x dp grid, so tensor_model_parallel_size x this divides the world size." +
-          (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
+          (is_ref ? as_actor : critic ? critic_grid : std::string())).in(1, kMaxStages);
   b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), own,
       "Virtual pipeline stages (model chunks) per PP rank, interleaved 1F1B; null or 1 = none; > 1 needs "
-      "pipeline_model_parallel_size >= 2." + (is_ref ? as_actor : std::string())).at_least(1);
+      "pipeline_model_parallel_size >= 2." + (is_ref ? as_actor : std::string())).in(1, kMaxStages);
   b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
   b.k("sequence_parallel", B, d("sequence_parallel", "true"), own,
       "Sequence parallelism: shard norm/dropout activations over TP ranks." + (is_ref ? as_actor : critic_same));

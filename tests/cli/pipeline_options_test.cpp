@@ -189,6 +189,13 @@ TEST(PipelineOptions, TpTimesPpDividesTheWorld) {
              {M + "tensor_model_parallel_size=2 (from command line)", M + "pipeline_model_parallel_size=2 (from command line)",
               "= 4", "(6)", "mpirun -np <a multiple of 4>"});
   expect_has(thrown([&] { check_layout_divides(c, in, 2); }), {"mpirun -np <a multiple of 4>"});
+  // Sizes far beyond the world (no overflow in tp x pp).
+  const config::Config big = ok({M + "tensor_model_parallel_size=4611686018427387904", M + "pipeline_model_parallel_size=4",
+                                 "actor_rollout_ref.rollout.tensor_model_parallel_size=1"});
+  expect_has(thrown([&] { check_layout_divides(big, train_inputs(big), 8); }), {M + "tensor_model_parallel_size"});
+  auto huge = load({M + "pipeline_model_parallel_size=4294967297"});
+  ASSERT_FALSE(huge.is_ok());
+  expect_has(huge.status().message(), {M + "pipeline_model_parallel_size", "65536"});
   // The rollout's tp alone, as before.
   const config::Config r = ok({"actor_rollout_ref.rollout.tensor_model_parallel_size=4"});
   expect_has(thrown([&] { check_layout_divides(r, train_inputs(r), 2); }),
