@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "data/arith.h"
 #include "data/dataset.h"
+#include "parallel/pipeline_layout.h"
 #include "rl/critic.h"
 #include "rl/reward_manager.h"
 #include "rl/trainer.h"
@@ -58,17 +59,36 @@ struct TrainInputs {
   // Activation recompute of the actor / critic (megatron.override_transformer_config.recompute_*, or
   // model.enable_gradient_checkpointing=true); the reference and the rollout have no backward.
   model::RecomputePolicy recompute, critic_recompute;
+  // Pipeline layout of the actor (the reference's must equal it: it is the actor's copy on its stages) and of the
+  // critic (its pp must equal the actor's: the same process grid; its split is its own): megatron.
+  // pipeline_model_parallel_size, virtual_pipeline_model_parallel_size (null -> 1) and override_transformer_config.
+  // {num_layers_in_first,last}_pipeline_stage (null -> -1), noop_layers, microbatch_group_size_per_vp_stage
+  // (null -> 0). Checked here without the model (pp, vpp >= 1, vpp > 1 needs pp >= 2, noop ids >= 0 and
+  // distinct); the split against num_hidden_layers is parallel::pipeline_chunks's.
+  parallel::PipelineSpec actor_pipeline, critic_pipeline;
+  // override_transformer_config.num_layers: Megatron's total layer count (num_hidden_layers + |noop_layers|);
+  // -1 = not set. check_num_layers compares it with config.json's.
+  int64_t actor_num_layers = -1, critic_num_layers = -1;
 };
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.
 TrainInputs train_inputs(const config::Config& c);
+// The process grid fits the world: tp x pp of the actor (and of the critic when on) and the rollout's tp divide
+// world_size; an error naming the keys and their origins and a -np that fits. For kestrel train, in place of
+// its tp-only check (train.cpp's check_sizes_divide).
+void check_layout_divides(const config::Config& c, const TrainInputs& in, int world_size);
+// override_transformer_config.num_layers of the actor (and of the critic when on), when set, equals
+// num_hidden_layers + |noop_layers| (config.json's layers plus the noop slots: Megatron's total); an error naming
+// both keys otherwise. Called once config.json is read, before parallel::pipeline_chunks.
+void check_num_layers(const config::Config& c, const TrainInputs& in, int64_t num_hidden_layers);
 // verl's names for equivalent paths (strategy, rollout.name/mode, load_format,
 // optimizer spelling): read and checked; trainer.device=cuda set on a build
 // whose trainer runs on the CPU fails saying what to do. train_inputs calls
 // it (options_verl.cpp).
 void read_verl_choices(const config::Config& c);
 // A set trainer.n_gpus_per_node x nnodes other than the process count fails
-// saying what to do.
+// saying what to do. Until the engine runs the pipeline schedule, pp > 1 fails
+// here too ("not supported yet": the layout is read, execution is pending).
 void check_launch(const config::Config& c, int world_size);
 // The RL options; the schedule lengths need the data set (batches per epoch).
 // engine.kv_cache_bytes is left for rollout_kv_cache_bytes once the model is loaded.

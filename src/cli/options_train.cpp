@@ -1,6 +1,7 @@
 // kestrel train's option builders: ppo_trainer keys -> TrainInputs,
 // rl::RlOptions, rl::CriticOptions (see options.h).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -39,6 +40,78 @@ optim::AdamWConfig adamw_config(const config::Config& c, const std::string& P) {
 double clip_ratio_side(const config::Config& c, const std::string& side) {
   const double base = c.get_float(A + "clip_ratio");
   return c.get_float_or(A + side, base);
+}
+
+std::string list_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// <meg>.pipeline_model_parallel_size, virtual_pipeline_model_parallel_size and the override_transformer_config
+// layout keys, as given (unchecked); *num_layers gets override_transformer_config.num_layers (-1 when null).
+parallel::PipelineSpec read_pipeline(const config::Config& c, const std::string& meg, int64_t* num_layers) {
+  const std::string K = meg + ".override_transformer_config.";
+  parallel::PipelineSpec p;
+  p.pp = int(c.get_int(meg + ".pipeline_model_parallel_size"));
+  p.vpp = int(c.get_int_or(meg + ".virtual_pipeline_model_parallel_size", 1));
+  p.first_stage_layers = c.get_int_or(K + "num_layers_in_first_pipeline_stage", -1);
+  p.last_stage_layers = c.get_int_or(K + "num_layers_in_last_pipeline_stage", -1);
+  if (!c.is_null(K + "noop_layers")) p.noop_layers = c.get_int_list(K + "noop_layers");
+  p.microbatch_group_size = c.get_int_or(K + "microbatch_group_size_per_vp_stage", 0);
+  *num_layers = c.get_int_or(K + "num_layers", -1);
+  return p;
+}
+
+// What the config alone decides (the ranges, pp and vpp >= 1, noop ids >= 0, the config layer has checked):
+// interleaving needs two stages, and each noop slot is listed once. The split against the model's
+// num_hidden_layers is parallel::pipeline_chunks's.
+void check_pipeline(const config::Config& c, const std::string& meg, const parallel::PipelineSpec& p) {
+  const std::string pp_key = meg + ".pipeline_model_parallel_size", vpp_key = meg + ".virtual_pipeline_model_parallel_size";
+  if (p.vpp > 1 && p.pp < 2)
+    KS_FAIL(c.origin(vpp_key), ": ", vpp_key, "=", p.vpp, " interleaves pipeline stages and needs ", pp_key,
+            " >= 2 (it is ", p.pp, ", from ", c.origin(pp_key), "); set ", vpp_key, "=null or ", pp_key, " >= 2");
+  const std::string noop_key = meg + ".override_transformer_config.noop_layers";
+  std::vector<int64_t> ids = p.noop_layers;
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0)
+      KS_FAIL(c.origin(noop_key), ": ", noop_key, "=", list_text(p.noop_layers), " has ", ids[i],
+              "; noop layer ids are slot indices >= 0");
+    if (i > 0 && ids[i] == ids[i - 1])
+      KS_FAIL(c.origin(noop_key), ": ", noop_key, "=", list_text(p.noop_layers), " lists slot ", ids[i],
+              " twice; each noop layer id must appear once");
+  }
+}
+
+// The reference model is the actor's copy on the actor's stages: its layout keys must equal the actor's.
+void check_ref_pipeline(const config::Config& c, const parallel::PipelineSpec& actor, int64_t actor_num_layers,
+                        const parallel::PipelineSpec& ref, int64_t ref_num_layers) {
+  const std::string AM = "actor_rollout_ref.actor.megatron.", RM = "actor_rollout_ref.ref.megatron.",
+                    OT = "override_transformer_config.";
+  auto sorted = [](std::vector<int64_t> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  auto differ = [&](bool bad, const std::string& key, const std::string& rv, const std::string& av) {
+    if (bad)
+      KS_FAIL("not supported yet: ", RM, key, "=", rv, " (from ", c.origin(RM + key), ") differs from ", AM, key, "=",
+              av, ": the reference model is the actor's copy on its pipeline stages; leave ", RM, key,
+              " unset (it follows the actor's) or set both alike");
+  };
+  auto num = [](int64_t v) { return v < 0 ? std::string("null") : std::to_string(v); };
+  differ(ref.pp != actor.pp, "pipeline_model_parallel_size", num(ref.pp), num(actor.pp));
+  differ(ref.vpp != actor.vpp, "virtual_pipeline_model_parallel_size", num(ref.vpp), num(actor.vpp));
+  differ(ref.first_stage_layers != actor.first_stage_layers, OT + "num_layers_in_first_pipeline_stage",
+         num(ref.first_stage_layers), num(actor.first_stage_layers));
+  differ(ref.last_stage_layers != actor.last_stage_layers, OT + "num_layers_in_last_pipeline_stage",
+         num(ref.last_stage_layers), num(actor.last_stage_layers));
+  differ(sorted(ref.noop_layers) != sorted(actor.noop_layers), OT + "noop_layers", list_text(ref.noop_layers),
+         list_text(actor.noop_layers));
+  differ(ref.microbatch_group_size != actor.microbatch_group_size, OT + "microbatch_group_size_per_vp_stage",
+         num(ref.microbatch_group_size > 0 ? ref.microbatch_group_size : -1),
+         num(actor.microbatch_group_size > 0 ? actor.microbatch_group_size : -1));
+  differ(ref_num_layers != actor_num_layers, OT + "num_layers", num(ref_num_layers), num(actor_num_layers));
 }
 
 }  // namespace
@@ -136,6 +209,17 @@ TrainInputs train_inputs(const config::Config& c) {
   in.critic_seed = uint64_t(c.get_int("critic.megatron.seed"));
   in.critic_dtype = parse_compute_dtype(c.get_string("critic.megatron.dtype"), "critic.megatron.dtype");
   in.critic_recompute = recompute_policy(c, "critic.megatron", "critic.model.enable_gradient_checkpointing");
+  in.actor_pipeline = read_pipeline(c, A + "megatron", &in.actor_num_layers);
+  check_pipeline(c, A + "megatron", in.actor_pipeline);
+  in.critic_pipeline = read_pipeline(c, "critic.megatron", &in.critic_num_layers);
+  if (in.critic) {
+    check_pipeline(c, "critic.megatron", in.critic_pipeline);
+    const std::string cpp = "critic.megatron.pipeline_model_parallel_size";
+    if (in.critic_pipeline.pp != in.actor_pipeline.pp)
+      KS_FAIL("not supported yet: ", cpp, "=", in.critic_pipeline.pp, " (from ", c.origin(cpp),
+              ") differs from the actor's ", in.actor_pipeline.pp, " (", A,
+              "megatron.pipeline_model_parallel_size): the critic runs on the actor's process grid; set both alike");
+  }
 
   // The rollout reads the actor's weights in place, so it computes in their dtype.
   const std::string rdt = c.get_string(R + "dtype"), adt = c.get_string(A + "megatron.dtype");
@@ -163,12 +247,53 @@ TrainInputs train_inputs(const config::Config& c) {
                    c.get_bool(F + "sequence_parallel");
   const std::string rdt_ref = c.get_string(F + "dtype");
   const int64_t rvocab = c.get_int(F + "override_transformer_config.make_vocab_size_divisible_by");
+  int64_t ref_num_layers = -1;
+  const parallel::PipelineSpec ref_pipeline = read_pipeline(c, "actor_rollout_ref.ref.megatron", &ref_num_layers);
+  if (ref) check_ref_pipeline(c, in.actor_pipeline, in.actor_num_layers, ref_pipeline, ref_num_layers);
   if (ref && (rtp_ref != in.tp || (in.tp > 1 && rsp != in.sequence_parallel) || rdt_ref != adt ||
               rvocab != in.vocab_divisible_by))
     KS_FAIL("not supported yet: actor_rollout_ref.ref.megatron.{tensor_model_parallel_size, sequence_parallel, dtype, "
             "override_transformer_config.make_vocab_size_divisible_by} "
             "differing from the actor's (the reference model is the actor's copy on its process grid)");
   return in;
+}
+
+void check_layout_divides(const config::Config& c, const TrainInputs& in, int world_size) {
+  auto check = [&](const std::string& meg, int64_t tp, int64_t pp) {
+    const std::string tk = meg + ".tensor_model_parallel_size", pk = meg + ".pipeline_model_parallel_size";
+    const std::string sizes = tk + "=" + std::to_string(tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
+                              std::to_string(pp) + " (from " + c.origin(pk) + ")";
+    // Each size below 2^31 first, so tp x pp cannot overflow (the config ranges say >= 1; pp <= 65536).
+    if (tp < 1 || pp < 1 || tp > INT32_MAX || pp > INT32_MAX)
+      KS_FAIL(sizes, ": each must be in [1, the number of processes ", world_size, "]");
+    const int64_t ranks = tp * pp;
+    if (world_size % ranks != 0)
+      KS_FAIL(sizes, " = ", ranks, " ranks per model replica must divide the number of processes (", world_size,
+              "); launch with mpirun -np <a multiple of ", ranks, "> kestrel train ..., or choose sizes whose "
+              "product divides ", world_size);
+  };
+  check(A + "megatron", in.tp, in.actor_pipeline.pp);
+  if (in.critic)
+    check("critic.megatron", c.get_int("critic.megatron.tensor_model_parallel_size"), in.critic_pipeline.pp);
+  const std::string rk = R + "tensor_model_parallel_size";
+  if (in.rollout_tp < 1 || world_size % in.rollout_tp != 0)
+    KS_FAIL(c.origin(rk), ": ", rk, "=", in.rollout_tp, " must divide the number of processes (", world_size,
+            "); launch with mpirun -np <a multiple of ", in.rollout_tp, "> kestrel train ...");
+}
+
+void check_num_layers(const config::Config& c, const TrainInputs& in, int64_t num_hidden_layers) {
+  auto check = [&](const std::string& meg, int64_t num_layers, const parallel::PipelineSpec& p) {
+    if (num_layers < 0) return;
+    const std::string K = meg + ".override_transformer_config.";
+    const int64_t slots = num_hidden_layers + int64_t(p.noop_layers.size());
+    if (num_layers != slots)
+      KS_FAIL(c.origin(K + "num_layers"), ": ", K, "num_layers=", num_layers, " must equal the model's "
+              "num_hidden_layers (", num_hidden_layers, ", config.json) + the length of ", K, "noop_layers (",
+              p.noop_layers.size(), ") = ", slots, ": Megatron's total layer count; set it to ", slots,
+              " or leave it unset");
+  };
+  check(A + "megatron", in.actor_num_layers, in.actor_pipeline);
+  if (in.critic) check("critic.megatron", in.critic_num_layers, in.critic_pipeline);
 }
 
 optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::string& prefix, int64_t total_steps) {

@@ -19,6 +19,9 @@ const std::vector<std::string> kDtypes = {"bfloat16", "float16", "float32"};
 const std::vector<std::string> kDtypesOk = {"bfloat16", "float32"};
 
 constexpr const char* kActorMeg = "actor_rollout_ref.actor.megatron";
+// Bound of pipeline_model_parallel_size and virtual_pipeline_model_parallel_size (parallel::PipelineSpec holds
+// them as int; no run has more stages than this).
+constexpr double kMaxStages = 65536;
 
 // Default for a ref key: follow the actor's value when it is set (verl's form).
 std::string follow(const std::string& actor_path, const std::string& fallback) {
@@ -146,8 +149,17 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
           : "Megatron's deterministic mode: GEMMs in fixed tiles of one pinned library, so training, scoring and "
             "rollout give the same bits at any thread count (Kestrel's own kernels always do); also "
             "actor.fsdp_config.full_determinism or KESTREL_DETERMINISTIC=1.");
-  add("noop_layers", IL, "null", NO, "MindSpeed: layer ids that become identity layers (pads num_layers for PP).");
-  add("num_layers", I, "null", NO, "Override the model's layer count (used with noop_layers).");
+  // Pipeline layout (parallel/pipeline_layout.h); the reference's must equal the actor's.
+  const std::string pp_same = is_ref ? " Must equal the actor's: the reference model is the actor's copy on its "
+                                       "pipeline stages (the default follows the actor's)."
+                                     : "";
+  add("noop_layers", IL, "null", YES,
+      "MindSpeed: layer slots (0-based, in [0, num_hidden_layers + the list's length)) that are identity layers "
+      "without parameters, to even out the pipeline split (e.g. [0, 29] pads 28 layers to 30 slots); a list of "
+      "distinct ints >= 0." + pp_same).at_least(0);
+  add("num_layers", I, "null", YES,
+      "Megatron's total layer count; Kestrel takes the layers from config.json, so this must equal "
+      "num_hidden_layers + the length of noop_layers (null: that value)." + pp_same).at_least(1);
   add_own("context_parallel_size", NO,
       "Context-parallel size; defaults to megatron.context_parallel_size.");
   add("moe_permutation_async_comm", B, "false", NO, "MindSpeed: overlap MoE alltoall dispatch with permutation.");
@@ -156,10 +168,21 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("moe_grouped_gemm", B, "false", NO, "Grouped GEMM over local experts.");
   add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
   // Megatron TransformerConfig fields commonly passed by verl scripts.
-  add("num_layers_in_first_pipeline_stage", I, "null", NO, "Uneven PP split: layers on the first stage.");
-  add("num_layers_in_last_pipeline_stage", I, "null", NO, "Uneven PP split: layers on the last stage.");
-  add("account_for_embedding_in_pipeline_split", B, "false", NO, "Count the embedding as a layer when splitting PP stages.");
-  add("account_for_loss_in_pipeline_split", B, "false", NO, "Count the loss as a layer when splitting PP stages.");
+  add("num_layers_in_first_pipeline_stage", I, "null", YES,
+      "Uneven PP split: layer slots (noop_layers included) on the first pipeline stage; null = an even split. The "
+      "other stages share the rest evenly." + pp_same).at_least(1);
+  add("num_layers_in_last_pipeline_stage", I, "null", YES,
+      "Uneven PP split: layer slots (noop_layers included) on the last pipeline stage; null = an even split." +
+          pp_same).at_least(1);
+  add("microbatch_group_size_per_vp_stage", I, "null", YES,
+      "Interleaved (virtual_pipeline_model_parallel_size > 1) schedule: micro-batches run on one model chunk before "
+      "the next; null = pipeline_model_parallel_size (Megatron's default)." + pp_same).at_least(1);
+  add("account_for_embedding_in_pipeline_split", B, "false", NO,
+      "Count the embedding as a layer when splitting PP stages (Kestrel's split counts decoder layers and noop_layers "
+      "only).");
+  add("account_for_loss_in_pipeline_split", B, "false", NO,
+      "Count the loss as a layer when splitting PP stages (Kestrel's split counts decoder layers and noop_layers "
+      "only).");
   add("moe_token_dispatcher_type", S, "allgather", NO, "MoE token dispatcher.", {"allgather", "alltoall", "flex"});
   add("moe_router_dtype", S, "null", NO, "Router compute dtype.", {"fp32", "fp64"});
   add("moe_aux_loss_coeff", F, "0.0", NO, "MoE load-balancing loss coefficient.");
@@ -191,15 +214,26 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   const std::string as_actor = " Must equal the actor's: the reference model runs on the actor's process grid in its "
                                "dtype (the default follows the actor's).";
   const std::string critic_same = critic ? " Must equal the actor's: the critic runs on the actor's process grid." : "";
-  b.k("tensor_model_parallel_size", I, d("tensor_model_parallel_size", "1"), own,
-      "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic_same)).at_least(1);
+  // The critic's grid sizes default to the actor's (verl's default, 1, would refuse every actor layout but 1 x 1).
+  const std::string critic_grid = " Must equal the actor's: the critic runs on the actor's process grid (the default "
+                                  "follows the actor's; verl default: 1).";
+  auto grid_default = [&](const std::string& key) {
+    return critic ? "${" + std::string(kActorMeg) + "." + key + "}" : d(key, "1");
+  };
+  b.k("tensor_model_parallel_size", I, grid_default("tensor_model_parallel_size"), own,
+      "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
   b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
       "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel's "
       "models are dense (no experts to split).").as_default = {"1"};
-  b.k("pipeline_model_parallel_size", I, d("pipeline_model_parallel_size", "1"), NO, "Pipeline-parallel size (PP).");
-  b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), NO,
-      "Virtual pipeline stages per PP rank (interleaved 1F1B).");
+  b.k("pipeline_model_parallel_size", I, grid_default("pipeline_model_parallel_size"), own,
+      "Pipeline-parallel size (PP): the decoder layers are split over this many stages (Megatron's rules; uneven "
+      "splits: override_transformer_config.num_layers_in_{first,last}_pipeline_stage, noop_layers); the processes "
+      "form a tp x pp x dp grid, so tensor_model_parallel_size x this divides the world size." +
+          (is_ref ? as_actor : critic ? critic_grid : std::string())).in(1, kMaxStages);
+  b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), own,
+      "Virtual pipeline stages (model chunks) per PP rank, interleaved 1F1B; null or 1 = none; > 1 needs "
+      "pipeline_model_parallel_size >= 2." + (is_ref ? as_actor : std::string())).in(1, kMaxStages);
   b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
   b.k("sequence_parallel", B, d("sequence_parallel", "true"), own,
       "Sequence parallelism: shard norm/dropout activations over TP ranks." + (is_ref ? as_actor : critic_same));

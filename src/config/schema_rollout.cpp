@@ -58,7 +58,9 @@ void declare_rollout(Builder& b) {
   b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.").at_least(1);
   b.k("data_parallel_size", I, "1", YES, "Data-parallel replicas of the rollout engine.").at_least(1);
   b.k("expert_parallel_size", I, "1", NO, "Expert-parallel size of the rollout engine.");
-  b.k("pipeline_model_parallel_size", I, "1", NO, "Pipeline-parallel size of the rollout engine.");
+  b.k("pipeline_model_parallel_size", I, "1", NO,
+      "Pipeline-parallel size of the rollout engine; only 1: pipelined decode is not supported yet (the rollout runs "
+      "the full or TP-sharded model, whatever the actor's pipeline_model_parallel_size).");
   b.k("max_num_batched_tokens", I, "8192", YES, "Token budget of one scheduler step (prefill chunks + decodes).").at_least(1);
   b.k("max_model_len", I, "null", YES, "Maximum sequence length; null = prompt_length + response_length.").at_least(1);
   b.k("max_num_seqs", I, "256", YES, "Maximum sequences running at once.").at_least(1);

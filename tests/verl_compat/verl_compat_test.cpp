@@ -157,5 +157,22 @@ TEST(VerlCompat, LauncherLinesAreAcceptedOrNotSupportedYet) {
   EXPECT_EQ(current, out.str()) << "docs/features.md's verl-compat counts are stale; rerun with KESTREL_UPDATE_GOLDEN=1";
 }
 
+// Scripts an issue promised `kestrel config show` accepts (issue 13: PP; every other key of the script was
+// already supported or without effect).
+TEST(VerlCompat, PromisedScriptsAreAccepted) {
+  const std::set<std::string> promised = {"verl:examples/grpo_trainer/run_qwen2-7b_math_megatron.sh"};
+  size_t seen = 0;
+  for (const auto& l : lines_of(read_all(kDir + "lines.jsonl"))) {
+    const auto row = nlohmann::json::parse(l);
+    if (!row.contains("script") || !promised.count(row["script"].get<std::string>())) continue;
+    ++seen;
+    auto lo = config::options_from_args(row["args"].get<std::vector<std::string>>());
+    ASSERT_TRUE(lo.is_ok()) << lo.status().message();
+    const Status st = config::load(lo.value()).status();
+    EXPECT_TRUE(st.is_ok()) << row["script"].get<std::string>() << ": " << st.message();
+  }
+  EXPECT_EQ(seen, promised.size());
+}
+
 }  // namespace
 }  // namespace kestrel
