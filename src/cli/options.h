@@ -87,8 +87,7 @@ void check_num_layers(const config::Config& c, const TrainInputs& in, int64_t nu
 // it (options_verl.cpp).
 void read_verl_choices(const config::Config& c);
 // A set trainer.n_gpus_per_node x nnodes other than the process count fails
-// saying what to do. Until the engine runs the pipeline schedule, pp > 1 fails
-// here too ("not supported yet": the layout is read, execution is pending).
+// saying what to do.
 void check_launch(const config::Config& c, int world_size);
 // The RL options; the schedule lengths need the data set (batches per epoch).
 // engine.kv_cache_bytes is left for rollout_kv_cache_bytes once the model is loaded.

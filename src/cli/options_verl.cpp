@@ -43,14 +43,6 @@ void read_verl_choices(const config::Config& c) {
 }
 
 void check_launch(const config::Config& c, int world_size) {
-  // The pipeline keys are read (TrainInputs::actor_pipeline); the training engine's PP schedule lands separately
-  // (issue 13). Until kestrel train builds the pipeline, pp > 1 fails here rather than training without it.
-  // Remove this when train.cpp hands TrainInputs::actor_pipeline to the engine.
-  const std::string pp_key = A + "megatron.pipeline_model_parallel_size";
-  if (c.get_int(pp_key) > 1)
-    KS_FAIL("not supported yet: ", pp_key, "=", c.get_int(pp_key), " (from ", c.origin(pp_key),
-            ") in kestrel train: the pipeline layout is read, the engine's pipeline schedule is pending; "
-            "`kestrel plan` models it, kestrel train needs pipeline_model_parallel_size=1 for now");
   const bool set = c.origin("trainer.n_gpus_per_node") != "default" || c.origin("trainer.nnodes") != "default";
   const int64_t per_node = c.get_int("trainer.n_gpus_per_node"), nodes = c.get_int("trainer.nnodes");
   if (set && per_node * nodes != world_size)

@@ -175,6 +175,15 @@ std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const TrainInpu
   mo.value_head_seed = in.critic_seed;
   mo.dtype = in.critic_dtype;
   mo.recompute = in.critic_recompute;
+  if (in.critic_pipeline.pp > 1) {  // the same grid as the actor (equal pp); its own layer split
+    auto mc = io::load_model_config(dir);
+    if (!mc) KS_FAIL(c.origin("critic.model.path"), ": ", mc.status().message());
+    check_num_layers(c, in, mc->num_hidden_layers);
+    auto chunks = parallel::pipeline_chunks(in.critic_pipeline, mc->num_hidden_layers);
+    if (!chunks) KS_FAIL("kestrel train: critic: ", chunks.status().message());
+    model::set_pipeline_stage(mo, (*chunks)[size_t(actor_opts.parallel.pp->rank())]);
+    mo.parallel.vpp_microbatch_group = in.critic_pipeline.microbatch_group_size;
+  }
   auto m = model::CausalLM::load(dir, mo);
   if (!m) KS_FAIL(c.origin("critic.model.path"), ": ", m.status().message());
   return std::make_unique<rl::Critic>(std::move(m).value(), critic_options(c, o));
@@ -266,26 +275,24 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
                                                       rl::RlParallel& par) {
   auto mc = io::load_model_config(model_dir);
   if (!mc) KS_FAIL(mc.status().message());
-  auto g = parallel::make_process_grid(world, parallel::dims_for(int(in.tp), in.sequence_parallel), model::model_facts(*mc));
+  parallel::ParallelDims dims = parallel::dims_for(int(in.tp), in.sequence_parallel);
+  dims.pp = in.actor_pipeline.pp;
+  auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
   if (!g) KS_FAIL("kestrel train: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
   mopt.parallel = model::model_parallel_for(*grid);
+  mopt.parallel.vpp_microbatch_group = in.actor_pipeline.microbatch_group_size;
+  if (dims.pp > 1) {  // this rank's stage: its chunks of the actor's layers (the reference holds the same)
+    auto chunks = parallel::pipeline_chunks(in.actor_pipeline, mc->num_hidden_layers);
+    if (!chunks) KS_FAIL("kestrel train: ", chunks.status().message());
+    model::set_pipeline_stage(mopt, (*chunks)[size_t(grid->coords().pp)]);
+  }
   par.world = world.group();
   par.dp = grid->group(parallel::GroupKind::Dp);
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)
     par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
   return grid;
-}
-
-// Both tensor-parallel sizes must divide the number of processes.
-void check_sizes_divide(const config::Config& c, const TrainInputs& in, int world_size) {
-  const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
-  for (const auto& [key, size] : {std::pair{A + "megatron.tensor_model_parallel_size", in.tp},
-                                  std::pair{R + "tensor_model_parallel_size", in.rollout_tp}})
-    if (size < 1 || world_size % size != 0)
-      KS_FAIL(c.origin(key), ": ", key, "=", size, " must divide the number of processes (", world_size,
-              "); launch with mpirun -np <a multiple of ", size, "> kestrel train ...");
 }
 
 // The reward manager, checked against every row's data_source.
@@ -330,7 +337,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
   check_launch(c, world_size);
-  check_sizes_divide(c, in, world_size);
+  check_layout_divides(c, in, world_size);
   // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
   // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
   comm::World::set_collective_timeout(in.collective_timeout_s);
@@ -363,6 +370,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   data::check_rl_files(resolve_files(in.train_files, true), in.train_data).throw_if_error();
   data::check_rl_files(resolve_files(in.val_files, false), in.val_data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_path);
+  {  // override_transformer_config.num_layers (Megatron's total) against config.json's layers + noop slots
+    auto mc = io::load_model_config(model_dir);
+    if (!mc) KS_FAIL(mc.status().message());
+    check_num_layers(c, in, mc->num_hidden_layers);
+  }
   if (world_size > 1 && leader) world->group()->barrier();
   {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h)
     auto mem = rollout::device_memory_bytes(local_ranks());

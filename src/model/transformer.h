@@ -67,6 +67,9 @@ struct ModelParallel {
   // pp rank r holds the slice(s) of stage r (ModelOptions first_layer /
   // num_layers, or chunks under the interleaved schedule).
   std::shared_ptr<comm::ProcessGroup> pp = comm::local_group("pp");
+  // The interleaved schedule's micro-batch group (Megatron's
+  // microbatch_group_size_per_vp_stage); 0 = the pipeline size.
+  int64_t vpp_microbatch_group = 0;
 };
 
 struct ModelOptions {

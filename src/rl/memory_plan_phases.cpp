@@ -175,9 +175,9 @@ Status validate_plan_inputs(const PlanInputs& in) {
   if (c.num_attention_heads % l.tp != 0)
     return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": num_attention_heads ", c.num_attention_heads,
                   " does not divide by it");
-  if (c.num_hidden_layers % (l.pp * l.vpp) != 0)
-    return KS_ERR(M, "pipeline_model_parallel_size=", l.pp, " x virtual_pipeline_model_parallel_size=", l.vpp,
-                  ": num_hidden_layers ", c.num_hidden_layers, " does not divide by ", l.pp * l.vpp);
+  // The layer split itself (uneven first/last stages, noop layers) is
+  // parallel::pipeline_chunks's check; an uneven split is planned with the
+  // largest stage (plan_shapes: ceil(num_hidden_layers / pp) layers).
   if (l.vpp > 1 && l.pp < 2)
     return KS_ERR(M, "virtual_pipeline_model_parallel_size=", l.vpp, " needs pipeline_model_parallel_size >= 2");
   if (in.rollout.tp < 1 || c.num_attention_heads % in.rollout.tp != 0 || c.intermediate_size % in.rollout.tp != 0)
@@ -333,8 +333,6 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   auto unsupported = [&](bool on, const std::string& what) {
     if (on) p.not_supported.push_back("not supported yet: " + what + " (modelled from Megatron's formulas)");
   };
-  unsupported(l.pp > 1, "pipeline parallelism, pipeline_model_parallel_size=" + std::to_string(l.pp));
-  unsupported(l.vpp > 1, "virtual pipeline, virtual_pipeline_model_parallel_size=" + std::to_string(l.vpp));
   unsupported(l.cp > 1, "context parallelism, context_parallel_size=" + std::to_string(l.cp));
   if (l.ep > 1) p.notes.push_back("expert_model_parallel_size=" + std::to_string(l.ep) + ": the model is dense (no experts), so it changes nothing");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)

@@ -244,7 +244,7 @@ double TrainingEngine::train_pipelined(const std::vector<MicroBatch>& micro, con
     return {h.result.loss, h.dlogits};
   };
   if (last_trace_) *last_trace_ = PipelineTrace();
-  return pipeline_train(model_, micro, head, opt_.pipeline_group_size, last_trace_.get());
+  return pipeline_train(model_, micro, head, model_.options().parallel.vpp_microbatch_group, last_trace_.get());
 }
 
 void TrainingEngine::record_pipeline_trace(bool on) {

@@ -98,9 +98,6 @@ struct EngineOptions {
   // (0 = never abort; skips are still counted and logged).
   int64_t max_consecutive_skipped_steps = 10;
   std::string name = "training engine";  // in messages; "actor", "critic", "sft" pick the test hook's engine
-  // The interleaved pipeline's micro-batch group (Megatron's
-  // microbatch_group_size_per_vp_stage); 0 = the pipeline size.
-  int64_t pipeline_group_size = 0;
   // TEST ONLY: called after the backward of every update with its 1-based
   // number; true injects a NaN gradient (see the file comment).
   std::function<bool(int64_t update)> test_inject_nan_grad;
