@@ -52,7 +52,8 @@ struct ReshardStats {
 };
 
 struct RolloutWeightsOptions {
-  // The rollout's tp group; nullptr = the training model's tp group (in place).
+  // The rollout's tp group; nullptr = the training model's tp group (in place;
+  // under pp, a whole-model copy sharded over the training tp group).
   std::shared_ptr<comm::ProcessGroup> tp;
   // Storage dtype of the rollout weights; nullopt = the training model's.
   // A different dtype (f32 training, bf16 rollout) always copies.
