@@ -122,4 +122,5 @@ TEST(PipelineSave, UnwritableFolderIsAnError) {
   const Status st = model::save_pipelined_model(**m, d + "/file/sub", DType::F32, 1000);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("cannot create model folder"), std::string::npos) << st.message();
+  fs::remove_all(fs::path(d).parent_path());
 }
