@@ -13,13 +13,27 @@ std::vector<model::Param*> params_of(const model::CausalLM& m) {
   return const_cast<model::CausalLM&>(m).params();
 }
 
+// The rollout copy: the whole model in dtype `dt`, sharded over `tp`.
+model::ModelOptions copy_options(const model::CausalLM& train, DType dt, std::shared_ptr<comm::ProcessGroup> tp) {
+  model::ModelOptions mo;
+  mo.dtype = dt;
+  // The same padded vocabulary rule as the training model (a copy with another
+  // rule would pad to another shape and not fit the shards).
+  mo.make_vocab_size_divisible_by = train.options().make_vocab_size_divisible_by;
+  mo.parallel.tp = std::move(tp);
+  mo.parallel.sequence_parallel = false;  // inference has no SP
+  mo.max_positions = train.rope().cos.defined() ? train.rope().cos.size(0) : train.options().max_positions;
+  return mo;
+}
+
 }  // namespace
 
-RolloutWeights::RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy)
+RolloutWeights::RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy, bool pipelined)
     : train_(train), copy_(std::move(copy)) {
   if (!copy_) return;
-  src_ = params_of(train_);
   dst_ = params_of(*copy_);
+  if (pipelined) return;  // create() lists pipe_
+  src_ = params_of(train_);
   KS_CHECK(src_.size() == dst_.size(), "reshard: the rollout model has ", dst_.size(), " parameters, training ",
            src_.size());
   for (size_t i = 0; i < src_.size(); ++i)
@@ -31,6 +45,7 @@ RolloutWeights::RolloutWeights(const model::CausalLM& train, std::unique_ptr<mod
 
 std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& train,
                                                        const RolloutWeightsOptions& opts) {
+  if (train.pp().size() > 1) return create(std::vector<const model::CausalLM*>{&train}, opts);
   comm::ProcessGroup& ttp = train.tp();
   const DType dt = opts.dtype.value_or(train.dtype());
   const bool same_group = !opts.tp || opts.tp.get() == &ttp;
@@ -44,14 +59,7 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
     w->last_.in_place = true;
     return w;
   }
-  model::ModelOptions mo;
-  mo.dtype = dt;
-  // The same padded vocabulary rule as the training model (a copy with another
-  // rule would pad to another shape and not fit the shards).
-  mo.make_vocab_size_divisible_by = train.options().make_vocab_size_divisible_by;
-  mo.parallel.tp = opts.tp ? opts.tp : comm::local_group("rollout_tp");
-  mo.parallel.sequence_parallel = false;  // inference has no SP
-  mo.max_positions = train.rope().cos.defined() ? train.rope().cos.size(0) : train.options().max_positions;
+  const model::ModelOptions mo = copy_options(train, dt, opts.tp ? opts.tp : comm::local_group("rollout_tp"));
   // TODO(model): an uninitialised CausalLM factory would skip these draws;
   // init_std 0 at least makes the throwaway values cheap to overwrite.
   auto copy = model::CausalLM::init_random(train.config(), mo, 0, 0.0);
@@ -60,11 +68,84 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   return w;
 }
 
+std::unique_ptr<RolloutWeights> RolloutWeights::create(const std::vector<const model::CausalLM*>& chunks,
+                                                       const RolloutWeightsOptions& opts) {
+  KS_CHECK(!chunks.empty() && chunks[0], "RolloutWeights::create: no training model chunk given");
+  const model::CausalLM& first = *chunks[0];
+  if (first.pp().size() == 1) {
+    KS_CHECK(chunks.size() == 1, "RolloutWeights::create: ", chunks.size(),
+             " model chunks on one rank need a pipeline group (pp size > 1)");
+    return create(first, opts);
+  }
+  KS_CHECK(!first.is_value_model(), "RolloutWeights: the training model is a value model (critic); the rollout "
+           "generates with the actor's causal LM");
+  // Collective over pp: every rank learns each parameter's owner stage.
+  auto pipe = model::pipeline_params(chunks);
+  KS_CHECK(pipe.is_ok(), "RolloutWeights (pipeline parallel): ", pipe.status().message());
+  // The rollout tp group: the given one, else the training tp group (each
+  // stage's tp group then runs a whole-model engine of its own).
+  const DType dt = opts.dtype.value_or(first.dtype());
+  const model::ModelOptions mo = copy_options(first, dt, opts.tp ? opts.tp : first.options().parallel.tp);
+  // TODO(model): as above, an uninitialised factory would skip the draws.
+  auto copy = model::CausalLM::init_random(first.config(), mo, 0, 0.0);
+  std::unique_ptr<RolloutWeights> w(new RolloutWeights(first, std::move(copy), /*pipelined=*/true));
+  w->pipe_ = std::move(pipe).value();
+  KS_CHECK(w->pipe_.size() == w->dst_.size(), "reshard: the whole rollout model has ", w->dst_.size(),
+           " parameters, the pipeline stages ", w->pipe_.size());
+  for (size_t i = 0; i < w->dst_.size(); ++i)
+    KS_CHECK(w->pipe_[i].name == w->dst_[i]->name && w->pipe_[i].full_shape == w->dst_[i]->full_shape,
+             "reshard: whole-model parameter ", i, " is '", w->pipe_[i].name, "' in the pipeline but '",
+             w->dst_[i]->name, "' in the rollout model");
+  w->refresh();
+  return w;
+}
+
+void RolloutWeights::refresh_pipelined() {
+  comm::ProcessGroup& ttp = train_.tp();
+  comm::ProcessGroup& pp = train_.pp();
+  comm::ProcessGroup& rtp = copy_->tp();
+  // The smaller dtype on the wire: rounding f32 -> bf16 before the broadcast
+  // or when cutting the shard is the same copy_from, so the bytes are equal.
+  const DType wire = dtype_size(copy_->dtype()) < dtype_size(train_.dtype()) ? copy_->dtype() : train_.dtype();
+  for (size_t i = 0; i < pipe_.size(); ++i) {
+    const model::PipelineParam& s = pipe_[i];
+    model::Param& d = *dst_[i];
+    if (!d.weight.defined())  // after release()
+      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), copy_->dtype(),
+                               MemCategory::Params);
+    Tensor buf;  // the full HF tensor [full_shape], in `wire`
+    if (s.owner == pp.rank()) {
+      Tensor full = s.local->weight;  // replicated tensors and tp 1 hold the full tensor already
+      if (ttp.size() > 1 && s.local->shard.kind != parallel::ShardKind::Replicated) {
+        full = s.chunk->full_tensor(*s.local);  // collective over this stage's training tp group
+        last_.bytes_received += int64_t(ttp.size() - 1) * int64_t(s.local->weight.nbytes());
+      }
+      KS_CHECK(full.shape() == s.full_shape, "reshard of '", s.name, "': the stage holds ", full.describe(),
+               ", expected the full shape ", shape_str(s.full_shape));
+      buf = full.dtype() == wire ? full : full.to(wire, MemCategory::Other);
+    } else {
+      buf = Tensor::empty(s.full_shape, wire, MemCategory::Other);
+      last_.bytes_received_pp += int64_t(buf.nbytes());
+    }
+    pp.broadcast(buf, s.owner);  // every rank of the pp group, in the whole model's order
+    parallel::cut_shard_into(buf, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
+    last_.bytes_copied += int64_t(d.weight.nbytes());
+    ++last_.tensors;
+  }
+  last_.bytes_received += last_.bytes_received_pp;
+}
+
 const ReshardStats& RolloutWeights::refresh() {
   const auto t0 = std::chrono::steady_clock::now();
   last_ = ReshardStats{};
   last_.in_place = in_place();
   if (in_place()) return last_;
+  if (!pipe_.empty()) {
+    refresh_pipelined();
+    released_ = false;
+    last_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return last_;
+  }
   comm::ProcessGroup& ttp = train_.tp();
   comm::ProcessGroup& rtp = copy_->tp();
   parallel::ReshardBytes bytes;

@@ -16,12 +16,28 @@
 // refresh() is collective over the training tp group only; the rollout group
 // never communicates here. Call it after every optimizer step, at the
 // train -> rollout switch, then Engine::update_weights_version().
+//
+// Pipeline parallelism (train.pp().size() > 1): the training model is a
+// stage (a slice, or several chunks under the interleaved schedule) while the
+// rollout runs the whole model, never pipelined. The copy is then always a
+// whole model (every layer, the embedding and the head), sharded over the
+// rollout tp group as above. Each parameter's owner stage is decided once
+// (model/pipeline_params.h: the lowest pp rank holding it, so a tied
+// embedding comes from the first stage); refresh() walks the whole model's
+// parameters in order: the owner gathers the full tensor over its training
+// tp group, broadcasts it over the pp group (in the smaller of the training
+// and rollout dtypes: converting before or after the wire rounds the same,
+// so the copy equals one process's bit for bit) and every rank cuts its
+// rollout shard. Collective over the training tp and pp groups then: every
+// rank of the pipeline calls create() and refresh() together.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "comm/process_group.h"
+#include "model/pipeline_params.h"
 #include "model/transformer.h"
 
 namespace kestrel::rollout {
@@ -29,13 +45,15 @@ namespace kestrel::rollout {
 struct ReshardStats {
   bool in_place = false;       // the rollout reads the training weights
   int64_t tensors = 0;         // parameters refreshed
-  int64_t bytes_received = 0;  // this rank: gathered over the training tp group
+  int64_t bytes_received = 0;  // this rank: gathered over the training tp group, plus over pp below
+  int64_t bytes_received_pp = 0;  // of which: broadcast from other pipeline stages (pp > 1)
   int64_t bytes_copied = 0;    // this rank: written into the rollout weights
   double seconds = 0;          // wall time of the refresh on this rank
 };
 
 struct RolloutWeightsOptions {
-  // The rollout's tp group; nullptr = the training model's tp group (in place).
+  // The rollout's tp group; nullptr = the training model's tp group (in place;
+  // under pp, a whole-model copy sharded over the training tp group).
   std::shared_ptr<comm::ProcessGroup> tp;
   // Storage dtype of the rollout weights; nullopt = the training model's.
   // A different dtype (f32 training, bf16 rollout) always copies.
@@ -47,7 +65,13 @@ class RolloutWeights {
   // Collective over the training model's tp group: the ranks agree on in
   // place vs copy, and a copy is filled by a first refresh(). `train` must
   // outlive this object (and the engine built on model()).
+  // Under pp > 1 also collective over train.pp(), and `train` is this rank's
+  // stage; the copy is the whole model.
   static std::unique_ptr<RolloutWeights> create(const model::CausalLM& train, const RolloutWeightsOptions& opts);
+  // The interleaved schedule: this rank's chunks (sharing the tp and pp
+  // groups, pp size > 1), which must outlive this object.
+  static std::unique_ptr<RolloutWeights> create(const std::vector<const model::CausalLM*>& chunks,
+                                                const RolloutWeightsOptions& opts);
 
   // The model to hand to rollout::Engine::create: the training model itself
   // in place, else the rollout-sharded copy.
@@ -55,8 +79,8 @@ class RolloutWeights {
   bool in_place() const { return copy_ == nullptr; }
 
   // Re-copies every parameter from the training model (collective over the
-  // training tp group; allocates the copy again after release()). In place
-  // it only returns zero bytes moved.
+  // training tp group, and the pp group under pp; allocates the copy again
+  // after release()). In place it only returns zero bytes moved.
   const ReshardStats& refresh();
   // Frees the rollout copy while training runs (colocated memory); the engine
   // must not step until refresh(). No-op in place.
@@ -67,13 +91,16 @@ class RolloutWeights {
   const ReshardStats& last() const { return last_; }
 
  private:
-  RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy);
+  RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy, bool pipelined = false);
+  void refresh_pipelined();
 
   const model::CausalLM& train_;
   std::unique_ptr<model::CausalLM> copy_;  // nullptr in place
   // Matching parameters, listed once: CausalLM::params() skips undefined
-  // weights, and release() undefines every weight of the copy.
+  // weights, and release() undefines every weight of the copy. Under pp
+  // src_ is empty and pipe_[i] says where dst_[i] comes from.
   std::vector<model::Param*> src_, dst_;
+  std::vector<model::PipelineParam> pipe_;
   bool released_ = false;
   ReshardStats last_;
 };

@@ -1,0 +1,261 @@
+#include "model/pipeline_save.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/tensor_p2p.h"
+#include "io/safetensors.h"
+#include "model/pipeline_params.h"
+
+namespace kestrel::model {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSaveTag = 7301;  // the pp group's point-to-point tag for exported tensors
+
+// The split of io::save_weights_dir (huggingface_hub's
+// split_state_dict_into_shards_factory), from the tensors' sizes on disk: in
+// order, a new shard when the next tensor would overflow the open one, a
+// tensor over the limit alone in a shard (listed when met, before the open
+// shard), the open shard last. Must stay the same rule as io's; the tests
+// compare the folders byte for byte.
+std::vector<std::vector<size_t>> plan_shards(const std::vector<size_t>& bytes, size_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> cur;
+  size_t cur_bytes = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const size_t b = bytes[i];
+    if (b > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (cur_bytes + b > max_shard_bytes) {
+      shards.push_back(std::move(cur));
+      cur.clear();
+      cur_bytes = 0;
+    }
+    cur.push_back(i);
+    cur_bytes += b;
+  }
+  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
+  return shards;
+}
+
+std::string shard_file_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+// What io::save_weights_dir removes: weight files of the other layout.
+void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
+  static const std::regex shard_re("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool weight_file = n == "model.safetensors" || n == "model.safetensors.index.json" ||
+                             std::regex_match(n, shard_re);
+    if (weight_file && !keep.count(n)) fs::remove(e.path(), ec);
+  }
+}
+
+// A text file under a temporary name, fsync'd and renamed into place.
+Status write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return KS_ERR(tmp, ": cannot create: ", std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return KS_ERR(tmp, ": write failed: ", why, " (disk full?)");
+    }
+    done += size_t(w);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return KS_ERR(path, ": cannot write (", why, ")");
+  }
+  return Status::ok();
+}
+
+constexpr std::string_view kCausalLM = "ForCausalLM", kTokenCls = "ForTokenClassification";
+
+// config.json exactly as CausalLM::save writes it (model/transformer.cpp:
+// the causal LM's config, or the value model's <Arch>ForTokenClassification
+// with num_labels 1). TODO(integrator): CausalLM could expose its config
+// text so this copy goes; tests/mpi/pp_save_test.cpp compares the two.
+std::string config_json(const CausalLM& m, DType disk_dtype, bool score_bias) {
+  io::ModelConfig cfg = m.config();
+  cfg.torch_dtype = disk_dtype == DType::BF16 ? "bfloat16" : disk_dtype == DType::F16 ? "float16" : "float32";
+  if (!m.is_value_model()) return io::model_config_to_json(cfg);
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(io::model_config_to_json(cfg));
+  std::string name = io::arch_name(cfg.arch);
+  if (name.size() >= kCausalLM.size() && name.compare(name.size() - kCausalLM.size(), kCausalLM.size(), kCausalLM) == 0)
+    name = name.substr(0, name.size() - kCausalLM.size());
+  j["architectures"] = {name + std::string(kTokenCls)};
+  j["num_labels"] = 1;
+  j["id2label"] = {{"0", "LABEL_0"}};
+  j["label2id"] = {{"LABEL_0", 0}};
+  j["classifier_dropout"] = 0.0;
+  j["token_classification_bias"] = score_bias;
+  return j.dump(2) + "\n";
+}
+
+// The writer's side: the shard plan, the tensors of the open shards, and the
+// first error (after which it still receives every tensor, writing nothing).
+class FolderWriter {
+ public:
+  FolderWriter(std::string dir, DType disk_dtype, size_t max_shard_bytes, const std::vector<PipelineParam>& params)
+      : dir_(std::move(dir)), disk_(disk_dtype), max_(max_shard_bytes), names_(params.size()) {
+    std::vector<size_t> bytes;
+    for (size_t i = 0; i < params.size(); ++i) {
+      names_[i] = params[i].name;
+      bytes.push_back(size_t(shape_numel(params[i].full_shape)) * dtype_size(disk_dtype));
+      total_ += bytes.back();
+    }
+    shards_ = plan_shards(bytes, max_shard_bytes);
+    shard_of_.resize(params.size());
+    left_.resize(shards_.size());
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      left_[s] = shards_[s].size();
+      for (size_t i : shards_[s]) shard_of_[i] = s;
+    }
+    held_.resize(params.size());
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) status_ = KS_ERR("cannot create model folder ", dir_, ": ", ec.message());
+  }
+
+  // Tensor i (full HF shape, any float dtype) has arrived; writes its shard
+  // when it was the shard's last.
+  void add(size_t i, Tensor t) {
+    held_[i] = std::move(t);
+    const size_t s = shard_of_[i];
+    if (--left_[s] > 0) return;
+    std::vector<io::NamedTensor> part;
+    for (size_t k : shards_[s]) part.push_back({names_[k], held_[k]});
+    if (status_.is_ok()) {
+      if (shards_.size() == 1) {
+        status_ = io::save_weights_dir(dir_, part, disk_, max_);  // model.safetensors, exactly io's
+      } else {
+        const std::map<std::string, std::string> meta = {{"format", "pt"}};
+        status_ = io::save_safetensors((fs::path(dir_) / shard_file_name(s, shards_.size())).string(), part, meta,
+                                       &disk_);
+      }
+    }
+    for (size_t k : shards_[s]) held_[k] = Tensor();
+  }
+
+  // After the last tensor: the index of a sharded folder, stale files, config.json.
+  Status finish(const std::string& config_text) {
+    if (!status_.is_ok()) return status_;
+    if (shards_.size() > 1) {
+      nlohmann::json weight_map = nlohmann::json::object();
+      std::set<std::string> keep;
+      for (size_t s = 0; s < shards_.size(); ++s) {
+        const std::string name = shard_file_name(s, shards_.size());
+        for (size_t i : shards_[s]) weight_map[names_[i]] = name;
+        keep.insert(name);
+      }
+      nlohmann::json index = {{"metadata", {{"total_size", total_}}}, {"weight_map", weight_map}};
+      KS_TRY(write_text_atomic((fs::path(dir_) / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
+      keep.insert("model.safetensors.index.json");
+      remove_stale(dir_, keep);
+    }
+    // As CausalLM::save: config.json last, renamed into place.
+    const std::string path = dir_ + "/config.json", tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << config_text;
+      f.flush();
+      if (!f) return KS_ERR("cannot write ", tmp);
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) return KS_ERR("cannot rename ", tmp, " to ", path, ": ", ec.message());
+    return Status::ok();
+  }
+
+ private:
+  std::string dir_;
+  DType disk_;
+  size_t max_;
+  std::vector<std::string> names_;
+  size_t total_ = 0;
+  std::vector<std::vector<size_t>> shards_;
+  std::vector<size_t> shard_of_, left_;
+  std::vector<Tensor> held_;  // tensors of shards not yet written
+  Status status_ = Status::ok();
+};
+
+}  // namespace
+
+Status save_pipelined_model(const CausalLM& stage, const std::string& dir, DType disk_dtype,
+                            size_t max_shard_bytes) {
+  return save_pipelined_model(std::vector<const CausalLM*>{&stage}, dir, disk_dtype, max_shard_bytes);
+}
+
+Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const std::string& dir, DType disk_dtype,
+                            size_t max_shard_bytes) {
+  if (chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1 && max_shard_bytes == kHfShardBytes)
+    return chunks[0]->save(dir, disk_dtype);
+  KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));
+  const CausalLM& any = *chunks[0];
+  comm::ProcessGroup& pp = any.pp();
+  comm::ProcessGroup& tp = any.tp();
+  const int me = pp.rank();
+  const bool writer = me == 0 && tp.rank() == 0;
+  // The dtype on the wire: the disk dtype when smaller (converted once, by
+  // the sender, as the writer would), else the training dtype.
+  const DType wire = dtype_size(disk_dtype) < dtype_size(any.dtype()) ? disk_dtype : any.dtype();
+  std::optional<FolderWriter> out;
+  if (writer) out.emplace(dir, disk_dtype, max_shard_bytes, params);
+  bool score_bias = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const PipelineParam& p = params[i];
+    score_bias = score_bias || p.name == "score.bias";
+    if (p.owner == me) {
+      // Every tp rank of the owner stage takes part in the gather; tp rank 0
+      // holds the result (at tp 1 the weight itself, as CausalLM::save).
+      Tensor full = tp.size() == 1 ? p.local->weight : p.chunk->full_tensor(*p.local);
+      KS_CHECK(full.shape() == p.full_shape, "save_pipelined_model: '", p.name, "' gathered as ", full.describe(),
+               ", the whole model's shape is ", shape_str(p.full_shape));
+      if (writer) {
+        out->add(i, std::move(full));
+      } else if (tp.rank() == 0) {
+        const Tensor send = full.dtype() == wire ? full : full.to(wire, MemCategory::Other);
+        comm::send_tensor(pp, send, 0, kSaveTag);
+      }
+    } else if (writer) {
+      Tensor t = Tensor::empty(p.full_shape, wire, MemCategory::Other);
+      comm::recv_tensor(pp, t, p.owner, kSaveTag);
+      out->add(i, std::move(t));
+    }
+  }
+  if (!writer) return Status::ok();
+  return out->finish(config_json(any, disk_dtype, score_bias));
+}
+
+}  // namespace kestrel::model
