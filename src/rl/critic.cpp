@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "model/batch.h"
+#include "model/pipeline_save.h"
 #include "ops/copy.h"
 #include "train/checkpoint.h"
 
@@ -261,7 +262,7 @@ Status Critic::save(const std::string& dir) const {
   if (ec) return KS_ERR(dir, ": cannot create the critic folder: ", ec.message());
   // Under mpirun the weights are written by the tp ranks of dp rank 0
   // (gathered over tp), the optimizer state by every rank into its own file.
-  if (parallel_.dp->rank() == 0) KS_TRY(model_->save(dir + "/model", model_->dtype()));
+  if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
   return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
 }
 

@@ -2,8 +2,10 @@
 # `kestrel train` under mpirun equals one process: a short GRPO run (tiny
 # random-init model, KL loss against a reference, two updates per step) on
 # one process, then under `mpirun -np 2` as DP2, DP2 with the distributed
-# optimizer, TP2 (rollout TP2, weights in place) and TP1 training with a TP2
-# rollout (weights resharded at every switch). The first step's rollout
+# optimizer, TP2 (rollout TP2, weights in place), TP1 training with a TP2
+# rollout (weights resharded at every switch), and PP2 and interleaved PP2 x
+# VPP2 (each rank a pipeline stage; the rollout's whole-model copy gathered
+# from the stages after every update). The first step's rollout
 # metrics must be identical (same samples), and the final weights must give the
 # single-process logprobs within 1e-4 of each line's scale. A DP2 +
 # distributed-optimizer run stopped after a checkpoint and resumed must end
@@ -56,8 +58,12 @@ same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what>
 }
 
 single trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/one"
-for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2; do
+for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2; do
   case $layout in
+    pp2) extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2) ;;
+    pp2_vpp2) extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+                     actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2
+                     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1) ;;  # 4 micro-batches: interleaved
     dp2) extra=() ;;
     dp2_distopt) extra=(actor_rollout_ref.actor.megatron.use_distributed_optimizer=true) ;;
     tp2) extra=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "model/pipeline_save.h"
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
 
@@ -131,7 +132,8 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
 }
 
 Status ActorWorker::save(const std::string& dir) const {
-  if (parallel_.dp->rank() == 0) KS_TRY(model_.save(dir + "/model", model_.dtype()));
+  // One HF folder of the whole model: under pp the stages stream their tensors to pp rank 0.
+  if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
