@@ -15,6 +15,7 @@
 #include "io/model_config.h"
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
+#include "train/pipeline.h"
 #include "parallel/setup.h"
 
 namespace kestrel::cli {
@@ -34,6 +35,9 @@ int cmd_logprobs(const Args& argv) {
                    {"tp", "tensor-parallel size, under mpirun -np N with N a multiple of it "
                           "(actor_rollout_ref.actor.megatron.tensor_model_parallel_size)", true,
                     table_default("actor_rollout_ref.actor.megatron.tensor_model_parallel_size")},
+                   {"pp", "pipeline-parallel size: each rank scores through its stage of the layers, under mpirun "
+                          "-np N with N a multiple of tp x pp (actor_rollout_ref.actor.megatron.pipeline_model_parallel_size)",
+                    true, table_default("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size")},
                    {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""},
                    {"config", "YAML file of the keys below", true, ""}},
                   argv);
@@ -48,6 +52,7 @@ int cmd_logprobs(const Args& argv) {
   if (args.has("dtype"))
     first.push_back(M + "dtype=" + (parse_compute_dtype(args.get("dtype"), "--dtype") == DType::BF16 ? "bfloat16" : "float32"));
   if (args.has("tp")) first.push_back(M + "tensor_model_parallel_size=" + args.get("tp"));
+  if (args.has("pp")) first.push_back(M + "pipeline_model_parallel_size=" + args.get("pp"));
   if (args.has("sequence-parallel")) first.push_back(M + "sequence_parallel=true");
   if (args.has("max-batch-tokens"))
     first.push_back("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=" + args.get("max-batch-tokens"));
@@ -76,15 +81,25 @@ int cmd_logprobs(const Args& argv) {
   const bool writer = !world || world->rank() == 0;
   // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
   if (writer) check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
-  if (tp > 1 || (world && world->size() > 1)) {
+  const int pp = ls.pipeline.pp;
+  if (tp > 1 || pp > 1 || (world && world->size() > 1)) {
     KS_CHECK(world, "no comm::World: main() constructs it");
     auto mc = io::load_model_config(model_dir);
     if (!mc.is_ok()) KS_FAIL(mc.status().message());
-    auto g = parallel::make_process_grid(*world, parallel::dims_for(int(tp), ls.sequence_parallel),
-                                         model::model_facts(mc.value()));
+    if ((world->size() % (int64_t(tp) * pp)) != 0)
+      KS_FAIL("kestrel logprobs: --tp ", tp, " x --pp ", pp, " = ", tp * pp, " must divide the number of processes (",
+              world->size(), "); launch with mpirun -np <a multiple of ", tp * pp, ">");
+    parallel::ParallelDims dims = parallel::dims_for(int(tp), ls.sequence_parallel);
+    dims.pp = pp;
+    auto g = parallel::make_process_grid(*world, dims, model::model_facts(mc.value(), pp > 1));
     if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
     grid = std::move(g).value();
     opts.parallel = model::model_parallel_for(*grid);
+    if (pp > 1) {  // this rank's stage of the layers; the scores come back from the last stage
+      auto chunks = parallel::pipeline_chunks(ls.pipeline, mc->num_hidden_layers);
+      if (!chunks) KS_FAIL("kestrel logprobs: ", chunks.status().message());
+      model::set_pipeline_stage(opts, (*chunks)[size_t(grid->coords().pp)]);
+    }
   }
   auto loaded = model::CausalLM::load(model_dir, opts);
   if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
@@ -123,7 +138,7 @@ int cmd_logprobs(const Args& argv) {
       group.push_back(seqs[j++]);
     }
     model::PackedBatch b = model::pack_sequences(group);
-    model::TokenScores s = model::score_tokens(m, b);
+    model::TokenScores s = m.pp().size() > 1 ? train::pipeline_score_tokens(m, b) : model::score_tokens(m, b);
     const std::vector<float> lpv = s.logprob.to_host<float>(), env = s.entropy.to_host<float>();  // [T]
     const float* lp = lpv.data();
     const float* en = env.data();

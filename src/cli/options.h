@@ -140,11 +140,17 @@ struct LogprobsSettings {
   std::string model_path;
   DType dtype = DType::F32;
   int64_t tp = 1;
+  parallel::PipelineSpec pipeline;  // pp (--pp), vpp, uneven split, noop layers
   bool sequence_parallel = false;
   int64_t max_batch_tokens = 4096;
   int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
 };
 LogprobsSettings logprobs_settings(const config::Config& c);
+// The pipeline layout of a forward-only command (kestrel logprobs) under `meg`
+// ("actor_rollout_ref.actor.megatron"): pp, vpp, the uneven split and noop
+// layers (no schedule keys: scoring runs all forwards), checked as
+// train_inputs checks the actor's.
+parallel::PipelineSpec scoring_pipeline_spec(const config::Config& c, const std::string& meg);
 
 // "bfloat16" | "float32" (PPO names) or "bf16" | "f32" (flag names) -> DType.
 DType parse_compute_dtype(const std::string& name, const std::string& key);

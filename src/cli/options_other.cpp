@@ -141,6 +141,7 @@ LogprobsSettings logprobs_settings(const config::Config& c) {
   if (l.model_path.empty()) KS_FAIL("kestrel logprobs: give the model folder: --model DIR (or actor_rollout_ref.model.path=DIR)");
   l.dtype = parse_compute_dtype(c.get_string(M + "dtype"), M + "dtype");
   l.tp = c.get_int(M + "tensor_model_parallel_size");
+  l.pipeline = scoring_pipeline_spec(c, "actor_rollout_ref.actor.megatron");
   l.sequence_parallel = c.get_bool(M + "sequence_parallel");
   l.vocab_divisible_by = c.get_int(M + "override_transformer_config.make_vocab_size_divisible_by");
   if (l.vocab_divisible_by < 1) KS_FAIL("kestrel logprobs: make_vocab_size_divisible_by must be >= 1");

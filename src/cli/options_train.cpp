@@ -439,4 +439,16 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   return co;
 }
 
+parallel::PipelineSpec scoring_pipeline_spec(const config::Config& c, const std::string& meg) {
+  const std::string K = meg + ".override_transformer_config.";
+  parallel::PipelineSpec p;
+  p.pp = int(c.get_int(meg + ".pipeline_model_parallel_size"));
+  p.vpp = int(c.get_int_or(meg + ".virtual_pipeline_model_parallel_size", 1));
+  p.first_stage_layers = c.get_int_or(K + "num_layers_in_first_pipeline_stage", -1);
+  p.last_stage_layers = c.get_int_or(K + "num_layers_in_last_pipeline_stage", -1);
+  if (!c.is_null(K + "noop_layers")) p.noop_layers = c.get_int_list(K + "noop_layers");
+  check_pipeline(c, meg, p);
+  return p;
+}
+
 }  // namespace kestrel::cli

@@ -43,6 +43,15 @@ std::vector<ViewKey> logprobs_view() {
       {m + "dtype", "float32",
        "Compute dtype of scoring; the --dtype flag (f32 | bf16) sets it. kestrel logprobs: float32 (train: bfloat16)."},
       {m + "tensor_model_parallel_size", "1", "Tensor-parallel size (run under mpirun -np N, N a multiple); --tp sets it."},
+      {m + "pipeline_model_parallel_size", "1",
+       "Pipeline-parallel size: each rank scores through its stage of the layers (mpirun -np N, N a multiple of "
+       "tp x pp); --pp sets it."},
+      {m + "virtual_pipeline_model_parallel_size", "null", "Model chunks per pipeline rank (interleaved layout)."},
+      {m + "override_transformer_config.num_layers_in_first_pipeline_stage", "null",
+       "Uneven pipeline split: layers of the first stage."},
+      {m + "override_transformer_config.num_layers_in_last_pipeline_stage", "null",
+       "Uneven pipeline split: layers of the last stage."},
+      {m + "override_transformer_config.noop_layers", "null", "MindSpeed: identity layer slots padding the split."},
       {m + "sequence_parallel", "false",
        "Shard activations along the sequence between TP regions; --sequence-parallel sets it. "
        "kestrel logprobs: false (train: true)."},
