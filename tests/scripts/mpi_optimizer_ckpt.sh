@@ -3,10 +3,14 @@
 # (tests/mpi/optimizer_ckpt_mpi_test.cpp): a checkpoint saved under TP2
 # resumes under TP1 and the reverse (a replicated kv head, a padded
 # vocabulary), DP2 with the distributed optimizer under DP1 and the reverse
-# (f32, bf16, bf16 with reuse_fp32_param); the restored state re-saved is the
-# saved file bit for bit, the same layout resumes bit for bit. The pipeline
-# cases (PP2 -> PP1, PP1 -> PP2 with model slices) run in one process in
-# test_train (OptimizerCheckpoint.*).
+# (f32, bf16, bf16 with reuse_fp32_param), a PP2 checkpoint under TP2 and
+# TP2 x PP2 under one process (the pipeline emulated with model slices), and
+# a real 2-stage pp group (ProcessGrid dims.pp = 2) whose stages write their
+# files into one folder at once. The restored state re-saved is the saved
+# file bit for bit; the same layout resumes bit for bit; across layouts the
+# resumed run is within 1e-6 of the old layout's uninterrupted run. The
+# one-process cases (1 -> 1, PP2 <-> PP1, refusals) are in test_train
+# (OptimizerCheckpoint.*).
 # usage: bash tests/scripts/mpi_optimizer_ckpt.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
@@ -27,4 +31,4 @@ if ! timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$BIN" --gtest
   echo "mpi_optimizer_ckpt: FAILED" >&2
   exit 1
 fi
-echo "mpi_optimizer_ckpt: TP2 <-> TP1 and DP2+distributed optimizer <-> DP1 resume (2 ranks)"
+echo "mpi_optimizer_ckpt: TP2 <-> TP1, DP2+distributed optimizer <-> DP1, PP2 -> TP2, TP2xPP2 -> TP1 and a real pp group resume (2 ranks)"
