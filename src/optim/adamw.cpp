@@ -158,6 +158,21 @@ void AdamW::set_master(size_t i, const Tensor& full) {
   refresh_model_copies(lo, hi);
 }
 
+void AdamW::set_moments(size_t i, const Tensor& m, const Tensor& v) {
+  auto [lo, hi] = owned_of(i);
+  for (const Tensor* t : {&m, &v})
+    KS_CHECK(t->defined() && t->dtype() == DType::F32 && t->numel() == hi - lo, "AdamW: moment for '",
+             params_[i].name, "' must be f32 with ", hi - lo, " elements (its owned range), got ", t->describe());
+  if (lo == hi) return;
+  m_.slice_rows(lo - state_begin_, hi - state_begin_).copy_from(m.view({-1}));
+  v_range(lo, hi).copy_from(v.view({-1}));
+}
+
+void AdamW::set_step_count(int64_t step) {
+  KS_CHECK(step >= 0, "AdamW: step count must be >= 0, got ", step);
+  step_ = step;
+}
+
 Tensor AdamW::recovered_masters() const {
   Tensor out = Tensor::empty({held_.numel()}, DType::F32, MemCategory::Other);
   for (size_t i = 0; i < params_.size(); ++i) {

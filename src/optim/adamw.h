@@ -164,6 +164,13 @@ class AdamW {
   // a full master, or the owned slice into the held one, and refreshes the
   // model copy over it.
   void set_master(size_t i, const Tensor& full);
+  // Layout-free checkpoints (train/optimizer_checkpoint.h): writes param i's
+  // moments over owned_of(i), m and v f32 of (hi - lo) elements each (v
+  // without reuse_fp32_param's flags). With reuse_fp32_param call it before
+  // set_master(i, ...), whose split writes the flags into v.
+  void set_moments(size_t i, const Tensor& m, const Tensor& v);
+  // Restores the step count (the bias corrections' t) of a checkpoint.
+  void set_step_count(int64_t step);
 
   OptimizerMemory memory() const;
 
