@@ -260,19 +260,16 @@ Status Critic::save(const std::string& dir) const {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return KS_ERR(dir, ": cannot create the critic folder: ", ec.message());
-  // Under mpirun the weights are written by the tp ranks of dp rank 0
-  // (gathered over tp), the optimizer state by every rank into its own file.
+  // Under mpirun the weights are written as one HF folder (gathered over tp,
+  // streamed from the pipeline stages), the optimizer state as one file per
+  // stage (train/optimizer_checkpoint.h); every rank takes part in both.
   if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
-  return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
+  return engine_->save_optimizer_dir(dir);
 }
 
 Status Critic::load(const std::string& dir) {
   KS_TRY(train::load_weights_into(*model_, dir + "/model").with_context("critic"));
-  const std::string opath = dir + "/" + engine_->optimizer_file_name();
-  if (!std::filesystem::exists(opath))
-    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout; resume the critic "
-                  "with the same mpirun -np, tensor_model_parallel_size and use_distributed_optimizer");
-  return engine_->load_optimizer(opath).with_context("critic");
+  return engine_->load_optimizer_dir(dir).with_context("critic");
 }
 
 }  // namespace kestrel::rl

@@ -132,12 +132,12 @@ class Critic {
 
   // A checkpoint's critic folder (verl: global_step_N/critic/):
   //   model/                    HF <Arch>ForTokenClassification folder (config.json + safetensors),
-  //                             written by the tp ranks of dp rank 0 (gathered, tp rank 0 writes)
-  //   optimizer.safetensors     AdamW state, plus f32 master weights ("master.<name>") in bf16 mode;
-  //                             under mpirun one optimizer_tp{t}_dp{d}.safetensors per rank
+  //                             one folder of the whole model whatever the layout (model/pipeline_save.h)
+  //   optimizer_pp{s}.safetensors  AdamW state of pipeline stage s by parameter name, full HF shapes, plus
+  //                             f32 masters in bf16 mode (train/optimizer_checkpoint.h)
   // Collective under mpirun.
   Status save(const std::string& dir) const;
-  // Restores both into this critic (same model shape and optimizer layout).
+  // Restores both into this critic, in any process layout (same model shape).
   Status load(const std::string& dir);
 
  private:

@@ -50,6 +50,7 @@ Status RlTrainer::save_checkpoint() {
         ts["kl_ctrl"] = {{"type", opt_.kl_ctrl.type}, {"value", opt_.kl_ctrl.value}};
         ts["parallel"] = {{"world", opt_.parallel.world->size()},
                           {"tp", actor_->model().tp().size()},
+                          {"pp", actor_->model().pp().size()},
                           {"dp", opt_.parallel.dp->size()},
                           {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
         KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));

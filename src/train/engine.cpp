@@ -8,6 +8,7 @@
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
 #include "optim/checkpoint_io.h"
+#include "train/optimizer_checkpoint.h"
 #include "ops/copy.h"
 #include "ops/linear.h"
 #include "ops/optim_ops.h"
@@ -295,6 +296,24 @@ Status TrainingEngine::load_optimizer(const std::string& path) {
   KS_TRY(optim::load_optimizer_state(path, *optim_, &md));
   if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
   auto count = [&](const char* k) -> int64_t {  // files written before the guard have none: 0
+    auto it = md.find(k);
+    return it == md.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10);
+  };
+  skipped_ = count("skipped_steps");
+  consecutive_skipped_ = count("consecutive_skipped_steps");
+  return Status::ok();
+}
+
+Status TrainingEngine::save_optimizer_dir(const std::string& dir) const {
+  return save_optimizer_checkpoint(*this, dir,
+                                   {{"skipped_steps", std::to_string(skipped_)},
+                                    {"consecutive_skipped_steps", std::to_string(consecutive_skipped_)}});
+}
+
+Status TrainingEngine::load_optimizer_dir(const std::string& dir) {
+  std::map<std::string, std::string> md;
+  KS_TRY(load_optimizer_checkpoint(*this, dir, &md));  // re-gathers the distributed optimizer's parameters
+  auto count = [&](const char* k) -> int64_t {
     auto it = md.find(k);
     return it == md.end() ? 0 : std::strtoll(it->second.c_str(), nullptr, 10);
   };

@@ -202,6 +202,15 @@ class TrainingEngine {
   // An error naming the first model weight or optimizer-state tensor holding a NaN or Inf.
   Status check_finite() const;
   Status load_optimizer(const std::string& path);
+  // A checkpoint folder's optimizer state in the layout-independent format
+  // (train/optimizer_checkpoint.h: one file per pipeline stage, the full
+  // HF-shaped f32 state by parameter name), so a run resumes under another
+  // tp / pp / dp / distributed-optimizer layout. Collective over dp and tp
+  // (every rank calls them); load restores the skip counts too, and reads the
+  // per-rank files of save_optimizer() when the folder has only those (same
+  // layout). Load the model weights first (load_weights_into).
+  Status save_optimizer_dir(const std::string& dir) const;
+  Status load_optimizer_dir(const std::string& dir);
   // "optimizer.safetensors" on the single-process path, else
   // "optimizer_tp{t}_dp{d}.safetensors" (this rank's tp and dp ranks).
   std::string optimizer_file_name() const;

@@ -141,7 +141,7 @@ Status SftTrainer::save_checkpoint() {
         KS_TRY(model_.save(dir + "/model", model_.dtype()));
         for (const auto& [name, content] : opt_.model_extra_files)
           KS_TRY(write_file_atomic(dir + "/model/" + name, content));
-        KS_TRY(engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name()));
+        KS_TRY(engine_->save_optimizer_dir(dir));
         nlohmann::ordered_json ts;
         ts["global_step"] = step_;
         ts["total_steps"] = opt_.total_steps;
@@ -162,7 +162,7 @@ Status SftTrainer::save_checkpoint() {
 
 Status SftTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
-  KS_TRY(engine_->load_optimizer(dir + "/" + engine_->optimizer_file_name()));
+  KS_TRY(engine_->load_optimizer_dir(dir));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));
   nlohmann::json ts;

@@ -206,7 +206,7 @@ TEST(Critic, CheckpointRoundTripContinuesIdentically) {
     fs::remove_all(dir);
     ASSERT_TRUE(a.save(dir.string()).is_ok());
     EXPECT_TRUE(fs::exists(dir / "model" / "config.json"));
-    EXPECT_TRUE(fs::exists(dir / "optimizer.safetensors"));
+    EXPECT_TRUE(fs::exists(dir / "optimizer_pp0.safetensors"));
 
     Critic c(tiny_critic(dt, 99), small_options());  // different weights, overwritten by the load
     const Status st = c.load(dir.string());

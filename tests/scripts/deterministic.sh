@@ -25,7 +25,7 @@ for t in 1 2 3; do
 done
 grep -q "deterministic mode" "$W/log.txt" || fail "the GEMM line does not say deterministic mode"
 for t in 2 3; do
-  for f in actor/model/model.safetensors actor/optimizer.safetensors; do
+  for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors; do
     cmp -s "$W/t1/global_step_3/$f" "$W/t$t/global_step_3/$f" || fail "train: $f at $t threads differs from 1 thread"
   done
   diff <(det "$W/t1") <(det "$W/t$t") >/dev/null || fail "train: metrics at $t threads differ from 1 thread"

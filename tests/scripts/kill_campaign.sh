@@ -117,8 +117,8 @@ campaign() {  # campaign <trainer> <files to compare...>
   echo "kill_campaign: $trainer: $kills kills over $runs runs, each finished bit-identical to the uninterrupted run"
 }
 
-campaign rl actor/model/model.safetensors actor/optimizer.safetensors trainer_state.json
-campaign sft model/model.safetensors optimizer.safetensors trainer_state.json
+campaign rl actor/model/model.safetensors actor/optimizer_pp0.safetensors trainer_state.json
+campaign sft model/model.safetensors optimizer_pp0.safetensors trainer_state.json
 
 # ---- DP2 under mpirun: one rank killed at a random point --------------------------------------
 source "$(dirname "$0")/lib/mpi_env.sh"

@@ -51,8 +51,8 @@ COMMON=(actor_rollout_ref.model.path=builtin:tiny data.train_batch_size=4 actor_
 # Metrics without the timing ones.
 strip() { sed -E 's/"(timing|perf)[^"]*":[^,}]*,?//g' "$1"; }
 [[ "$(strip "$W/none/metrics.jsonl")" == "$(strip "$W/rc/metrics.jsonl")" ]] || fail "metrics differ"
-for f in actor/model/model.safetensors actor/optimizer.safetensors critic/model/model.safetensors \
-         critic/optimizer.safetensors; do
+for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors critic/model/model.safetensors \
+         critic/optimizer_pp0.safetensors; do
   cmp -s "$W/none/global_step_2/$f" "$W/rc/global_step_2/$f" || fail "$f differs"
 done
 echo "mpi_recompute: kestrel train with actor and critic recompute equals no recompute (metrics, checkpoint bits)"

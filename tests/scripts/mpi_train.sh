@@ -9,7 +9,8 @@
 # metrics must be identical (same samples), and the final weights must give the
 # single-process logprobs within 1e-4 of each line's scale. A DP2 +
 # distributed-optimizer run stopped after a checkpoint and resumed must end
-# bit-identical to an uninterrupted one (per-rank optimizer files).
+# bit-identical to an uninterrupted one (the optimizer file too), and a PP2
+# checkpoint resumes under PP1 and under TP2.
 # usage: bash tests/scripts/mpi_train.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -44,9 +45,10 @@ cat >"$W/ids.jsonl" <<'JSONL'
 {"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
 JSONL
 nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
-same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what>
-  "$KESTREL" logprobs --model "$1/global_step_2/actor/model" --input "$W/ids.jsonl" --output "$W/a.jsonl" >/dev/null 2>&1
-  "$KESTREL" logprobs --model "$2/global_step_2/actor/model" --input "$W/ids.jsonl" --output "$W/b.jsonl" >/dev/null 2>&1
+same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what> [step]
+  local step=${4:-2}
+  "$KESTREL" logprobs --model "$1/global_step_$step/actor/model" --input "$W/ids.jsonl" --output "$W/a.jsonl" >/dev/null 2>&1
+  "$KESTREL" logprobs --model "$2/global_step_$step/actor/model" --input "$W/ids.jsonl" --output "$W/b.jsonl" >/dev/null 2>&1
   paste -d '|' <(nums "$W/a.jsonl") <(nums "$W/b.jsonl") | awk -F'|' -v what="$3" '
     { na = split($1, a, " "); nb = split($2, b, " ");
       if (na != nb) { printf "%s: line %d: %d vs %d numbers\n", what, NR, na, nb; bad = 1; next }
@@ -76,8 +78,32 @@ for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2; do
   same_weights "$W/one" "$W/$layout" "$layout"
   echo "mpi_train: $layout equals one process"
 done
-# Both ranks wrote their optimizer shard; world rank 0 the trainer state.
-ls "$W/dp2_distopt/global_step_2/actor/" | grep -q optimizer_tp0_dp1 || fail "dp2_distopt: rank 1's optimizer file missing"
+# The optimizer state is one file per pipeline stage, whatever the dp / tp layout.
+[[ -f "$W/dp2_distopt/global_step_2/actor/optimizer_pp0.safetensors" ]] || fail "dp2_distopt: no optimizer file"
+for s in 0 1; do
+  [[ -f "$W/pp2/global_step_2/actor/optimizer_pp$s.safetensors" ]] || fail "pp2: stage $s's optimizer file missing"
+done
+
+# A PP2 checkpoint resumes under another layout: 2 steps under PP2, then step 3
+# under PP1 (one process) and under TP2, each equal to an uninterrupted
+# single-process run of 3 steps (the restored state is the saved one bit for
+# bit; the layouts' arithmetic differs in rounding only).
+single trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$W/one3"
+PP=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2)
+TP=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2)
+RESUME=("${COMMON[@]/trainer.resume_mode=disable/trainer.resume_mode=auto}" trainer.total_training_steps=3 trainer.save_freq=1)
+for to in pp1 tp2; do
+  multi trainer.total_training_steps=2 trainer.save_freq=1 trainer.default_local_dir="$W/pp2_to_$to" "${PP[@]}"
+  if [[ $to == pp1 ]]; then
+    "$KESTREL" train "${RESUME[@]}" trainer.default_local_dir="$W/pp2_to_$to" >"$W/log.txt" 2>&1 || fail "PP2 -> PP1 resume"
+  else
+    timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${RESUME[@]}" "${TP[@]}" \
+      trainer.default_local_dir="$W/pp2_to_$to" >"$W/log.txt" 2>&1 || fail "PP2 -> TP2 resume"
+  fi
+  grep -q "resumed from" "$W/log.txt" || fail "PP2 -> $to: the second run did not resume"
+  same_weights "$W/one3" "$W/pp2_to_$to" "PP2 checkpoint resumed under $to" 3
+  echo "mpi_train: a PP2 checkpoint resumed under $to equals one process"
+done
 
 # Resume under the distributed optimizer: 2 steps + 1 resumed == 3 steps.
 D=(actor_rollout_ref.actor.megatron.use_distributed_optimizer=true)
@@ -89,8 +115,7 @@ timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "$
 grep -q "resumed from" "$W/log.txt" || fail "the second run did not resume"
 cmp "$W/full/global_step_3/actor/model/model.safetensors" "$W/resumed/global_step_3/actor/model/model.safetensors" \
   || fail "resumed weights differ from the uninterrupted run"
-for r in 0 1; do
-  cmp "$W/full/global_step_3/actor/optimizer_tp0_dp$r.safetensors" \
-      "$W/resumed/global_step_3/actor/optimizer_tp0_dp$r.safetensors" || fail "resumed optimizer shard $r differs"
-done
+cmp "$W/full/global_step_3/actor/optimizer_pp0.safetensors" "$W/resumed/global_step_3/actor/optimizer_pp0.safetensors" \
+  || fail "resumed optimizer state differs"
+
 echo "mpi_train: OK"

@@ -44,7 +44,7 @@ grep -q 'resumed from .*global_step_2 ' "$W/log.txt" || fail "run 2 did not resu
 [ "$(run "$W/run")" = 0 ] || fail "final resumed run failed"
 [ "$(pointer "$W/run")" = 6 ] || fail "final pointer is $(pointer "$W/run"), want 6"
 
-for f in actor/model/model.safetensors actor/optimizer.safetensors trainer_state.json; do
+for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors trainer_state.json; do
   cmp "$W/ref/global_step_6/$f" "$W/run/global_step_6/$f" || fail "$f differs from the uninterrupted run"
 done
 diff <(det "$W/ref") <(det "$W/run") || fail "per-step metrics differ from the uninterrupted run"
@@ -59,8 +59,8 @@ EXTRA=(algorithm.adv_estimator=gae algorithm.lam=0.95 algorithm.use_kl_in_reward
 [ "$(run "$W/ppo" train_step:3)" = 137 ] || fail "expected SIGKILL in PPO step 3"
 [ "$(run "$W/ppo")" = 0 ] || fail "resumed PPO run failed"
 grep -q 'resumed from .*global_step_2 ' "$W/log.txt" || fail "the PPO run did not resume from step 2"
-for f in actor/model/model.safetensors actor/optimizer.safetensors critic/model/model.safetensors \
-         critic/optimizer.safetensors trainer_state.json; do
+for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors critic/model/model.safetensors \
+         critic/optimizer_pp0.safetensors trainer_state.json; do
   cmp "$W/ppo_ref/global_step_4/$f" "$W/ppo/global_step_4/$f" || fail "PPO: $f differs from the uninterrupted run"
 done
 diff <(det "$W/ppo_ref") <(det "$W/ppo") || fail "PPO: per-step metrics differ from the uninterrupted run"

@@ -47,7 +47,7 @@ grep -q 'resumed from .*global_step_6 ' "$W/log.txt" || fail "run 4 did not resu
 [ "$(pointer "$W/run")" = 10 ] || fail "final pointer is $(pointer "$W/run"), want 10"
 
 cmp "$W/ref/final/model.safetensors" "$W/run/final/model.safetensors" || fail "exported weights differ"
-cmp "$W/ref/global_step_10/optimizer.safetensors" "$W/run/global_step_10/optimizer.safetensors" \
+cmp "$W/ref/global_step_10/optimizer_pp0.safetensors" "$W/run/global_step_10/optimizer_pp0.safetensors" \
   || fail "optimizer state differs"
 cmp "$W/ref/global_step_10/trainer_state.json" "$W/run/global_step_10/trainer_state.json" \
   || fail "trainer state differs"

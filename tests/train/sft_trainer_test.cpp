@@ -185,7 +185,7 @@ void check_resume(DType dtype, bool reuse_fp32 = false) {
   EXPECT_TRUE(fs::exists(checkpoint_dir(root, 4)));
   EXPECT_TRUE(fs::exists(checkpoint_dir(root, 5)));  // the last step always saves
   EXPECT_TRUE(fs::exists(checkpoint_dir(root, 5) + "/model/config.json"));
-  EXPECT_TRUE(fs::exists(checkpoint_dir(root, 5) + "/optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(checkpoint_dir(root, 5) + "/optimizer_pp0.safetensors"));
   EXPECT_TRUE(fs::exists(checkpoint_dir(root, 5) + "/trainer_state.json"));
 }
 

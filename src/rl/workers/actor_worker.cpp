@@ -136,17 +136,14 @@ Status ActorWorker::save(const std::string& dir) const {
   if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  return engine_->save_optimizer(dir + "/" + engine_->optimizer_file_name());
+  return engine_->save_optimizer_dir(dir);  // one file per pipeline stage, any layout can resume it
 }
 
 Status ActorWorker::load(const std::string& dir, const std::string& context) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
-  const std::string opath = dir + "/" + engine_->optimizer_file_name();
-  if (!std::filesystem::exists(opath))
-    return KS_ERR(opath, ": missing; the checkpoint was written by another process layout (see ", context,
-                  "/trainer_state.json \"parallel\"); resume with the same mpirun -np, tensor_model_parallel_size and "
-                  "use_distributed_optimizer");
-  return engine_->load_optimizer(opath);  // re-gathers the distributed optimizer's parameters
+  // Any (tp, pp, dp, distributed optimizer) layout resumes the stage files;
+  // a checkpoint of the old per-rank format only its own layout.
+  return engine_->load_optimizer_dir(dir).with_context(context);
 }
 
 }  // namespace kestrel::rl

@@ -65,13 +65,13 @@ class ActorWorker {
   // step). Metrics actor/{pg_loss, grad_norm, lr, num_updates, ...}.
   std::map<std::string, double> update(const RolloutBatch& b, int64_t step);
 
-  // A checkpoint's actor folder (verl: global_step_N/actor/): model/ (HF
-  // weights, written by the tp ranks of dp rank 0: gathered, tp rank 0
-  // writes) and this rank's optimizer file (TrainingEngine::optimizer_file_name).
-  // Collective under mpirun.
+  // A checkpoint's actor folder (verl: global_step_N/actor/): model/ (one HF
+  // folder of the whole model: gathered over tp, streamed from the pipeline
+  // stages) and optimizer_pp{s}.safetensors per stage (the full HF-shaped
+  // state by name, train/optimizer_checkpoint.h). Collective under mpirun.
   Status save(const std::string& dir) const;
-  // Restores both (same model shape and process layout; the error names the
-  // layout to resume with otherwise). `context`: the checkpoint folder, for it.
+  // Restores both, in any (tp, pp, dp, distributed optimizer) layout (same
+  // model shape). `context`: the checkpoint folder, for messages.
   Status load(const std::string& dir, const std::string& context);
 
  private:
