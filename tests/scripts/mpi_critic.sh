@@ -3,7 +3,7 @@
 # the distributed optimizer) and under TP2 against one process (values, value
 # losses, grad norms, final weights; tests/mpi/critic_parallel_test.cpp).
 # Then `kestrel train` with algorithm.adv_estimator=gae under mpirun -np 2 as
-# DP2 and TP2: step 1's critic metrics (values of the same rollouts, value
+# DP2, TP2 and PP2 (actor and critic each split into two pipeline stages): step 1's critic metrics (values of the same rollouts, value
 # loss, grad norm) equal one process's within 1e-4 relative, and a DP2 +
 # distributed-optimizer run resumed from a checkpoint ends with the critic's
 # weights and optimizer file bit-identical to an uninterrupted run.
@@ -54,9 +54,10 @@ close() {  # close <a> <b> <what>: |a - b| <= 1e-4 * max(|a|, |b|, 1e-6)
 }
 
 single trainer.total_training_steps=1 trainer.save_freq=1 trainer.default_local_dir="$W/one"
-for layout in dp2 tp2; do
+for layout in dp2 tp2 pp2; do
   case $layout in
     dp2) extra=() ;;
+    pp2) extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2) ;;  # the critic follows the actor's pp
     tp2) extra=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
                 actor_rollout_ref.rollout.tensor_model_parallel_size=2
                 critic.megatron.tensor_model_parallel_size=2) ;;

@@ -45,6 +45,25 @@ cat >"$W/ids.jsonl" <<'JSONL'
 {"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
 JSONL
 nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
+# Every step's training metrics (losses, grad norm, KL, entropy, rewards,
+# lengths) within 1e-4 relative of one process's (of 0.01 for values below it: a KL near 0).
+KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean'
+metric_at() {  # metric_at <run-dir> <line> <key>
+  sed -n "${2}p" "$1/metrics.jsonl" | tr ',{}' '\n\n\n' | grep "\"$3\":" | sed -E 's/.*: *//' || true
+}
+same_metrics() {  # same_metrics <run-a> <run-b> <what>
+  local n
+  n=$(wc -l <"$1/metrics.jsonl")
+  for ((line = 1; line <= n; line++)); do
+    for k in $KEYS; do
+      local a b
+      a=$(metric_at "$1" "$line" "$k"); b=$(metric_at "$2" "$line" "$k")
+      [[ -z "$a" && -z "$b" ]] && continue
+      awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a; t = b < 0 ? -b : b;
+        if (t > s) s = t; if (s < 1e-2) s = 1e-2; exit !(d <= 1e-4 * s) }' || fail "$3: line $line $k: $a vs $b"
+    done
+  done
+}
 same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what> [step]
   local step=${4:-2}
   "$KESTREL" logprobs --model "$1/global_step_$step/actor/model" --input "$W/ids.jsonl" --output "$W/a.jsonl" >/dev/null 2>&1
@@ -76,6 +95,7 @@ for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2; do
   [[ -f "$W/$layout/global_step_2/actor/model/model.safetensors" ]] || fail "$layout: no checkpoint"
   diff <(step1 "$W/one") <(step1 "$W/$layout") >/dev/null || fail "$layout: step 1 rollout metrics differ"
   same_weights "$W/one" "$W/$layout" "$layout"
+  same_metrics "$W/one" "$W/$layout" "$layout"
   echo "mpi_train: $layout equals one process"
 done
 # The optimizer state is one file per pipeline stage, whatever the dp / tp layout.
