@@ -50,14 +50,18 @@ ParsedArgs::ParsedArgs(const std::string& command, const std::vector<FlagSpec>& 
     }
     values_[name] = value;
   }
-  // libgomp reads OMP_NUM_THREADS itself and starts that many threads at the
-  // first parallel region: the same crash as --threads 65536, so the same bound
-  // (checked here, before any parallel region runs). "4,2" (nested levels): the first.
+  check_omp_num_threads(command_);
+}
+
+// libgomp reads OMP_NUM_THREADS itself and starts that many threads at the
+// first parallel region: the same crash as --threads 65536, so the same bound
+// (checked before any parallel region runs). "4,2" (nested levels): the first.
+void check_omp_num_threads(const std::string& command) {
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && *env) {
     char* end = nullptr;
     errno = 0;
     const long long n = std::strtoll(env, &end, 10);
-    if (end != env && errno == 0) check_threads(n, "OMP_NUM_THREADS=");
+    if (end != env && errno == 0) check_thread_count(command, n, "OMP_NUM_THREADS=");
   }
 }
 
@@ -92,11 +96,13 @@ int64_t ParsedArgs::get_int(const std::string& name) const {
 // OpenMP starts one OS thread per requested thread at the first parallel
 // region: --threads 65536 crashed inside libgomp (thread creation failed).
 // More threads than 4x the hardware's only time-slice the same cores.
-void ParsedArgs::check_threads(int64_t n, const char* what) const {
+void ParsedArgs::check_threads(int64_t n, const char* what) const { check_thread_count(command_, n, what); }
+
+void check_thread_count(const std::string& command, int64_t n, const char* what) {
   const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t limit = std::min<int64_t>(1024, std::max<int64_t>(4, 4 * hw));
   if (n < 0 || n > limit)
-    KS_FAIL("kestrel ", command_, ": ", what, n, " is out of range: use 0 (all ", hw, " hardware threads) or 1..",
+    KS_FAIL("kestrel ", command, ": ", what, n, " is out of range: use 0 (all ", hw, " hardware threads) or 1..",
             limit, " (at most 4x the hardware threads, and 1024)");
 }
 

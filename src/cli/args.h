@@ -38,4 +38,12 @@ class ParsedArgs {
   bool help_ = false;
 };
 
+// The thread-count bound of --threads and OMP_NUM_THREADS (libgomp starts
+// that many OS threads: 65536 crashed inside it): 0 or 1..min(1024, 4x the
+// hardware threads). `what`: "--threads " or "OMP_NUM_THREADS=".
+void check_thread_count(const std::string& command, int64_t n, const char* what);
+// OMP_NUM_THREADS, when set, within that bound; commands without ParsedArgs
+// (train, sft) call it first.
+void check_omp_num_threads(const std::string& command);
+
 }  // namespace kestrel::cli

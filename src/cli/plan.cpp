@@ -22,6 +22,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "parallel/pipeline_layout.h"
 #include "config/config.h"
 #include "data/builtin_tokenizer.h"
 #include "data/config_options.h"
@@ -145,6 +146,14 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   l.pp = aside_int(ctx.aside, M + "pipeline_model_parallel_size", c.get_int(M + "pipeline_model_parallel_size"));
   l.vpp = aside_int(ctx.aside, M + "virtual_pipeline_model_parallel_size",
                     c.get_int_or(M + "virtual_pipeline_model_parallel_size", 1));
+  if (l.pp > 1 || l.vpp > 1) {  // the layer split kestrel train will build (uneven stages, noop layers)
+    parallel::PipelineSpec spec = in.actor_pipeline;
+    spec.pp = int(l.pp);
+    spec.vpp = int(l.vpp);
+    check_num_layers(c, in, p.model.num_hidden_layers);
+    if (auto chunks = parallel::pipeline_chunks(spec, p.model.num_hidden_layers); !chunks)
+      KS_FAIL(chunks.status().message());
+  }
   l.cp = aside_int(ctx.aside, M + "context_parallel_size", c.get_int(M + "context_parallel_size"));
   l.cp = aside_int(ctx.aside, OT + "context_parallel_size", l.cp);
   l.ep = aside_int(ctx.aside, M + "expert_model_parallel_size", c.get_int(M + "expert_model_parallel_size"));

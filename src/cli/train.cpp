@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "backend/cpu/gemm.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/loader_source.h"
 #include "cli/options.h"
@@ -318,6 +319,7 @@ int cmd_train(const std::vector<std::string>& argv) {
       return 0;
     }
   const auto t_start = std::chrono::steady_clock::now();
+  check_omp_num_threads("train");  // before any parallel region
   // Without --config and data.train_files the built-in run layer comes before the user's overrides.
   auto lo = config::options_from_args(argv);
   if (!lo) KS_FAIL("kestrel train: ", lo.status().message());

@@ -73,6 +73,16 @@ class ProcessGroup {
              send.describe(), " into ", recv.describe(), " over ", size(), " ranks");
     reduce_scatter(send.raw(), recv.raw(), recv.numel(), send.dtype(), op);
   }
+  // Point to point on whole tensors (the pipeline's activations and
+  // gradients): t's elements in its dtype; an irecv's tensor is written.
+  void send(const Tensor& t, int peer, int tag) { send(t.raw(), t.numel(), t.dtype(), peer, tag); }
+  void recv(Tensor& t, int peer, int tag) { recv(t.raw(), t.numel(), t.dtype(), peer, tag); }
+  std::unique_ptr<PendingTransfer> isend(const Tensor& t, int peer, int tag) {
+    return isend(t.raw(), t.numel(), t.dtype(), peer, tag);
+  }
+  std::unique_ptr<PendingTransfer> irecv(Tensor& t, int peer, int tag) {
+    return irecv(t.raw(), t.numel(), t.dtype(), peer, tag);
+  }
   // Counts in elements of the tensors' dtype; send and recv hold their sums.
   void all_to_allv(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                    const std::vector<int64_t>& recv_counts) {

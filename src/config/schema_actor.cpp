@@ -183,6 +183,9 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("account_for_loss_in_pipeline_split", B, "false", NO,
       "Count the loss as a layer when splitting PP stages (Kestrel's split counts decoder layers and noop_layers "
       "only).");
+  add("deallocate_pipeline_outputs", B, "false", NOP,
+      "Megatron frees a sent pipeline activation's data early when true. Kestrel always does: each stage's sent "
+      "output is released as soon as its send completes (train/pipeline.cpp), so the value changes nothing.");
   add("moe_token_dispatcher_type", S, "allgather", NO, "MoE token dispatcher.", {"allgather", "alltoall", "flex"});
   add("moe_router_dtype", S, "null", NO, "Router compute dtype.", {"fp32", "fp64"});
   add("moe_aux_loss_coeff", F, "0.0", NO, "MoE load-balancing loss coefficient.");

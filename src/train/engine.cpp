@@ -140,8 +140,8 @@ void TrainingEngine::sum_tied_embedding_grads() {
   KS_CHECK(e && e->grad.defined(), "tied embedding missing on pipeline stage ", r);
   const int peer = r == 0 ? p - 1 : 0;
   Tensor other = Tensor::empty(e->grad.shape(), DType::F32, MemCategory::Other);
-  auto sent = pp.isend(e->grad.raw(), e->grad.numel(), DType::F32, peer, 0);
-  pp.recv(other.raw(), other.numel(), DType::F32, peer, 0);
+  auto sent = pp.isend(e->grad, peer, 0);
+  pp.recv(other, peer, 0);
   sent->wait();
   ops::add_inplace(e->grad, other);
 }

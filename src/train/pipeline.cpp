@@ -55,7 +55,7 @@ class Wire {
     s.payload = t;
     const int tag = tag_for(mb, to.chunk, v_, d);
     s.header_tr = pp_.isend(s.header->data(), 2, DType::I64, to.rank, tag);
-    s.payload_tr = pp_.isend(t.raw(), t.numel(), t.dtype(), to.rank, tag);
+    s.payload_tr = pp_.isend(t, to.rank, tag);
     if (trace_) trace_->bytes_sent += 16 + t.nbytes();
     sends_.push_back(std::move(s));
     reap();
@@ -76,7 +76,7 @@ class Wire {
     r.payload = Tensor::empty({rows, D}, dt, MemCategory::Activations);
     const int tag = tag_for(mb, chunk, v_, d);
     r.header_tr = pp_.irecv(r.header->data(), 2, DType::I64, from.rank, tag);
-    r.payload_tr = pp_.irecv(r.payload.raw(), r.payload.numel(), dt, from.rank, tag);
+    r.payload_tr = pp_.irecv(r.payload, from.rank, tag);
     recvs_.emplace(k, std::move(r));
   }
 

@@ -4,7 +4,8 @@
 // noop layers only, i.e. empty chunks), combined with TP and DP (with the
 // distributed optimizer), equal one process training the whole model on the
 // same micro-batches: the losses, every parameter and every gradient of this
-// rank's stage (its shards under tp) within 1e-5 relative in fp32. Scoring
+// rank's stage (its shards under tp) and the trained model's log-probs (values
+// for the critic) within 1e-5 relative in fp32. Scoring
 // (forward only) gives every pp rank the last stage's log-probs / values.
 // Each rank runs the single-process reference itself (LocalGroups).
 #include <cstring>
@@ -198,6 +199,15 @@ void compare(const Layout& L) {
     if (!L.distributed_optimizer) EXPECT_CLOSE(p->grad, shard_of(q->grad, *p, tp), p->name + " grad");
   }
   EXPECT_GT(n, 0);
+  // The trained models' log-probs (values for a critic) of this rank's
+  // micro-batches: through the pipeline every stage gets the last stage's.
+  const auto micro = micro_batches(sequences(grid.coords().dp));
+  std::vector<Tensor> want, have;
+  train::score_micro_batches(*ref.model, micro, [&](size_t, const Tensor& t) { want.push_back(t.clone()); });
+  train::score_micro_batches(*got.model, micro, [&](size_t, const Tensor& t) { have.push_back(t.clone()); });
+  EXPECT_EQ(have.size(), want.size());
+  for (size_t i = 0; i < have.size() && i < want.size(); ++i)
+    EXPECT_CLOSE(have[i], want[i], "scores of micro-batch " + std::to_string(i) + " after 3 steps");
 }
 
 }  // namespace
