@@ -258,6 +258,12 @@ bad train_lr_nan "actor_rollout_ref.actor.optim.lr' must be finite" -- K train "
 bad train_batch_size_zero "data.train_batch_size' must be >= 1" -- K train "${RL[@]}" data.train_batch_size=0
 bad train_rollout_n_zero "rollout.n' must be >= 1" -- K train "${RL[@]}" actor_rollout_ref.rollout.n=0
 bad train_total_steps_zero "trainer.total_training_steps' must be >= 1" -- K train "${RL[@]}" trainer.total_training_steps=0
+bad train_pp_layers_do_not_divide "do not divide evenly over pipeline_model_parallel_size=3.*noop_layers" -- \
+  K plan --world 3 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3
+bad train_pp_does_not_divide_world "pipeline_model_parallel_size=2" -- \
+  K train "${RL[@]}" actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+bad train_vpp_without_pp "virtual_pipeline_model_parallel_size=2 interleaves pipeline stages and needs" -- \
+  K train "${RL[@]}" actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2
 bad train_unknown_key "did you mean 'actor_rollout_ref.actor.ppo_mini_batch_size'" -- \
   K train "${RL[@]}" actor_rollout_ref.actor.ppo_mini_batchsize=4
 RLF=("${RL[@]}" actor_rollout_ref.rollout.tensor_model_parallel_size=1)
