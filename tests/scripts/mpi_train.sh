@@ -105,16 +105,20 @@ for s in 0 1; do
 done
 
 # A PP2 checkpoint resumes under another layout: 2 steps under PP2, then step 3
-# under PP1 (one process) and under TP2, each equal to an uninterrupted
+# under PP1 (one process) and under TP2, and a PP2 x VPP2 checkpoint under
+# PP1, each equal to an uninterrupted
 # single-process run of 3 steps (the restored state is the saved one bit for
 # bit; the layouts' arithmetic differs in rounding only).
 single trainer.total_training_steps=3 trainer.save_freq=1 trainer.default_local_dir="$W/one3"
 PP=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2)
 TP=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2)
 RESUME=("${COMMON[@]/trainer.resume_mode=disable/trainer.resume_mode=auto}" trainer.total_training_steps=3 trainer.save_freq=1)
-for to in pp1 tp2; do
-  multi trainer.total_training_steps=2 trainer.save_freq=1 trainer.default_local_dir="$W/pp2_to_$to" "${PP[@]}"
-  if [[ $to == pp1 ]]; then
+VPP=(actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1)
+for to in pp1 tp2 vpp2_to_pp1; do
+  from=("${PP[@]}")
+  [[ $to == vpp2_to_pp1 ]] && from+=("${VPP[@]}")  # interleaved chunks saved, one process resumes
+  multi trainer.total_training_steps=2 trainer.save_freq=1 trainer.default_local_dir="$W/pp2_to_$to" "${from[@]}"
+  if [[ $to != tp2 ]]; then
     "$KESTREL" train "${RESUME[@]}" trainer.default_local_dir="$W/pp2_to_$to" >"$W/log.txt" 2>&1 || fail "PP2 -> PP1 resume"
   else
     timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${RESUME[@]}" "${TP[@]}" \
