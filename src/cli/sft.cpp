@@ -40,6 +40,7 @@
 namespace kestrel::cli {
 
 int cmd_sft(const Args& args);
+int cmd_sft_world(const Args& args);
 int cmd_builtin(const Args& args);
 
 namespace {
@@ -173,7 +174,10 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
 
 }  // namespace
 
-int cmd_sft(const Args& argv) {
+namespace {
+
+// world: the launch's processes that run this SFT together (nullptr = this process alone).
+int run_sft(const Args& argv, const comm::World* world) {
   for (const auto& a : argv)
     if (a == "--help" || a == "-h") {
       std::printf("%s", help_text().c_str());
@@ -181,7 +185,6 @@ int cmd_sft(const Args& argv) {
     }
   const config::Config c = load_command_config(config::sft_schema(), argv);
   const SftInputs in = sft_inputs(c);
-  const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1;
   const bool leader = !world || world->rank() == 0;
   check_sft_layout(c, in, world_size);
@@ -282,14 +285,15 @@ int cmd_sft(const Args& argv) {
   if (ngen > 0 && leader) {
     hooks.generate_eval = [&](const model::CausalLM& mm) { return generation_eval(mm, val_rows, tok, ngen, max_resp); };
   }
-  if (leader)
-    std::fprintf(stderr, "sft: model %s (%lld params), %lld steps of %lld samples, %lld steps per epoch%s\n",
-                 model_dir.c_str(), (long long)m.num_parameters(), (long long)o.total_steps, (long long)batch,
-                 (long long)per_epoch,
-                 world_size > 1 ? (", tp " + std::to_string(in.tp) + " x pp " + std::to_string(in.pipeline.pp) +
-                                   " x dp " + std::to_string(world_size / (in.tp * in.pipeline.pp)))
-                                      .c_str()
-                                : "");
+  if (leader) {
+    const bool split = in.pipeline.pp > 1 || in.tp > 1;
+    const std::string layout =
+        world_size == 1 ? "" : ", tp " + std::to_string(in.tp) + " x pp " + std::to_string(in.pipeline.pp) + " x dp " +
+                                   std::to_string(world_size / (in.tp * in.pipeline.pp));
+    std::fprintf(stderr, "sft: model %s (%lld params%s), %lld steps of %lld samples, %lld steps per epoch%s\n",
+                 model_dir.c_str(), (long long)m.num_parameters(), split ? " on rank 0: its stage and tp shard" : "",
+                 (long long)o.total_steps, (long long)batch, (long long)per_epoch, layout.c_str());
+  }
   train::SftTrainer trainer(m, to_examples(*train_rows), to_examples(val_rows), std::move(source), o, logger.get(),
                             hooks);
   if (leader) write_run_info_file(root, "kestrel sft", world_size);
@@ -297,6 +301,15 @@ int cmd_sft(const Args& argv) {
   if (leader) write_run_report_file(root, "kestrel sft");
   return 0;
 }
+
+}  // namespace
+
+// In-process callers (kestrel train's SFT warm start, run by world rank 0
+// alone while the other ranks wait) train in this process only, whatever the launch.
+int cmd_sft(const Args& argv) { return run_sft(argv, nullptr); }
+
+// The `kestrel sft` command: every rank of the launch (mpirun -np N) joins.
+int cmd_sft_world(const Args& argv) { return run_sft(argv, comm::World::current()); }
 
 int cmd_builtin(const Args& argv) {
   ParsedArgs args("builtin",

@@ -243,6 +243,7 @@ Status SftTrainer::load_checkpoint(const std::string& dir) {
 
 Status SftTrainer::fit() {
   if (!opt_.ckpt_root.empty() && leader()) remove_stale_checkpoint_temps(opt_.ckpt_root);
+  if (opt_.world && opt_.world->size() > 1) opt_.world->barrier();  // cleaned before any rank reads the root
   std::string resume_dir;
   if (opt_.resume_mode == "auto") {
     if (!opt_.ckpt_root.empty()) {
@@ -290,7 +291,10 @@ Status SftTrainer::fit() {
       set_progress(step_, "save_checkpoint");
       KS_TRY(save_checkpoint());
     }
-    if (interrupt_requested()) end_interrupted(step_, opt_.ckpt_root, "kestrel sft", true);
+    // Ctrl-C: every rank stops after the same step (rank 0's flag decides).
+    int32_t stop = interrupt_requested() ? 1 : 0;
+    if (opt_.world && opt_.world->size() > 1) opt_.world->broadcast(&stop, 1, DType::I32, 0);
+    if (stop) end_interrupted(step_, opt_.ckpt_root, "kestrel sft", leader());
   }
   if (opt_.progress) bar.finish();
   if (!opt_.export_dir.empty()) KS_TRY(export_hf(opt_.export_dir));

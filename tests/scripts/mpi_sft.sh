@@ -128,5 +128,10 @@ if timeout -k 5 120 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" sft "
 fi
 grep -q "= 4 ranks per model replica must divide the number of processes (2)" "$W/log.txt" \
   || fail "tp 2 x pp 2 on 2 ranks: the message does not name the sizes"
+if "$KESTREL" sft "${COMMON[@]}" trainer.virtual_pipeline_model_parallel_size=2 trainer.default_local_dir="$W/bad" \
+     >"$W/log.txt" 2>&1; then
+  fail "vpp 2 without pp should fail"
+fi
+grep -q "needs trainer.pipeline_model_parallel_size > 1" "$W/log.txt" || fail "vpp 2 without pp: the message"
 
 echo "mpi_sft: OK"
