@@ -14,7 +14,7 @@ const std::vector<Command>& commands() {
       {"config", "show the resolved config (verl syntax) or document every key", cmd_config},
       {"train", "RL post-training: GRPO/RLOO/REINFORCE++ with verl's ppo_trainer keys", cmd_train},
       {"generate", "generate completions with the rollout engine (verl rollout keys)", cmd_generate},
-      {"sft", "supervised fine-tuning (verl sft_trainer keys)", cmd_sft},
+      {"sft", "supervised fine-tuning (verl sft_trainer keys)", cmd_sft_world},
       {"tokenize", "text or chats to token ids with an HF tokenizer", cmd_tokenize},
       {"builtin", "write the built-in arith data, tokenizer or model folder", cmd_builtin},
       {"data", "inspect a dataset file (Parquet or JSONL): schema, rows, first rows", cmd_data},

@@ -23,7 +23,11 @@ int run_main(int argc, char** argv);
 // Subcommand entry points, one file each.
 int cmd_logprobs(const Args& args);
 int cmd_config(const Args& args);
+// kestrel sft: cmd_sft_world is the command (every rank of an mpirun launch
+// joins); cmd_sft runs in the calling process alone (kestrel train's SFT warm
+// start, which world rank 0 runs while the other ranks wait).
 int cmd_sft(const Args& args);
+int cmd_sft_world(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_builtin(const Args& args);
 int cmd_generate(const Args& args);

@@ -115,6 +115,10 @@ struct SftInputs {
   bool console_full = false;  // trainer.console_metrics=full
   int64_t val_generations = 0, max_response_length = 0;
   model::RecomputePolicy recompute;  // model.enable_gradient_checkpointing: full/uniform/1
+  // trainer.tensor_model_parallel_size / pipeline_model_parallel_size /
+  // virtual_pipeline_model_parallel_size (Kestrel's keys; dp = world / (tp * pp)).
+  int64_t tp = 1;
+  parallel::PipelineSpec pipeline;
 };
 SftInputs sft_inputs(const config::Config& c);
 train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch);

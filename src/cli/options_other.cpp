@@ -59,6 +59,13 @@ SftInputs sft_inputs(const config::Config& c) {
   in.console_full = c.get_string("trainer.console_metrics") == "full";
   in.val_generations = c.get_int("trainer.val_generations");
   in.max_response_length = c.get_int("data.max_response_length");
+  in.tp = c.get_int("trainer.tensor_model_parallel_size");
+  in.pipeline.pp = int(c.get_int("trainer.pipeline_model_parallel_size"));
+  in.pipeline.vpp = int(c.get_int_or("trainer.virtual_pipeline_model_parallel_size", 1));
+  if (in.pipeline.vpp > 1 && in.pipeline.pp == 1)
+    KS_FAIL(c.origin("trainer.virtual_pipeline_model_parallel_size"), ": trainer.virtual_pipeline_model_parallel_size=",
+            in.pipeline.vpp, " interleaves pipeline stages and needs trainer.pipeline_model_parallel_size > 1; set it "
+            "or leave the virtual size null");
   return in;
 }
 

@@ -6,6 +6,11 @@
 // `builtin:arith` as a data file and `builtin:tiny` / `builtin:small` as
 // model.partial_pretrain are materialised under
 // {trainer.default_local_dir}/builtin/ so a run needs nothing downloaded.
+//
+// Under mpirun -np N: a process grid of trainer.tensor_model_parallel_size x
+// trainer.pipeline_model_parallel_size ranks per model replica (Kestrel's
+// keys) and dp = N / (tp * pp) replicas; world rank 0 alone writes the
+// metrics, console and report, every rank joins the checkpoints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,12 +21,16 @@
 #include "cli/commands.h"
 #include "cli/loader_source.h"
 #include "cli/options.h"
+#include "comm/world.h"
 #include "core/files.h"
 #include "core/parallel_for.h"
 #include "data/arith.h"
 #include "data/builtin_tokenizer.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "io/model_config.h"
+#include "model/parallel_setup.h"
+#include "parallel/setup.h"
 #include "rl/reward_rules.h"
 #include "rollout/engine.h"
 #include "train/builtin_model.h"
@@ -31,6 +40,7 @@
 namespace kestrel::cli {
 
 int cmd_sft(const Args& args);
+int cmd_sft_world(const Args& args);
 int cmd_builtin(const Args& args);
 
 namespace {
@@ -119,9 +129,55 @@ std::map<std::string, double> generation_eval(const model::CausalLM& m, const st
           {"val/num_generated", double(outs.size())}};
 }
 
+// The launch against trainer.tensor_model_parallel_size x pipeline_model_parallel_size.
+void check_sft_layout(const config::Config& c, const SftInputs& in, int world_size) {
+  const std::string tk = "trainer.tensor_model_parallel_size", pk = "trainer.pipeline_model_parallel_size";
+  const int64_t ranks = in.tp * in.pipeline.pp;
+  const std::string sizes = tk + "=" + std::to_string(in.tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
+                            std::to_string(in.pipeline.pp) + " (from " + c.origin(pk) + ") = " +
+                            std::to_string(ranks) + " ranks per model replica";
+  if (world_size % ranks != 0)
+    KS_FAIL(sizes, " must divide the number of processes (", world_size, "); launch with mpirun -np <a multiple of ",
+            ranks, "> kestrel sft ..., or choose sizes whose product divides ", world_size);
+  if (in.val_generations > 0 && ranks > 1)
+    KS_FAIL(c.origin("trainer.val_generations"), ": not supported yet: trainer.val_generations (evaluation by "
+            "generation) with tensor or pipeline parallelism (", sizes, "); set trainer.val_generations=0 or "
+            "run with tp = pp = 1");
+}
+
+// Under mpirun: the process grid (tp x pp per replica, dp = world / (tp * pp)),
+// this rank's share of the model (its tp group and, under pp, its stage's
+// chunks of the layers) and the trainer's groups.
+std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, const SftInputs& in,
+                                                      const std::string& model_dir, model::ModelOptions& mopt,
+                                                      train::SftOptions& o) {
+  auto mc = io::load_model_config(model_dir);
+  if (!mc) KS_FAIL(mc.status().message());
+  parallel::ParallelDims dims = parallel::dims_for(int(in.tp), false);
+  dims.pp = in.pipeline.pp;
+  auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
+  if (!g) KS_FAIL("kestrel sft: ", g.status().message());
+  std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
+  mopt.parallel = model::model_parallel_for(*grid);
+  mopt.parallel.vpp_microbatch_group = in.pipeline.microbatch_group_size;
+  if (dims.pp > 1) {
+    auto chunks = parallel::pipeline_chunks(in.pipeline, mc->num_hidden_layers);
+    if (!chunks)
+      KS_FAIL("kestrel sft: trainer.pipeline_model_parallel_size / virtual_pipeline_model_parallel_size: ",
+              chunks.status().message());
+    model::set_pipeline_stage(mopt, (*chunks)[size_t(grid->coords().pp)]);
+  }
+  o.world = world.group();
+  o.dp = grid->group(parallel::GroupKind::Dp);
+  return grid;
+}
+
 }  // namespace
 
-int cmd_sft(const Args& argv) {
+namespace {
+
+// world: the launch's processes that run this SFT together (nullptr = this process alone).
+int run_sft(const Args& argv, const comm::World* world) {
   for (const auto& a : argv)
     if (a == "--help" || a == "-h") {
       std::printf("%s", help_text().c_str());
@@ -129,15 +185,21 @@ int cmd_sft(const Args& argv) {
     }
   const config::Config c = load_command_config(config::sft_schema(), argv);
   const SftInputs in = sft_inputs(c);
+  const int world_size = world ? world->size() : 1;
+  const bool leader = !world || world->rank() == 0;
+  check_sft_layout(c, in, world_size);
   set_num_threads(in.threads);
   init_gemm_for_job();
   const std::string root = in.ckpt_root;
   const std::string builtin_root = root + "/builtin";
+  // Rank 0 materialises the built-in data and model first; the others then read them.
+  if (world_size > 1 && !leader) world->group()->barrier();
 
   // The data files and their columns before any model (see check_sft_files).
   data::check_sft_files(resolve_files(in, in.train_files, builtin_root, true), in.data).throw_if_error();
   data::check_sft_files(resolve_files(in, in.val_files, builtin_root, false), in.data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_spec, builtin_root, in.seed);
+  if (world_size > 1 && leader) world->group()->barrier();
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());
@@ -154,12 +216,22 @@ int cmd_sft(const Args& argv) {
     if (!v) KS_FAIL(v.status().message());
     val_rows = std::move(v).value();
   }
-  std::fprintf(stderr, "sft: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
-  for (const auto& s : tst.first_skipped) std::fprintf(stderr, "  skipped: %s\n", s.c_str());
+  if (leader) {
+    std::fprintf(stderr, "sft: train %s; val %s\n", tst.summary().c_str(), vst.summary().c_str());
+    for (const auto& s : tst.first_skipped) std::fprintf(stderr, "  skipped: %s\n", s.c_str());
+  }
+
+  const int64_t batch = in.train_batch_size;
+  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
+  const int64_t per_epoch = source->batches_per_epoch();
+  train::SftOptions o = sft_options(c, per_epoch);
+  o.progress = leader;
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
   mopt.recompute = in.recompute;
+  std::unique_ptr<parallel::ProcessGrid> grid;
+  if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, o);
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& m = **loaded;
@@ -172,11 +244,6 @@ int cmd_sft(const Args& argv) {
     for (const auto& r : rows) out.push_back({r.ids, r.loss_mask});
     return out;
   };
-  const int64_t batch = in.train_batch_size;
-  auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
-
-  const int64_t per_epoch = source->batches_per_epoch();
-  train::SftOptions o = sft_options(c, per_epoch);
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
     if (fs::exists(tok_dir + "/" + f)) o.model_extra_files[f] = read_file(tok_dir + "/" + f).value();
   }
@@ -203,25 +270,46 @@ int cmd_sft(const Args& argv) {
     auto s = train::checkpoint_step_of(o.resume_from_path);
     if (s) resume_step = *s;
   }
-  auto logger = train::MetricsLogger::open(mo, resume_step);
-  if (!logger) KS_FAIL(logger.status().message());
+  std::unique_ptr<train::MetricsLogger> logger;  // world rank 0 only
+  if (leader) {
+    auto l = train::MetricsLogger::open(mo, resume_step);
+    if (!l) KS_FAIL(l.status().message());
+    logger = std::move(l).value();
+  }
 
   train::SftHooks hooks;
   const int64_t ngen = in.val_generations;
   const int64_t max_resp = in.max_response_length;
-  if (ngen > 0) {
+  // Greedy decoding of the whole model: one process, or world rank 0 of a
+  // dp-only run (every rank holds the whole model; check_sft_layout refuses tp/pp).
+  if (ngen > 0 && leader) {
     hooks.generate_eval = [&](const model::CausalLM& mm) { return generation_eval(mm, val_rows, tok, ngen, max_resp); };
   }
-  std::fprintf(stderr, "sft: model %s (%lld params), %lld steps of %lld samples, %lld steps per epoch\n",
-               model_dir.c_str(), (long long)m.num_parameters(), (long long)o.total_steps, (long long)batch,
-               (long long)per_epoch);
-  train::SftTrainer trainer(m, to_examples(*train_rows), to_examples(val_rows), std::move(source), o, logger->get(),
+  if (leader) {
+    const bool split = in.pipeline.pp > 1 || in.tp > 1;
+    const std::string layout =
+        world_size == 1 ? "" : ", tp " + std::to_string(in.tp) + " x pp " + std::to_string(in.pipeline.pp) + " x dp " +
+                                   std::to_string(world_size / (in.tp * in.pipeline.pp));
+    std::fprintf(stderr, "sft: model %s (%lld params%s), %lld steps of %lld samples, %lld steps per epoch%s\n",
+                 model_dir.c_str(), (long long)m.num_parameters(), split ? " on rank 0: its stage and tp shard" : "",
+                 (long long)o.total_steps, (long long)batch, (long long)per_epoch, layout.c_str());
+  }
+  train::SftTrainer trainer(m, to_examples(*train_rows), to_examples(val_rows), std::move(source), o, logger.get(),
                             hooks);
-  write_run_info_file(root, "kestrel sft", 1);
+  if (leader) write_run_info_file(root, "kestrel sft", world_size);
   trainer.fit().throw_if_error();
-  write_run_report_file(root, "kestrel sft");
+  if (leader) write_run_report_file(root, "kestrel sft");
   return 0;
 }
+
+}  // namespace
+
+// In-process callers (kestrel train's SFT warm start, run by world rank 0
+// alone while the other ranks wait) train in this process only, whatever the launch.
+int cmd_sft(const Args& argv) { return run_sft(argv, nullptr); }
+
+// The `kestrel sft` command: every rank of the launch (mpirun -np N) joins.
+int cmd_sft_world(const Args& argv) { return run_sft(argv, comm::World::current()); }
 
 int cmd_builtin(const Args& argv) {
   ParsedArgs args("builtin",

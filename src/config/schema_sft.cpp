@@ -88,6 +88,20 @@ void declare_sft(Builder& b) {
   b.k("export_dir", S, "null", YES, "Write the final model as an HF folder here (Kestrel).");
   b.k("val_generations", I, "0", YES, "Validation prompts greedy-decoded for val/acc; 0 = off (Kestrel).").at_least(0);
   b.k("threads", I, "0", YES, "CPU threads; 0 = all cores (Kestrel).").in(0, 4096);
+  // Model parallelism under mpirun. verl's FSDP SFT trainer has no such keys
+  // (it shards with FSDP and splits sequences with ulysses_sequence_parallel_size);
+  // these are Kestrel's, with the Megatron names. dp = world size / (tp * pp).
+  b.k("tensor_model_parallel_size", I, "1", YES,
+      "Tensor-parallel ranks under mpirun; dp = world / (tp * pp) (Kestrel: verl's FSDP SFT has no such key).")
+      .in(1, 4096);
+  b.k("pipeline_model_parallel_size", I, "1", YES,
+      "Pipeline stages under mpirun (1F1B schedule; each rank holds its stage's layers) (Kestrel: verl's FSDP "
+      "SFT has no such key).")
+      .in(1, 4096);
+  b.k("virtual_pipeline_model_parallel_size", I, "null", YES,
+      "Interleaved 1F1B: model chunks per pipeline rank; null = 1 (not interleaved); needs "
+      "pipeline_model_parallel_size > 1 (Kestrel).")
+      .in(1, 4096);
 }
 
 }  // namespace kestrel::config::schema_detail

@@ -3,7 +3,9 @@
 // weighs 1/num_response_tokens of its optimizer step), micro-batches by token
 // budget with gradient accumulation, AdamW with warmup + cosine/constant/linear
 // schedule and global-norm clipping, periodic validation, atomic checkpoints
-// and resume that reproduces an uninterrupted run bit for bit.
+// and resume that reproduces an uninterrupted run bit for bit. Under mpirun
+// it runs data, tensor and pipeline parallel (SftOptions::world / dp and the
+// model's groups), equal to one process (tests/scripts/mpi_sft.sh).
 //
 // train/ does not link data/ or rollout/: the batch order comes through
 // BatchSource and generation-based evaluation through SftHooks, both wired
@@ -65,6 +67,13 @@ struct SftOptions {
   std::string export_dir;        // HF folder written at the end; "" = none
   int64_t val_micro_tokens = 8192;  // validation forward budget per micro-batch
   bool progress = true;
+  // Under mpirun (cli/sft.cpp): the world and the grid's data-parallel group;
+  // nullptr = one process. Tensor and pipeline parallelism come with the
+  // model (CausalLM::tp() / pp()). Each dp rank trains a contiguous share of
+  // every mini-batch with the whole mini-batch's loss denominator (the
+  // engine sums the gradients over dp); only world rank 0 logs; checkpoints
+  // and the export are collective (every rank calls fit()).
+  std::shared_ptr<comm::ProcessGroup> world, dp;
   // Saved into each checkpoint and export.
   std::string resolved_config_yaml;
   std::map<std::string, std::string> model_extra_files;  // tokenizer files
@@ -94,6 +103,8 @@ class SftTrainer {
   Status export_hf(const std::string& dir) const;
 
   int64_t global_step() const { return step_; }
+  // World rank 0 (or one process): the rank that logs and writes the trainer state.
+  bool leader() const { return !opt_.world || opt_.world->rank() == 0; }
   const optim::AdamW& optimizer() const { return engine_->optimizer(); }
 
  private:

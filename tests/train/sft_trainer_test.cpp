@@ -8,6 +8,8 @@
 #include <filesystem>
 
 #include "common/testing.h"
+#include "comm/process_group.h"
+#include "core/files.h"
 #include "ops/copy.h"
 #include "train/checkpoint.h"
 #include "train/micro_batch.h"
@@ -217,6 +219,37 @@ TEST(SftTrainer, RefusesACheckpointHoldingANaN) {
     EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos) << e.path();
 }
 
+// The mpirun path's plumbing on size-1 groups (tests/scripts/mpi_sft.sh runs
+// the real multi-rank layouts): a world and a dp group given to the trainer
+// change nothing (the same dp share, losses, weights and checkpoint files),
+// and the trainer state records the layout.
+TEST(SftTrainer, SizeOneGroupsEqualOneProcess) {
+  const std::string ra = scratch("groups_none"), rb = scratch("groups_local");
+  auto a = model::CausalLM::init_random(tiny_config(), {}, 21);
+  auto b = model::CausalLM::init_random(tiny_config(), {}, 21);
+  auto oa = options(3);
+  oa.ckpt_root = ra;
+  oa.save_freq = 3;
+  oa.test_freq = 3;
+  auto ob = oa;
+  ob.ckpt_root = rb;
+  ob.world = std::make_shared<comm::LocalGroup>("world");
+  ob.dp = std::make_shared<comm::LocalGroup>("dp");
+  SftTrainer ta(*a, examples(8), examples(3), std::make_unique<CycleSource>(8, 4), oa, nullptr);
+  SftTrainer tb(*b, examples(8), examples(3), std::make_unique<CycleSource>(8, 4), ob, nullptr);
+  EXPECT_TRUE(tb.leader());
+  ASSERT_TRUE(ta.fit().is_ok());
+  ASSERT_TRUE(tb.fit().is_ok());
+  EXPECT_EQ(weights_of(*a), weights_of(*b));
+  EXPECT_EQ(ta.validate().at("val/loss"), tb.validate().at("val/loss"));
+  const std::string sa = read_file(checkpoint_dir(ra, 3) + "/trainer_state.json").value();
+  const std::string sb = read_file(checkpoint_dir(rb, 3) + "/trainer_state.json").value();
+  const auto ja = nlohmann::json::parse(sa), jb = nlohmann::json::parse(sb);
+  EXPECT_EQ(jb.at("parallel"), (nlohmann::json{{"world", 1}, {"tp", 1}, {"pp", 1}, {"dp", 1}}));
+  EXPECT_EQ(ja.at("parallel"), jb.at("parallel"));
+  EXPECT_EQ(read_file(checkpoint_dir(ra, 3) + "/model/model.safetensors").value(),
+            read_file(checkpoint_dir(rb, 3) + "/model/model.safetensors").value());
+}
 
 TEST(SftTrainer, ResumePathMustBeAStepFolder) {
   auto m = model::CausalLM::init_random(tiny_config(), {}, 1);
