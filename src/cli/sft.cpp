@@ -309,7 +309,10 @@ int run_sft(const Args& argv, const comm::World* world) {
 int cmd_sft(const Args& argv) { return run_sft(argv, nullptr); }
 
 // The `kestrel sft` command: every rank of the launch (mpirun -np N) joins.
-int cmd_sft_world(const Args& argv) { return run_sft(argv, comm::World::current()); }
+int cmd_sft_world(const Args& argv) {
+  check_omp_num_threads("sft");  // before any parallel region (libgomp starts that many threads)
+  return run_sft(argv, comm::World::current());
+}
 
 int cmd_builtin(const Args& argv) {
   ParsedArgs args("builtin",

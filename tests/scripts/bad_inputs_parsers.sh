@@ -140,6 +140,8 @@ case_ omp_num_threads_65536 'OMP_NUM_THREADS=65536 is out of range' "$W/o12.json
   env OMP_NUM_THREADS=65536 "$KESTREL" logprobs --model "$W/m" --input "$W/ids.jsonl" --output "$W/o12.jsonl"
 case_ train_omp_num_threads_65536 'kestrel train: OMP_NUM_THREADS=65536 is out of range' "$W/train_out" -- \
   env OMP_NUM_THREADS=65536 "$KESTREL" train trainer.default_local_dir="$W/train_out" trainer.total_training_steps=1
+case_ sft_omp_num_threads_65536 'kestrel sft: OMP_NUM_THREADS=65536 is out of range' "$W/sft_out" -- \
+  env OMP_NUM_THREADS=65536 "$KESTREL" sft trainer.default_local_dir="$W/sft_out"
 case_ arith_num_train_1e10 'builtin arith: num_train = 10000000000 is out of range [0, 1000000]' "$W/arith/train.jsonl" -- \
   "$KESTREL" builtin arith --out "$W/arith" --num-train 10000000000
 
