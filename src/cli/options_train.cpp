@@ -50,7 +50,8 @@ std::string list_text(const std::vector<int64_t>& v) {
 
 // <meg>.pipeline_model_parallel_size, virtual_pipeline_model_parallel_size and the override_transformer_config
 // layout keys, as given (unchecked); *num_layers gets override_transformer_config.num_layers (-1 when null).
-parallel::PipelineSpec read_pipeline(const config::Config& c, const std::string& meg, int64_t* num_layers) {
+// The layer layout alone (what scoring needs too): pp, vpp, the uneven split, noop layers.
+parallel::PipelineSpec read_layer_layout(const config::Config& c, const std::string& meg) {
   const std::string K = meg + ".override_transformer_config.";
   parallel::PipelineSpec p;
   p.pp = int(c.get_int(meg + ".pipeline_model_parallel_size"));
@@ -58,6 +59,12 @@ parallel::PipelineSpec read_pipeline(const config::Config& c, const std::string&
   p.first_stage_layers = c.get_int_or(K + "num_layers_in_first_pipeline_stage", -1);
   p.last_stage_layers = c.get_int_or(K + "num_layers_in_last_pipeline_stage", -1);
   if (!c.is_null(K + "noop_layers")) p.noop_layers = c.get_int_list(K + "noop_layers");
+  return p;
+}
+
+parallel::PipelineSpec read_pipeline(const config::Config& c, const std::string& meg, int64_t* num_layers) {
+  const std::string K = meg + ".override_transformer_config.";
+  parallel::PipelineSpec p = read_layer_layout(c, meg);
   p.microbatch_group_size = c.get_int_or(K + "microbatch_group_size_per_vp_stage", 0);
   *num_layers = c.get_int_or(K + "num_layers", -1);
   return p;
@@ -440,13 +447,7 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
 }
 
 parallel::PipelineSpec scoring_pipeline_spec(const config::Config& c, const std::string& meg) {
-  const std::string K = meg + ".override_transformer_config.";
-  parallel::PipelineSpec p;
-  p.pp = int(c.get_int(meg + ".pipeline_model_parallel_size"));
-  p.vpp = int(c.get_int_or(meg + ".virtual_pipeline_model_parallel_size", 1));
-  p.first_stage_layers = c.get_int_or(K + "num_layers_in_first_pipeline_stage", -1);
-  p.last_stage_layers = c.get_int_or(K + "num_layers_in_last_pipeline_stage", -1);
-  if (!c.is_null(K + "noop_layers")) p.noop_layers = c.get_int_list(K + "noop_layers");
+  const parallel::PipelineSpec p = read_layer_layout(c, meg);
   check_pipeline(c, meg, p);
   return p;
 }

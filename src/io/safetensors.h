@@ -106,6 +106,14 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
 // (in order; a new shard starts when the next tensor would overflow; a tensor
 // larger than the limit gets a shard of its own). Stale weight files of the
 // other layout in `dir` are removed so the folder stays unambiguous.
+// huggingface_hub's split of a state dict into shard files
+// (split_state_dict_into_shards_factory): tensors in order, a new shard when
+// the next tensor would pass max_shard_bytes, an oversized tensor alone; the
+// open shard last. bytes[i]: tensor i's size on disk. Indices per shard.
+std::vector<std::vector<size_t>> hf_shard_plan(const std::vector<size_t>& bytes, size_t max_shard_bytes);
+// "model-00001-of-00003.safetensors" for shard i (0-based) of n.
+std::string hf_shard_file_name(size_t i, size_t n);
+
 Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors, DType dtype,
                         size_t max_shard_bytes = size_t(5) << 30);
 

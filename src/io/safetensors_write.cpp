@@ -86,13 +86,8 @@ Status write_text_atomic(const std::string& path, const std::string& text) {
   return f.commit();
 }
 
-std::string shard_name(size_t i, size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
-}
 
-bool is_shard_name(const std::string& s) {
+bool is_shard_file_name(const std::string& s) {
   static const std::regex re("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
   return std::regex_match(s, re);
 }
@@ -103,7 +98,7 @@ void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    const bool weight_file = n == "model.safetensors" || n == "model.safetensors.index.json" || is_shard_name(n);
+    const bool weight_file = n == "model.safetensors" || n == "model.safetensors.index.json" || is_shard_file_name(n);
     if (weight_file && !keep.count(n)) fs::remove(e.path(), ec);
   }
 }
@@ -176,34 +171,47 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
   return f.commit();
 }
 
+std::vector<std::vector<size_t>> hf_shard_plan(const std::vector<size_t>& bytes, size_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> cur;
+  size_t cur_bytes = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (cur_bytes + bytes[i] > max_shard_bytes) {
+      shards.push_back(std::move(cur));
+      cur.clear();
+      cur_bytes = 0;
+    }
+    cur.push_back(i);
+    cur_bytes += bytes[i];
+  }
+  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));  // the open shard last
+  return shards;
+}
+
+std::string hf_shard_file_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
 Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors, DType dtype,
                         size_t max_shard_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return KS_ERR(dir, ": cannot create folder: ", ec.message());
 
-  // The split of huggingface_hub's split_state_dict_into_shards_factory.
-  std::vector<std::vector<size_t>> shards;
-  std::vector<size_t> cur;
-  size_t cur_bytes = 0, total = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].tensor.defined()) return KS_ERR(dir, ": tensor '", tensors[i].name, "' is undefined");
-    const size_t b = size_t(tensors[i].tensor.numel()) * dtype_size(dtype);
-    total += b;
-    if (b > max_shard_bytes) {
-      shards.push_back({i});
-      continue;
-    }
-    if (cur_bytes + b > max_shard_bytes) {
-      shards.push_back(std::move(cur));
-      cur.clear();
-      cur_bytes = 0;
-    }
-    cur.push_back(i);
-    cur_bytes += b;
+  std::vector<size_t> bytes;
+  size_t total = 0;
+  for (const auto& t : tensors) {
+    if (!t.tensor.defined()) return KS_ERR(dir, ": tensor '", t.name, "' is undefined");
+    bytes.push_back(size_t(t.tensor.numel()) * dtype_size(dtype));
+    total += bytes.back();
   }
-  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
-  // huggingface_hub appends the open shard last, after any oversized ones.
+  const std::vector<std::vector<size_t>> shards = hf_shard_plan(bytes, max_shard_bytes);
 
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (shards.size() == 1) {
@@ -217,7 +225,7 @@ Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& 
   nlohmann::json weight_map = nlohmann::json::object();
   std::set<std::string> keep;
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = shard_name(s, shards.size());
+    const std::string name = hf_shard_file_name(s, shards.size());
     std::vector<NamedTensor> part;
     for (size_t i : shards[s]) {
       part.push_back(tensors[i]);

@@ -27,40 +27,6 @@ namespace fs = std::filesystem;
 
 constexpr int kSaveTag = 7301;  // the pp group's point-to-point tag for exported tensors
 
-// The split of io::save_weights_dir (huggingface_hub's
-// split_state_dict_into_shards_factory), from the tensors' sizes on disk: in
-// order, a new shard when the next tensor would overflow the open one, a
-// tensor over the limit alone in a shard (listed when met, before the open
-// shard), the open shard last. Must stay the same rule as io's; the tests
-// compare the folders byte for byte.
-std::vector<std::vector<size_t>> plan_shards(const std::vector<size_t>& bytes, size_t max_shard_bytes) {
-  std::vector<std::vector<size_t>> shards;
-  std::vector<size_t> cur;
-  size_t cur_bytes = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    const size_t b = bytes[i];
-    if (b > max_shard_bytes) {
-      shards.push_back({i});
-      continue;
-    }
-    if (cur_bytes + b > max_shard_bytes) {
-      shards.push_back(std::move(cur));
-      cur.clear();
-      cur_bytes = 0;
-    }
-    cur.push_back(i);
-    cur_bytes += b;
-  }
-  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
-  return shards;
-}
-
-std::string shard_file_name(size_t i, size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
-}
-
 // What io::save_weights_dir removes: weight files of the other layout.
 void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
   static const std::regex shard_re("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
@@ -100,29 +66,6 @@ Status write_text_atomic(const std::string& path, const std::string& text) {
   return Status::ok();
 }
 
-constexpr std::string_view kCausalLM = "ForCausalLM", kTokenCls = "ForTokenClassification";
-
-// config.json exactly as CausalLM::save writes it (model/transformer.cpp:
-// the causal LM's config, or the value model's <Arch>ForTokenClassification
-// with num_labels 1). TODO(integrator): CausalLM could expose its config
-// text so this copy goes; tests/mpi/pp_save_test.cpp compares the two.
-std::string config_json(const CausalLM& m, DType disk_dtype, bool score_bias) {
-  io::ModelConfig cfg = m.config();
-  cfg.torch_dtype = disk_dtype == DType::BF16 ? "bfloat16" : disk_dtype == DType::F16 ? "float16" : "float32";
-  if (!m.is_value_model()) return io::model_config_to_json(cfg);
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(io::model_config_to_json(cfg));
-  std::string name = io::arch_name(cfg.arch);
-  if (name.size() >= kCausalLM.size() && name.compare(name.size() - kCausalLM.size(), kCausalLM.size(), kCausalLM) == 0)
-    name = name.substr(0, name.size() - kCausalLM.size());
-  j["architectures"] = {name + std::string(kTokenCls)};
-  j["num_labels"] = 1;
-  j["id2label"] = {{"0", "LABEL_0"}};
-  j["label2id"] = {{"LABEL_0", 0}};
-  j["classifier_dropout"] = 0.0;
-  j["token_classification_bias"] = score_bias;
-  return j.dump(2) + "\n";
-}
-
 // The writer's side: the shard plan, the tensors of the open shards, and the
 // first error (after which it still receives every tensor, writing nothing).
 class FolderWriter {
@@ -135,7 +78,7 @@ class FolderWriter {
       bytes.push_back(size_t(shape_numel(params[i].full_shape)) * dtype_size(disk_dtype));
       total_ += bytes.back();
     }
-    shards_ = plan_shards(bytes, max_shard_bytes);
+    shards_ = io::hf_shard_plan(bytes, max_shard_bytes);
     shard_of_.resize(params.size());
     left_.resize(shards_.size());
     for (size_t s = 0; s < shards_.size(); ++s) {
@@ -161,7 +104,7 @@ class FolderWriter {
         status_ = io::save_weights_dir(dir_, part, disk_, max_);  // model.safetensors, exactly io's
       } else {
         const std::map<std::string, std::string> meta = {{"format", "pt"}};
-        status_ = io::save_safetensors((fs::path(dir_) / shard_file_name(s, shards_.size())).string(), part, meta,
+        status_ = io::save_safetensors((fs::path(dir_) / io::hf_shard_file_name(s, shards_.size())).string(), part, meta,
                                        &disk_);
       }
     }
@@ -175,7 +118,7 @@ class FolderWriter {
       nlohmann::json weight_map = nlohmann::json::object();
       std::set<std::string> keep;
       for (size_t s = 0; s < shards_.size(); ++s) {
-        const std::string name = shard_file_name(s, shards_.size());
+        const std::string name = io::hf_shard_file_name(s, shards_.size());
         for (size_t i : shards_[s]) weight_map[names_[i]] = name;
         keep.insert(name);
       }
@@ -255,7 +198,7 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
     }
   }
   if (!writer) return Status::ok();
-  return out->finish(config_json(any, disk_dtype, score_bias));
+  return out->finish(any.hf_config_json(disk_dtype, score_bias));
 }
 
 }  // namespace kestrel::model

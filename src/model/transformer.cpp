@@ -305,6 +305,12 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
   return m;
 }
 
+std::string CausalLM::hf_config_json(DType disk_dtype, bool score_bias) const {
+  io::ModelConfig cfg = cfg_;
+  cfg.torch_dtype = disk_dtype == DType::BF16 ? "bfloat16" : disk_dtype == DType::F16 ? "float16" : "float32";
+  return opts_.value_head ? value_model_config_json(cfg, score_bias) : io::model_config_to_json(cfg);
+}
+
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
   std::vector<io::NamedTensor> tensors;
@@ -315,12 +321,10 @@ Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   fs::create_directories(dir, ec);
   if (ec) return KS_ERR("cannot create model folder ", dir, ": ", ec.message());
   KS_TRY(io::save_weights_dir(dir, tensors, disk_dtype));
-  io::ModelConfig cfg = cfg_;
-  cfg.torch_dtype = disk_dtype == DType::BF16 ? "bfloat16" : disk_dtype == DType::F16 ? "float16" : "float32";
   const std::string path = dir + "/config.json", tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << (opts_.value_head ? value_model_config_json(cfg, score_bias_.weight.defined()) : io::model_config_to_json(cfg));
+    f << hf_config_json(disk_dtype, score_bias_.weight.defined());
     f.flush();
     if (!f) return KS_ERR("cannot write ", tmp);
   }

@@ -150,6 +150,10 @@ class CausalLM {
   // every rank calls it, the full tensors are gathered, and only tp rank 0
   // writes (the others return ok without touching dir).
   Status save(const std::string& dir, DType disk_dtype) const;
+  // The config.json text save() writes for disk dtype `disk_dtype` (a value
+  // model as <Arch>ForTokenClassification with num_labels 1). score_bias: the
+  // whole model's value head has a bias (a slice without the head cannot tell).
+  std::string hf_config_json(DType disk_dtype, bool score_bias) const;
   // The full HF tensor of a parameter (collective over tp; a copy at tp = 1).
   Tensor full_tensor(const Param& p) const;
 

@@ -193,10 +193,13 @@ void compare(const Layout& L) {
     // The key bias's gradient is zero in exact arithmetic (set_optimizer);
     // even at eps 1e-5 its noise moves the weight by ~1e-5 of its tiny scale
     // in a layout-dependent direction. Its gradient is compared below.
-    if (p->name.find("k_proj.bias") == std::string::npos)
+    if (p->name.find("k_proj.bias") == std::string::npos) {
       EXPECT_CLOSE(p->weight, shard_of(q->weight, *p, tp), p->name + " weight");
+    }
     // The distributed optimizer keeps only the owned range's reduced gradient.
-    if (!L.distributed_optimizer) EXPECT_CLOSE(p->grad, shard_of(q->grad, *p, tp), p->name + " grad");
+    if (!L.distributed_optimizer) {
+      EXPECT_CLOSE(p->grad, shard_of(q->grad, *p, tp), p->name + " grad");
+    }
   }
   EXPECT_GT(n, 0);
   // The trained models' log-probs (values for a critic) of this rank's
@@ -431,7 +434,9 @@ TEST(PipelineMpi, MeasuredBubbleInFlightMemoryAndBytesMatchTheSchedule) {
       EXPECT_LE(peak, bound) << "peak " << peak << ", kept per chunk <= " << max_kept << ", one chunk's peak "
                              << max_full;
       // ... and it is not the all-forward bound: fewer than m * v stores.
-      if (m * v > want_in_flight) EXPECT_LT(peak, m * v * max_kept);
+      if (m * v > want_in_flight) {
+        EXPECT_LT(peak, m * v * max_kept);
+      }
       // Bytes: each (mb, chunk) boundary this rank sends forward ([18, 32] f32)
       // or back (f32), each with a 16-byte header.
       const int64_t rows = 18, D = 32, msg = 16 + rows * D * 4;
