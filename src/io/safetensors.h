@@ -9,6 +9,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,10 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
 std::vector<std::vector<size_t>> hf_shard_plan(const std::vector<size_t>& bytes, size_t max_shard_bytes);
 // "model-00001-of-00003.safetensors" for shard i (0-based) of n.
 std::string hf_shard_file_name(size_t i, size_t n);
+// Removes the weight files of `dir` (model.safetensors, its index, shard
+// files) not named in `keep`: what a save just made did not write, so a
+// reader cannot pick up a stale single file or stale shards.
+void remove_stale_weight_files(const std::string& dir, const std::set<std::string>& keep);
 
 Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& tensors, DType dtype,
                         size_t max_shard_bytes = size_t(5) << 30);

@@ -92,9 +92,9 @@ bool is_shard_file_name(const std::string& s) {
   return std::regex_match(s, re);
 }
 
-// Removes weight files in `dir` that the save just made did not write, so a
-// reader cannot pick up a stale single file or stale shards.
-void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
+}  // namespace
+
+void remove_stale_weight_files(const std::string& dir, const std::set<std::string>& keep) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
@@ -102,8 +102,6 @@ void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
     if (weight_file && !keep.count(n)) fs::remove(e.path(), ec);
   }
 }
-
-}  // namespace
 
 Status save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                         const std::map<std::string, std::string>& metadata, const DType* dtype) {
@@ -218,7 +216,7 @@ Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& 
     std::vector<NamedTensor> all;
     for (size_t i : shards[0]) all.push_back(tensors[i]);
     KS_TRY(save_safetensors((fs::path(dir) / "model.safetensors").string(), all, meta, &dtype));
-    remove_stale(dir, {"model.safetensors"});
+    remove_stale_weight_files(dir, {"model.safetensors"});
     return Status::ok();
   }
 
@@ -238,7 +236,7 @@ Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& 
   // json.dumps(index, indent=2, sort_keys=True) + "\n", as transformers writes it.
   KS_TRY(write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   keep.insert("model.safetensors.index.json");
-  remove_stale(dir, keep);
+  remove_stale_weight_files(dir, keep);
   return Status::ok();
 }
 

@@ -1,21 +1,15 @@
 #include "model/pipeline_save.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "comm/tensor_p2p.h"
+#include "core/files.h"
 #include "io/safetensors.h"
 #include "model/pipeline_params.h"
 
@@ -26,45 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int kSaveTag = 7301;  // the pp group's point-to-point tag for exported tensors
-
-// What io::save_weights_dir removes: weight files of the other layout.
-void remove_stale(const std::string& dir, const std::set<std::string>& keep) {
-  static const std::regex shard_re("model-[0-9]{5}-of-[0-9]{5}\\.safetensors");
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    const bool weight_file = n == "model.safetensors" || n == "model.safetensors.index.json" ||
-                             std::regex_match(n, shard_re);
-    if (weight_file && !keep.count(n)) fs::remove(e.path(), ec);
-  }
-}
-
-// A text file under a temporary name, fsync'd and renamed into place.
-Status write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return KS_ERR(tmp, ": cannot create: ", std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return KS_ERR(tmp, ": write failed: ", why, " (disk full?)");
-    }
-    done += size_t(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return KS_ERR(path, ": cannot write (", why, ")");
-  }
-  return Status::ok();
-}
 
 // The writer's side: the shard plan, the tensors of the open shards, and the
 // first error (after which it still receives every tensor, writing nothing).
@@ -123,9 +78,9 @@ class FolderWriter {
         keep.insert(name);
       }
       nlohmann::json index = {{"metadata", {{"total_size", total_}}}, {"weight_map", weight_map}};
-      KS_TRY(write_text_atomic((fs::path(dir_) / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
+      KS_TRY(write_file_atomic((fs::path(dir_) / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
       keep.insert("model.safetensors.index.json");
-      remove_stale(dir_, keep);
+      io::remove_stale_weight_files(dir_, keep);
     }
     // As CausalLM::save: config.json last, renamed into place.
     const std::string path = dir_ + "/config.json", tmp = path + ".tmp";
@@ -189,11 +144,11 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
         out->add(i, std::move(full));
       } else if (tp.rank() == 0) {
         const Tensor send = full.dtype() == wire ? full : full.to(wire, MemCategory::Other);
-        comm::send_tensor(pp, send, 0, kSaveTag);
+        pp.send(send, 0, kSaveTag);
       }
     } else if (writer) {
       Tensor t = Tensor::empty(p.full_shape, wire, MemCategory::Other);
-      comm::recv_tensor(pp, t, p.owner, kSaveTag);
+      pp.recv(t, p.owner, kSaveTag);
       out->add(i, std::move(t));
     }
   }

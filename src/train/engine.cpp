@@ -190,26 +190,10 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
             step >= 1 ? "step " + std::to_string(step) : "update " + std::to_string(update),
             "; the learning rate and its schedule (optim.lr, warmup, min_lr) must be finite");
   zero_grads();
-  if (model_.pp().size() > 1) {
-    r.loss = train_pipelined(micro, objective);
-    r.micro_batches = int64_t(micro.size());
-  }
-  for (size_t i = 0; model_.pp().size() == 1 && i < micro.size(); ++i) {
-    const MicroBatch& mb = micro[i];
-    const Objective obj = objective(mb, i);
-    if (model_.is_value_model()) {
-      KS_CHECK(obj.values, "training engine: a value model needs a value objective");
-      model::Activations acts;
-      const Tensor v = model_.forward(mb.batch, acts);  // [T, 1], compute dtype
-      Tensor dv = Tensor::zeros({mb.batch.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
-      r.loss += obj.values(v, dv);
-      model_.backward(mb.batch, acts, dv);
-    } else {
-      KS_CHECK(obj.tokens, "training engine: a token model needs a token objective");
-      r.loss += forward_backward(model_, mb.batch, obj.tokens, obj.need_entropy_grad).loss;
-    }
-    ++r.micro_batches;
-  }
+  // The micro-batch loop: the pipeline schedule over the stages, or one
+  // micro-batch after another.
+  r.loss = model_.pp().size() > 1 ? train_pipelined(micro, objective) : train_sequential(micro, objective);
+  r.micro_batches = int64_t(micro.size());
   if (inject_nan_grad(update)) {  // TEST ONLY (EngineOptions::test_inject_nan_grad, KESTREL_TEST_INJECT_NAN_GRAD)
     Tensor g0 = optim_->params()[0].grad.view({-1}).slice_rows(0, 1);
     ops::fill(g0, NAN);
@@ -227,6 +211,26 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
   if (dp_) dp_->gather_params();  // the distributed optimizer stepped the owned range only
   consecutive_skipped_ = 0;
   return r;
+}
+
+double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {
+  double loss = 0;
+  for (size_t i = 0; i < micro.size(); ++i) {
+    const MicroBatch& mb = micro[i];
+    const Objective obj = objective(mb, i);
+    if (model_.is_value_model()) {
+      KS_CHECK(obj.values, "training engine: a value model needs a value objective");
+      model::Activations acts;
+      const Tensor v = model_.forward(mb.batch, acts);  // [T, 1], compute dtype
+      Tensor dv = Tensor::zeros({mb.batch.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
+      loss += obj.values(v, dv);
+      model_.backward(mb.batch, acts, dv);
+    } else {
+      KS_CHECK(obj.tokens, "training engine: a token model needs a token objective");
+      loss += forward_backward(model_, mb.batch, obj.tokens, obj.need_entropy_grad).loss;
+    }
+  }
+  return loss;
 }
 
 double TrainingEngine::train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {

@@ -219,6 +219,7 @@ class TrainingEngine {
   void zero_grads();
   optim::ClipResult reduce_and_clip();
   void sum_tied_embedding_grads();
+  double train_sequential(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective);
   double train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective);
   bool loss_finite_everywhere(double loss) const;
   bool inject_nan_grad(int64_t update) const;

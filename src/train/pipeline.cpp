@@ -121,10 +121,11 @@ Geometry geometry_of(const model::CausalLM& m) {
 }
 
 // Posts the receive op `op` will need, if any.
-void prefetch(Wire& w, const Geometry& g, const model::CausalLM& m, const std::vector<MicroBatch>& micro,
+// (`batch`: op's micro-batch.)
+void prefetch(Wire& w, const Geometry& g, const model::CausalLM& m, const model::PackedBatch& batch,
               const PipeOp& op) {
   const int c = op.chunk;
-  const int64_t rows = m.hidden_rows(micro[size_t(op.micro_batch)].batch), D = m.config().hidden_size;
+  const int64_t rows = m.hidden_rows(batch), D = m.config().hidden_size;
   if (op.kind == PipeOpKind::Forward && !g.first_virtual(c))
     w.post_recv(prev_stage(g.r, c, g.p), op.micro_batch, c, kForward, rows, D, m.dtype());
   if (op.kind == PipeOpKind::Backward && !g.last_virtual(c))
@@ -170,7 +171,7 @@ double pipeline_train(model::CausalLM& m, const std::vector<MicroBatch>& micro, 
   for (size_t k = 0; k < ops.size(); ++k) {
     const PipeOp& op = ops[k];
     wire.reap();
-    if (k + 1 < ops.size()) prefetch(wire, g, m, micro, ops[k + 1]);
+    if (k + 1 < ops.size()) prefetch(wire, g, m, micro[size_t(ops[k + 1].micro_batch)].batch, ops[k + 1]);
     const int c = op.chunk;
     const model::PackedBatch& b = micro[size_t(op.micro_batch)].batch;
     const int64_t rows = m.hidden_rows(b);
@@ -222,12 +223,8 @@ void forward_only(const model::CausalLM& m, const std::vector<const model::Packe
     Wire wire(m.pp(), g.v, trace);
     for (size_t k = 0; k < ops.size(); ++k) {
       const PipeOp& op = ops[k];
-      if (k + 1 < ops.size()) {
-        const PipeOp& nx = ops[k + 1];
-        if (!g.first_virtual(nx.chunk))
-          wire.post_recv(prev_stage(g.r, nx.chunk, g.p), nx.micro_batch, nx.chunk, kForward,
-                         m.hidden_rows(*batches[size_t(nx.micro_batch)]), D, m.dtype());
-      }
+      wire.reap();
+      if (k + 1 < ops.size()) prefetch(wire, g, m, *batches[size_t(ops[k + 1].micro_batch)], ops[k + 1]);
       const int c = op.chunk;
       const model::PackedBatch& b = *batches[size_t(op.micro_batch)];
       Tensor in;
