@@ -399,6 +399,9 @@ void parse_deepseek_moe(const Reader& r, ModelConfig& cfg) {
   m.first_k_dense_replace = r.opt_int("first_k_dense_replace", v3 ? 3 : 0);
   if (m.first_k_dense_replace < 0)
     r.fail("key 'first_k_dense_replace' must be >= 0, got " + i2s(m.first_k_dense_replace));
+  if (m.num_experts <= 0 && m.first_k_dense_replace < cfg.num_hidden_layers)  // HF builds its routers regardless
+    r.fail("key 'n_routed_experts' must be positive, got " + i2s(m.num_experts) +
+           " (layers from first_k_dense_replace on are MoE)");
   m.n_group = r.opt_int("n_group", v3 ? 8 : 1);
   m.topk_group = r.opt_int("topk_group", v3 ? 4 : 1);
   m.router_fp32 = true;
