@@ -374,7 +374,8 @@ void parse_qwen_moe(const Reader& r, ModelConfig& cfg) {
   m.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
   m.decoder_sparse_step = r.opt_int("decoder_sparse_step", 1);
   if (m.decoder_sparse_step <= 0)
-    r.fail("key 'decoder_sparse_step' must be positive (every step-th layer is MoE), got " + i2s(m.decoder_sparse_step));
+    r.fail("key 'decoder_sparse_step' must be positive (every step-th layer is MoE), got " +
+           i2s(m.decoder_sparse_step));
   m.mlp_only_layers.clear();
   if (const json* l = r.find("mlp_only_layers")) {
     if (!l->is_array()) r.wrong_type("mlp_only_layers", "a list of layer indices", *l);
@@ -429,7 +430,8 @@ void parse_deepseek_moe(const Reader& r, ModelConfig& cfg) {
     }
     if (r.opt_bool("norm_topk_prob", false))
       unsupported(r, "norm_topk_prob=true",
-                  "DeepseekV2ForCausalLM never normalises the top-k weights (DeepSeek's remote code would); set it false");
+                  "DeepseekV2ForCausalLM never normalises the top-k weights (DeepSeek's remote code would); "
+                  "set it false");
     expect_str(r, "scoring_func", "softmax", "DeepseekV2ForCausalLM scores with softmax");
   }
 }
@@ -785,6 +787,8 @@ std::string model_config_to_json(const ModelConfig& cfg) {
       s["beta_fast"] = r.beta_fast;
       s["beta_slow"] = r.beta_slow;
       if (r.attention_factor != 0.0) s["attention_factor"] = r.attention_factor;
+      if (r.mscale != 0.0) s["mscale"] = r.mscale;
+      if (r.mscale_all_dim != 0.0) s["mscale_all_dim"] = r.mscale_all_dim;
     }
     j["rope_scaling"] = s;
   }

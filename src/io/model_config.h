@@ -17,11 +17,13 @@ const char* arch_name(Arch a);  // the HF class name, e.g. "Qwen2ForCausalLM", "
 
 // Routed experts (num_experts == 0: a dense model).
 struct MoeConfig {
-  int64_t num_experts = 0;               // Qwen num_experts (Qwen3-MoE v5 writes num_local_experts); DeepSeek n_routed_experts
+  int64_t num_experts = 0;               // Qwen num_experts (Qwen3-MoE's v5 name: num_local_experts);
+                                         // DeepSeek n_routed_experts
   int64_t top_k = 0;                     // num_experts_per_tok
   int64_t moe_intermediate_size = 0;     // one routed expert's FFN width
   int64_t shared_intermediate_size = 0;  // Qwen2-MoE shared_expert_intermediate_size; DeepSeek
                                          // moe_intermediate_size * n_shared_experts; 0 = no shared expert
+                                         // (Qwen2-MoE still has its gate: HF builds it, it scales zeros)
   bool shared_expert_gate = false;       // Qwen2-MoE: sigmoid(shared_expert_gate(x)) scales the shared expert
   bool norm_topk_prob = false;           // divide the k weights by their sum (V3: sum + 1e-20); V2 never
   bool sigmoid_scores = false;           // DeepSeek-V3 (scoring_func sigmoid); else softmax
@@ -48,7 +50,9 @@ struct MlaConfig {
   int64_t q_lora_rank = 0;  // 0 = no query compression (q_lora_rank null: q_proj)
   int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = true;  // rotate interleaved pairs (V3 rope_interleave, default true; V2 always)
-  double softmax_scale = 0;     // (nope+rope)^-0.5, times yarn_get_mscale(factor, mscale_all_dim)^2 under yarn with mscale_all_dim
+  // (nope+rope)^-0.5, times yarn_get_mscale(factor, mscale_all_dim)^2 under yarn with mscale_all_dim (HF's
+  // DeepseekV2/V3Attention.scaling, the same double).
+  double softmax_scale = 0;
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool operator==(const MlaConfig&) const = default;
 };

@@ -201,7 +201,8 @@ TEST(ModelConfigMoe, Qwen3_30B_A3B) {
   EXPECT_EQ(moe_layers(c).size(), 48u);
   EXPECT_EQ(c.num_parameters(), 30532122624);  // "30.5B"
   // The 4.x name of the key.
-  EXPECT_EQ(parse_ok(edit(kQwen3_30B_A3B, {{"num_local_experts", kRemove}, {"num_experts", 128}})).moe.num_experts, 128);
+  const std::string v4_name = edit(kQwen3_30B_A3B, {{"num_local_experts", kRemove}, {"num_experts", 128}});
+  EXPECT_EQ(parse_ok(v4_name).moe.num_experts, 128);
 }
 
 TEST(ModelConfigMoe, DeepSeekV2Lite) {
@@ -376,6 +377,10 @@ TEST(ModelConfigMoe, JsonRoundTrip) {
                                          {"mlp_bias", true}, {"q_lora_rank", 384}, {"rope_parameters", nullptr}}));
   texts.push_back(edit(kDeepSeekV3, {{"rope_interleave", false}, {"n_group", 1}, {"topk_group", 1},
                                      {"attention_bias", true}, {"aux_loss_alpha", kRemove}}));
+  // A dense model's yarn with mscale keys (the attention factor is their ratio) keeps them too.
+  texts.push_back(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+      "mscale": 0.707, "mscale_all_dim": 1.0, "original_max_position_embeddings": 16}})");
   for (const std::string& text : texts) {
     ModelConfig a = parse_ok(text);
     const std::string out = model_config_to_json(a);

@@ -375,7 +375,8 @@ def make_case(case, base, dtype):
         "optimizer": ({"name": "torch.optim.AdamW", "lr": ADAMW["lr"], "betas": list(ADAMW["betas"]),
                        "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"], "steps": ADAMW_STEPS,
                        "on": "loss"} if dtype == torch.float32 else None),
-        "loss": float(loss.detach()), "torch_version": torch.__version__, "transformers_version": transformers.__version__,
+        "loss": float(loss.detach()), "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
     }
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
