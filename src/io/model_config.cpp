@@ -2,6 +2,7 @@
 // (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig, Qwen2MoeConfig,
 // Qwen3MoeConfig, DeepseekV2Config, DeepseekV3Config; checked against
 // transformers 5.x, which also reads the 4.x keys rope_theta/rope_scaling).
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -436,11 +437,22 @@ void parse_deepseek_moe(const Reader& r, ModelConfig& cfg) {
   }
 }
 
-bool any_moe_layer(const ModelConfig& cfg) {
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)
-    if (cfg.is_moe_layer(l)) return true;
-  return false;
+// is_moe_layer summed over the layers without visiting each (num_hidden_layers comes from the file).
+int64_t count_moe_layers(const ModelConfig& cfg) {
+  const MoeConfig& m = cfg.moe;
+  const int64_t L = cfg.num_hidden_layers;
+  if (m.num_experts <= 0 || L <= 0) return 0;
+  if (is_deepseek(cfg.arch)) return std::max<int64_t>(0, L - m.first_k_dense_replace);
+  if (!is_qwen_moe(cfg.arch) || m.decoder_sparse_step <= 0) return 0;
+  std::vector<int64_t> dense = m.mlp_only_layers;
+  std::sort(dense.begin(), dense.end());
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  int64_t n = L / m.decoder_sparse_step;
+  for (int64_t l : dense) n -= (l >= 0 && l < L && (l + 1) % m.decoder_sparse_step == 0) ? 1 : 0;
+  return n;
 }
+
+bool any_moe_layer(const ModelConfig& cfg) { return count_moe_layers(cfg) > 0; }
 
 // What every router needs once some layer is MoE.
 void validate_moe(const Reader& r, const ModelConfig& cfg) {
@@ -604,8 +616,8 @@ int64_t ModelConfig::num_parameters() const {
                           + (moe.shared_expert_gate ? h : 0);
   int64_t n = vocab_size * h + h;  // embeddings, final norm
   if (!tie_word_embeddings) n += vocab_size * h;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) n += attn + 2 * h + (is_moe_layer(l) ? moe_mlp : dense_mlp);
-  return n;
+  const int64_t n_moe = count_moe_layers(*this);
+  return n + num_hidden_layers * (attn + 2 * h) + n_moe * moe_mlp + (num_hidden_layers - n_moe) * dense_mlp;
 }
 
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& origin) {

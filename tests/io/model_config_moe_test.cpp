@@ -276,6 +276,14 @@ TEST(ModelConfigMoe, IsMoeLayerRules) {
   ModelConfig q = parse_ok(edit(kQwen15MoeA27B, {{"num_hidden_layers", 6}, {"decoder_sparse_step", 2},
                                                  {"mlp_only_layers", {3, 9}}}));
   EXPECT_EQ(moe_layers(q), (std::vector<int64_t>{1, 5}));
+  // num_parameters counts the MoE layers without visiting each: repeated and dense-anyway entries count once.
+  ModelConfig q_dup = parse_ok(edit(kQwen15MoeA27B, {{"num_hidden_layers", 6}, {"decoder_sparse_step", 2},
+                                                     {"mlp_only_layers", {3, 3, 0, 9, -1}}}));
+  EXPECT_EQ(moe_layers(q_dup), (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(q_dup.num_parameters(), q.num_parameters());
+  // ...and validating a file's layer count does not loop over it.
+  EXPECT_TRUE(parse_model_config(edit(kDeepSeekV3, {{"num_hidden_layers", int64_t(1) << 60}}), "c").is_ok());
+  EXPECT_TRUE(parse_model_config(edit(kQwen3_30B_A3B, {{"num_hidden_layers", int64_t(1) << 60}}), "c").is_ok());
   EXPECT_EQ(moe_layers(parse_ok(edit(kQwen3_30B_A3B, {{"num_hidden_layers", 4}, {"mlp_only_layers", {0, 2}}}))),
             (std::vector<int64_t>{1, 3}));
   // num_experts 0: a dense model with intermediate_size MLPs.
