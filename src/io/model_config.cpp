@@ -191,7 +191,7 @@ void parse_rope(const Reader& r, ModelConfig& cfg) {
     } else {
       unsupported(r, dict_key + ".rope_type=" + type, "supported: default, linear, llama3, yarn");
     }
-    if (is_deepseek(cfg.arch) && type != "yarn" && d.opt_num("mscale_all_dim", 0.0) != 0.0)
+    if (is_deepseek(cfg.arch) && type != "yarn" && type != "default" && d.opt_num("mscale_all_dim", 0.0) != 0.0)
       unsupported(r, dict_key + ".mscale_all_dim with rope_type " + type,
                   "DeepSeek's softmax-scale mscale is computed under yarn only");
     if (type != "default" && !(rope.factor > 0))
