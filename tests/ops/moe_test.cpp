@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
+#include <utility>
 
 #include "backend/cpu/gemm.h"
 #include "core/parallel_for.h"
@@ -177,6 +179,117 @@ TEST(MoeRouter, MatchesHuggingFaceRouters) {
     // f32: PyTorch's and our f32 exp differ by an ulp or two; bf16: the same bf16 values.
     EXPECT_TRUE(all_close(values(w), c.w, c.dt == DType::BF16 ? Tolerance{0, 0} : Tolerance{1e-7, 1e-6}, "topk_w"));
   }
+}
+
+TEST(MoeRouter, MatchesMegatronHelpers) {
+  // Expected values from Megatron-LM's own functions (megatron/core/transformer/
+  // moe/moe_utils.py at the mirrored HEAD: topk_routing_with_score_function,
+  // compute_routing_scores_for_aux_loss + switch_load_balancing_loss_func,
+  // _apply_seq_aux_loss's reshape, z_loss_func, apply_router_token_dropping),
+  // run once in torch 2.15 (CPU, f32) on these logits; gradients by autograd.
+  const std::vector<double> logits = {
+      0.50, -1.25, 2.00, 0.75, 1.90, -0.30, 0.10, 1.10,   // token 0 (sequence 0)
+      -0.40, 0.80, 0.20, -2.10, 1.30, 1.35, -0.60, 0.05,  // token 1 (sequence 0)
+      1.70, 1.60, -0.90, 0.30, -0.20, 0.40, 1.65, -1.00,  // token 2 (sequence 1)
+      0.20, 0.90, -0.50, 1.20, 0.00, -1.10, 0.60, 0.35,   // token 3 (sequence 1)
+  };
+  const std::vector<double> bias = {0.10, -0.20, 0.00, 0.30, -0.10, 0.05, 0.20, -0.30};
+  const int64_t T = 4, E = 8;
+  Tensor lt = make_tensor(logits, {T, E}, DType::F32), bt = make_tensor(bias, {E}, DType::F32);
+  // Routers with moe_router_num_groups 4, group_topk 2, k 4 (Megatron's group score: the sum of
+  // the top k / group_topk = 2); Megatron lists a token's experts by index, so sort ours too.
+  struct Case {
+    MoeRouterConfig cfg;
+    bool bias;
+    std::vector<int32_t> idx;
+    std::vector<double> w;
+  };
+  const Case routers[] = {
+      {router_cfg(E, 4, MoeScore::Sigmoid, MoeGroupLimit::SumTop2, 4, 2, true, 2.5), true,
+       {2, 3, 4, 5, 0, 1, 4, 5, 0, 1, 2, 3, 0, 1, 2, 3},
+       {0.771161079, 0.594638944, 0.761613131, 0.372586846, 0.375584602, 0.645740867, 0.735455811, 0.74321866,
+        0.831876695, 0.818578601, 0.28438139, 0.565163374, 0.571113884, 0.738465071, 0.392152429, 0.798268676}},
+      {router_cfg(E, 4, MoeScore::Softmax, MoeGroupLimit::SumTop2, 4, 2), false,
+       {2, 3, 4, 5, 0, 1, 4, 5, 0, 1, 6, 7, 0, 1, 2, 3},
+       {0.321580261, 0.0921342894, 0.290977836, 0.0322412662, 0.0501491651, 0.166501105, 0.27451387, 0.288588524,
+        0.272758782, 0.246802345, 0.259456158, 0.0183308925, 0.100265302, 0.201909482, 0.0497902706, 0.272549331}},
+  };
+  for (const auto& c : routers) {
+    Tensor idx = Tensor::empty({T, 4}, DType::I32), w = Tensor::empty({T, 4}, DType::F32),
+           sc = Tensor::empty({T, E}, DType::F32);
+    ops::moe_router_fwd(lt, c.bias ? &bt : nullptr, c.cfg, idx, w, sc);
+    auto ix = ints(idx);
+    auto wv = values(w);
+    for (int64_t t = 0; t < T; ++t) {  // by expert index within each token
+      std::vector<std::pair<int32_t, double>> row;
+      for (int64_t j = 0; j < 4; ++j) row.emplace_back(ix[size_t(t * 4 + j)], wv[size_t(t * 4 + j)]);
+      std::sort(row.begin(), row.end());
+      for (int64_t j = 0; j < 4; ++j) std::tie(ix[size_t(t * 4 + j)], wv[size_t(t * 4 + j)]) = row[size_t(j)];
+    }
+    EXPECT_EQ(ix, c.idx);
+    EXPECT_TRUE(all_close(wv, c.w, {1e-7, 1e-6}, "probs"));
+  }
+  // Load-balancing losses, k = 2, coeff 0.01: one group (aux_loss, softmax and
+  // sigmoid) and the two sequences as groups (seq_aux_loss); the z-loss, coeff 0.001.
+  struct LossCase {
+    std::vector<int32_t> cu;
+    MoeScore score;
+    double loss;
+    std::vector<double> grad;
+  };
+  const LossCase losses[] = {
+      {{0, 4}, MoeScore::Softmax, 0.0108604031,
+       {-2.87435196e-05, -4.99487487e-06, -0.00012881952, -3.69074114e-05, 0.000610883872, -1.29152968e-05,
+        -1.92673579e-05, -0.000379236037, -2.45560914e-05, -8.15290987e-05, -4.47441125e-05, -4.4859944e-06,
+        0.000551865902, -0.000141310549, -2.0104826e-05, -0.000235135463, -1.53189994e-05, -1.38612031e-05,
+        -1.13779697e-06, -3.7776183e-06, 9.96991294e-05, -4.17491401e-06, -1.45718814e-05, -4.68567523e-05,
+        8.6231621e-06, 1.73649114e-05, 4.2821348e-06, 2.34401832e-05, 0.000212285726, 2.3500852e-06, 1.2864245e-05,
+        -0.000281210436}},
+      {{0, 4}, MoeScore::Sigmoid, 0.0102700256,
+       {-2.83877898e-06, -2.09105724e-06, -1.26829354e-06, -2.63211018e-06, 5.54978797e-05, -2.95298787e-06,
+        -3.01239265e-06, -9.64035062e-05, -9.32049534e-06, -8.2982524e-06, -9.60197303e-06, -3.77049901e-06,
+        9.37197838e-05, -6.3422226e-06, -8.87528495e-06, -0.000158514289, -2.68128406e-06, -2.86929617e-06,
+        -4.21884124e-06, -5.0186336e-06, 0.00012663989, -4.93245943e-06, -2.7746355e-06, -0.000108667671,
+        2.78256562e-06, 2.31022159e-06, 2.64189657e-06, 1.99987767e-06, 0.0001452164, 2.10640019e-06,
+        2.57197803e-06, -0.00013540611}},
+      {{0, 2, 4}, MoeScore::Softmax, 0.0171767622,
+       {-0.000335729972, -5.83411202e-05, 0.000103263912, -0.00043108582, 0.00154832623, 1.03531211e-05,
+        -0.000225046533, -0.000611739873, -0.000232941369, -0.000773392618, 3.24418324e-05, -4.25545586e-05,
+        0.00147002994, 0.000102457569, -0.000190716251, -0.000365324755, 0.000209644058, 0.00018969379,
+        -8.57228442e-05, 5.16975815e-05, -0.000172624568, -0.0003145425, 0.000199419577, -7.75652225e-05,
+        0.000138214542, 0.000278329855, -0.000180316041, 0.000375706062, -0.000297290884, -9.89595283e-05,
+        0.000206191849, -0.000421875884}},
+  };
+  for (const auto& c : losses) {
+    Tensor cu = i32_tensor(c.cu, {int64_t(c.cu.size())}), counts = Tensor::empty({E}, DType::I32),
+           dl = Tensor::zeros({T, E}, DType::F32);
+    EXPECT_NEAR(ops::moe_aux_loss_fwd(lt, cu, c.score, 2, 0.01, counts), c.loss, 1e-6 * c.loss);
+    ops::moe_aux_loss_bwd(lt, cu, c.score, 2, 0.01, 1.0, dl);
+    EXPECT_TRUE(all_close(values(dl), c.grad, {1e-10, 1e-5}, "d aux / d logits"));
+  }
+  EXPECT_NEAR(ops::moe_z_loss_fwd(lt, 0.001), 0.00794804934, 1e-6 * 0.00794804934);
+  Tensor dz = Tensor::zeros({T, E}, DType::F32);
+  ops::moe_z_loss_bwd(lt, 0.001, 1.0, dz);
+  EXPECT_TRUE(all_close(
+      values(dz),
+      {0.000112457157, 1.95421235e-05, 0.000503998017, 0.000144397854, 0.000456036243, 5.05302596e-05, 7.53822824e-05,
+       0.000204910291, 6.50122092e-05, 0.000215848151, 0.00011845999, 1.18766611e-05, 0.000355873402, 0.000374119467,
+       5.32275044e-05, 0.000101959442, 0.000409024709, 0.000370100839, 3.03797224e-05, 0.000100864236, 6.11772484e-05,
+       0.00011147224, 0.000389076304, 2.74887134e-05, 0.000125328399, 0.000252380385, 6.22362422e-05, 0.000340677943,
+       0.000102610211, 3.41559789e-05, 0.000186968013, 0.000145610815},
+      {1e-10, 1e-5}, "d z / d logits"));
+  // Token dropping of a softmax top-2 router, capacity factor 0.5: get_capacity(8, 8, 0.5) = 1;
+  // tokens 0 and 1 both route to expert 4 and "probs" keeps token 0's (the larger weight).
+  Tensor idx = Tensor::empty({T, 2}, DType::I32), w = Tensor::empty({T, 2}, DType::F32),
+         sc = Tensor::empty({T, E}, DType::F32);
+  ops::moe_router_fwd(lt, nullptr, router_cfg(E, 2, MoeScore::Softmax), idx, w, sc);
+  EXPECT_EQ(ints(idx), (std::vector<int32_t>{2, 4, 5, 4, 0, 6, 3, 1}));
+  EXPECT_EQ(ops::moe_expert_capacity(T, 2, E, 0.5), 1);
+  EXPECT_EQ(ops::moe_drop_to_capacity(idx, w, E, 1, MoeDropPolicy::Probs), 1);
+  EXPECT_EQ(ints(idx), (std::vector<int32_t>{2, 4, 5, -1, 0, 6, 3, 1}));
+  // (Megatron's "position" policy takes torch.topk of the 0/1 routing map, whose
+  // choice among tied ones is unspecified; on the CPU it kept token 1 here. Kestrel
+  // keeps the earliest tokens, as the policy's documentation says.)
 }
 
 TEST(MoeRouter, ReplayReadsTheGivenChoice) {
