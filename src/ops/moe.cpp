@@ -46,14 +46,13 @@ cpu::MoeRouterParams router_params(const char* op, const MoeRouterConfig& c) {
       KS_FAIL("ops::", op, ": topk_group must be in [1, n_group = ", c.n_group, "], got ", c.topk_group);
     const int64_t per = E / c.n_group;
     if (c.group_limit == MoeGroupLimit::SumTop2 && per < 2)
-      KS_FAIL("ops::", op, ": the SumTop2 group limit needs at least 2 experts per group, got ", per,
-              " (num_experts ", E, " / n_group ", c.n_group, ")");
+      KS_FAIL("ops::", op, ": the SumTop2 group limit needs at least 2 experts per group, got ", per, " (num_experts ",
+              E, " / n_group ", c.n_group, ")");
     if (k > c.topk_group * per)
-      KS_FAIL("ops::", op, ": top_k = ", k, " exceeds the ", c.topk_group * per, " experts of the topk_group = ",
-              c.topk_group, " kept groups; raise topk_group or lower top_k");
+      KS_FAIL("ops::", op, ": top_k = ", k, " exceeds the ", c.topk_group * per,
+              " experts of the topk_group = ", c.topk_group, " kept groups; raise topk_group or lower top_k");
   }
-  if (!std::isfinite(c.scaling_factor))
-    KS_FAIL("ops::", op, ": scaling_factor must be finite, got ", c.scaling_factor);
+  if (!std::isfinite(c.scaling_factor)) KS_FAIL("ops::", op, ": scaling_factor must be finite, got ", c.scaling_factor);
   cpu::MoeRouterParams p;
   p.num_experts = E;
   p.top_k = k;
@@ -94,10 +93,9 @@ void check_routing(const char* op, const MoeRouting& r) {
 }
 
 // w holds one [out, in] float weight per group (non-null), all on x's device.
-void check_expert_weights(const char* op, const std::vector<const Tensor*>& w, size_t groups, int64_t in,
-                          int64_t out, const Tensor& x) {
-  if (w.size() != groups)
-    KS_FAIL("ops::", op, ": w must hold one weight per group (", groups, "), got ", w.size());
+void check_expert_weights(const char* op, const std::vector<const Tensor*>& w, size_t groups, int64_t in, int64_t out,
+                          const Tensor& x) {
+  if (w.size() != groups) KS_FAIL("ops::", op, ": w must hold one weight per group (", groups, "), got ", w.size());
   for (size_t e = 0; e < w.size(); ++e) {
     const std::string name = "w[" + std::to_string(e) + "]";
     if (!w[e]) KS_FAIL("ops::", op, ": ", name, " is null; every group needs its expert's weight");
@@ -351,8 +349,8 @@ void moe_unpermute_bwd(const Tensor& ys, const Tensor& topk_w, const Tensor& dy,
   check_shape(op, "dtopk_w", dtopk_w, {r.num_tokens, r.top_k});
   check_no_partial_alias(op, "dys", dys, "ys", ys);
   if (same_buffer(dys, ys)) KS_FAIL("ops::", op, ": dys must not alias ys");
-  dispatch(op, kUnpermuteBwd, {&ys, &topk_w, &dy, &r.dest, &r.source, &dys, &dtopk_w}, ys, topk_w, dy, r.dest,
-           r.source, dys, dtopk_w);
+  dispatch(op, kUnpermuteBwd, {&ys, &topk_w, &dy, &r.dest, &r.source, &dys, &dtopk_w}, ys, topk_w, dy, r.dest, r.source,
+           dys, dtopk_w);
 }
 
 // ---- grouped GEMM -----------------------------------------------------------

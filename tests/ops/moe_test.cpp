@@ -707,7 +707,8 @@ TEST(MoeGroupedLinear, ForwardBackwardMatchReference) {
       ops::ref::grouped_linear_bwd<double>(x.data(), kGroupSizes, wref, dy.data(), in, out, want_dx.data(), dwref);
       EXPECT_TRUE(close_for(dt, values(dx), want_dx, "dx"));
       for (int64_t e = 0; e < E; ++e)
-        EXPECT_TRUE(close_for(DType::F32, values(dwt[size_t(e)]), dw0[size_t(e)], "dw[" + std::to_string(e) + "] (+=)"));
+        EXPECT_TRUE(
+            close_for(DType::F32, values(dwt[size_t(e)]), dw0[size_t(e)], "dw[" + std::to_string(e) + "] (+=)"));
     }
   });
 }
@@ -848,6 +849,18 @@ TEST(MoeThreads, SameResultsAtAnyThreadCount) {
     for (const Tensor* t : {&w, &sc, &dl, &y, &dx, &dys, &dw}) out.push_back(values(*t));
     const auto ix = ints(idx);
     out.emplace_back(ix.begin(), ix.end());
+    // Groups small enough for the skinny kernel: one thread per group, or the
+    // team inside each group's call; the same bits either way.
+    const std::vector<int64_t> sizes = {3, 1, 0, 5, 2, 4, 1, 1, 2, 3};
+    const int64_t rows = 22, in = 300, out_f = 200;
+    std::vector<Tensor> ws;
+    std::vector<const Tensor*> wp;
+    for (size_t e = 0; e < sizes.size(); ++e)
+      ws.push_back(make_tensor(randn(out_f * in, 220 + e), {out_f, in}, DType::BF16));
+    for (const Tensor& t : ws) wp.push_back(&t);
+    Tensor gy = Tensor::empty({rows, out_f}, DType::F32);
+    ops::grouped_linear_fwd(make_tensor(randn(rows * in, 219), {rows, in}, DType::F32), sizes, wp, gy);
+    out.push_back(values(gy));
     return out;
   };
   const int saved = num_threads();

@@ -4,6 +4,8 @@
 // not the vectorised approximation: a choice between near-equal experts must
 // come out as HF's does); the losses' sums over tokens in double, in token
 // order.
+#include "backend/cpu/moe_cpu.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,7 +13,6 @@
 #include <vector>
 
 #include "backend/cpu/kernel_util.h"
-#include "backend/cpu/moe_cpu.h"
 
 namespace kestrel::cpu {
 
@@ -113,7 +114,8 @@ void moe_router_fwd(const Tensor& logits, const Tensor* bias, const MoeRouterPar
   float* sc = ptr<float>(scores);
   const bool bf16_out = logits.dtype() == DType::BF16;  // weights take the logits' dtype, as HF's and Megatron's
   parallel_blocks(T, E * 8, [&](int64_t t0, int64_t t1) {
-    std::vector<float> lrow(static_cast<size_t>(E)), choice(static_cast<size_t>(E)), group_score(static_cast<size_t>(p.n_group));
+    std::vector<float> lrow(static_cast<size_t>(E)), choice(static_cast<size_t>(E)),
+        group_score(static_cast<size_t>(p.n_group));
     std::vector<int32_t> best(size_t(std::max<int64_t>(2, p.n_group)));
     for (int64_t t = t0; t < t1; ++t) {
       float* s = sc + t * E;
@@ -207,8 +209,8 @@ AuxRouting aux_routing(const char* op, const Tensor& logits, const Tensor& cu_gr
             a.cu[size_t(a.G)]);
   for (int64_t g = 0; g < a.G; ++g)
     if (a.cu[size_t(g + 1)] < a.cu[size_t(g)])
-      KS_FAIL("ops::", op, ": cu_groups must not decrease, got cu_groups[", g, "] = ", a.cu[size_t(g)],
-              " > cu_groups[", g + 1, "] = ", a.cu[size_t(g + 1)]);
+      KS_FAIL("ops::", op, ": cu_groups must not decrease, got cu_groups[", g, "] = ", a.cu[size_t(g)], " > cu_groups[",
+              g + 1, "] = ", a.cu[size_t(g + 1)]);
   const int64_t T = a.T, E = a.E;
   a.p.resize(size_t(T * E));
   std::vector<int32_t> sel(size_t(T * k));  // [T, k]
@@ -374,8 +376,7 @@ int64_t moe_drop_to_capacity(Tensor& topk_idx, Tensor& topk_w, int64_t num_exper
       int64_t* b = pairs.data() + start[size_t(e)];
       int64_t* end = pairs.data() + start[size_t(e + 1)];
       if (end - b <= capacity) continue;
-      if (by_probs)
-        std::sort(b, end, [&](int64_t x, int64_t y) { return ranks_before(w[x], x, w[y], y); });
+      if (by_probs) std::sort(b, end, [&](int64_t x, int64_t y) { return ranks_before(w[x], x, w[y], y); });
       for (int64_t* it = b + capacity; it < end; ++it) {
         idx[*it] = -1;
         w[*it] = 0.f;

@@ -86,8 +86,8 @@ void apply_group_limit(std::vector<T>& choice, const MoeRouterConfig& c) {
 
 // logits [n, E], bias [E] or nullptr; idx [n, k] (read when replay), w [n, k], scores [n, E].
 template <class T>
-void moe_router_fwd(const T* logits, const T* bias, const MoeRouterConfig& c, int64_t n, int32_t* idx, T* w,
-                    T* scores, bool replay = false) {
+void moe_router_fwd(const T* logits, const T* bias, const MoeRouterConfig& c, int64_t n, int32_t* idx, T* w, T* scores,
+                    bool replay = false) {
   const int64_t E = c.num_experts, k = c.top_k;
   for (int64_t t = 0; t < n; ++t) {
     const std::vector<T> s = moe_detail::score_row(logits + t * E, E, c.score);
@@ -116,8 +116,7 @@ void moe_router_fwd(const T* logits, const T* bias, const MoeRouterConfig& c, in
 
 // dlogits [n, E] += d(sum_j dw[t, j] * w[t, j]) / d logits, the selection idx fixed.
 template <class T>
-void moe_router_bwd(const T* scores, const int32_t* idx, const T* dw, const MoeRouterConfig& c, int64_t n,
-                    T* dlogits) {
+void moe_router_bwd(const T* scores, const int32_t* idx, const T* dw, const MoeRouterConfig& c, int64_t n, T* dlogits) {
   const int64_t E = c.num_experts, k = c.top_k;
   const T scale = T(c.scaling_factor);
   for (int64_t t = 0; t < n; ++t) {
@@ -251,8 +250,7 @@ void moe_z_loss_bwd(const T* logits, int64_t n, int64_t E, T coeff, T scale, T* 
     for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
     for (int64_t e = 0; e < E; ++e) s += std::exp(l[e] - mx);
     const T lse = mx + std::log(s);
-    for (int64_t e = 0; e < E; ++e)
-      dlogits[t * E + e] += scale * coeff * T(2) * lse / T(n) * std::exp(l[e] - mx) / s;
+    for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] += scale * coeff * T(2) * lse / T(n) * std::exp(l[e] - mx) / s;
   }
 }
 
