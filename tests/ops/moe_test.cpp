@@ -869,6 +869,34 @@ TEST(MoeThreads, SameResultsAtAnyThreadCount) {
   EXPECT_EQ(one, two);
 }
 
+TEST(MoeOps, EmptyBatchesAndFullyDroppedRows) {
+  // No tokens (an empty micro-batch shard): every op runs and writes nothing.
+  const MoeRouterConfig cfg = router_cfg(4, 2, MoeScore::Softmax, MoeGroupLimit::None, 1, 1, true);
+  Tensor idx = Tensor::empty({0, 2}, DType::I32), w = Tensor::empty({0, 2}, DType::F32),
+         sc = Tensor::empty({0, 4}, DType::F32), dl = Tensor::empty({0, 4}, DType::F32);
+  ops::moe_router_fwd(Tensor::empty({0, 4}, DType::BF16), nullptr, cfg, idx, w, sc);
+  ops::moe_router_bwd(sc, idx, w, w, cfg, dl);
+  const ops::MoeRouting r = ops::moe_routing(idx, 4);
+  EXPECT_EQ(r.rows(), 0);
+  Tensor x = Tensor::empty({0, 6}, DType::BF16), xs = Tensor::empty({0, 6}, DType::BF16),
+         ys = Tensor::empty({0, 5}, DType::BF16), y = Tensor::empty({0, 5}, DType::BF16);
+  ops::moe_permute_fwd(x, r, xs);
+  Tensor w0 = Tensor::zeros({5, 6}, DType::BF16);
+  ops::grouped_linear_fwd(xs, r.group_sizes, {&w0, &w0, &w0, &w0}, ys);
+  ops::moe_unpermute_fwd(ys, w, r, y);
+  EXPECT_EQ(ops::moe_drop_to_capacity(idx, w, 4, 0, MoeDropPolicy::Probs), 0);
+  // A replayed row whose slots are all dropped: weights 0 (not 0/0), no gradient.
+  Tensor given = i32_tensor({-1, -1, 1, 3}, {2, 2}), w2 = nan_tensor({2, 2}, DType::F32),
+         sc2 = Tensor::empty({2, 4}, DType::F32), dl2 = Tensor::zeros({2, 4}, DType::F32);
+  ops::moe_router_fwd(make_tensor(randn(8, 230), {2, 4}, DType::F32), nullptr, cfg, given, w2, sc2, true);
+  const auto wv = values(w2);
+  EXPECT_EQ(wv[0], 0.0);
+  EXPECT_EQ(wv[1], 0.0);
+  EXPECT_NEAR(wv[2] + wv[3], 1.0, 1e-6);
+  ops::moe_router_bwd(sc2, given, w2, make_tensor({1, 1, 1, 1}, {2, 2}, DType::F32), cfg, dl2);
+  for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(values(dl2)[size_t(e)], 0.0);
+}
+
 TEST(MoeOps, BadArgumentsFailWithAMessage) {
   Tensor logits = Tensor::zeros({4, 8}, DType::F32), idx = Tensor::zeros({4, 2}, DType::I32),
          w = Tensor::zeros({4, 2}, DType::F32), sc = Tensor::zeros({4, 8}, DType::F32);

@@ -134,8 +134,10 @@ void moe_router_fwd(const Tensor& logits, const Tensor* bias, const MoeRouterPar
         sum += wt[j];
       }
       if (p.norm_topk_prob) {
+        // (A replayed row whose slots are all dropped keeps its zeros, not 0/0.)
         const float denom = p.score == MoeScoreFn::Sigmoid ? sum + 1e-20f : sum;
-        for (int64_t j = 0; j < k; ++j) wt[j] /= denom;
+        if (denom != 0.f)
+          for (int64_t j = 0; j < k; ++j) wt[j] /= denom;
       }
       for (int64_t j = 0; j < k; ++j) {
         if (p.scaling_factor != 1.f) wt[j] *= p.scaling_factor;

@@ -108,7 +108,8 @@ void moe_router_fwd(const T* logits, const T* bias, const MoeRouterConfig& c, in
     }
     if (c.norm_topk_prob) {
       const T denom = c.score == MoeScore::Sigmoid ? sum + T(1e-20) : sum;
-      for (int64_t j = 0; j < k; ++j) w[t * k + j] /= denom;
+      if (denom != T(0))  // a replayed row with every slot dropped keeps its zeros
+        for (int64_t j = 0; j < k; ++j) w[t * k + j] /= denom;
     }
     for (int64_t j = 0; j < k; ++j) w[t * k + j] *= T(c.scaling_factor);
   }
