@@ -6,9 +6,10 @@
 // kSkinnyMaxRows rows (decode steps, rare experts) take the skinny kernel,
 // which streams the expert's weights once instead of packing them.
 //
-// Groups run one after another, each GEMM on the whole OpenMP team; dW of an
-// expert is one GEMM accumulating into its own buffer, so its summation order
-// does not depend on the other groups or the thread count.
+// BLAS groups run one after another, each GEMM on the whole OpenMP team
+// (many skinny groups share one parallel region instead, a group per thread);
+// dW of an expert is one GEMM accumulating into its own buffer, so its
+// summation order does not depend on the other groups or the thread count.
 #include <omp.h>
 
 #include "backend/cpu/dense_ops.h"
