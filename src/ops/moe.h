@@ -22,6 +22,7 @@ enum class MoeGroupLimit {
   None,
   // DeepSeek-V3 / Megatron: a group's score is the sum of its top-2 choice
   // scores (scores + bias), the top topk_group groups are kept, the rest masked -inf.
+  // (Megatron sums the top k/topk_group: the same for DeepSeek-V3's k = 8, topk_group = 4.)
   SumTop2,
   // DeepSeek-V2 group_limited_greedy: a group's score is its max score, the
   // others' scores set to 0 before the top-k.
@@ -47,16 +48,24 @@ struct MoeRouterConfig {
 //   group limit on choice, then the k largest choices per token (ties: the
 //   lower expert index first), in descending order of choice;
 //   weights = scores at the chosen experts, normalised if norm_topk_prob,
-//            times scaling_factor.
+//            times scaling_factor, then rounded to the logits' dtype (bf16
+//            logits give bf16-valued weights: HF's .to(router_logits.dtype),
+//            Megatron's probs.type_as(logits)).
 // Writes topk_idx i32 [T, k], topk_w f32 [T, k] and scores f32 [T, E] (kept
 // for the backward). Replay (router_replay, capacity re-runs): with
 // replay = true the given topk_idx is read, not chosen, and only the weights
-// (and scores) are computed from it.
+// (and scores) are computed from it; its -1 entries get weight 0 and stay out
+// of the normalisation.
 void moe_router_fwd(const Tensor& logits, const Tensor* bias, const MoeRouterConfig& cfg, Tensor& topk_idx,
                     Tensor& topk_w, Tensor& scores, bool replay = false);
 // dlogits f32 [T, E] += the gradient through topk_w: dtopk_w f32 [T, k] back
 // through the normalisation and the score function (the selection is a
 // constant, as in PyTorch's topk). Entries of topk_idx < 0 (dropped) carry no gradient.
+// The weights are recomputed from scores in f32 (topk_w is checked for its
+// shape only, so bf16-rounded weights cost the gradient nothing). After
+// capacity dropping, pass the topk_idx from before the drop (dtopk_w is 0 at
+// the dropped slots, as moe_unpermute_bwd writes it): the normalisation saw
+// the dropped experts' scores, and Megatron's gradient flows into them.
 void moe_router_bwd(const Tensor& scores, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& dtopk_w,
                     const MoeRouterConfig& cfg, Tensor& dlogits);
 
@@ -69,7 +78,8 @@ void moe_router_bwd(const Tensor& scores, const Tensor& topk_idx, const Tensor& 
 //   c_ge   = number of tokens t of g whose plain top-k of p (no bias, no
 //            group limit) holds e
 //   aux_g  = E / (k * T_g^2) * sum_e c_ge * sum_{t in g} p_te
-//   result = coeff * mean over the G groups of aux_g   (coeff = moe_aux_loss_coeff)
+//   result = coeff * mean over the G groups of aux_g   (coeff = moe_aux_loss_coeff;
+//            an empty group's aux_g is 0, and it still counts in G)
 // Returns the result; writes counts i32 [E] (c summed over the groups) for
 // metrics. Backward: dlogits += scale * d result / d logits (the counts are
 // constants, as in Megatron).
@@ -133,16 +143,16 @@ void moe_unpermute_bwd(const Tensor& ys, const Tensor& topk_w, const Tensor& dy,
 void grouped_linear_fwd(const Tensor& x, const std::vector<int64_t>& group_sizes, const std::vector<const Tensor*>& w,
                         Tensor& y);
 // dx[rows of e] = dy[rows of e] @ w[e]   (written; skipped when dx == nullptr)
-// dw[e] += dy[rows of e]^T @ x[rows of e] (f32; skipped when dw is empty;
-// an empty group adds nothing). dy f32 or bf16.
+// dw[e] += dy[rows of e]^T @ x[rows of e] (f32; skipped when dw is empty or
+// dw[e] is null (a frozen expert); an empty group adds nothing). dy f32 or bf16.
 void grouped_linear_bwd(const Tensor& x, const std::vector<int64_t>& group_sizes, const std::vector<const Tensor*>& w,
                         const Tensor& dy, Tensor* dx, const std::vector<Tensor*>& dw);
 
 // ---- shared-expert gate (Qwen2-MoE) ---------------------------------------------
 
 // y[t] += sigmoid(g[t]) * s[t]: g [T, 1] (the shared_expert_gate's logits), s, y [T, D].
-// In bf16 the product is rounded to bf16 before the add, as HF computes
-// sigmoid(g) * s in bf16 and adds in bf16.
+// The sigmoid is rounded to g's dtype and, when g and s are bf16, the product
+// to bf16 before the add, as HF computes sigmoid(g) * s in bf16 and adds in bf16.
 void sigmoid_gate_add_fwd(const Tensor& g, const Tensor& s, Tensor& y);
 // ds[t] = sigmoid(g[t]) * dy[t] (written, f32 [T, D]); dg[t] = sigmoid'(g[t]) * <dy[t], s[t]> (written, f32 [T, 1]).
 void sigmoid_gate_add_bwd(const Tensor& g, const Tensor& s, const Tensor& dy, Tensor& ds, Tensor& dg);
