@@ -12,10 +12,14 @@
 // passes prefix_of so the responses attend to it.
 //   RL shape:   --seqs 70 --len 48..100 --heads 4 --kv 2 --dim 32 --dtype f32
 //   RL groups:  --groups 16 --prefix 48 --branches 8 --len 40..56 --heads 4 --kv 2 --dim 32 --dtype f32
-// FLOPs count only the (query, key) pairs that are attended: forward 4*d per
-// pair and head (QK^T, PV); backward 2.5x forward (S recompute, dV, dP, dQ, dK).
+// --vdim V: value heads of V columns (AttentionShape::v_head_dim; default
+// --dim), e.g. the MLA training shape: --heads 16 --kv 16 --dim 192 --vdim 128.
+// FLOPs count only the (query, key) pairs that are attended: forward
+// 2*(dim + vdim) per pair and head (QK^T, PV; 4*dim when they are equal);
+// backward 2.5x forward (S recompute, dV, dP, dQ, dK).
 // Usage: bench_attention_bench [--seqs 4] [--len 512|A..B] [--groups G --prefix P --branches N]
-//        [--heads 8] [--kv 2] [--dim 64] [--threads 1,2] [--dtype f32|bf16|both] [--isa all|avx2,avx512]
+//        [--heads 8] [--kv 2] [--dim 64] [--vdim 64] [--threads 1,2] [--dtype f32|bf16|both]
+//        [--isa all|avx2,avx512]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -61,21 +65,22 @@ struct Layout {
   int64_t n() const { return int64_t(cu.size()) - 1; }
 };
 
-void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, const std::vector<DType>& dtypes,
+void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, int64_t vdim, const std::vector<DType>& dtypes,
                 const std::vector<int>& threads, const std::vector<IsaLevel>& isas, int reps) {
   const int64_t T = lay.T();
   const Tensor cu_t = Tensor::from_ints(lay.cu, {lay.n() + 1});
   Tensor pre_t;
   if (!lay.prefix_of.empty()) pre_t = Tensor::from_ints(lay.prefix_of, {lay.n()});
   const Tensor* pre = lay.prefix_of.empty() ? nullptr : &pre_t;
-  const ops::AttentionShape shape{heads, kv, dim, 0.f};
-  const double fwd_flops = 4.0 * double(dim) * lay.pairs * double(heads), fb_flops = fwd_flops * 3.5;
-  std::printf("%s: T=%lld in %lld sequences, heads=%lld, kv_heads=%lld, head_dim=%lld\n", lay.name.c_str(),
-              (long long)T, (long long)lay.n(), (long long)heads, (long long)kv, (long long)dim);
+  const ops::AttentionShape shape{heads, kv, dim, 0.f, vdim};
+  const double fwd_flops = 2.0 * double(dim + vdim) * lay.pairs * double(heads), fb_flops = fwd_flops * 3.5;
+  std::printf("%s: T=%lld in %lld sequences, heads=%lld, kv_heads=%lld, head_dim=%lld, v_head_dim=%lld\n",
+              lay.name.c_str(), (long long)T, (long long)lay.n(), (long long)heads, (long long)kv, (long long)dim,
+              (long long)vdim);
   for (DType dt : dtypes) {
-    const Tensor q = randn({T, heads * dim}, dt, 1), k = randn({T, kv * dim}, dt, 2), v = randn({T, kv * dim}, dt, 3);
-    const Tensor dout = randn({T, heads * dim}, dt, 4);
-    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({heads, T}, DType::F32);
+    const Tensor q = randn({T, heads * dim}, dt, 1), k = randn({T, kv * dim}, dt, 2), v = randn({T, kv * vdim}, dt, 3);
+    const Tensor dout = randn({T, heads * vdim}, dt, 4);
+    Tensor out = Tensor::empty(dout.shape(), dt), lse = Tensor::empty({heads, T}, DType::F32);
     Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
     for (int nt : threads)
       for (IsaLevel isa : isas) {
@@ -102,7 +107,8 @@ void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, const
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t seqs = 4, len_lo = 512, len_hi = 512, heads = 8, kv = 2, dim = 64, groups = 0, prefix = 0, branches = 0;
+  int64_t seqs = 4, len_lo = 512, len_hi = 512, heads = 8, kv = 2, dim = 64, vdim = 0, groups = 0, prefix = 0,
+          branches = 0;
   std::vector<int> threads{1, 2};
   std::vector<DType> dtypes{DType::F32, DType::BF16};
   std::vector<IsaLevel> isas = bench::parse_isas("all");
@@ -119,6 +125,7 @@ int main(int argc, char** argv) {
     else if (a == "--heads") heads = std::atoll(v);
     else if (a == "--kv") kv = std::atoll(v);
     else if (a == "--dim") dim = std::atoll(v);
+    else if (a == "--vdim") vdim = std::atoll(v);
     else if (a == "--isa") {
       isas = bench::parse_isas(v);
       if (isas.empty()) return 2;
@@ -140,6 +147,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--len must be N or A..B with 1 <= A <= B\n");
     return 2;
   }
+  if (vdim <= 0) vdim = dim;
   const Philox rng{7, 0};
   uint64_t draw = 0;
   auto length = [&] { return int32_t(len_lo + int64_t(rng.uniform(draw++) * float(len_hi - len_lo + 1))); };
@@ -159,12 +167,12 @@ int main(int argc, char** argv) {
       }
     }
     const int reps = 5;
-    run_layout(dup, heads, kv, dim, dtypes, threads, isas, reps);
-    run_layout(shared, heads, kv, dim, dtypes, threads, isas, reps);
+    run_layout(dup, heads, kv, dim, vdim, dtypes, threads, isas, reps);
+    run_layout(shared, heads, kv, dim, vdim, dtypes, threads, isas, reps);
   } else {
     Layout plain{len_lo == len_hi ? "uniform" : "random lengths"};
     for (int64_t b = 0; b < seqs; ++b) plain.add(len_lo == len_hi ? int32_t(len_lo) : length());
-    run_layout(plain, heads, kv, dim, dtypes, threads, isas, 5);
+    run_layout(plain, heads, kv, dim, vdim, dtypes, threads, isas, 5);
   }
   return 0;
 }

@@ -25,13 +25,16 @@ int64_t check_common(const char* op, const Tensor& q, const Tensor& k, const Ten
     KS_FAIL(op, ": bad AttentionShape n_heads=", s.n_heads, " n_kv_heads=", s.n_kv_heads, " head_dim=", s.head_dim,
             " (need positive values with n_heads divisible by n_kv_heads; check num_attention_heads and "
             "num_key_value_heads in config.json)");
+  if (s.v_head_dim < 0)
+    KS_FAIL(op, ": bad AttentionShape v_head_dim=", s.v_head_dim, " (0 = head_dim, else the value head width, e.g. "
+            "v_head_dim in config.json)");
   if (!(s.scale >= 0.f) || std::isinf(s.scale)) KS_FAIL(op, ": scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got ", s.scale);
   if (!q.defined() || q.dim() != 2 || !is_float(q))
     KS_FAIL(op, ": q must be f32 or bf16 [T, n_heads*head_dim], got ", q.defined() ? q.describe() : "undefined");
   const int64_t T = q.size(0);
   check_2d(op, "q", q, T, s.n_heads * s.head_dim, q.dtype());
   check_2d(op, "k", k, T, s.n_kv_heads * s.head_dim, q.dtype());
-  check_2d(op, "v", v, T, s.n_kv_heads * s.head_dim, q.dtype());
+  check_2d(op, "v", v, T, s.n_kv_heads * s.value_dim(), q.dtype());
   if (!cu.defined() || cu.dtype() != DType::I32 || cu.dim() != 1 || cu.size(0) < 1)
     KS_FAIL(op, ": cu_seqlens must be i32 [n_seqs+1], got ", cu.defined() ? cu.describe() : "undefined");
   return cu.size(0) - 1;
@@ -74,7 +77,8 @@ const int32_t* check_prefix_of(const char* op, const Tensor* prefix_of, int64_t 
 }
 
 cpu::AttnParams params(const AttentionShape& s) {
-  return {s.n_heads, s.n_kv_heads, s.head_dim, s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim)))};
+  return {s.n_heads, s.n_kv_heads, s.head_dim, s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))),
+          s.value_dim()};
 }
 
 void check_lse(const char* op, const Tensor& lse, const AttentionShape& s, int64_t T) {
@@ -108,7 +112,7 @@ constexpr detail::Kernels<decltype(cpu_attention_bwd)> kAttentionBwd{.cpu = cpu_
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionShape& s, Tensor& out, Tensor& lse, const Tensor* prefix_of) {
   const int64_t n = check_common("attention_fwd", q, k, v, cu_seqlens, s);
-  check_2d("attention_fwd", "out", out, q.size(0), q.size(1), q.dtype());
+  check_2d("attention_fwd", "out", out, q.size(0), s.n_heads * s.value_dim(), q.dtype());
   check_lse("attention_fwd", lse, s, q.size(0));
   check_prefix_shape("attention_fwd", prefix_of, n);
   detail::dispatch("attention_fwd", kAttentionFwd, {&q, &k, &v, &cu_seqlens, &out, &lse, prefix_of}, q, k, v,
@@ -119,9 +123,9 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& dout, const Tensor& cu_seqlens, const AttentionShape& s, Tensor& dq, Tensor& dk,
                    Tensor& dv, const Tensor* prefix_of) {
   const int64_t n = check_common("attention_bwd", q, k, v, cu_seqlens, s);
-  check_2d("attention_bwd", "out", out, q.size(0), q.size(1), q.dtype());
+  check_2d("attention_bwd", "out", out, q.size(0), s.n_heads * s.value_dim(), q.dtype());
   // Gradients may be f32 while q/k/v are bf16 (bf16 mode keeps activation grads in f32).
-  check_2d("attention_bwd", "dout", dout, q.size(0), q.size(1), dout.dtype());
+  check_2d("attention_bwd", "dout", dout, q.size(0), out.size(1), dout.dtype());
   check_2d("attention_bwd", "dq", dq, q.size(0), q.size(1), dout.dtype());
   check_2d("attention_bwd", "dk", dk, k.size(0), k.size(1), dout.dtype());
   check_2d("attention_bwd", "dv", dv, v.size(0), v.size(1), dout.dtype());

@@ -8,12 +8,17 @@ struct AttentionShape {
   int64_t n_kv_heads = 0;  // GQA: n_heads % n_kv_heads == 0
   int64_t head_dim = 0;
   float scale = 0.f;       // 0 = 1/sqrt(head_dim)
+  int64_t v_head_dim = 0;  // 0 = head_dim (MLA: values narrower than the query/key heads)
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
-// Causal self-attention over packed variable-length sequences.
-// q: [T, n_heads*head_dim]; k, v: [T, n_kv_heads*head_dim]; cu_seqlens: i32 [B+1]
-// (sequence b is rows cu_seqlens[b]..cu_seqlens[b+1]; starts at 0, ends at T,
-// non-decreasing; empty sequences allowed); out: [T, n_heads*head_dim], caller-allocated;
+// Causal self-attention over packed variable-length sequences. With dv =
+// s.value_dim() (head_dim unless v_head_dim is set, e.g. MLA's decompressed
+// heads: q/k heads of qk_nope + qk_rope = 192, value heads of 128):
+// q: [T, n_heads*head_dim]; k: [T, n_kv_heads*head_dim]; v: [T, n_kv_heads*dv];
+// cu_seqlens: i32 [B+1] (sequence b is rows cu_seqlens[b]..cu_seqlens[b+1];
+// starts at 0, ends at T, non-decreasing; empty sequences allowed);
+// out: [T, n_heads*dv], caller-allocated;
 // lse: f32 [n_heads, T], natural log-sum-exp of the scaled scores, kept for backward.
 // q, k, v, out (and dout, dq, dk, dv) share one dtype, f32 or bf16; math is f32,
 // outputs rounded once. Query head h reads kv head h / (n_heads / n_kv_heads).
@@ -33,7 +38,8 @@ struct AttentionShape {
 // depend on the thread count (fixed summation order).
 void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                    const AttentionShape& s, Tensor& out, Tensor& lse, const Tensor* prefix_of = nullptr);
-// dq, dk, dv written (=), caller-allocated, same shapes as q, k, v. out and lse must
+// dq, dk, dv written (=), caller-allocated, same shapes as q, k, v; dout like out
+// ([T, n_heads*dv]). out and lse must
 // be this forward's; probabilities are recomputed from q, k and lse, with
 // D_i = rowsum(dout_i * out_i) (FlashAttention-2). dk/dv sum over the heads of a group
 // (and, with prefix_of, over a prefix's continuations). prefix_of as in attention_fwd.

@@ -17,6 +17,8 @@ constexpr Kernels<decltype(cpu::scatter_rows)> kScatterRows{.cpu = cpu::scatter_
 constexpr Kernels<decltype(cpu::pad_rows)> kPadRows{.cpu = cpu::pad_rows};
 constexpr Kernels<decltype(cpu::copy_cols)> kCopyCols{.cpu = cpu::copy_cols};
 constexpr Kernels<decltype(cpu::sum_rows)> kSumRows{.cpu = cpu::sum_rows};
+constexpr Kernels<decltype(cpu::copy_head_cols)> kCopyHeadCols{.cpu = cpu::copy_head_cols};
+constexpr Kernels<decltype(cpu::sum_head_cols)> kSumHeadCols{.cpu = cpu::sum_head_cols};
 
 // a and b have the same dtype and the same shape past dim 0 (a row shape).
 void check_rows_like(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
@@ -35,6 +37,14 @@ void check_no_overlap(const char* op, const char* a_name, const Tensor& a, const
   const char* b0 = static_cast<const char*>(b.raw());
   if (a.nbytes() && b.nbytes() && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes())
     KS_FAIL("ops::", op, ": ", a_name, " and ", b_name, " overlap");
+}
+
+// t is [R, heads*W]: returns W, or fails naming the head count.
+int64_t head_width(const char* op, const char* name, const Tensor& t, const char* heads_name, int64_t heads) {
+  if (heads <= 0 || t.size(1) % heads)
+    KS_FAIL("ops::", op, ": ", name, " ", t.describe(), " does not split into ", heads_name, " = ", heads,
+            " heads of equal width");
+  return t.size(1) / heads;
 }
 
 }  // namespace
@@ -97,6 +107,39 @@ void sum_rows(const Tensor& src, Tensor& dst) {
   check_shape(op, "dst", dst, {src.size(1)});
   check_no_overlap(op, "dst", dst, "src", src);
   dispatch(op, kSumRows, {&src, &dst}, src, dst);
+}
+
+void copy_head_cols(const Tensor& src, int64_t src_heads, int64_t src_col, Tensor& dst, int64_t n_heads,
+                    int64_t dst_col, int64_t ncols) {
+  const char* op = "copy_head_cols";
+  check_shape(op, "src", src, {-1, -1});
+  check_shape(op, "dst", dst, {src.size(0), -1});
+  check_same_dtype(op, "dst", dst, "src", src);
+  if (src_heads != n_heads && src_heads != 1)
+    KS_FAIL("ops::", op, ": src_heads = ", src_heads, " must be n_heads = ", n_heads,
+            " (head to head) or 1 (one source head broadcast to every head)");
+  const int64_t Ws = head_width(op, "src", src, "src_heads", src_heads);
+  const int64_t Wd = head_width(op, "dst", dst, "n_heads", n_heads);
+  if (ncols < 0 || src_col < 0 || dst_col < 0 || src_col + ncols > Ws || dst_col + ncols > Wd)
+    KS_FAIL("ops::", op, ": columns [", src_col, ", ", src_col + ncols, ") of each ", Ws, "-wide head of src ",
+            src.describe(), " into [", dst_col, ", ", dst_col + ncols, ") of each ", Wd, "-wide head of dst ",
+            dst.describe(), " are out of range");
+  check_no_overlap(op, "dst", dst, "src", src);
+  dispatch(op, kCopyHeadCols, {&src, &dst}, src, src_heads, src_col, dst, n_heads, dst_col, ncols);
+}
+
+void sum_head_cols(const Tensor& src, int64_t n_heads, int64_t src_col, Tensor& dst, int64_t ncols) {
+  const char* op = "sum_head_cols";
+  check_float(op, "src", src);
+  check_shape(op, "src", src, {-1, -1});
+  check_dtype(op, "dst", dst, DType::F32);
+  check_shape(op, "dst", dst, {src.size(0), ncols});
+  const int64_t Ws = head_width(op, "src", src, "n_heads", n_heads);
+  if (ncols < 0 || src_col < 0 || src_col + ncols > Ws)
+    KS_FAIL("ops::", op, ": columns [", src_col, ", ", src_col + ncols, ") of each ", Ws, "-wide head of src ",
+            src.describe(), " are out of range");
+  check_no_overlap(op, "dst", dst, "src", src);
+  dispatch(op, kSumHeadCols, {&src, &dst}, src, n_heads, src_col, dst, ncols);
 }
 
 }  // namespace kestrel::ops

@@ -31,6 +31,17 @@ void pad_rows(const Tensor& src, Tensor& dst, float fill = 0.f);
 // parallel shard/unshard copies of row-parallel weights and vocab slices.
 void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols);
 
+// Column blocks of attention heads (MLA builds its decompressed keys
+// k = [k_nope_h | k_pe] and values v_h from kv_b_proj's output with these):
+// dst[t, h*Wd + dst_col + j] = src[t, hs*Ws + src_col + j] for every row t, head h < n_heads, j < ncols,
+// hs = h when src_heads == n_heads, 0 when src_heads == 1 (one source head broadcast to every head);
+// Ws = src.size(1) / src_heads, Wd = dst.size(1) / n_heads. Same dtype (any); no overlap.
+void copy_head_cols(const Tensor& src, int64_t src_heads, int64_t src_col, Tensor& dst, int64_t n_heads,
+                    int64_t dst_col, int64_t ncols);
+// dst[t, j] = sum_h src[t, h*Ws + src_col + j] (written, f32 dst [T, ncols], summed in head order in f32;
+// src f32 or bf16, Ws = src.size(1) / n_heads): the backward of a broadcast copy_head_cols.
+void sum_head_cols(const Tensor& src, int64_t n_heads, int64_t src_col, Tensor& dst, int64_t ncols);
+
 // dst[c] = src[0, c] + src[1, c] + ... + src[R-1, c], added in row order in
 // f32. src: f32 [R, C] (R >= 1), dst: f32 [C] (may not overlap src). The
 // reduction of R ranks' pieces of a data-parallel gradient bucket.

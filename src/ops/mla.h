@@ -32,14 +32,15 @@ struct MlaShape {
 // q [T, H*(nope+rope)] (RoPE already applied to each head's last rope
 // columns), kv_b [H*(nope+v), kv_lora] (kv_b_proj.weight) ->
 // q_lat [T, H*(kv_lora+rope)]: per head, q_nope_h @ W_UK_h, then q_pe_h copied.
-// f32 or bf16 (f32 accumulation, rounded once).
+// f32 or bf16, each tensor independently (f32 accumulation, rounded once).
 void mla_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaShape& s, Tensor& q_lat);
 // o_lat [T, H*kv_lora], kv_b as above -> o [T, H*v]: per head, o_lat_h @ W_UV_h^T.
 void mla_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaShape& s, Tensor& o);
 
 // Writes each new token's latent [c_kv | k_pe] into its cache slot.
 // c_kv [T, kv_lora], k_pe [T, rope]; slot_mapping i32 [T] (-1 skips the row);
-// cache [num_blocks, block_size, kv_lora + rope] (model dtype).
+// cache [num_blocks, block_size, kv_lora + rope] (model dtype; c_kv and k_pe
+// share it: values are copied, not converted).
 void paged_latent_write(const Tensor& c_kv, const Tensor& k_pe, const Tensor& slot_mapping, Tensor& cache);
 
 // Causal attention of a packed batch of query chunks over the latent cache,

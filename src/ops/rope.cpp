@@ -113,12 +113,17 @@ KS_NO_FMA std::vector<float> inv_freq_f32(const RopeConfig& c, double* attention
 }
 
 void check_rope_args(const char* op, const Tensor& x, const Tensor& positions, const RopeTable& table,
-                     int64_t n_heads) {
+                     int64_t n_heads, int64_t rot_offset) {
   KS_CHECK(x.defined() && positions.defined() && table.cos.defined(), op, ": undefined tensor argument");
   if (x.dtype() != DType::F32 && x.dtype() != DType::BF16)
     KS_FAIL(op, ": x must be f32 or bf16, got ", x.describe());
-  if (n_heads <= 0 || x.dim() != 2 || x.size(1) != n_heads * table.head_dim)
-    KS_FAIL(op, ": x must be [T, n_heads*head_dim] = [T, ", n_heads, "*", table.head_dim, "], got ", x.describe());
+  if (n_heads <= 0 || x.dim() != 2 || x.size(1) % n_heads)
+    KS_FAIL(op, ": x must be [T, n_heads*W] with n_heads = ", n_heads, " heads of W columns each, got ", x.describe());
+  const int64_t W = x.size(1) / n_heads;
+  if (rot_offset < 0 || rot_offset + table.head_dim > W)
+    KS_FAIL(op, ": the rotated columns [", rot_offset, ", ", rot_offset + table.head_dim, ") (rot_offset + the table's ",
+            "head_dim ", table.head_dim, ") must lie within each head of x, which has W = ", W, " columns (x ",
+            x.describe(), ", n_heads ", n_heads, "); check n_heads, rot_offset and the rotary dim of the table");
   if (positions.dtype() != DType::I32 || positions.dim() != 1 || positions.size(0) != x.size(0))
     KS_FAIL(op, ": positions must be i32 [", x.size(0), "] (one per token of x), got ", positions.describe());
   const int64_t P = table.cos.size(0);
@@ -130,14 +135,15 @@ void check_rope_args(const char* op, const Tensor& x, const Tensor& positions, c
 
 // The CPU path: checks the positions (read on the host) and rotates x in place.
 void cpu_rope(const char* op, Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads,
-              bool inverse) {
+              int64_t rot_offset, bool inverse) {
   const int64_t P = table.cos.size(0);
   const int32_t* pos = positions.data<int32_t>();
   for (int64_t t = 0; t < positions.size(0); ++t)
     if (pos[t] < 0 || pos[t] >= P)
       KS_FAIL(op, ": position ", pos[t], " of token ", t, " is outside the RoPE table [0, ", P,
               "); build the table with max_positions > the longest sequence");
-  cpu::rope_apply(x, pos, table.cos.data<float>(), table.sin.data<float>(), n_heads, table.head_dim, inverse);
+  const cpu::RopeLayout layout{n_heads, x.size(1) / n_heads, rot_offset, table.head_dim, table.interleaved};
+  cpu::rope_apply(x, pos, table.cos.data<float>(), table.sin.data<float>(), layout, inverse);
 }
 
 constexpr detail::Kernels<decltype(cpu_rope)> kRope{.cpu = cpu_rope};
@@ -158,6 +164,7 @@ KS_NO_FMA RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions
   const int64_t half = cfg.head_dim / 2;
   RopeTable t;
   t.head_dim = cfg.head_dim;
+  t.interleaved = cfg.interleaved;
   t.cos = Tensor::empty({max_positions, half}, DType::F32, MemCategory::Params);
   t.sin = Tensor::empty({max_positions, half}, DType::F32, MemCategory::Params);
   float* c = t.cos.data<float>();
@@ -173,16 +180,16 @@ KS_NO_FMA RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions
   return t;
 }
 
-void rope_fwd(Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads) {
-  check_rope_args("rope_fwd", x, positions, table, n_heads);
+void rope_fwd(Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads, int64_t rot_offset) {
+  check_rope_args("rope_fwd", x, positions, table, n_heads, rot_offset);
   detail::dispatch("rope_fwd", kRope, {&x, &positions, &table.cos, &table.sin}, "rope_fwd", x, positions, table,
-                   n_heads, /*inverse=*/false);
+                   n_heads, rot_offset, /*inverse=*/false);
 }
 
-void rope_bwd(Tensor& dx, const Tensor& positions, const RopeTable& table, int64_t n_heads) {
-  check_rope_args("rope_bwd", dx, positions, table, n_heads);
+void rope_bwd(Tensor& dx, const Tensor& positions, const RopeTable& table, int64_t n_heads, int64_t rot_offset) {
+  check_rope_args("rope_bwd", dx, positions, table, n_heads, rot_offset);
   detail::dispatch("rope_bwd", kRope, {&dx, &positions, &table.cos, &table.sin}, "rope_bwd", dx, positions, table,
-                   n_heads, /*inverse=*/true);
+                   n_heads, rot_offset, /*inverse=*/true);
 }
 
 }  // namespace kestrel::ops

@@ -38,10 +38,12 @@ Tensor make(const std::vector<double>& v, Shape s, DType dt) {
 struct Case {
   std::vector<int32_t> lens;
   int64_t n_heads, n_kv_heads, head_dim;
+  int64_t v_head_dim = 0;  // 0 = head_dim
   std::string name() const {
     std::string s = "lens";
     for (auto l : lens) s += "_" + std::to_string(l);
-    return s + " H" + std::to_string(n_heads) + " KV" + std::to_string(n_kv_heads) + " d" + std::to_string(head_dim);
+    s += " H" + std::to_string(n_heads) + " KV" + std::to_string(n_kv_heads) + " d" + std::to_string(head_dim);
+    return v_head_dim ? s + " dv" + std::to_string(v_head_dim) : s;
   }
 };
 
@@ -62,21 +64,25 @@ struct Problem {
   Tensor pre_t;
   const Tensor* pre_ptr() const { return pre.empty() ? nullptr : &pre_t; }
   const int32_t* pre_data() const { return pre.empty() ? nullptr : pre.data(); }
-  ref::AttnRefShape ref_shape() const { return {shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale}; }
+  ref::AttnRefShape ref_shape() const {
+    return {shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.scale, shape.v_head_dim};
+  }
   int64_t n_seqs() const { return int64_t(cu.size()) - 1; }
+  Shape out_shape() const { return {T, shape.n_heads * shape.value_dim()}; }
+  size_t out_numel() const { return size_t(T * shape.n_heads * shape.value_dim()); }
 };
 
 Problem make_problem(const Case& c, DType dt, uint64_t seed, const std::vector<int32_t>& prefix_of = {}) {
   Problem p;
   p.pre = prefix_of;
   if (!p.pre.empty()) p.pre_t = Tensor::from_ints(p.pre, {int64_t(p.pre.size())});
-  p.shape = {c.n_heads, c.n_kv_heads, c.head_dim, 0.f};
+  p.shape = {c.n_heads, c.n_kv_heads, c.head_dim, 0.f, c.v_head_dim};
   p.cu = cu_of(c.lens);
   p.T = p.cu.back();
-  const int64_t qd = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+  const int64_t qd = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim, vd = c.n_kv_heads * p.shape.value_dim();
   p.q = make(randn(p.T * qd, seed * 8 + 0), {p.T, qd}, dt);
   p.k = make(randn(p.T * kd, seed * 8 + 1), {p.T, kd}, dt);
-  p.v = make(randn(p.T * kd, seed * 8 + 2), {p.T, kd}, dt);
+  p.v = make(randn(p.T * vd, seed * 8 + 2), {p.T, vd}, dt);
   p.cu_t = Tensor::from_ints(p.cu, {int64_t(p.cu.size())});
   p.qd = to_double(p.q);
   p.kd = to_double(p.k);
@@ -86,7 +92,7 @@ Problem make_problem(const Case& c, DType dt, uint64_t seed, const std::vector<i
 
 struct FwdOut { Tensor out, lse; };
 FwdOut run_fwd(const Problem& p) {
-  FwdOut r{Tensor::empty(p.q.shape(), p.q.dtype()), Tensor::empty({p.shape.n_heads, p.T}, DType::F32)};
+  FwdOut r{Tensor::empty(p.out_shape(), p.q.dtype()), Tensor::empty({p.shape.n_heads, p.T}, DType::F32)};
   attention_fwd(p.q, p.k, p.v, p.cu_t, p.shape, r.out, r.lse, p.pre_ptr());
   return r;
 }
@@ -290,6 +296,62 @@ TEST_P(AttentionCases, PrefixEqualsDuplicatedPrefix) {
       EXPECT_NEAR(fs.lse.get(h * ps.T + src[r]), fd.lse.get(h * pd.T + r), 1e-5) << "lse h" << h << " row " << r;
 }
 
+// Value heads of another width than the query/key heads (MLA's decompressed
+// attention: head_dim = qk_nope + qk_rope, v_head_dim = v): MHA and GQA,
+// narrower and wider values, widths off the vector width, with and without
+// shared prefixes; forward and backward against the reference.
+const std::vector<PrefixCase> kValueDimCases = {
+    {{{5, 1, 70, 130}, 4, 4, 48, 32}, {}},
+    {{{64, 1, 65, 3}, 4, 2, 24, 40}, {}},
+    {{{70, 9, 66}, 2, 2, 192, 128}, {}},  // DeepSeek-V2/V3: 128 nope + 64 rope, values of 128
+    {{{48, 40, 70, 1, 65}, 4, 2, 40, 24}, {-1, 0, 0, -1, 3}},
+    {{{70, 3, 130, 0}, 4, 1, 20, 36}, {-1, 0, 0, 0}},
+};
+
+TEST_P(AttentionCases, ValueHeadDimMatchesReference) {
+  const DType dt = param();
+  const auto tol = testing::tolerance_for(dt);
+  for (size_t ci = 0; ci < kValueDimCases.size(); ++ci) {
+    const auto& [c, pre] = kValueDimCases[ci];
+    const Problem p = make_problem(c, dt, 400 + ci, pre);
+    const Tensor dout = make(randn(p.out_numel(), 4000 + ci), p.out_shape(), dt);
+    const FwdOut f = run_fwd(p);
+    const Grads g = run_bwd(p, f, dout);
+    ASSERT_EQ(f.out.shape(), p.out_shape());
+    std::vector<double> out(p.out_numel()), lse(p.shape.n_heads * p.T);
+    ref::attention_fwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), p.cu.data(), p.n_seqs(), p.ref_shape(), out.data(),
+                           lse.data(), p.pre_data());
+    const std::string name = c.name() + (pre.empty() ? "" : " prefixed");
+    EXPECT_TRUE(testing::all_close(to_double(f.out), out, tol, name + " out"));
+    EXPECT_TRUE(testing::all_close(to_double(f.lse), lse, testing::tolerance_for(DType::F32), name + " lse"));
+    const auto dod = to_double(dout);
+    std::vector<double> dq(p.qd.size()), dk(p.kd.size()), dv(p.vd.size());
+    ref::attention_bwd_ref(p.qd.data(), p.kd.data(), p.vd.data(), dod.data(), p.cu.data(), p.n_seqs(), p.ref_shape(),
+                           dq.data(), dk.data(), dv.data(), p.pre_data());
+    EXPECT_TRUE(testing::all_close(to_double(g.dq), dq, tol, name + " dq"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dk), dk, tol, name + " dk"));
+    EXPECT_TRUE(testing::all_close(to_double(g.dv), dv, tol, name + " dv"));
+  }
+}
+
+// v_head_dim == head_dim spelled out is the default (0) bit for bit.
+TEST_P(AttentionCases, ExplicitValueHeadDimEqualsDefault) {
+  const DType dt = param();
+  const Case c{{70, 33}, 4, 2, 24};
+  Problem p = make_problem(c, dt, 450);
+  const Tensor dout = make(randn(p.out_numel(), 451), p.out_shape(), dt);
+  const FwdOut f0 = run_fwd(p);
+  const Grads g0 = run_bwd(p, f0, dout);
+  p.shape.v_head_dim = c.head_dim;
+  const FwdOut f1 = run_fwd(p);
+  const Grads g1 = run_bwd(p, f1, dout);
+  EXPECT_EQ(f0.out.to_float_vector(), f1.out.to_float_vector());
+  EXPECT_EQ(f0.lse.to_float_vector(), f1.lse.to_float_vector());
+  EXPECT_EQ(g0.dq.to_float_vector(), g1.dq.to_float_vector());
+  EXPECT_EQ(g0.dk.to_float_vector(), g1.dk.to_float_vector());
+  EXPECT_EQ(g0.dv.to_float_vector(), g1.dv.to_float_vector());
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionCases,
                          ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
                                             ::testing::ValuesIn(testing::kernel_isas())),
@@ -333,6 +395,28 @@ TEST(AttentionReference, PrefixBackwardMatchesFiniteDifferences) {
   };
   std::vector<double> dq(nq), dk(nk), dv(nk);
   ref::attention_bwd_ref(q.data(), k.data(), v.data(), W.data(), cu.data(), 4, s, dq.data(), dk.data(), dv.data(),
+                         pre.data());
+  const testing::Tolerance tol{1e-7, 1e-6};
+  EXPECT_TRUE(testing::all_close(dq, testing::finite_difference([&](const auto& x) { return loss(x, k, v); }, q), tol, "dq"));
+  EXPECT_TRUE(testing::all_close(dk, testing::finite_difference([&](const auto& x) { return loss(q, x, v); }, k), tol, "dk"));
+  EXPECT_TRUE(testing::all_close(dv, testing::finite_difference([&](const auto& x) { return loss(q, k, x); }, v), tol, "dv"));
+}
+
+// The reference backward with v_head_dim != head_dim (GQA, a prefix) is the
+// gradient of its forward.
+TEST(AttentionReference, ValueHeadDimBackwardMatchesFiniteDifferences) {
+  const std::vector<int32_t> cu = cu_of({3, 2, 1}), pre = {-1, 0, -1};
+  const ref::AttnRefShape s{4, 2, 6, 0.0, 4};
+  const int64_t T = cu.back(), nq = T * 4 * 6, nk = T * 2 * 6, nv = T * 2 * 4, no = T * 4 * 4;
+  const auto q = randn(nq, 21), k = randn(nk, 22), v = randn(nv, 23), W = randn(no, 24);
+  auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
+    std::vector<double> out(no);
+    ref::attention_fwd_ref(qq.data(), kk.data(), vv.data(), cu.data(), 3, s, out.data(), static_cast<double*>(nullptr),
+                           pre.data());
+    return std::inner_product(out.begin(), out.end(), W.begin(), 0.0);
+  };
+  std::vector<double> dq(nq), dk(nk), dv(nv);
+  ref::attention_bwd_ref(q.data(), k.data(), v.data(), W.data(), cu.data(), 3, s, dq.data(), dk.data(), dv.data(),
                          pre.data());
   const testing::Tolerance tol{1e-7, 1e-6};
   EXPECT_TRUE(testing::all_close(dq, testing::finite_difference([&](const auto& x) { return loss(x, k, v); }, q), tol, "dq"));
@@ -405,6 +489,14 @@ TEST_P(Attention, PrefixThreadCountIndependent) {
   expect_thread_count_independent(p, make(randn(p.qd.size(), 24), p.q.shape(), DType::F32));
 }
 
+// v_head_dim != head_dim with a prefix: still bit-identical at 1 and 2 threads.
+TEST_P(Attention, ValueHeadDimThreadCountIndependent) {
+  Case c{{60, 37, 80, 5}, 4, 2, 40};
+  c.v_head_dim = 24;
+  const Problem p = make_problem(c, DType::BF16, 25, {-1, 0, 0, -1});
+  expect_thread_count_independent(p, make(randn(p.out_numel(), 26), p.out_shape(), DType::BF16));
+}
+
 TEST_P(Attention, RejectsBadArguments) {
   const Case c{{5, 3}, 4, 2, 8};
   const Problem p = make_problem(c, DType::F32, 31);
@@ -432,6 +524,18 @@ TEST_P(Attention, RejectsBadArguments) {
   Tensor dv_bad = Tensor::empty(p.q.shape(), DType::F32);
   expect_error([&] { attention_bwd(p.q, p.k, p.v, f.out, f.lse, f.out, p.cu_t, p.shape, dq, dk, dv_bad); },
                "dv must be f32[8, 16]");
+  // Values of width 4 per kv head: v and out must follow v_head_dim, not head_dim.
+  AttentionShape vs = p.shape;
+  vs.v_head_dim = 4;
+  Tensor v4 = Tensor::zeros({8, 2 * 4}, DType::F32), out4 = Tensor::empty({8, 4 * 4}, DType::F32);
+  expect_error([&] { attention_fwd(p.q, p.k, p.v, p.cu_t, vs, out4, f.lse); }, "v must be f32[8, 8]");
+  expect_error([&] { attention_fwd(p.q, p.k, v4, p.cu_t, vs, f.out, f.lse); }, "out must be f32[8, 16]");
+  EXPECT_NO_THROW(attention_fwd(p.q, p.k, v4, p.cu_t, vs, out4, f.lse));
+  Tensor dv4 = Tensor::empty(v4.shape(), DType::F32);
+  expect_error([&] { attention_bwd(p.q, p.k, v4, out4, f.lse, f.out, p.cu_t, vs, dq, dk, dv4); },
+               "dout must be f32[8, 16]");
+  vs.v_head_dim = -1;
+  expect_error([&] { attention_fwd(p.q, p.k, v4, p.cu_t, vs, out4, f.lse); }, "v_head_dim=-1");
 }
 
 TEST_P(Attention, RejectsBadPrefixOf) {

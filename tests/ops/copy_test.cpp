@@ -119,6 +119,107 @@ TEST(CopyOps, CopyColsMatchesReference) {
   EXPECT_THROW_MSG(ops::copy_cols(a, 0, d, 0, 2), "dst must have shape [2, *]");
 }
 
+// MLA's decompression: kv [T, H*(nope+v)] (kv_b_proj's output) and k_pe
+// [T, rope] into k [T, H*(nope+rope)] = [k_nope_h | k_pe] and v [T, H*v];
+// the dst columns not copied keep their values.
+TEST(CopyOps, CopyHeadColsMatchesReference) {
+  for (Device dev : available_devices())
+    for (DType dt : copy_dtypes()) {
+      SCOPED_TRACE(case_name(dev, dt));
+      const int64_t T = 5, H = 3, nope = 4, rope = 3, vd = 5;
+      const auto kv = small_ints(T * H * (nope + vd), 20), pe = small_ints(T * rope, 21);
+      auto kd = small_ints(T * H * (nope + rope), 22), vv = small_ints(T * H * vd, 23);
+      Tensor kv_t = make_tensor(kv, {T, H * (nope + vd)}, dt, dev), pe_t = make_tensor(pe, {T, rope}, dt, dev);
+      Tensor k = make_tensor(kd, {T, H * (nope + rope)}, dt, dev), v = make_tensor(vv, {T, H * vd}, dt, dev);
+      ops::copy_head_cols(kv_t, H, 0, k, H, 0, nope);     // k_nope_h
+      ops::copy_head_cols(pe_t, 1, 0, k, H, nope, rope);  // k_pe, broadcast to every head
+      ops::copy_head_cols(kv_t, H, nope, v, H, 0, vd);    // v_h
+      ops::ref::copy_head_cols(kv.data(), nope + vd, H, 0, kd.data(), nope + rope, H, 0, T, nope);
+      ops::ref::copy_head_cols(pe.data(), rope, 1, 0, kd.data(), nope + rope, H, nope, T, rope);
+      ops::ref::copy_head_cols(kv.data(), nope + vd, H, nope, vv.data(), vd, H, 0, T, vd);
+      EXPECT_EQ(exact(k), kd);
+      EXPECT_EQ(exact(v), vv);
+      // Into the middle of wider heads, leaving columns on both sides.
+      const auto src = small_ints(T * H * 6, 24);
+      auto want = small_ints(T * H * 9, 25);
+      Tensor dst = make_tensor(want, {T, H * 9}, dt, dev);
+      ops::copy_head_cols(make_tensor(src, {T, H * 6}, dt, dev), H, 1, dst, H, 3, 4);
+      ops::ref::copy_head_cols(src.data(), 6, H, 1, want.data(), 9, H, 3, T, 4);
+      EXPECT_EQ(exact(dst), want);
+    }
+}
+
+// The gradient of a broadcast: dk_pe[t] = sum over heads of dk[t, h, nope:].
+TEST(CopyOps, SumHeadColsAddsInHeadOrder) {
+  for (Device dev : available_devices())
+    for (DType dt : float_dtypes()) {
+      SCOPED_TRACE(case_name(dev, dt));
+      const int64_t T = 7, H = 5, W = 11, col = 6, n = 5;
+      const auto src = round_to(randn(T * H * W, 26, 3.0), dt);
+      Tensor dst = nan_tensor({T, n}, DType::F32, dev);
+      ops::sum_head_cols(make_tensor(src, {T, H * W}, dt, dev), H, col, dst, n);
+      // The f32 reference in the same order: bit-identical.
+      std::vector<float> s(src.begin(), src.end()), want(size_t(T * n));
+      ops::ref::sum_head_cols(s.data(), W, H, col, want.data(), T, n);
+      EXPECT_EQ(dst.to_host<float>(), want);
+    }
+  // Order matters in f32: 1e8 + 1 - 1e8 is 0.
+  Tensor a = Tensor::from_vector({1e8f, 1.f, -1e8f}, {1, 3}), d = Tensor::empty({1, 1}, DType::F32);
+  ops::sum_head_cols(a, 3, 0, d, 1);
+  EXPECT_EQ(d.get(0), 0.f);
+}
+
+// sum_head_cols is the transpose of the broadcast copy_head_cols:
+// <copy(x), y> = <x, sum(y)> over the copied columns.
+TEST(CopyOps, SumHeadColsIsTheBroadcastsTranspose) {
+  const int64_t T = 4, H = 3, W = 7, col = 2, n = 4;
+  const auto x = round_to(randn(T * n, 27), DType::F32), y = round_to(randn(T * H * W, 28), DType::F32);
+  Tensor cx = Tensor::zeros({T, H * W}, DType::F32, MemCategory::Other), sy = Tensor::empty({T, n}, DType::F32);
+  ops::copy_head_cols(make_tensor(x, {T, n}, DType::F32), 1, 0, cx, H, col, n);
+  ops::sum_head_cols(make_tensor(y, {T, H * W}, DType::F32), H, col, sy, n);
+  EXPECT_NEAR(dot(values(cx), y), dot(x, values(sy)), 1e-5);  // sy summed in f32
+}
+
+TEST(CopyOps, HeadColsSameResultsAtAnyThreadCount) {
+  const int64_t T = 2048, H = 16, W = 96;
+  const auto src = round_to(randn(T * H * W, 29), DType::F32);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    Tensor s = make_tensor(src, {T, H * W}, DType::F32), c = Tensor::zeros({T, H * 64}, DType::F32, MemCategory::Other),
+           sum = Tensor::empty({T, 64}, DType::F32);
+    ops::copy_head_cols(s, H, 32, c, H, 0, 64);
+    ops::sum_head_cols(s, H, 16, sum, 64);
+    return std::make_pair(c.to_host<float>(), sum.to_host<float>());
+  };
+  const int saved = num_threads();
+  const auto one = run(1), two = run(2);
+  set_num_threads(saved);
+  EXPECT_EQ(one, two);
+}
+
+TEST(CopyOps, HeadColsBadArgumentsFailWithAMessage) {
+  Tensor src = Tensor::zeros({2, 12}, DType::F32, MemCategory::Other), dst = Tensor::zeros({2, 8}, DType::F32, MemCategory::Other);
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 2, 0, dst, 4, 0, 2), "src_heads = 2 must be n_heads = 4");
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 5, 0, dst, 5, 0, 1), "does not split into src_heads = 5 heads");
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 4, 0, dst, 3, 0, 1), "src_heads = 4 must be n_heads = 3");
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 4, 1, dst, 4, 0, 3), "columns [1, 4) of each 3-wide head of src");
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 4, 0, dst, 4, 1, 2), "into [1, 3) of each 2-wide head of dst");
+  Tensor rows3 = Tensor::zeros({3, 8}, DType::F32, MemCategory::Other);
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 4, 0, rows3, 4, 0, 1), "dst must have shape [2, *]");
+  Tensor bf = Tensor::zeros({2, 8}, DType::BF16, MemCategory::Other);
+  EXPECT_THROW_MSG(ops::copy_head_cols(src, 4, 0, bf, 4, 0, 1), "must have the dtype of src");
+  Tensor big = Tensor::zeros({2, 24}, DType::F32, MemCategory::Other);
+  Tensor view = big.slice_rows(0, 1), view2 = big.slice_rows(1, 2);
+  EXPECT_NO_THROW(ops::copy_head_cols(view, 2, 0, view2, 2, 0, 12));
+  Tensor overlap = big.slice_rows(0, 2);
+  EXPECT_THROW_MSG(ops::copy_head_cols(big, 2, 0, overlap, 2, 0, 1), "overlap");
+  Tensor sum = Tensor::empty({2, 2}, DType::F32);
+  EXPECT_THROW_MSG(ops::sum_head_cols(src, 4, 2, sum, 2), "columns [2, 4) of each 3-wide head of src");
+  EXPECT_THROW_MSG(ops::sum_head_cols(src, 4, 0, sum, 3), "dst must have shape [2, 3]");
+  EXPECT_THROW_MSG(ops::sum_head_cols(src, 4, 0, bf, 2), "dst must be f32");
+  EXPECT_THROW_MSG(ops::sum_head_cols(Tensor::from_ints({1, 2}, {1, 2}), 1, 0, sum, 2), "src must be f32 or bf16");
+}
+
 TEST(CopyOps, FillAndZeroEveryDtype) {
   for (Device dev : available_devices())
     for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8}) {

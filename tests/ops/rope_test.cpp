@@ -13,6 +13,7 @@
 
 #include "common/testing.h"
 #include "isa_harness.h"
+#include "op_harness.h"
 #include "core/rng.h"
 #include "ops/ref/rope_ref.h"
 #include "ops/rope.h"
@@ -215,7 +216,196 @@ TEST(RopeReference, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(testing::all_close(g, testing::finite_difference(loss, x), {1e-7, 1e-6}, "dx"));
 }
 
+// Partial and interleaved rotation (MLA): heads of W columns of which
+// [rot_offset, rot_offset + rot) rotate, in HF's rotate_half layout or in
+// DeepSeek's interleaved pairs. The columns outside the range keep their bits.
+struct LayoutCase {
+  int64_t n_heads, width, rot_offset, rot;
+  bool interleaved;
+  std::string name() const {
+    return "H" + std::to_string(n_heads) + " W" + std::to_string(width) + " off" + std::to_string(rot_offset) +
+           " rot" + std::to_string(rot) + (interleaved ? " interleaved" : " halves");
+  }
+};
+const std::vector<LayoutCase> kLayoutCases = {
+    {3, 64, 0, 64, true},     // a plain interleaved head
+    {2, 24, 0, 24, true},     // interleaved, rotated width off the vector width
+    {4, 48, 16, 32, false},   // MLA query heads [nope 16 | rope 32], halves
+    {4, 48, 16, 32, true},    // the same, interleaved
+    {2, 40, 8, 20, true},     // columns on both sides of the rotated range
+    {2, 40, 6, 20, false},
+    {1, 36, 0, 36, true},     // a single "head": MLA's k_pe row [T, rope]
+    {16, 192, 128, 64, true}, // DeepSeek-V3: 128 nope + 64 rope
+};
+
+RopeTable layout_table(const LayoutCase& lc, int64_t positions) {
+  RopeConfig cfg;
+  cfg.head_dim = lc.rot;
+  cfg.interleaved = lc.interleaved;
+  cfg.theta = 1e4;
+  return make_rope_table(cfg, positions);
+}
+
+class RopeLayouts : public testing::IsaParamTest<DType> {};
+
+TEST_P(RopeLayouts, MatchReferenceForwardAndBackward) {
+  const DType dt = param();
+  const auto pos = packed_positions({1, 17, 40, 5});
+  const int64_t T = int64_t(pos.size());
+  const Tensor pos_t = Tensor::from_ints(pos, {T});
+  for (const auto& lc : kLayoutCases)
+    for (bool inverse : {false, true}) {
+      const std::string name = lc.name() + (inverse ? " bwd" : " fwd");
+      const RopeTable table = layout_table(lc, 64);
+      ASSERT_EQ(table.interleaved, lc.interleaved) << "make_rope_table copies RopeConfig::interleaved";
+      const int64_t D = lc.n_heads * lc.width;
+      Tensor x = make(randn(T * D, 50 + lc.width), {T, D}, dt);
+      const std::vector<double> x0 = to_double(x);
+      std::vector<double> want = x0;
+      const auto cos = to_double(table.cos), sin = to_double(table.sin);
+      ref::rope_ref(want.data(), T, pos.data(), cos.data(), sin.data(), lc.n_heads, lc.rot, inverse, lc.width,
+                    lc.rot_offset, lc.interleaved);
+      if (inverse)
+        rope_bwd(x, pos_t, table, lc.n_heads, lc.rot_offset);
+      else
+        rope_fwd(x, pos_t, table, lc.n_heads, lc.rot_offset);
+      const auto got = to_double(x);
+      EXPECT_TRUE(testing::all_close(got, want, testing::tolerance_for(dt), name));
+      int64_t changed_outside = 0;
+      for (int64_t i = 0; i < T * D; ++i) {
+        const int64_t c = i % lc.width;
+        if ((c < lc.rot_offset || c >= lc.rot_offset + lc.rot) && got[size_t(i)] != x0[size_t(i)]) ++changed_outside;
+      }
+      EXPECT_EQ(changed_outside, 0) << name << ": columns outside the rotated range changed";
+    }
+}
+
+TEST_P(RopeLayouts, NanReachesOnlyItsPartner) {
+  const DType dt = param();
+  const LayoutCase lc{2, 20, 4, 12, true};
+  const RopeTable table = layout_table(lc, 8);
+  const std::vector<int32_t> pos{3, 5};
+  Tensor x = make(randn(2 * 40, 71), {2, 40}, dt);
+  x.set(20 + 4 + 6, std::numeric_limits<float>::quiet_NaN());  // token 0, head 1, pair 3's first
+  rope_fwd(x, Tensor::from_ints(pos, {2}), table, 2, 4);
+  for (int64_t i = 0; i < 80; ++i)
+    EXPECT_EQ(std::isnan(x.get(i)), i == 30 || i == 31) << "flat " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, RopeLayouts,
+                         ::testing::Combine(::testing::Values(DType::F32, DType::BF16),
+                                            ::testing::ValuesIn(testing::kernel_isas())),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  isa_name(std::get<1>(info.param));
+                         });
+
+// Lane-wise math: every layout gives the same bits at every ISA level.
+TEST(RopeLayoutsIsa, SameBitsAtEveryLevel) {
+  const auto isas = testing::kernel_isas();
+  if (isas.size() < 2) GTEST_SKIP() << "one ISA level on this machine";
+  const auto pos = packed_positions({7, 33});
+  const int64_t T = int64_t(pos.size());
+  const Tensor pos_t = Tensor::from_ints(pos, {T});
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const auto& lc : kLayoutCases) {
+      const RopeTable table = layout_table(lc, 64);
+      const int64_t D = lc.n_heads * lc.width;
+      std::vector<std::vector<float>> got;
+      for (IsaLevel isa : isas) {
+        testing::IsaScope scope(isa);
+        Tensor x = make(randn(T * D, 80), {T, D}, dt), y = make(randn(T * D, 81), {T, D}, dt);
+        rope_fwd(x, pos_t, table, lc.n_heads, lc.rot_offset);
+        rope_bwd(y, pos_t, table, lc.n_heads, lc.rot_offset);
+        auto v = x.to_float_vector(), w = y.to_float_vector();
+        v.insert(v.end(), w.begin(), w.end());
+        got.push_back(std::move(v));
+      }
+      for (size_t i = 1; i < got.size(); ++i)
+        EXPECT_EQ(std::memcmp(got[0].data(), got[i].data(), got[0].size() * 4), 0)
+            << lc.name() << " " << dtype_name(dt) << ": " << isa_name(isas[i]) << " differs from " << isa_name(isas[0]);
+    }
+}
+
+// The reference backward of a partial, interleaved rotation is its gradient.
+TEST(RopeReference, PartialInterleavedBackwardMatchesFiniteDifferences) {
+  const std::vector<int32_t> pos{0, 5, 2};
+  const int64_t H = 2, W = 10, off = 3, hd = 6, P = 8, half = hd / 2;
+  const auto cos = randn(P * half, 11), sin = randn(P * half, 12);
+  const auto x = randn(3 * H * W, 13), Wt = randn(3 * H * W, 14);
+  for (bool interleaved : {false, true}) {
+    auto loss = [&](const std::vector<double>& xx) {
+      std::vector<double> y = xx;
+      ref::rope_ref(y.data(), 3, pos.data(), cos.data(), sin.data(), H, hd, false, W, off, interleaved);
+      return std::inner_product(y.begin(), y.end(), Wt.begin(), 0.0);
+    };
+    std::vector<double> g = Wt;
+    ref::rope_ref(g.data(), 3, pos.data(), cos.data(), sin.data(), H, hd, true, W, off, interleaved);
+    EXPECT_TRUE(testing::all_close(g, testing::finite_difference(loss, x), {1e-7, 1e-6},
+                                   interleaved ? "dx interleaved" : "dx halves"));
+  }
+}
+
 KS_ISA_SUITE(Rope);
+
+// rope_bwd is the transpose of rope_fwd in every layout: <fwd(x), y> = <x, bwd(y)>.
+TEST_P(Rope, LayoutBackwardIsTheTranspose) {
+  const auto pos = packed_positions({9, 30});
+  const int64_t T = int64_t(pos.size());
+  const Tensor pos_t = Tensor::from_ints(pos, {T});
+  for (const auto& lc : kLayoutCases) {
+    const RopeTable table = layout_table(lc, 32);
+    const int64_t D = lc.n_heads * lc.width;
+    const auto xv = randn(T * D, 60), yv = randn(T * D, 61);
+    Tensor x = make(xv, {T, D}, DType::F32), y = make(yv, {T, D}, DType::F32);
+    rope_fwd(x, pos_t, table, lc.n_heads, lc.rot_offset);
+    rope_bwd(y, pos_t, table, lc.n_heads, lc.rot_offset);
+    const double lhs = testing::dot(to_double(x), yv), rhs = testing::dot(xv, to_double(y));
+    EXPECT_NEAR(lhs, rhs, 1e-5 * double(T * D)) << lc.name();
+  }
+}
+
+// HF DeepSeek-V3 (apply_rotary_pos_emb_interleave) computes the same pairs and
+// writes them de-interleaved: [r1*cos - r2*sin | r2*cos + r1*sin] with
+// r1 = r[0::2], r2 = r[1::2]. Kestrel's in-place pairs, de-interleaved, are
+// that; and HF DeepSeek-V2's complex product (r[2i] + i r[2i+1]) * (cos + i sin)
+// is them as they stand.
+TEST_P(Rope, InterleavedIsDeepseekRotation) {
+  const LayoutCase lc{4, 48, 16, 32, true};
+  const auto pos = packed_positions({3, 20});
+  const int64_t T = int64_t(pos.size()), D = lc.n_heads * lc.width, half = lc.rot / 2;
+  const RopeTable table = layout_table(lc, 32);
+  const auto xv = testing::round_to(randn(T * D, 70), DType::F32);
+  Tensor x = make(xv, {T, D}, DType::F32);
+  rope_fwd(x, Tensor::from_ints(pos, {T}), table, lc.n_heads, lc.rot_offset);
+  const auto got = to_double(x);
+  std::vector<double> v3(size_t(T * D)), mine_deint(size_t(T * D)), v2(size_t(T * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < lc.n_heads; ++h) {
+      const int64_t base = (t * lc.n_heads + h) * lc.width + lc.rot_offset;
+      for (int64_t i = 0; i < half; ++i) {
+        const double c = table.cos.get(pos[size_t(t)] * half + i), sn = table.sin.get(pos[size_t(t)] * half + i);
+        const double r1 = xv[size_t(base + 2 * i)], r2 = xv[size_t(base + 2 * i + 1)];
+        v3[size_t(base + i)] = r1 * c - r2 * sn;  // V3: cat([q1*cos - q2*sin, q2*cos + q1*sin])
+        v3[size_t(base + half + i)] = r2 * c + r1 * sn;
+        mine_deint[size_t(base + i)] = got[size_t(base + 2 * i)];
+        mine_deint[size_t(base + half + i)] = got[size_t(base + 2 * i + 1)];
+        v2[size_t(base + 2 * i)] = r1 * c - r2 * sn;  // V2: real and imaginary part of the complex product
+        v2[size_t(base + 2 * i + 1)] = r1 * sn + r2 * c;
+      }
+    }
+  const testing::Tolerance tol{1e-6, 1e-6};
+  std::vector<double> a, b, a2, b2;
+  for (int64_t i = 0; i < T * D; ++i) {
+    const int64_t c = i % lc.width;
+    if (c < lc.rot_offset || c >= lc.rot_offset + lc.rot) continue;
+    a.push_back(mine_deint[size_t(i)]), b.push_back(v3[size_t(i)]);
+    a2.push_back(got[size_t(i)]), b2.push_back(v2[size_t(i)]);
+  }
+  EXPECT_TRUE(testing::all_close(a, b, tol, "de-interleaved vs HF DeepSeek-V3"));
+  EXPECT_TRUE(testing::all_close(a2, b2, tol, "in place vs HF DeepSeek-V2"));
+}
+
 
 TEST_P(Rope, BackwardInvertsForward) {
   RopeConfig cfg;
@@ -244,7 +434,14 @@ TEST_P(Rope, RejectsBadArguments) {
     }
   };
   expect_error([&] { rope_fwd(x, Tensor::from_ints({0, 4}, {2}), table, 2); }, "outside the RoPE table [0, 4)");
-  expect_error([&] { rope_fwd(x, Tensor::from_ints({0, 1}, {2}), table, 3); }, "x must be [T, n_heads*head_dim]");
+  expect_error([&] { rope_fwd(x, Tensor::from_ints({0, 1}, {2}), table, 3); }, "x must be [T, n_heads*W]");
+  // Heads of 8 columns: a rotated range of 8 fits only at offset 0.
+  expect_error([&] { rope_fwd(x, Tensor::from_ints({0, 1}, {2}), table, 2, 2); },
+               "the rotated columns [2, 10) (rot_offset + the table's head_dim 8) must lie within each head of x, "
+               "which has W = 8 columns");
+  expect_error([&] { rope_bwd(x, Tensor::from_ints({0, 1}, {2}), table, 2, -1); }, "the rotated columns [-1, 7)");
+  // Heads wider than the table need no offset: the first head_dim columns rotate.
+  EXPECT_NO_THROW(rope_fwd(x, Tensor::from_ints({0, 1}, {2}), table, 1));
   expect_error([&] { rope_fwd(x, Tensor::from_ints({0}, {1}), table, 2); }, "positions must be i32 [2]");
   RopeConfig bad = cfg;
   bad.scaling_type = "dynamic";

@@ -13,10 +13,12 @@ struct AttnParams {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.f;       // applied to q.k (already resolved: never 0 here)
+  int64_t v_head_dim = 0;  // value head width (already resolved: head_dim when the model has no other)
 };
 
-// q [T, n_heads*head_dim]; k, v [T, n_kv_heads*head_dim]; out like q (all one
-// dtype, f32 or bf16); cu_seqlens: n_seqs+1 row offsets; lse f32 [n_heads, T].
+// q [T, n_heads*head_dim]; k [T, n_kv_heads*head_dim]; v [T, n_kv_heads*v_head_dim];
+// out [T, n_heads*v_head_dim] (all one dtype, f32 or bf16); cu_seqlens: n_seqs+1
+// row offsets; lse f32 [n_heads, T].
 // prefix_of: null, or n_seqs entries: -1 (plain causal sequence) or the index
 // p < b of a plain sequence whose keys sequence b's queries all see before
 // b's own causal keys (see ops/attention.h).

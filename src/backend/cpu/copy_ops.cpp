@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/kernel_util.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -108,6 +109,52 @@ void sum_rows(const Tensor& src, Tensor& dst) {
     for (int64_t r = 1; r < R; ++r) acc += s[r * C + c];
     d[c] = acc;
   }
+}
+
+// One memcpy per (row, head); parallel over rows when the copy is large.
+void copy_head_cols(const Tensor& src, int64_t src_heads, int64_t src_col, Tensor& dst, int64_t n_heads,
+                    int64_t dst_col, int64_t ncols) {
+  const size_t es = dtype_size(src.dtype()), w = size_t(ncols) * es;
+  const int64_t Ws = src.size(1) / src_heads, Wd = dst.size(1) / n_heads, R = src.size(0);
+  const size_t sr = size_t(src.size(1)) * es, dr = size_t(dst.size(1)) * es;
+  const size_t s_head = src_heads == 1 ? 0 : size_t(Ws) * es, d_head = size_t(Wd) * es;
+  const char* s = static_cast<const char*>(src.raw()) + size_t(src_col) * es;
+  char* d = static_cast<char*>(dst.raw()) + size_t(dst_col) * es;
+  if (w == 0) return;
+#pragma omp parallel for schedule(static) if (R * n_heads * int64_t(w) > (1 << 20))
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t h = 0; h < n_heads; ++h)
+      std::memcpy(d + size_t(i) * dr + size_t(h) * d_head, s + size_t(i) * sr + size_t(h) * s_head, w);
+}
+
+namespace {
+// dst[t, j] = src[t, src_col + j] + src[t, Ws + src_col + j] + ... (heads in order, f32).
+template <class T>
+void sum_head_cols_as(const T* src, int64_t R, int64_t n_heads, int64_t Ws, int64_t src_col, float* dst,
+                      int64_t ncols) {
+  const int64_t row = n_heads * Ws;
+#pragma omp parallel for schedule(static) if (R * row > (1 << 18))
+  for (int64_t t = 0; t < R; ++t) {
+    float* o = dst + t * ncols;
+    const T* x = src + t * row + src_col;
+#pragma omp simd
+    for (int64_t j = 0; j < ncols; ++j) o[j] = load_f32(x, j);
+    for (int64_t h = 1; h < n_heads; ++h) {
+      const T* xh = x + h * Ws;
+#pragma omp simd
+      for (int64_t j = 0; j < ncols; ++j) o[j] += load_f32(xh, j);
+    }
+  }
+}
+}  // namespace
+
+void sum_head_cols(const Tensor& src, int64_t n_heads, int64_t src_col, Tensor& dst, int64_t ncols) {
+  const int64_t R = src.size(0), Ws = src.size(1) / n_heads;
+  float* d = dst.data<float>();
+  if (src.dtype() == DType::F32)
+    sum_head_cols_as(src.data<float>(), R, n_heads, Ws, src_col, d, ncols);
+  else
+    sum_head_cols_as(static_cast<const bf16_bits*>(src.raw()), R, n_heads, Ws, src_col, d, ncols);
 }
 
 }  // namespace kestrel::cpu

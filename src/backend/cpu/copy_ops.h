@@ -13,5 +13,8 @@ void scatter_rows(const Tensor& src, const Tensor& index, Tensor& dst);
 void pad_rows(const Tensor& src, Tensor& dst, float fill);
 void copy_cols(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t ncols);
 void sum_rows(const Tensor& src, Tensor& dst);
+void copy_head_cols(const Tensor& src, int64_t src_heads, int64_t src_col, Tensor& dst, int64_t n_heads,
+                    int64_t dst_col, int64_t ncols);
+void sum_head_cols(const Tensor& src, int64_t n_heads, int64_t src_col, Tensor& dst, int64_t ncols);
 
 }  // namespace kestrel::cpu

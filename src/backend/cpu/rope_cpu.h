@@ -1,4 +1,5 @@
-// Rotary position embedding kernels (HF rotate_half layout) on packed rows.
+// Rotary position embedding kernels on packed rows: HF's rotate_half layout
+// or DeepSeek's interleaved pairs, on all or part of each head.
 #pragma once
 #include <cstdint>
 
@@ -6,10 +7,18 @@
 
 namespace kestrel::cpu {
 
-// In place on x[T, n_heads*head_dim] (f32 or bf16); positions i32 [T];
-// cos/sin f32 [P, head_dim/2]. inverse = true applies the transpose rotation
-// (the backward). Positions must already be validated to lie in [0, P).
-void rope_apply(Tensor& x, const int32_t* positions, const float* cos, const float* sin, int64_t n_heads,
-                int64_t head_dim, bool inverse);
+// Where the rotation applies within x [T, n_heads*width]: columns
+// [rot_offset, rot_offset + rot_dim) of each head; pairs (i, i + rot_dim/2)
+// or, interleaved, (2i, 2i+1), rotated by frequency i (see ops/rope.h).
+struct RopeLayout {
+  int64_t n_heads = 0, width = 0, rot_offset = 0, rot_dim = 0;
+  bool interleaved = false;
+};
+
+// In place on x (f32 or bf16); positions i32 [T]; cos/sin f32 [P, rot_dim/2].
+// inverse = true applies the transpose rotation (the backward). Positions
+// must already be validated to lie in [0, P).
+void rope_apply(Tensor& x, const int32_t* positions, const float* cos, const float* sin, const RopeLayout& layout,
+                bool inverse);
 
 }  // namespace kestrel::cpu

@@ -14,8 +14,10 @@ namespace kestrel::ops::ref {
 
 struct AttnRefShape {
   int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  double scale = 0;  // 0 = 1/sqrt(head_dim)
+  double scale = 0;        // 0 = 1/sqrt(head_dim)
+  int64_t v_head_dim = 0;  // 0 = head_dim
   double resolved_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(double(head_dim)); }
+  int64_t dv() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
 namespace detail {
@@ -58,13 +60,14 @@ std::vector<F> attention_probs(const F* q, const F* k, int64_t s0, int64_t L, co
 }
 }  // namespace detail
 
-// q [T, n_heads*d]; k, v [T, n_kv_heads*d]; cu [n_seqs+1]; out [T, n_heads*d];
+// q [T, n_heads*d]; k [T, n_kv_heads*d]; v [T, n_kv_heads*dv]; cu [n_seqs+1];
+// out [T, n_heads*dv] (dv = s.dv());
 // lse [n_heads, T] (natural log of the sum of exp of the scaled scores);
 // prefix_of [n_seqs] or null.
 template <class F>
 void attention_fwd_ref(const F* q, const F* k, const F* v, const int32_t* cu, int64_t n_seqs, const AttnRefShape& s,
                        F* out, F* lse, const int32_t* prefix_of = nullptr) {
-  const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d, T = cu[n_seqs];
+  const int64_t dv = s.dv(), ldv = s.n_kv_heads * dv, ldo = s.n_heads * dv, T = cu[n_seqs];
   for (int64_t b = 0; b < n_seqs; ++b) {
     const int64_t s0 = cu[b], L = cu[b + 1] - cu[b];
     int64_t P = 0;
@@ -74,24 +77,26 @@ void attention_fwd_ref(const F* q, const F* k, const F* v, const int32_t* cu, in
       const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
       const auto Pm = detail::attention_probs(q, k, s0, L, keys, P, h, s, lse ? lse + h * T + s0 : nullptr);
       for (int64_t i = 0; i < L; ++i)
-        for (int64_t c = 0; c < d; ++c) {
+        for (int64_t c = 0; c < dv; ++c) {
           F acc = 0;
-          for (int64_t j = 0; j < P + i + 1; ++j) acc += Pm[i * Lk + j] * v[keys[j] * ldk + kvh * d + c];
-          out[(s0 + i) * ldq + h * d + c] = acc;
+          for (int64_t j = 0; j < P + i + 1; ++j) acc += Pm[i * Lk + j] * v[keys[j] * ldv + kvh * dv + c];
+          out[(s0 + i) * ldo + h * dv + c] = acc;
         }
     }
   }
 }
 
-// dq like q; dk, dv like k (written, =). A prefix's dk/dv sum over its own
-// queries and those of every sequence continuing it.
+// dout like out; dq like q; dk like k; dv like v (written, =). A prefix's
+// dk/dv sum over its own queries and those of every sequence continuing it.
 template <class F>
 void attention_bwd_ref(const F* q, const F* k, const F* v, const F* dout, const int32_t* cu, int64_t n_seqs,
                        const AttnRefShape& s, F* dq, F* dk, F* dv, const int32_t* prefix_of = nullptr) {
   const int64_t d = s.head_dim, ldq = s.n_heads * d, ldk = s.n_kv_heads * d, T = cu[n_seqs];
+  const int64_t dvw = s.dv(), ldv = s.n_kv_heads * dvw, ldo = s.n_heads * dvw;
   const F scale = F(s.resolved_scale());
   for (int64_t i = 0; i < T * ldq; ++i) dq[i] = 0;
-  for (int64_t i = 0; i < T * ldk; ++i) dk[i] = dv[i] = 0;
+  for (int64_t i = 0; i < T * ldk; ++i) dk[i] = 0;
+  for (int64_t i = 0; i < T * ldv; ++i) dv[i] = 0;
   for (int64_t b = 0; b < n_seqs; ++b) {
     const int64_t s0 = cu[b], L = cu[b + 1] - cu[b];
     int64_t P = 0;
@@ -102,15 +107,15 @@ void attention_bwd_ref(const F* q, const F* k, const F* v, const F* dout, const 
       const auto Pm = detail::attention_probs(q, k, s0, L, keys, P, h, s, static_cast<F*>(nullptr));
       auto Q = [&](int64_t i, int64_t c) { return q[(s0 + i) * ldq + h * d + c]; };
       auto K = [&](int64_t j, int64_t c) { return k[keys[j] * ldk + kvh * d + c]; };
-      auto V = [&](int64_t j, int64_t c) { return v[keys[j] * ldk + kvh * d + c]; };
-      auto dO = [&](int64_t i, int64_t c) { return dout[(s0 + i) * ldq + h * d + c]; };
+      auto V = [&](int64_t j, int64_t c) { return v[keys[j] * ldv + kvh * dvw + c]; };
+      auto dO = [&](int64_t i, int64_t c) { return dout[(s0 + i) * ldo + h * dvw + c]; };
       std::vector<F> dP(L * Lk, F(0));
       for (int64_t i = 0; i < L; ++i)
         for (int64_t j = 0; j < P + i + 1; ++j) {
           F acc = 0;
-          for (int64_t c = 0; c < d; ++c) acc += dO(i, c) * V(j, c);
+          for (int64_t c = 0; c < dvw; ++c) acc += dO(i, c) * V(j, c);
           dP[i * Lk + j] = acc;
-          for (int64_t c = 0; c < d; ++c) dv[keys[j] * ldk + kvh * d + c] += Pm[i * Lk + j] * dO(i, c);
+          for (int64_t c = 0; c < dvw; ++c) dv[keys[j] * ldv + kvh * dvw + c] += Pm[i * Lk + j] * dO(i, c);
         }
       for (int64_t i = 0; i < L; ++i) {
         F rowdot = 0;  // sum_j P_ij dP_ij

@@ -48,4 +48,28 @@ void sum_rows(const T* src, T* dst, int64_t R, int64_t C) {
   }
 }
 
+// dst[t, h*Wd + dst_col + j] = src[t, hs*Ws + src_col + j] for R rows, heads
+// h < n_heads and j < n; hs = h, or 0 when src_heads == 1 (broadcast).
+template <class T>
+void copy_head_cols(const T* src, int64_t Ws, int64_t src_heads, int64_t src_col, T* dst, int64_t Wd, int64_t n_heads,
+                    int64_t dst_col, int64_t R, int64_t n) {
+  for (int64_t t = 0; t < R; ++t)
+    for (int64_t h = 0; h < n_heads; ++h) {
+      const int64_t hs = src_heads == 1 ? 0 : h;
+      for (int64_t j = 0; j < n; ++j)
+        dst[(t * n_heads + h) * Wd + dst_col + j] = src[(t * src_heads + hs) * Ws + src_col + j];
+    }
+}
+
+// dst[t, j] = sum over heads in order of src[t, h*Ws + src_col + j] (accumulated in A).
+template <class T, class A>
+void sum_head_cols(const T* src, int64_t Ws, int64_t n_heads, int64_t src_col, A* dst, int64_t R, int64_t n) {
+  for (int64_t t = 0; t < R; ++t)
+    for (int64_t j = 0; j < n; ++j) {
+      A s = A(src[t * n_heads * Ws + src_col + j]);
+      for (int64_t h = 1; h < n_heads; ++h) s += A(src[(t * n_heads + h) * Ws + src_col + j]);
+      dst[t * n + j] = s;
+    }
+}
+
 }  // namespace kestrel::ops::ref
