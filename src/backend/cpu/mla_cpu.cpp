@@ -2,8 +2,8 @@
 //
 // The absorbed projections are one GEMM per head through the backend GEMM
 // (gemm.h), over strided views of q / o_lat and the head's rows of kv_b_proj:
-// bf16 operands are widened to f32 once per call (as linear does) and the
-// result rounded once.
+// bf16 operands are widened to f32 once per call (as linear does; of kv_b
+// only the half the op reads) and the result rounded once.
 //
 // The latent attention (bodies in mla_cpu_isa.inc, compiled per ISA level,
 // isa.h) follows paged_attention_cpu: a task owns (sequence, tile of query
@@ -42,21 +42,58 @@
 
 namespace kestrel::cpu {
 
+namespace {
+
+// Rows [off, off + n) of every head's block of kv_b [H*(nope+v), L] in f32:
+// kv_b itself when f32 (head h at rows(h) = p + h*head_stride), else just
+// those rows widened into scratch ([H, n, L]): the absorb ops read half of
+// kv_b each (W_UK or W_UV), so only that half is converted.
+struct HeadRows {
+  const float* p = nullptr;
+  int64_t head_stride = 0;  // floats from one head's rows to the next's
+  Tensor scratch;
+  const float* rows(int64_t h) const { return p + h * head_stride; }
+};
+
+HeadRows head_rows(const Tensor& kv_b, const MlaParams& prm, int64_t off, int64_t n) {
+  const int64_t L = prm.kv_lora_rank, block = prm.qk_nope_head_dim + prm.v_head_dim;
+  HeadRows r;
+  if (kv_b.dtype() == DType::F32) {
+    r.p = ptr<const float>(kv_b) + off * L;
+    r.head_stride = block * L;
+    return r;
+  }
+  r.scratch = Tensor::empty({prm.n_heads * n, L}, DType::F32, MemCategory::Activations);
+  float* dst = ptr<float>(r.scratch);
+  const bf16_bits* src = ptr<const bf16_bits>(kv_b);
+  parallel_blocks(prm.n_heads * n, L, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const bf16_bits* s = src + ((i / n) * block + off + i % n) * L;
+      float* d = dst + i * L;
+#pragma omp simd
+      for (int64_t c = 0; c < L; ++c) d[c] = load_f32(s, c);
+    }
+  });
+  r.p = dst;
+  r.head_stride = n * L;
+  return r;
+}
+
+}  // namespace
+
 void mla_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaParams& p, Tensor& q_lat) {
-  const int64_t T = q.size(0), H = p.n_heads, L = p.kv_lora_rank, nope = p.qk_nope_head_dim,
-                R = p.qk_rope_head_dim, V = p.v_head_dim;
+  const int64_t T = q.size(0), H = p.n_heads, L = p.kv_lora_rank, nope = p.qk_nope_head_dim, R = p.qk_rope_head_dim;
   const int64_t ldq = H * (nope + R), ldl = H * (L + R);
   if (T == 0) return;
-  const Tensor qf = f32_view(q), wf = f32_view(kv_b);
+  const Tensor qf = f32_view(q);
+  const HeadRows w_uk = head_rows(kv_b, p, 0, nope);
   // [T, H*(L+R)] f32 result: q_lat itself when f32, else scratch rounded at the end.
   Tensor of = q_lat.dtype() == DType::F32 ? q_lat : Tensor::empty({T, ldl}, DType::F32, MemCategory::Activations);
   const float* qp = ptr<const float>(qf);
-  const float* wp = ptr<const float>(wf);
   float* op = ptr<float>(of);
   // q_nope_h [T, nope] @ W_UK_h [nope, L] into columns [h*(L+R), h*(L+R) + L).
   for (int64_t h = 0; h < H; ++h)
-    sgemm(false, false, T, L, nope, 1.f, qp + h * (nope + R), ldq, wp + h * (nope + V) * L, L, 0.f, op + h * (L + R),
-          ldl);
+    sgemm(false, false, T, L, nope, 1.f, qp + h * (nope + R), ldq, w_uk.rows(h), L, 0.f, op + h * (L + R), ldl);
   parallel_blocks(T, ldl, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < H; ++h)
@@ -66,16 +103,16 @@ void mla_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaParams& p, Tenso
 }
 
 void mla_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaParams& p, Tensor& o) {
-  const int64_t T = o_lat.size(0), H = p.n_heads, L = p.kv_lora_rank, nope = p.qk_nope_head_dim, V = p.v_head_dim;
+  const int64_t T = o_lat.size(0), H = p.n_heads, L = p.kv_lora_rank, V = p.v_head_dim;
   if (T == 0) return;
-  const Tensor lf = f32_view(o_lat), wf = f32_view(kv_b);
+  const Tensor lf = f32_view(o_lat);
+  const HeadRows w_uv = head_rows(kv_b, p, p.qk_nope_head_dim, V);
   Tensor of = o.dtype() == DType::F32 ? o : Tensor::empty({T, H * V}, DType::F32, MemCategory::Activations);
   const float* lp = ptr<const float>(lf);
-  const float* wp = ptr<const float>(wf);
   float* op = ptr<float>(of);
-  // o_lat_h [T, L] @ W_UV_h^T, W_UV_h = kv_b rows [h*(nope+V) + nope, +V) as [V, L].
+  // o_lat_h [T, L] @ W_UV_h^T, W_UV_h [V, L].
   for (int64_t h = 0; h < H; ++h)
-    sgemm(false, true, T, V, L, 1.f, lp + h * L, H * L, wp + (h * (nope + V) + nope) * L, L, 0.f, op + h * V, H * V);
+    sgemm(false, true, T, V, L, 1.f, lp + h * L, H * L, w_uv.rows(h), L, 0.f, op + h * V, H * V);
   if (o.dtype() != DType::F32) store_from_f32(op, o);
 }
 
