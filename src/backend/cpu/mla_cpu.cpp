@@ -3,7 +3,9 @@
 // The absorbed projections are one GEMM per head through the backend GEMM
 // (gemm.h), over strided views of q / o_lat and the head's rows of kv_b_proj:
 // bf16 operands are widened to f32 once per call (as linear does; of kv_b
-// only the half the op reads) and the result rounded once.
+// only the half the op reads) and the result rounded once. A few rows (a
+// decode step) instead go through per-head kernels in one parallel region
+// (mla_cpu_isa.inc), kv_b streamed once, bf16 widened in registers.
 //
 // The latent attention (bodies in mla_cpu_isa.inc, compiled per ISA level,
 // isa.h) follows paged_attention_cpu: a task owns (sequence, tile of query
@@ -81,10 +83,19 @@ HeadRows head_rows(const Tensor& kv_b, const MlaParams& prm, int64_t off, int64_
 
 }  // namespace
 
+// Up to this many rows (decode steps) and with a latent of whole vectors,
+// the absorb ops run their own per-head kernels (mla_cpu_isa.inc) instead of
+// 2*H small BLAS calls: one parallel region for all heads, kv_b streamed once
+// and bf16 read in place. The BLAS path's per-call synchronisation dominated
+// decode (bench_mla_attention_bench, mla+absorb).
+constexpr int64_t kAbsorbMaxRows = 32;
+bool absorb_by_rows(int64_t T, const MlaParams& p) { return T <= kAbsorbMaxRows && p.kv_lora_rank % 16 == 0; }
+
 void mla_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaParams& p, Tensor& q_lat) {
   const int64_t T = q.size(0), H = p.n_heads, L = p.kv_lora_rank, nope = p.qk_nope_head_dim, R = p.qk_rope_head_dim;
   const int64_t ldq = H * (nope + R), ldl = H * (L + R);
   if (T == 0) return;
+  if (absorb_by_rows(T, p)) return KESTREL_ISA_CALL(mla_absorb_q_rows, q, kv_b, p, q_lat);
   const Tensor qf = f32_view(q);
   const HeadRows w_uk = head_rows(kv_b, p, 0, nope);
   // [T, H*(L+R)] f32 result: q_lat itself when f32, else scratch rounded at the end.
@@ -105,6 +116,7 @@ void mla_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaParams& p, Tenso
 void mla_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaParams& p, Tensor& o) {
   const int64_t T = o_lat.size(0), H = p.n_heads, L = p.kv_lora_rank, V = p.v_head_dim;
   if (T == 0) return;
+  if (absorb_by_rows(T, p)) return KESTREL_ISA_CALL(mla_absorb_out_rows, o_lat, kv_b, p, o);
   const Tensor lf = f32_view(o_lat);
   const HeadRows w_uv = head_rows(kv_b, p, p.qk_nope_head_dim, V);
   Tensor of = o.dtype() == DType::F32 ? o : Tensor::empty({T, H * V}, DType::F32, MemCategory::Activations);
