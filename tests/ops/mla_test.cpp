@@ -40,10 +40,18 @@ class MlaDtypes : public IsaParamTest<DType> {};
 
 TEST_P(MlaDtypes, AbsorbMatchesReference) {
   const DType dt = param();
-  // Widths off the vector width, and DeepSeek-V2-Lite's per-head widths.
-  for (const ops::MlaShape s : {ops::MlaShape{3, 40, 12, 8, 10, 0.f}, ops::MlaShape{2, 512, 128, 64, 128, 0.f}}) {
-    const std::string name = "H" + std::to_string(s.n_heads) + " L" + std::to_string(s.kv_lora_rank);
-    const int64_t T = 7, H = s.n_heads;
+  // Widths off the vector width, DeepSeek-V2-Lite's per-head widths; a few
+  // rows (the decode kernels, latent of whole vectors) and many (the GEMMs).
+  struct AbsorbCase {
+    ops::MlaShape s;
+    int64_t T;
+  };
+  for (const auto& [s, T] : {AbsorbCase{{3, 40, 12, 8, 10, 0.f}, 7}, AbsorbCase{{2, 512, 128, 64, 128, 0.f}, 7},
+                             AbsorbCase{{3, 32, 12, 8, 10, 0.f}, 5}, AbsorbCase{{3, 32, 12, 8, 10, 0.f}, 40},
+                             AbsorbCase{{2, 64, 16, 8, 6, 0.f}, 1}}) {
+    const std::string name = "H" + std::to_string(s.n_heads) + " L" + std::to_string(s.kv_lora_rank) + " T" +
+                             std::to_string(T);
+    const int64_t H = s.n_heads;
     const Tensor q = random_tensor({T, H * (s.qk_nope_head_dim + s.qk_rope_head_dim)}, dt, 1);
     const Tensor kv_b = random_tensor({H * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank}, dt, 2, 0.1);
     const Tensor o_lat = random_tensor({T, H * s.kv_lora_rank}, dt, 3);
@@ -228,6 +236,26 @@ TEST_P(Mla, LatentAttentionThreadCountIndependent) {
     set_num_threads(saved);
     EXPECT_EQ(one, two) << c.name;
   }
+}
+
+TEST_P(Mla, AbsorbThreadCountIndependent) {
+  const ops::MlaShape s{6, 64, 16, 8, 12, 0.f};
+  for (int64_t T : {3, 40})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const Tensor q = random_tensor({T, 6 * 24}, dt, 40), kv_b = random_tensor({6 * 28, 64}, dt, 41, 0.2);
+      const Tensor o_lat = random_tensor({T, 6 * 64}, dt, 42);
+      auto run = [&](int threads) {
+        set_num_threads(threads);
+        Tensor q_lat = Tensor::empty({T, 6 * 72}, dt), o = Tensor::empty({T, 6 * 12}, dt);
+        ops::mla_absorb_q(q, kv_b, s, q_lat);
+        ops::mla_absorb_out(o_lat, kv_b, s, o);
+        return std::make_pair(q_lat.to_float_vector(), o.to_float_vector());
+      };
+      const int saved = num_threads();
+      const auto one = run(1), two = run(2);
+      set_num_threads(saved);
+      EXPECT_EQ(one, two) << "T " << T << " " << dtype_name(dt);
+    }
 }
 
 // A sequence's rows do not depend on the other sequences of the batch.

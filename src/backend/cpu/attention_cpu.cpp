@@ -21,6 +21,11 @@
 // the query heads of the group are summed in head order. The summation order
 // is fixed by the task, never by the thread that runs it: results do not
 // depend on the thread count.
+//
+// Values may be narrower or wider than queries and keys (v_head_dim, MLA's
+// decompressed heads): K / Q rows are padded to dp = round_up(head_dim, kVec),
+// V / dO / the output accumulators to dvp = round_up(v_head_dim, kVec); with
+// v_head_dim == head_dim this is the same code and arithmetic as before.
 #include "backend/cpu/attention_cpu.h"
 
 #include <algorithm>
