@@ -21,6 +21,7 @@ constexpr Kernels<decltype(cpu::moe_aux_loss_bwd)> kAuxBwd{.cpu = cpu::moe_aux_l
 constexpr Kernels<decltype(cpu::moe_z_loss_fwd)> kZFwd{.cpu = cpu::moe_z_loss_fwd};
 constexpr Kernels<decltype(cpu::moe_z_loss_bwd)> kZBwd{.cpu = cpu::moe_z_loss_bwd};
 constexpr Kernels<decltype(cpu::moe_drop_to_capacity)> kDrop{.cpu = cpu::moe_drop_to_capacity};
+constexpr Kernels<decltype(cpu::moe_update_expert_bias)> kBiasUpdate{.cpu = cpu::moe_update_expert_bias};
 constexpr Kernels<decltype(cpu::moe_permute_fwd)> kPermuteFwd{.cpu = cpu::moe_permute_fwd};
 constexpr Kernels<decltype(cpu::moe_permute_bwd)> kPermuteBwd{.cpu = cpu::moe_permute_bwd};
 constexpr Kernels<decltype(cpu::moe_unpermute_fwd)> kUnpermuteFwd{.cpu = cpu::moe_unpermute_fwd};
@@ -215,6 +216,16 @@ void moe_z_loss_bwd(const Tensor& logits, double coeff, double scale, Tensor& dl
   dispatch(op, kZBwd, {&logits, &dlogits}, logits, coeff, scale, dlogits);
 }
 
+void moe_update_expert_bias(Tensor& bias, const std::vector<int64_t>& load, double rate) {
+  const char* op = "moe_update_expert_bias";
+  check_dtype(op, "bias", bias, DType::F32);
+  check_shape(op, "bias", bias, {int64_t(load.size())});
+  if (load.empty()) KS_FAIL("ops::", op, ": no experts");
+  if (!std::isfinite(rate) || rate < 0)
+    KS_FAIL("ops::", op, ": the update rate (moe_router_bias_update_rate) must be a finite number >= 0, got ", rate);
+  dispatch(op, kBiasUpdate, {&bias}, bias, load, rate);
+}
+
 // ---- capacity ---------------------------------------------------------------
 
 int64_t moe_expert_capacity(int64_t T, int64_t top_k, int64_t num_experts, double capacity_factor) {
@@ -268,6 +279,7 @@ MoeRouting moe_routing(const Tensor& topk_idx, int64_t num_experts, int64_t pad_
               ") nor -1 (dropped)");
     if (e >= 0) ++r.group_sizes[size_t(e)];
   }
+  r.tokens_per_expert = r.group_sizes;  // before padding: the kept (token, slot) pairs
   if (pad_to > 0)
     for (int64_t e = 0; e < E; ++e) {
       if (r.group_sizes[size_t(e)] > pad_to)

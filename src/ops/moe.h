@@ -55,7 +55,9 @@ struct MoeRouterConfig {
 // for the backward). Replay (router_replay, capacity re-runs): with
 // replay = true the given topk_idx is read, not chosen, and only the weights
 // (and scores) are computed from it; its -1 entries get weight 0 and stay out
-// of the normalisation.
+// of the normalisation, except that a row whose k entries are all -1 has no
+// record (e.g. a sequence's last token, never fed to the rollout's model) and
+// is routed as without replay.
 void moe_router_fwd(const Tensor& logits, const Tensor* bias, const MoeRouterConfig& cfg, Tensor& topk_idx,
                     Tensor& topk_w, Tensor& scores, bool replay = false);
 // dlogits f32 [T, E] += the gradient through topk_w: dtopk_w f32 [T, k] back
@@ -103,6 +105,12 @@ int64_t moe_expert_capacity(int64_t T, int64_t top_k, int64_t num_experts, doubl
 int64_t moe_drop_to_capacity(Tensor& topk_idx, Tensor& topk_w, int64_t num_experts, int64_t capacity,
                              MoeDropPolicy policy);
 
+// Aux-loss-free load balancing (DeepSeek-V3, Megatron's
+// get_updated_expert_bias): bias[e] += rate * sign(mean(load) - load[e]),
+// bias f32 [E] in place; load [E] are the step's token counts per expert
+// (summed over the data-parallel ranks by the caller). sign(0) = 0.
+void moe_update_expert_bias(Tensor& bias, const std::vector<int64_t>& load, double rate);
+
 // ---- permutation ------------------------------------------------------------
 
 // The expert-major layout of a routing (host-side bookkeeping, computed once
@@ -110,6 +118,7 @@ int64_t moe_drop_to_capacity(Tensor& topk_idx, Tensor& topk_w, int64_t num_exper
 struct MoeRouting {
   int64_t num_tokens = 0, top_k = 0, num_experts = 0;
   std::vector<int64_t> group_sizes;  // [E] rows of each expert's group (padded to capacity when asked)
+  std::vector<int64_t> tokens_per_expert;  // [E] kept (token, slot) pairs of each expert (group_sizes before padding)
   Tensor dest;                       // i32 [T, k]: row of the permuted buffer for (t, j); -1 = dropped
   Tensor source;                     // i32 [N]: token of each permuted row; -1 = a padding row (zero)
   int64_t rows() const;              // N = sum of group_sizes

@@ -123,7 +123,9 @@ void moe_router_fwd(const Tensor& logits, const Tensor* bias, const MoeRouterPar
       float* wt = w + t * k;
       load_row(logits, t, lrow.data());
       score_row(lrow.data(), E, p.score, s);
-      if (!replay) {
+      bool unrecorded = replay;  // a replayed row of -1s only has no record: it is routed here
+      for (int64_t j = 0; replay && j < k; ++j) unrecorded = unrecorded && ix[j] < 0;
+      if (!replay || unrecorded) {
         for (int64_t e = 0; e < E; ++e) choice[size_t(e)] = bp ? s[e] + bp[e] : s[e];
         apply_group_limit(choice.data(), p, group_score.data(), best.data());
         top_k(choice.data(), E, k, ix);
@@ -386,6 +388,21 @@ int64_t moe_drop_to_capacity(Tensor& topk_idx, Tensor& topk_w, int64_t num_exper
     }
   });
   return dropped;
+}
+
+void moe_update_expert_bias(Tensor& bias, const std::vector<int64_t>& load, double rate) {
+  const int64_t E = int64_t(load.size());
+  // The mean in double (Megatron: tokens_per_expert.sum() / E in the count's
+  // float dtype); counts up to 2^53 are exact.
+  double mean = 0;
+  for (int64_t c : load) mean += double(c);
+  mean /= double(E);
+  float* b = ptr<float>(bias);
+  for (int64_t e = 0; e < E; ++e) {
+    const double off = mean - double(load[size_t(e)]);
+    const float step = float(rate) * float((off > 0) - (off < 0));
+    b[e] += step;
+  }
 }
 
 }  // namespace kestrel::cpu

@@ -65,4 +65,7 @@ void grouped_linear_bwd(const Tensor& x, const std::vector<int64_t>& group_sizes
 void sigmoid_gate_add_fwd(const Tensor& g, const Tensor& s, Tensor& y);
 void sigmoid_gate_add_bwd(const Tensor& g, const Tensor& s, const Tensor& dy, Tensor& ds, Tensor& dg);
 
+// bias f32 [E] += rate * sign(mean(load) - load[e]); load: [E] host counts.
+void moe_update_expert_bias(Tensor& bias, const std::vector<int64_t>& load, double rate);
+
 }  // namespace kestrel::cpu

@@ -92,7 +92,9 @@ void moe_router_fwd(const T* logits, const T* bias, const MoeRouterConfig& c, in
   for (int64_t t = 0; t < n; ++t) {
     const std::vector<T> s = moe_detail::score_row(logits + t * E, E, c.score);
     std::copy(s.begin(), s.end(), scores + t * E);
-    if (!replay) {
+    bool unrecorded = replay;  // a replayed row of -1s only has no record: it is routed here
+    for (int64_t j = 0; replay && j < k; ++j) unrecorded = unrecorded && idx[t * k + j] < 0;
+    if (!replay || unrecorded) {
       std::vector<T> choice = s;
       if (bias)
         for (int64_t e = 0; e < E; ++e) choice[size_t(e)] += bias[e];
@@ -404,6 +406,18 @@ void sigmoid_gate_add_bwd(const T* g, const T* s, const T* dy, int64_t n, int64_
       acc += dy[t * D + d] * s[t * D + d];
     }
     dg[t] = sg * (T(1) - sg) * acc;
+  }
+}
+
+// bias [E] += rate * sign(mean(load) - load[e]) (Megatron's get_updated_expert_bias).
+template <class T>
+void moe_update_expert_bias(T* bias, const int64_t* load, int64_t E, T rate) {
+  T mean = 0;
+  for (int64_t e = 0; e < E; ++e) mean += T(load[e]);
+  mean /= T(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const T off = mean - T(load[e]);
+    bias[e] += rate * T((off > 0) - (off < 0));
   }
 }
 
