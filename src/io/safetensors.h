@@ -91,6 +91,9 @@ class WeightSource {
 struct NamedTensor {
   std::string name;
   Tensor tensor;
+  // Stored in its own dtype even when the writer is given one (a tensor HF
+  // keeps in f32 in every precision, e.g. DeepSeek-V3's e_score_correction_bias).
+  bool own_dtype = false;
 };
 
 // Writes one .safetensors file atomically (temp file `<path>.tmp.<pid>`,

@@ -105,7 +105,7 @@ void remove_stale_weight_files(const std::string& dir, const std::set<std::strin
 
 Status save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                         const std::map<std::string, std::string>& metadata, const DType* dtype) {
-  auto out_dtype = [&](const NamedTensor& nt) { return dtype ? *dtype : nt.tensor.dtype(); };
+  auto out_dtype = [&](const NamedTensor& nt) { return dtype && !nt.own_dtype ? *dtype : nt.tensor.dtype(); };
   std::set<std::string> seen;
   for (const auto& nt : tensors) {
     if (nt.name.empty() || nt.name == "__metadata__")
@@ -206,7 +206,7 @@ Status save_weights_dir(const std::string& dir, const std::vector<NamedTensor>& 
   size_t total = 0;
   for (const auto& t : tensors) {
     if (!t.tensor.defined()) return KS_ERR(dir, ": tensor '", t.name, "' is undefined");
-    bytes.push_back(size_t(t.tensor.numel()) * dtype_size(dtype));
+    bytes.push_back(size_t(t.tensor.numel()) * dtype_size(t.own_dtype ? t.tensor.dtype() : dtype));
     total += bytes.back();
   }
   const std::vector<std::vector<size_t>> shards = hf_shard_plan(bytes, max_shard_bytes);

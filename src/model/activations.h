@@ -7,8 +7,39 @@
 
 #include "core/tensor.h"
 #include "model/recompute.h"
+#include "ops/moe.h"
 
 namespace kestrel::model {
+
+// A MoE MLP's forward state (model/moe_mlp.h). N rows routed to experts
+// (expert-major), Fe one expert's width, Fs the shared experts' width.
+struct MoeActivations {
+  Tensor logits;        // [T, E] router logits (f32, or the model dtype for Qwen routers)
+  Tensor scores;        // f32 [T, E] softmax / sigmoid of the logits
+  Tensor topk_idx;      // i32 [T, k] chosen experts (-1: dropped by capacity)
+  Tensor chosen_idx;    // i32 [T, k] the choice before capacity dropping (undefined: nothing dropped)
+  Tensor topk_w;        // f32 [T, k] their combine weights
+  ops::MoeRouting routing;  // expert-major layout of topk_idx
+  Tensor xs;            // [N, D] the tokens permuted to their experts
+  Tensor gate, up;      // [N, Fe]
+  Tensor act;           // [N, Fe] silu(gate) * up
+  Tensor ys;            // [N, D] the experts' outputs before the combine
+  Tensor sh_gate, sh_up, sh_act;  // [T, Fs] the shared experts' SwiGLU
+  Tensor sh_out;        // [T, D] shared experts' output (Qwen2-MoE: before its sigmoid gate)
+  Tensor sh_gate_logit; // [T, 1] Qwen2-MoE shared_expert_gate(x)
+};
+
+// An MLA attention's forward state (model/mla_attention.h): the query and
+// key/value latents before their norms, the norms' outputs, and the
+// decompressed q, k, v the attention core saw (in LayerActivations::q/k/v).
+struct MlaActivations {
+  Tensor cq;      // [T, q_lora] q_a_proj output (q_lora only)
+  Tensor cq_n;    // [T, q_lora] q_a_layernorm output
+  Tensor rstd_q;  // f32 [T]
+  Tensor ckv;     // [T, kv_lora] the kv latent before kv_a_layernorm
+  Tensor ckv_n;   // [T, kv_lora] after it (kv_b_proj's input)
+  Tensor rstd_kv; // f32 [T]
+};
 
 struct LayerActivations {
   Tensor x_in;      // [T, D] residual stream entering the layer
@@ -26,6 +57,8 @@ struct LayerActivations {
   Tensor rstd2;     // f32 [T]
   Tensor gate, up;  // [T, F]
   Tensor act;       // [T, F] silu(gate) * up
+  MoeActivations moe;  // MoE layers only
+  MlaActivations mla;  // MLA attention only
   BlockRecompute rc;  // what this block's forward drops (training only; default: keep everything)
 };
 

@@ -18,6 +18,16 @@ struct PackedBatch {
   // its queries see all of p's keys first and its positions continue p's. The
   // samples of one prompt share the prompt's rows this way.
   Tensor prefix_of;
+  // Routing replay of a MoE model (verl's routed_experts, router_replay
+  // R2/R3): i32 [T, n_moe_layers, k], the experts each row's token used in
+  // each MoE layer (model::moe_layer_ordinal) when it was recorded;
+  // the routers use these instead of choosing. Undefined = route.
+  Tensor routed_experts;
+  // When set, a forward over this batch writes the routing its MoE layers
+  // used there (i32 [T, n_moe_layers, k], caller-allocated): the record that
+  // routing replay R2 replays in the update (verl records it while computing
+  // old log-probs), and what tests compare with transformers'.
+  Tensor* record_routing = nullptr;
   // Host mirrors of the tensors above, equal to them element for element
   // (pack_sequences / pack_prefix_groups fill both; the tensors are built
   // from these). Code on the host -- loss bookkeeping, row selections, index

@@ -1,6 +1,8 @@
 #include "model/block.h"
 
 #include "model/dense_blocks.h"
+#include "model/mla_attention.h"
+#include "model/moe_mlp.h"
 #include "model/train_exec.h"
 #include "ops/ops.h"
 #include "parallel/tp_layers.h"
@@ -12,12 +14,30 @@ Block::Block(const io::ModelConfig& cfg, const BlockDims& dims, int64_t index, c
   const std::string p = "model.layers." + std::to_string(index) + ".";
   input_norm_ = make(p + "input_layernorm.weight", {cfg.hidden_size}, false);
   post_norm_ = make(p + "post_attention_layernorm.weight", {cfg.hidden_size}, false);
-  attn_ = std::make_unique<DenseAttention>(cfg, dims, p, make);
-  mlp_ = std::make_unique<DenseMlp>(cfg, dims, p, make);
+  if (cfg.mla.enabled)
+    attn_ = std::make_unique<MlaAttention>(cfg, dims, p, make);
+  else
+    attn_ = std::make_unique<DenseAttention>(cfg, dims, p, make);
+  if (cfg.is_moe_layer(index))
+    mlp_ = std::make_unique<MoeMlp>(cfg, dims, index, p, make);
+  else
+    mlp_ = std::make_unique<DenseMlp>(cfg, dims, p, make);
 }
 
-int64_t Block::param_count(const io::ModelConfig& c) {
-  return 2 + DenseAttention::param_count(c) + DenseMlp::param_count(c);
+int64_t Block::param_count(const io::ModelConfig& c, int64_t index) {
+  const int64_t attn = c.mla.enabled ? MlaAttention::param_count(c) : DenseAttention::param_count(c);
+  return 2 + attn + (c.is_moe_layer(index) ? MoeMlp::param_count(c) : DenseMlp::param_count(c));
+}
+
+std::vector<Param*> Block::buffers() {
+  std::vector<Param*> out;
+  mlp_->append_buffers(out);
+  return out;
+}
+
+Tensor BlockExec::attend_latent(int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const ops::MlaShape&) {
+  KS_FAIL("internal: attend_latent on an execution without a latent KV cache");
 }
 
 std::vector<Param*> Block::params() {

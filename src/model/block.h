@@ -19,10 +19,12 @@
 //  - buffer lifetimes (training keeps each in the activation store; the
 //    rollout reuses one buffer per slot across layers).
 //
-// Attention and MLP are sub-blocks behind AttentionBlock / MlpBlock (dense
-// GQA attention with optional q/k/v/o biases and Qwen3 q/k norms, dense
-// SwiGLU MLP today, model/dense_blocks.h); a MoE MLP or MLA attention is
-// another implementation of the same interface.
+// Attention and MLP are sub-blocks behind AttentionBlock / MlpBlock: dense
+// GQA attention with optional q/k/v/o biases and Qwen3 q/k norms, and the
+// dense SwiGLU MLP (model/dense_blocks.h); multi-head latent attention
+// (DeepSeek-V2/V3, model/mla_attention.h); the mixture-of-experts MLP with
+// its router and shared experts (Qwen2/3-MoE, DeepSeek, model/moe_mlp.h).
+// Which a layer gets is config.json's (io::ModelConfig::is_moe_layer, mla).
 //
 // Shapes: Tl rows of the residual stream on this rank (T / tp under SP), Tp
 // rows inside the tensor-parallel regions (T, padded to a multiple of tp under
@@ -36,7 +38,10 @@
 
 #include "io/model_config.h"
 #include "model/activations.h"
+#include "model/moe_options.h"
 #include "model/param.h"
+#include "ops/attention.h"
+#include "ops/mla.h"
 #include "ops/rope.h"
 #include "parallel/sharding.h"
 
@@ -47,7 +52,11 @@ class TrainExec;
 // A block's forward buffers, named so that an execution can choose their
 // lifetime (BlockExec::buffer).
 enum class BlockBuf {
-  Norm1, Rstd1, QLin, KLin, Q, K, V, RstdQ, RstdK, Attn, O, XMid, Norm2, Rstd2, Gate, Up, Act, Mlp, XOut, kCount
+  Norm1, Rstd1, QLin, KLin, Q, K, V, RstdQ, RstdK, Attn, O, XMid, Norm2, Rstd2, Gate, Up, Act, Mlp, XOut,
+  // MLA (model/mla_attention.h): q latent and its norm, the kv projection,
+  // the kv latent and its norm, the rope key, the absorbed query and output.
+  MlaCq, MlaCqN, MlaRstdQ, MlaKvA, MlaCkv, MlaCkvN, MlaRstdKv, MlaKpe, MlaQLat, MlaOLat, MlaOIn,
+  kCount
 };
 
 // The execution seam between the block body and the way it runs.
@@ -58,6 +67,7 @@ class BlockExec {
   int64_t Tp = 0;                       // rows inside the tp regions
   const ops::RopeTable* rope = nullptr;  // the model's RoPE table
   Tensor positions;                     // i32 [Tp] RoPE position of each row
+  Tensor cu_seqlens;                    // i32 [B+1] the batch's sequences (training and scoring only)
 
   // A buffer for `slot` of `shape`: fresh (training, kept by the activation
   // store) or one per slot reused by every layer (rollout).
@@ -68,9 +78,31 @@ class BlockExec {
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
   // Row-parallel GEMM, reduced over tp: x[Tp, in/tp] -> y[Tl, out]; b added once.
   virtual void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
-  // The attention core of local layer `layer`: q [Tp, H*hd], k, v [Tp, Hkv*hd]
-  // (post-RoPE) -> out [Tp, H*hd]. Training also fills A.lse for the backward.
-  virtual Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, LayerActivations& A) = 0;
+  // The attention core of local layer `layer`: q [Tp, H*hd], k [Tp, Hkv*hd],
+  // v [Tp, Hkv*vd] (post-RoPE; vd = shape.v_head_dim or hd) -> out [Tp, H*vd].
+  // Training also fills A.lse for the backward.
+  virtual Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const ops::AttentionShape& shape, LayerActivations& A) = 0;
+
+  // MLA in the rollout: executions with a latent KV cache attend in latent
+  // space (ops/mla.h) instead of decompressing k and v. q [Tp, H*(nope+rope)]
+  // post-RoPE, ckv [Tp, kv_lora] normed, kpe [Tp, rope] post-RoPE, kv_b the
+  // kv_b_proj weight -> [Tp, H*v], the input of o_proj.
+  virtual bool latent_kv() const { return false; }
+  virtual Tensor attend_latent(int64_t layer, const Tensor& q, const Tensor& ckv, const Tensor& kpe, const Tensor& kv_b,
+                               const ops::MlaShape& shape);
+
+  // ---- mixture of experts ----
+  // Routing replay (verl's router_replay R2/R3): i32 [Tp, n_moe_layers, k]
+  // experts to use instead of the router's choice, per token and MoE layer
+  // (model::moe_layer_ordinal); null = route.
+  const Tensor* routing_replay = nullptr;
+  // Where to record the routing actually used, same layout; null = don't.
+  Tensor* routing_record = nullptr;
+  // Token dropping by MoeTrainOptions::capacity_factor (training and scoring, not the rollout).
+  bool apply_capacity = false;
+  // The step's router statistics (training forwards only; null elsewhere and in recompute reruns).
+  MoeStepStats* moe_stats = nullptr;
 };
 
 // Sizes of one block on this tp rank.
@@ -81,6 +113,7 @@ struct BlockDims {
   parallel::TpHeads heads;  // local query / kv heads
   float eps = 0;        // rms_norm_eps
   DType dtype = DType::F32;
+  MoeTrainOptions moe;  // MoE layers' training knobs
 };
 
 // Makes the Param of a full HF tensor (its shard on this tp rank).
@@ -105,6 +138,7 @@ class MlpBlock {
   virtual Tensor forward(BlockExec& ex, const Tensor& x, LayerActivations& A) const = 0;
   virtual void backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) = 0;
   virtual void append_params(std::vector<Param*>& out) = 0;
+  virtual void append_buffers(std::vector<Param*>&) {}  // untrained state tensors (Block::buffers)
 };
 
 class Block {
@@ -121,11 +155,15 @@ class Block {
   void backward(TrainExec& ex, LayerActivations& A, Tensor& dx);
 
   int64_t index() const { return index_; }
-  // Number of tensors params() lists for a block of cfg.
-  static int64_t param_count(const io::ModelConfig& cfg);
+  // Number of tensors params() lists for layer `index` of cfg.
+  static int64_t param_count(const io::ModelConfig& cfg, int64_t index);
   std::vector<Param*> params();  // HF order: input norm, attention, post norm, MLP
+  // Tensors of the layer's state that are not trained (DeepSeek-V3's
+  // e_score_correction_bias): f32, HF names, no gradient; saved and loaded with the weights.
+  std::vector<Param*> buffers();
   const AttentionBlock& attention() const { return *attn_; }
   const MlpBlock& mlp() const { return *mlp_; }
+  MlpBlock& mlp() { return *mlp_; }
 
  private:
   Tensor norm_again(TrainExec& ex, BlockBuf slot, const Tensor& x, const Param& w) const;

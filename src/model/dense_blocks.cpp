@@ -8,7 +8,7 @@
 namespace kestrel::model {
 
 namespace {
-bool has_o_bias(const io::ModelConfig& c) { return c.attention_bias && c.arch != io::Arch::Qwen2; }
+bool has_o_bias(const io::ModelConfig& c) { return c.o_proj_bias; }
 }  // namespace
 
 // ---- attention ---------------------------------------------------------------
@@ -67,7 +67,7 @@ Tensor DenseAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, La
   }
   ops::rope_fwd(A.q, ex.positions, *ex.rope, H);
   ops::rope_fwd(A.k, ex.positions, *ex.rope, Hkv);
-  A.attn = ex.attend(layer, A.q, A.k, A.v, A);  // [Tp, H*hd]
+  A.attn = ex.attend(layer, A.q, A.k, A.v, ops::AttentionShape{H, Hkv, hd, 0.f}, A);  // [Tp, H*hd]
   Tensor out = ex.buffer(BlockBuf::O, {ex.Tl, dims_.D}, dt);
   ex.row_linear(A.attn, o.weight, bias_of(o_bias), out);
   if (A.rc.core_attn) {  // selective core_attn: rebuilt from q, k, v before o_proj's backward
@@ -104,7 +104,7 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
   // Selective core_attn: the forward's attention core again (the training
   // core does not depend on the layer index: no KV cache). Same kernel, same
   // q/k/v: the same attn and lse bits.
-  if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, A);
+  if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, ops::AttentionShape{H, Hkv, hd, 0.f}, A);
   parallel::row_linear_bwd(ex.tp, ex.sp, A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
   Tensor dq_r = ex.real_rows(dq), dk_r = ex.real_rows(dk), dv_r = ex.real_rows(dv);
   ops::attention_bwd(ex.real_rows(A.q), ex.real_rows(A.k), ex.real_rows(A.v), ex.real_rows(A.attn), A.lse,

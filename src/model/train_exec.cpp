@@ -27,6 +27,10 @@ TrainExec::TrainExec(comm::ProcessGroup& tp_group, bool sequence_parallel, const
   rope = &rope_table;
   ids = pad_i32(b.input_ids, Tp, -1);
   positions = pad_i32(b.positions, Tp, 0);
+  cu_seqlens = b.cu_seqlens;
+  apply_capacity = true;  // MoeTrainOptions::capacity_factor applies to training and scoring forwards
+  if (b.routed_experts.defined()) routing_replay = &b.routed_experts;
+  routing_record = b.record_routing;
 }
 
 Tensor TrainExec::buffer(BlockBuf, Shape shape, DType dt) {
@@ -41,16 +45,16 @@ void TrainExec::row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Te
   parallel::row_linear_fwd(tp, sp, x, w, b, y);
 }
 
-Tensor TrainExec::attend(int64_t, const Tensor& q, const Tensor& k, const Tensor& v, LayerActivations& A) {
-  const int64_t H = heads.n_heads, dt_cols = H * head_dim;
+Tensor TrainExec::attend(int64_t, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
+                         LayerActivations& A) {
+  const int64_t H = shape.n_heads, dt_cols = H * (shape.v_head_dim > 0 ? shape.v_head_dim : shape.head_dim);
   const DType dt = q.dtype();
   // Padding rows (SP only) stay zero: attention runs on the real tokens.
   A.attn = Tp == T ? Tensor::empty({T, dt_cols}, dt, MemCategory::Activations)
                    : Tensor::zeros({Tp, dt_cols}, dt, MemCategory::Activations);
   A.lse = Tensor::empty({H, T}, DType::F32, MemCategory::Activations);
   Tensor out = real_rows(A.attn);
-  ops::attention_fwd(real_rows(q), real_rows(k), real_rows(v), batch.cu_seqlens,
-                     ops::AttentionShape{H, heads.n_kv_heads, head_dim, 0.f}, out, A.lse, prefix_of());
+  ops::attention_fwd(real_rows(q), real_rows(k), real_rows(v), batch.cu_seqlens, shape, out, A.lse, prefix_of());
   return A.attn;
 }
 

@@ -25,7 +25,8 @@ class TrainExec final : public BlockExec {
   Tensor enter(const Tensor& x) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
-  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, LayerActivations& A) override;
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
+                LayerActivations& A) override;
 
   // ---- backward context ----
   comm::ProcessGroup& tp;
@@ -35,6 +36,9 @@ class TrainExec final : public BlockExec {
   Tensor ids;  // i32 [Tp], padded with -1
   const parallel::TpHeads heads;
   const int64_t head_dim;
+
+  // The router losses' gradient factor of this backward (CausalLM::set_moe_loss_scale).
+  double moe_loss_scale = 1.0;
 
   const Tensor* prefix_of() const { return batch.prefix_of.defined() ? &batch.prefix_of : nullptr; }
   // The first T rows (the real tokens) of a possibly padded buffer.

@@ -8,6 +8,7 @@
 #include "core/files.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/moe_mlp.h"
 
 namespace kestrel::model {
 
@@ -120,6 +121,10 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
   padded_vocab_ = parallel::padded_vocab_size(cfg_.vocab_size, opts_.make_vocab_size_divisible_by, n);
   vocab_ = parallel::vocab_range(padded_vocab_, r, n);
+  if (n > 1 && (cfg_.moe.num_experts > 0 || cfg_.mla.enabled))
+    KS_FAIL("not supported yet: tensor parallelism (tensor_model_parallel_size ", n, ") for ",
+            io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",
+            " layers); train it with tensor_model_parallel_size 1 (data and pipeline parallelism work)");
   if (cfg_.intermediate_size % n != 0)
     KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
             "; choose a tp size dividing it");
@@ -172,6 +177,7 @@ void CausalLM::allocate_params() {
   dims.heads = heads_;
   dims.eps = float(c.rms_norm_eps);
   dims.dtype = dt;
+  dims.moe = opts_.moe;
   const ParamFactory factory = [&](std::string name, Shape shape, bool decay) {
     return make_param(std::move(name), std::move(shape), dt, decay);
   };
@@ -196,7 +202,9 @@ void CausalLM::allocate_params() {
 void CausalLM::build_rope() {
   int64_t n = opts_.max_positions > 0 ? opts_.max_positions : cfg_.max_position_embeddings;
   KS_CHECK(n > 0, "max_position_embeddings must be positive");
-  rope_ = ops::make_rope_table(cfg_.rope, n);
+  ops::RopeConfig rc = cfg_.rope;
+  if (cfg_.mla.enabled) rc.interleaved = cfg_.mla.rope_interleave;  // DeepSeek rotates interleaved pairs
+  rope_ = ops::make_rope_table(rc, n);
 }
 
 std::vector<Param*> CausalLM::params() {
@@ -207,6 +215,30 @@ std::vector<Param*> CausalLM::params() {
   for (Param* p : {&final_norm_, &lm_head_, &score_, &score_bias_})
     if (!p->name.empty()) out.push_back(p);  // allocated (its weight may be released)
   return out;
+}
+
+std::vector<Param*> CausalLM::buffers() {
+  std::vector<Param*> out;
+  for (auto& b : blocks_)
+    for (Param* p : b->buffers()) out.push_back(p);
+  return out;
+}
+
+std::vector<Param*> CausalLM::state_tensors() {
+  std::vector<Param*> out = params();
+  for (Param* p : buffers()) out.push_back(p);
+  return out;
+}
+
+int64_t CausalLM::num_moe_layers() const { return model::num_moe_layers(cfg_); }
+
+void CausalLM::update_moe_correction_bias(const MoeStepStats& step, double rate) {
+  for (const MoeLayerStats& s : step.layers)
+    for (auto& b : blocks_) {
+      if (b->index() != s.layer) continue;
+      auto* moe = dynamic_cast<MoeMlp*>(&b->mlp());
+      if (moe && moe->has_correction_bias()) moe->update_correction_bias(s.tokens_per_expert, rate);
+    }
 }
 
 Tensor CausalLM::full_tensor(const Param& p) const {
@@ -248,14 +280,18 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
   // Each tensor draws from the Philox stream of its place in the whole
   // model's params() (embedding 1, then the layers, then the head), so a
   // slice holds exactly the values of the same tensors of the whole model.
-  const uint64_t per_layer = uint64_t(Block::param_count(cfg)), L = uint64_t(cfg.num_hidden_layers);
+  // Layer i's first stream: 2 + the tensors of the layers before it (dense
+  // models: 2 + i * per-layer count; MoE models mix dense and MoE layers).
+  const int64_t L = cfg.num_hidden_layers;
+  std::vector<uint64_t> layer_stream(size_t(L) + 1, 2);
+  for (int64_t i = 0; i < L; ++i) layer_stream[size_t(i) + 1] = layer_stream[size_t(i)] + uint64_t(Block::param_count(cfg, i));
   std::vector<std::pair<Param*, uint64_t>> draws;
   if (m->embed_.weight.defined()) draws.push_back({&m->embed_, 1});
   for (auto& b : m->blocks_) {
     uint64_t j = 0;
-    for (Param* p : b->params()) draws.push_back({p, 2 + uint64_t(b->index()) * per_layer + j++});
+    for (Param* p : b->params()) draws.push_back({p, layer_stream[size_t(b->index())] + j++});
   }
-  uint64_t head_stream = 2 + L * per_layer;
+  uint64_t head_stream = layer_stream[size_t(L)];
   for (Param* p : {&m->final_norm_, &m->lm_head_, &m->score_, &m->score_bias_})
     if (p->weight.defined()) draws.push_back({p, head_stream++});
   comm::ProcessGroup& tp = m->tp();
@@ -302,6 +338,13 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
                                  tp.size() == 1 ? MemCategory::Params : MemCategory::Other));
     p->weight = tp.size() == 1 ? std::move(t) : parallel::shard_tensor(t, p->shard, tp.rank(), tp.size(), p->name);
   }
+  // Buffers keep their own dtype (f32), whatever the folder stores them in.
+  for (Param* p : m->buffers()) {
+    if (!src.contains(p->name))
+      return KS_ERR(dir, ": the weights have no '", p->name, "' (", io::arch_name(fc.cfg.arch),
+                    " keeps it beside the router; save the model with transformers or Kestrel)");
+    KS_ASSIGN(p->weight, src.load(p->name, p->full_shape, p->weight.dtype()));
+  }
   return m;
 }
 
@@ -316,6 +359,8 @@ Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   std::vector<io::NamedTensor> tensors;
   for (Param* p : const_cast<CausalLM*>(this)->params())
     tensors.push_back({p->name, tp().size() == 1 ? p->weight : full_tensor(*p)});
+  for (Param* p : const_cast<CausalLM*>(this)->buffers())  // f32 on disk in every precision, as HF keeps them
+    tensors.push_back({p->name, p->weight, /*own_dtype=*/true});
   if (tp().rank() != 0) return Status::ok();  // tp rank 0 writes the gathered model
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -52,6 +52,7 @@
 #include "model/activations.h"
 #include "model/batch.h"
 #include "model/block.h"
+#include "model/moe_options.h"
 #include "model/param.h"
 #include "model/recompute.h"
 #include "ops/rope.h"
@@ -117,6 +118,9 @@ struct ModelOptions {
   // per block of the slice; bit-identical to none. Scoring and the rollout
   // ignore it (they keep nothing).
   RecomputePolicy recompute;
+
+  // How the MoE layers train (router losses, capacity, bias update; model/moe_options.h).
+  MoeTrainOptions moe;
 };
 
 class CausalLM {
@@ -135,6 +139,12 @@ class CausalLM {
   // untied; score.weight and score.bias instead of lm_head in a value model).
   std::vector<Param*> params();
   Param* find_param(const std::string& name);  // nullptr when the model (slice) has none of that name
+  // The state tensors that are not trained (DeepSeek-V3's
+  // e_score_correction_bias: f32 in every precision, no gradient), in HF
+  // order; load/save and every whole-model copy carry them with the params.
+  std::vector<Param*> buffers();
+  // params() then buffers(): everything a model folder holds for this slice.
+  std::vector<Param*> state_tensors();
   const Param* find_param(const std::string& name) const {
     return const_cast<CausalLM*>(this)->find_param(name);
   }
@@ -197,6 +207,20 @@ class CausalLM {
   // the slice) is final at stage n_layers. grad_stage() gives a param's stage.
   void set_grad_ready_hook(std::function<void(int64_t stage)> hook) { grad_hook_ = std::move(hook); }
   int64_t grad_stage(const Param& p) const;
+
+  // MoE routers: the statistics of the training forwards since the last
+  // reset (one entry per MoE layer of the slice; recompute reruns are not
+  // counted), and the aux-loss-free balancing step: each MoE layer's
+  // correction bias moves by `rate` against its load in `step` (loads summed
+  // over dp by the caller). No-ops on a dense model.
+  MoeStepStats& moe_stats() const { return moe_stats_; }
+  // The factor of the router losses' gradients in each backward: 1 /
+  // (micro-batches of the mini-batch over all dp ranks), so the losses enter
+  // the update as their mean over micro-batches, as Megatron's
+  // MoEAuxLossAutoScaler scales them. Set by the training engine per mini-batch.
+  void set_moe_loss_scale(double s) { moe_loss_scale_ = s; }
+  void update_moe_correction_bias(const MoeStepStats& step, double rate);
+  int64_t num_moe_layers() const;  // in the whole model (the routing replay layout)
 
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
@@ -267,6 +291,8 @@ class CausalLM {
   parallel::VocabRange vocab_;
   int64_t padded_vocab_ = 0;
   std::function<void(int64_t)> grad_hook_;
+  double moe_loss_scale_ = 1.0;
+  mutable MoeStepStats moe_stats_;  // filled by the training forward (a router's running counts, as Megatron's)
 };
 
 }  // namespace kestrel::model

@@ -40,6 +40,12 @@ struct EngineConfig {
   std::string preemption_mode = "recompute";  // or "swap"
   double swap_space_gib = 4.0;
   int64_t max_model_len = 0;            // 0 = model's max_position_embeddings
+  // MoE models: record the experts every computed token was routed to in
+  // every MoE layer (verl's enable_rollout_routing_replay, router replay R3),
+  // returned with each completion (CompletionOutput::routed_experts). The
+  // routing is kept per KV slot beside the cache, so prefix-cache hits, swaps
+  // and recomputes carry it like the K/V they belong to.
+  bool record_routing = false;
   // Turns token ids into text for stop strings; may be empty when none are used.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
 };
@@ -69,6 +75,12 @@ struct CompletionOutput {
   // With SamplingParams::logprobs = k > 0: per sampled token, the k most
   // likely (token, logprob) pairs of the same unmodified distribution.
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
+  // With EngineConfig::record_routing: i32 [prompt + generated tokens,
+  // n_moe_layers, k] flattened, the experts each token of the sequence
+  // (prompt and response) was routed to when its K/V was computed; the last
+  // sampled token is never fed to the model, so its row is -1 (a replaying
+  // router chooses for itself there).
+  std::vector<int32_t> routed_experts;
 };
 
 struct RequestOutput {

@@ -103,10 +103,11 @@ class RolloutExec final : public model::BlockExec {
   }
   // Every new row lands in the cache before attention reads it: a chunk
   // attends to itself through the same block tables as to its prefix.
-  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, model::LayerActivations&) override {
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
+                model::LayerActivations&) override {
     Tensor out = buffer(model::BlockBuf::Attn, q.shape(), q.dtype());  // [T, H*hd]
     ops::paged_kv_write(k, v, slots, kv_.k(layer), kv_.v(layer));
-    ops::paged_attention_fwd(q, kv_.k(layer), kv_.v(layer), tables, cu_q, seq_lens, shape_, out);
+    ops::paged_attention_fwd(q, kv_.k(layer), kv_.v(layer), tables, cu_q, seq_lens, shape, out);
     return out;
   }
 

@@ -190,10 +190,13 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
             step >= 1 ? "step " + std::to_string(step) : "update " + std::to_string(update),
             "; the learning rate and its schedule (optim.lr, warmup, min_lr) must be finite");
   zero_grads();
+  const bool moe = model_.num_moe_layers() > 0;
+  if (moe) begin_moe_mini_batch(int64_t(micro.size()));
   // The micro-batch loop: the pipeline schedule over the stages, or one
   // micro-batch after another.
   r.loss = model_.pp().size() > 1 ? train_pipelined(micro, objective) : train_sequential(micro, objective);
   r.micro_batches = int64_t(micro.size());
+  if (moe) r.moe = reduced_moe_stats();
   if (inject_nan_grad(update)) {  // TEST ONLY (EngineOptions::test_inject_nan_grad, KESTREL_TEST_INJECT_NAN_GRAD)
     Tensor g0 = optim_->params()[0].grad.view({-1}).slice_rows(0, 1);
     ops::fill(g0, NAN);
@@ -209,8 +212,39 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
   }
   optim_->step(lr);
   if (dp_) dp_->gather_params();  // the distributed optimizer stepped the owned range only
+  // Aux-loss-free balancing: after the step, from the loads of its forwards
+  // (identical on every dp rank: the loads are summed over dp).
+  const double rate = model_.options().moe.bias_update_rate;
+  if (moe && rate > 0) model_.update_moe_correction_bias(r.moe, rate);
   consecutive_skipped_ = 0;
   return r;
+}
+
+void TrainingEngine::begin_moe_mini_batch(int64_t local_micro_batches) {
+  // The router losses enter as their mean over the mini-batch's micro-batches on every dp rank.
+  int64_t n = local_micro_batches;
+  dp_group_->all_reduce(&n, 1, DType::I64, comm::ReduceOp::Sum);
+  model_.set_moe_loss_scale(n > 0 ? 1.0 / double(n) : 1.0);
+  model_.moe_stats().reset();
+}
+
+model::MoeStepStats TrainingEngine::reduced_moe_stats() const {
+  model::MoeStepStats s = model_.moe_stats();
+  if (dp_group_->size() == 1) return s;
+  for (model::MoeLayerStats& l : s.layers) {
+    dp_group_->all_reduce(l.tokens_per_expert.data(), int64_t(l.tokens_per_expert.size()), DType::I64,
+                          comm::ReduceOp::Sum);
+    int64_t counts[3] = {l.dropped, l.tokens, l.micro_batches};
+    dp_group_->all_reduce(counts, 3, DType::I64, comm::ReduceOp::Sum);
+    l.dropped = counts[0];
+    l.tokens = counts[1];
+    l.micro_batches = counts[2];
+    float losses[2] = {float(l.aux_loss), float(l.z_loss)};  // metrics only: f32 is enough
+    dp_group_->all_reduce(losses, 2, DType::F32, comm::ReduceOp::Sum);
+    l.aux_loss = losses[0];
+    l.z_loss = losses[1];
+  }
+  return s;
 }
 
 double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {

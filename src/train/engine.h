@@ -135,6 +135,9 @@ struct MiniBatchResult {
   bool loss_finite = true;       // the loss was finite on every dp/tp rank
   bool grad_norm_finite = true;  // the global gradient norm was finite
   int64_t micro_batches = 0;
+  // MoE routers of this rank's layers over the mini-batch's training
+  // forwards, summed over the dp group (empty for a dense model).
+  model::MoeStepStats moe;
 };
 
 class TrainingEngine {
@@ -216,6 +219,9 @@ class TrainingEngine {
   std::string optimizer_file_name() const;
 
  private:
+  // MoE models: the router losses' scale for this mini-batch and fresh statistics.
+  void begin_moe_mini_batch(int64_t local_micro_batches);
+  model::MoeStepStats reduced_moe_stats() const;
   void zero_grads();
   optim::ClipResult reduce_and_clip();
   void sum_tied_embedding_grads();

@@ -3,6 +3,8 @@
 // adamw_loss and adamw_final.*). torch.optim.AdamW there decays every parameter.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "common/testing.h"
 #include "io/safetensors.h"
 #include "model/transformer.h"
@@ -25,12 +27,11 @@ model::PackedBatch golden_batch(const io::SafetensorsFile& g) {
   return model::pack_sequences(seqs);
 }
 
-}  // namespace
-
-class GoldenAdamW : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(GoldenAdamW, ThreeStepsMatchTorch) {
-  const std::string dir = kestrel::testing::source_path("tests/golden/models/" + GetParam());
+// The three AdamW steps of a golden case: the losses before each step, then
+// the parameters after the third are handed to `check`.
+void run_three_steps(const std::string& name, double loss_rtol_after_first,
+                     const std::function<void(const model::Param&, const Tensor& want)>& check) {
+  const std::string dir = kestrel::testing::source_path("tests/golden/models/" + name);
   auto g = io::SafetensorsFile::open(dir + "/golden.safetensors");
   ASSERT_TRUE(g.is_ok()) << g.status().message();
   auto loaded = model::CausalLM::load(dir);
@@ -51,18 +52,60 @@ TEST_P(GoldenAdamW, ThreeStepsMatchTorch) {
   for (int step = 0; step < 3; ++step) {
     m.zero_grads();
     auto r = train::forward_backward(m, b, train::cross_entropy_objective(w));
-    EXPECT_NEAR(r.loss, want_losses.get(step), 1e-5 * std::abs(want_losses.get(step))) << "step " << step;
+    const double rtol = step == 0 ? 1e-5 : loss_rtol_after_first;
+    EXPECT_NEAR(r.loss, want_losses.get(step), rtol * std::abs(want_losses.get(step))) << name << " step " << step;
     opt.step(1e-2);
   }
+  for (model::Param* p : m.params()) check(*p, g.value()->get("adamw_final." + p->name).value());
+}
+
+}  // namespace
+
+class GoldenAdamW : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenAdamW, ThreeStepsMatchTorch) {
   // AdamW divides by sqrt(v): for gradients near 1e-7 float rounding moves the
   // update by up to ~2.5e-4 (measured by the golden script's author against an
   // independent AdamW), so parameters compare at 1e-3 absolute.
-  for (model::Param* p : m.params()) {
-    Tensor want = g.value()->get("adamw_final." + p->name).value();
-    EXPECT_TRUE(kestrel::testing::all_close(kestrel::testing::to_double(p->weight), kestrel::testing::to_double(want), {1e-3, 0}, p->name));
-  }
+  run_three_steps(GetParam(), 1e-5, [](const model::Param& p, const Tensor& want) {
+    EXPECT_TRUE(kestrel::testing::all_close(kestrel::testing::to_double(p.weight), kestrel::testing::to_double(want),
+                                            {1e-3, 0}, p.name));
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenAdamW,
                          ::testing::Values("llama_tied", "llama3_untied_rope", "qwen2", "qwen2_yarn", "qwen3",
                                            "mistral"));
+
+// MoE models (tests/golden/models/make_moe_golden.py keeps every top-k gap of
+// the three steps above 2e-5, so both sides route alike). A softmax router
+// with normalised top-k weights has an exactly zero gradient into the logits
+// of the experts a token did not choose, which autograd and Kestrel both
+// compute as a cancellation: rounding noise of random sign (e.g. qwen3_moe's
+// layer-0 router row of expert 4: |grad| <= 1.5e-9 where the other rows reach
+// 1e-1). AdamW's first step turns such noise into +-lr (m / sqrt(v) =
+// sign(g)), so those elements may end up to 2 * 3 steps * lr apart. They are
+// the elements whose golden first-step gradient is below 1e-6 of the tensor's
+// largest; every other element compares at the dense cases' 1e-3, and the
+// losses of the later steps (which see the noisy elements) agree to 3e-4.
+class GoldenAdamWMoe : public ::testing::TestWithParam<std::string> {};
+TEST_P(GoldenAdamWMoe, ThreeStepsMatchTorch) {
+  const std::string name = GetParam();
+  auto g = io::SafetensorsFile::open(kestrel::testing::source_path("tests/golden/models/" + name) +
+                                     "/golden.safetensors");
+  ASSERT_TRUE(g.is_ok());
+  run_three_steps(name, 3e-4, [&](const model::Param& p, const Tensor& want) {
+    const std::vector<double> got = kestrel::testing::to_double(p.weight), w = kestrel::testing::to_double(want);
+    const std::vector<double> g0 = kestrel::testing::to_double(g.value()->get("grad." + p.name).value());
+    ASSERT_EQ(got.size(), w.size()) << p.name;
+    double gmax = 0;
+    for (double x : g0) gmax = std::max(gmax, std::abs(x));
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool noise = std::abs(g0[i]) <= 1e-6 * gmax;
+      EXPECT_LE(std::abs(got[i] - w[i]), noise ? 6 * 1e-2 : 1e-3)
+          << p.name << "[" << i << "] (first-step gradient " << g0[i] << " of max " << gmax << ")";
+    }
+  });
+}
+INSTANTIATE_TEST_SUITE_P(Models, GoldenAdamWMoe,
+                         ::testing::Values("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"));

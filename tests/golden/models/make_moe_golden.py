@@ -90,7 +90,7 @@ CASES = {
                                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                 "original_max_position_embeddings": 16, "mscale": 1.0,
                                                 "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}),
-        [9, 40, 1, 6], 2003, "seq_aux",
+        [9, 40, 1, 6], 2013, "seq_aux",
         "DeepseekV3ForCausalLM, MLA (q_lora 24, kv_lora 16, nope 8, rope 8 interleaved, v 12), layer 0 dense, "
         "8 experts top-2, sigmoid scores + random e_score_correction_bias, noaux_tc groups (4 groups, top 2 by sum "
         "of top-2), norm_topk_prob, routed_scaling_factor 2.5, 1 shared expert, YaRN (factor 4, original 16, "
@@ -228,6 +228,55 @@ def check_no_ties(scores, k, what):
         sys.exit(f"{what}: a tie at the top-{k} boundary makes the routing ambiguous; change the case's seed")
 
 
+# The smallest gap at a top-k boundary the AdamW steps may leave. Kestrel and torch differ by float rounding
+# (~1e-7 relative); a gap below this could route a token differently after an update, and the discrete
+# change would then move the trajectory by far more than the test's tolerance.
+ADAMW_MARGIN = 2e-5
+
+
+def selection_margins(model, layer, logits):
+    """The gaps at every top-k (and group top-k) boundary of one router call's selection. logits: f32 [T, E]."""
+    gate = model.model.layers[layer].mlp.gate
+    cfg = model.config
+    k, E = gate.top_k, gate.num_experts
+    gaps = []
+
+    def gap(x, kk):
+        if kk >= x.shape[-1]:
+            return
+        top = torch.topk(x, kk + 1, dim=-1).values
+        finite = torch.isfinite(top[:, kk])
+        gaps.append(float((top[:, kk - 1] - top[:, kk])[finite].min()) if bool(finite.any()) else float("inf"))
+
+    with torch.no_grad():
+        if cfg.model_type == "deepseek_v3":
+            choice = logits.sigmoid() + gate.e_score_correction_bias.float()
+            G = gate.num_group
+            grp = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+            gap(grp, gate.topk_group)
+            keep = torch.zeros_like(grp).scatter_(1, torch.topk(grp, gate.topk_group, dim=-1).indices, 1)
+            gap(choice.masked_fill(~keep.bool().repeat_interleave(E // G, dim=1), float("-inf")), k)
+        else:
+            scores = torch.softmax(logits, dim=-1)
+            if cfg.model_type == "deepseek_v2" and cfg.topk_method == "group_limited_greedy":
+                G = gate.num_group
+                grp = scores.view(-1, G, E // G).max(-1).values
+                gap(grp, gate.topk_group)
+                keep = torch.zeros_like(grp).scatter_(1, torch.topk(grp, gate.topk_group, dim=-1).indices, 1)
+                scores = scores.masked_fill(~keep.bool().repeat_interleave(E // G, dim=1), 0.0)
+            gap(scores, k)
+    return gaps
+
+
+def check_margins(model, tap, what):
+    for layer in tap.layers:
+        for c in tap.calls[layer]:
+            m = min(selection_margins(model, layer, c[0].detach().float()))
+            if m < ADAMW_MARGIN:
+                sys.exit(f"{what}, layer {layer}: a top-k gap of {m:.2e} (< {ADAMW_MARGIN}) could route a token "
+                         "differently in Kestrel after an update; change the case's seed")
+
+
 def routing_facts(model, tap, layer, logits):
     """Checks what the routing exercises; returns printable facts. logits: f32 [T, E] of one layer."""
     gate = model.model.layers[layer].mlp.gate
@@ -349,15 +398,19 @@ def make_case(case, base, dtype):
         model.train()
         opt = torch.optim.AdamW(model.parameters(), **ADAMW)
         losses = []
-        for _ in range(ADAMW_STEPS):
+        tap = RouterTap(model)
+        for step in range(ADAMW_STEPS):
             opt.zero_grad(set_to_none=True)
+            tap.clear()
             l = packed_forward(model, input_ids, cu_l)[3]
+            check_margins(model, tap, f"{case} AdamW step {step}")
             l.backward()
             losses.append(float(l.detach()))
             opt.step()
         golden["adamw_loss"] = torch.tensor(losses, dtype=torch.float32)
         for n, t in saved_tensors(model, lambda p, b: (p if p is not None else b).detach().float()).items():
             golden["adamw_final." + n] = t
+        tap.remove()
 
     check_facts(case, model.config, facts)
     save_file(golden, os.path.join(out_dir, "golden.safetensors"), metadata={"case": case})

@@ -1,0 +1,310 @@
+#include "model/moe_mlp.h"
+
+#include <algorithm>
+
+#include "model/train_exec.h"
+#include "ops/copy.h"
+#include "ops/moe.h"
+#include "ops/ops.h"
+
+namespace kestrel::model {
+
+namespace {
+
+Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
+Tensor f32(Shape s) { return act(std::move(s), DType::F32); }
+
+std::string shared_prefix(const io::ModelConfig& c) {
+  // Qwen2-MoE names one shared expert, DeepSeek a block of n_shared_experts fused into one FFN.
+  return c.arch == io::Arch::Qwen2Moe ? "mlp.shared_expert." : "mlp.shared_experts.";
+}
+
+}  // namespace
+
+int64_t moe_layer_ordinal(const io::ModelConfig& cfg, int64_t layer) {
+  if (!cfg.is_moe_layer(layer)) return -1;
+  int64_t n = 0;
+  for (int64_t i = 0; i < layer; ++i) n += cfg.is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+int64_t num_moe_layers(const io::ModelConfig& cfg) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) n += cfg.is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+ops::MoeRouterConfig moe_router_config(const io::ModelConfig& cfg) {
+  const auto& m = cfg.moe;
+  ops::MoeRouterConfig r;
+  r.num_experts = m.num_experts;
+  r.top_k = m.top_k;
+  r.score = m.sigmoid_scores ? ops::MoeScore::Sigmoid : ops::MoeScore::Softmax;
+  using GL = io::MoeConfig::GroupLimit;
+  r.group_limit = m.group_limit == GL::SumTop2 ? ops::MoeGroupLimit::SumTop2
+                  : m.group_limit == GL::Max   ? ops::MoeGroupLimit::Max
+                                               : ops::MoeGroupLimit::None;
+  r.n_group = m.n_group;
+  r.topk_group = m.topk_group;
+  r.norm_topk_prob = m.norm_topk_prob;
+  r.scaling_factor = m.routed_scaling_factor;
+  return r;
+}
+
+MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, const std::string& p,
+               const ParamFactory& make)
+    : layer_(layer),
+      ordinal_(moe_layer_ordinal(c, layer)),
+      dims_(dims),
+      rcfg_(moe_router_config(c)),
+      E_(c.moe.num_experts),
+      Fe_(c.moe.moe_intermediate_size),
+      Fs_(c.moe.shared_intermediate_size),
+      router_fp32_(c.moe.router_fp32 || dims.moe.router_logits_fp32),
+      sh_gated_(c.moe.shared_expert_gate) {
+  KS_CHECK(!c.mlp_bias, "not supported yet: MLP biases (mlp_bias) in a mixture-of-experts model");
+  const int64_t D = c.hidden_size;
+  router = make(p + "mlp.gate.weight", {E_, D}, true);
+  gate.reserve(size_t(E_));
+  up.reserve(size_t(E_));
+  down.reserve(size_t(E_));
+  for (int64_t e = 0; e < E_; ++e) {
+    const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+    gate.push_back(make(ep + "gate_proj.weight", {Fe_, D}, true));
+    up.push_back(make(ep + "up_proj.weight", {Fe_, D}, true));
+    down.push_back(make(ep + "down_proj.weight", {D, Fe_}, true));
+  }
+  if (Fs_ > 0) {
+    const std::string sp = p + shared_prefix(c);
+    sh_gate = make(sp + "gate_proj.weight", {Fs_, D}, true);
+    sh_up = make(sp + "up_proj.weight", {Fs_, D}, true);
+    sh_down = make(sp + "down_proj.weight", {D, Fs_}, true);
+    if (sh_gated_) sh_gate_logit = make(p + "mlp.shared_expert_gate.weight", {1, D}, true);
+  }
+  if (c.moe.score_correction_bias) {
+    // A buffer in HF (not trained by the optimizer) and kept in f32 in every
+    // precision, as HF keeps it (_keep_in_fp32_modules_strict) and Megatron its expert bias.
+    bias_.name = p + "mlp.gate.e_score_correction_bias";
+    bias_.full_shape = {E_};
+    bias_.weight = Tensor::zeros({E_}, DType::F32, MemCategory::Params);
+    bias_.weight_decay = false;
+  }
+}
+
+int64_t MoeMlp::param_count(const io::ModelConfig& c) {
+  const bool shared = c.moe.shared_intermediate_size > 0;
+  return 1 + 3 * c.moe.num_experts + (shared ? 3 : 0) + (shared && c.moe.shared_expert_gate ? 1 : 0);
+}
+
+void MoeMlp::append_params(std::vector<Param*>& out) {
+  out.push_back(&router);
+  for (int64_t e = 0; e < E_; ++e)
+    for (Param* q : {&gate[size_t(e)], &up[size_t(e)], &down[size_t(e)]}) out.push_back(q);
+  for (Param* q : {&sh_gate, &sh_up, &sh_down, &sh_gate_logit})
+    if (!q->name.empty()) out.push_back(q);
+}
+
+void MoeMlp::append_buffers(std::vector<Param*>& out) {
+  if (!bias_.name.empty()) out.push_back(&bias_);
+}
+
+std::vector<const Tensor*> MoeMlp::expert_weights(const std::vector<Param>& ps) const {
+  std::vector<const Tensor*> w;
+  w.reserve(ps.size());
+  for (const Param& q : ps) w.push_back(&q.weight);
+  return w;
+}
+
+void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
+  MoeActivations& M = A.moe;
+  const int64_t T = ex.Tp, k = rcfg_.top_k;
+  // [T, E]: DeepSeek's router runs in f32 (HF casts x and the weight to f32);
+  // Qwen's in the model dtype, its softmax then in f32.
+  M.logits = act({T, E_}, router_fp32_ ? DType::F32 : dims_.dtype);
+  ex.linear(x, router.weight, nullptr, M.logits);
+  M.topk_idx = act({T, k}, DType::I32);
+  M.topk_w = f32({T, k});
+  M.scores = f32({T, E_});
+  const bool replay = ex.routing_replay != nullptr;
+  if (replay) {
+    const Tensor& r = *ex.routing_replay;  // [T, n_moe_layers, k]
+    KS_CHECK(r.dim() == 3 && r.size(0) == T && r.size(2) == k && ordinal_ < r.size(1) && r.dtype() == DType::I32,
+             "routing replay of layer ", layer_, ": expected i32 [", T, ", n_moe_layers, ", k, "], got ",
+             r.describe());
+    ops::copy_cols(r.view({T, r.size(1) * k}), ordinal_ * k, M.topk_idx, 0, k);
+  }
+  ops::moe_router_fwd(M.logits, bias_.weight.defined() ? &bias_.weight : nullptr, rcfg_, M.topk_idx, M.topk_w,
+                      M.scores, replay);
+  if (ex.routing_record) {
+    Tensor& rec = *ex.routing_record;
+    KS_CHECK(rec.dim() == 3 && rec.size(0) == T && rec.size(2) == k && ordinal_ < rec.size(1),
+             "routing record of layer ", layer_, ": expected i32 [", T, ", n_moe_layers, ", k, "], got ",
+             rec.describe());
+    Tensor flat = rec.view({T, rec.size(1) * k});
+    ops::copy_cols(M.topk_idx, 0, flat, ordinal_ * k, k);
+  }
+  int64_t dropped = 0, pad_to = 0;
+  const MoeTrainOptions& o = dims_.moe;
+  if (ex.apply_capacity && o.capacity_factor > 0) {
+    const int64_t cap = ops::moe_expert_capacity(T, k, E_, o.capacity_factor);
+    // The router's backward needs the choice before the drop: its
+    // normalisation saw the dropped experts' scores (ops::moe_router_bwd).
+    M.chosen_idx = M.topk_idx.clone(MemCategory::Activations);
+    dropped = ops::moe_drop_to_capacity(M.topk_idx, M.topk_w, E_, cap, o.drop_policy);
+    if (o.pad_to_capacity) pad_to = cap;
+  }
+  M.routing = ops::moe_routing(M.topk_idx, E_, pad_to);
+  if (!ex.moe_stats) return;
+  auto& layers = ex.moe_stats->layers;
+  auto it = std::find_if(layers.begin(), layers.end(), [&](const MoeLayerStats& s) { return s.layer == layer_; });
+  if (it == layers.end()) {
+    layers.push_back(MoeLayerStats{layer_, std::vector<int64_t>(size_t(E_), 0), 0, 0, 0, 0, 0});
+    it = layers.end() - 1;
+  }
+  for (int64_t e = 0; e < E_; ++e) it->tokens_per_expert[size_t(e)] += M.routing.tokens_per_expert[size_t(e)];
+  it->dropped += dropped;
+  it->tokens += T;
+  it->micro_batches += 1;
+  double aux = 0, z = 0;
+  router_losses(ex, A, &aux, &z);
+  it->aux_loss += aux;
+  it->z_loss += z;
+}
+
+namespace {
+// The row ranges of the load-balancing loss: the whole micro-batch, or each sequence.
+Tensor aux_groups(const MoeTrainOptions& o, const Tensor& cu_seqlens, int64_t T) {
+  if (o.load_balancing_type == "seq_aux_loss") return cu_seqlens;
+  return Tensor::from_ints({0, int32_t(T)}, {2});
+}
+bool aux_on(const MoeTrainOptions& o) { return o.aux_loss_coeff > 0 && o.load_balancing_type != "none"; }
+}  // namespace
+
+void MoeMlp::router_losses(BlockExec& ex, const LayerActivations& A, double* aux, double* z) const {
+  const MoeTrainOptions& o = dims_.moe;
+  const int64_t T = ex.Tp;
+  if (aux_on(o)) {
+    KS_CHECK(ex.cu_seqlens.defined(), "internal: the load-balancing loss needs the batch's sequences");
+    Tensor counts = act({E_}, DType::I32);
+    *aux = ops::moe_aux_loss_fwd(A.moe.logits, aux_groups(o, ex.cu_seqlens, T), rcfg_.score, rcfg_.top_k,
+                                 o.aux_loss_coeff, counts);
+  }
+  if (o.z_loss_coeff > 0) *z = ops::moe_z_loss_fwd(A.moe.logits, o.z_loss_coeff);
+}
+
+Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
+  const int64_t T = ex.Tp, D = dims_.D;
+  const DType dt = dims_.dtype;
+  route(ex, x, A);
+  MoeActivations& M = A.moe;
+  const std::vector<int64_t>& gs = M.routing.group_sizes;
+  const int64_t N = M.routing.rows();
+  M.xs = act({N, D}, dt);  // [N, D] tokens sorted by expert
+  ops::moe_permute_fwd(x, M.routing, M.xs);
+  M.gate = act({N, Fe_}, dt);
+  M.up = act({N, Fe_}, dt);
+  ops::grouped_linear_fwd(M.xs, gs, expert_weights(gate), M.gate);
+  ops::grouped_linear_fwd(M.xs, gs, expert_weights(up), M.up);
+  M.act = act({N, Fe_}, dt);
+  ops::swiglu_fwd(M.gate, M.up, M.act);
+  M.ys = act({N, D}, dt);
+  ops::grouped_linear_fwd(M.act, gs, expert_weights(down), M.ys);
+  Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, D}, dt);  // [T, D]
+  ops::moe_unpermute_fwd(M.ys, M.topk_w, M.routing, out);
+  if (Fs_ > 0) {
+    M.sh_gate = act({T, Fs_}, dt);
+    M.sh_up = act({T, Fs_}, dt);
+    ex.linear(x, sh_gate.weight, nullptr, M.sh_gate);
+    ex.linear(x, sh_up.weight, nullptr, M.sh_up);
+    M.sh_act = act({T, Fs_}, dt);
+    ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
+    M.sh_out = act({T, D}, dt);
+    ex.linear(M.sh_act, sh_down.weight, nullptr, M.sh_out);
+    if (sh_gated_) {
+      M.sh_gate_logit = act({T, 1}, dt);
+      ex.linear(x, sh_gate_logit.weight, nullptr, M.sh_gate_logit);
+      ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, out);
+    } else {
+      ops::add(out, M.sh_out, out);
+    }
+  }
+  // Activation-function recompute: the SwiGLU outputs are rebuilt in backward.
+  if (A.rc.act) M.act = M.sh_act = Tensor();
+  return out;
+}
+
+// y = unpermute(experts(permute(x)), w) + shared(x); dy is d y, dx (written) the d of the normed input x.
+void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) {
+  MoeActivations& M = A.moe;
+  const Tensor& x = A.norm2;  // [T, D] the MLP's input
+  const int64_t T = ex.Tp, D = dims_.D, N = M.routing.rows(), k = rcfg_.top_k;
+  const std::vector<int64_t>& gs = M.routing.group_sizes;
+  const DType dt = dims_.dtype;
+  if (A.rc.act) {  // the forward's SwiGLU again, on the same gate/up
+    M.act = act({N, Fe_}, dt);
+    ops::swiglu_fwd(M.gate, M.up, M.act);
+    if (Fs_ > 0) {
+      M.sh_act = act({T, Fs_}, dt);
+      ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
+    }
+  }
+  // Routed experts, back through the combine, the down, SwiGLU and gate/up
+  // projections and the permutation.
+  Tensor dys = f32({N, D}), dw = f32({T, k});
+  ops::moe_unpermute_bwd(M.ys, M.topk_w, dy, M.routing, dys, dw);
+  const auto grads = [](std::vector<Param>& ps) {
+    std::vector<Tensor*> g;
+    for (Param& q : ps) g.push_back(&q.grad);
+    return g;
+  };
+  Tensor dact = f32({N, Fe_});
+  ops::grouped_linear_bwd(M.act, gs, expert_weights(down), dys, &dact, grads(down));
+  dys = Tensor();
+  Tensor dg = f32({N, Fe_}), du = f32({N, Fe_});
+  ops::swiglu_bwd(M.gate, M.up, dact, dg, du);
+  dact = Tensor();
+  Tensor dxs = f32({N, D}), tmp_s = f32({N, D});
+  ops::grouped_linear_bwd(M.xs, gs, expert_weights(gate), dg, &dxs, grads(gate));
+  ops::grouped_linear_bwd(M.xs, gs, expert_weights(up), du, &tmp_s, grads(up));
+  ops::add_inplace(dxs, tmp_s);
+  ops::moe_permute_bwd(dxs, M.routing, dx);  // written: dx starts here
+  Tensor tmp = f32({T, D});
+  // Shared experts.
+  if (Fs_ > 0) {
+    Tensor ds = dy;  // d of the shared output
+    if (sh_gated_) {
+      ds = f32({T, D});
+      Tensor dgl = f32({T, 1});
+      ops::sigmoid_gate_add_bwd(M.sh_gate_logit, M.sh_out, dy, ds, dgl);
+      ops::linear_bwd(x, sh_gate_logit.weight, dgl, &tmp, &sh_gate_logit.grad, nullptr);
+      ops::add_inplace(dx, tmp);
+    }
+    Tensor dsa = f32({T, Fs_});
+    ops::linear_bwd(M.sh_act, sh_down.weight, ds, &dsa, &sh_down.grad, nullptr);
+    Tensor dsg = f32({T, Fs_}), dsu = f32({T, Fs_});
+    ops::swiglu_bwd(M.sh_gate, M.sh_up, dsa, dsg, dsu);
+    ops::linear_bwd(x, sh_gate.weight, dsg, &tmp, &sh_gate.grad, nullptr);
+    ops::add_inplace(dx, tmp);
+    ops::linear_bwd(x, sh_up.weight, dsu, &tmp, &sh_up.grad, nullptr);
+    ops::add_inplace(dx, tmp);
+  }
+  if (A.rc.act) M.act = M.sh_act = Tensor();
+  // The router: the combine weights' gradient, plus the load-balancing and z losses'.
+  Tensor dlogits = Tensor::zeros({T, E_}, DType::F32, MemCategory::Activations);
+  ops::moe_router_bwd(M.scores, M.chosen_idx.defined() ? M.chosen_idx : M.topk_idx, M.topk_w, dw, rcfg_, dlogits);
+  const MoeTrainOptions& o = dims_.moe;
+  if (aux_on(o))
+    ops::moe_aux_loss_bwd(M.logits, aux_groups(o, ex.batch.cu_seqlens, T), rcfg_.score, rcfg_.top_k,
+                          o.aux_loss_coeff, ex.moe_loss_scale, dlogits);
+  if (o.z_loss_coeff > 0) ops::moe_z_loss_bwd(M.logits, o.z_loss_coeff, ex.moe_loss_scale, dlogits);
+  ops::linear_bwd(x, router.weight, dlogits, &tmp, o.freeze_router ? nullptr : &router.grad, nullptr);
+  ops::add_inplace(dx, tmp);
+}
+
+void MoeMlp::update_correction_bias(const std::vector<int64_t>& load, double rate) {
+  KS_CHECK(bias_.weight.defined(), "layer ", layer_, " has no e_score_correction_bias to update");
+  KS_CHECK(int64_t(load.size()) == E_, "expert load of ", load.size(), " experts for ", E_);
+  ops::moe_update_expert_bias(bias_.weight, load, rate);
+}
+
+}  // namespace kestrel::model

@@ -1,0 +1,77 @@
+// The mixture-of-experts MLP (Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3), a
+// sub-block of the one decoder block (model/block.h):
+//
+//   logits = router(x)                          [T, E]  (f32 for DeepSeek's f32 router)
+//   idx, w = top-k routing of the logits        [T, k]  (ops::moe_router_fwd; replayed when asked)
+//   y      = sum_j w[t, j] * expert_{idx[t, j]}(x[t])     every expert a SwiGLU FFN
+//          + shared(x)                          DeepSeek: plain; Qwen2-MoE: times sigmoid(shared_gate(x))
+//
+// The experts run as one grouped GEMM per projection over the tokens sorted
+// by expert (ops::moe_permute_fwd -> grouped_linear_fwd x3 with SwiGLU ->
+// moe_unpermute_fwd with the combine weights). Each expert's tensors are
+// their own Params under the Hub's names (model.layers.N.mlp.experts.E.
+// {gate,up,down}_proj.weight), so loading, saving, the optimizer, data
+// parallelism and checkpoints treat them as any weight; the grouped GEMM
+// takes all of them in one call.
+//
+// Training adds Megatron's router losses (MoeTrainOptions): the
+// load-balancing loss (per micro-batch, or per sequence), the z-loss, token
+// dropping by capacity, and the step's routing statistics for metrics and the
+// aux-loss-free bias update.
+//
+// Tensor parallelism of the experts is expert parallelism's (not built): the
+// model refuses tp > 1 for MoE layers.
+#pragma once
+#include <vector>
+
+#include "model/block.h"
+
+namespace kestrel::model {
+
+// The MoE layers of cfg in order: ordinal of layer `layer` among them (-1
+// for a dense layer), and their count. The routing replay tensors are laid
+// out by this ordinal.
+int64_t moe_layer_ordinal(const io::ModelConfig& cfg, int64_t layer);
+int64_t num_moe_layers(const io::ModelConfig& cfg);
+// The routing of a MoE config as the router op takes it.
+ops::MoeRouterConfig moe_router_config(const io::ModelConfig& cfg);
+
+class MoeMlp final : public MlpBlock {
+ public:
+  MoeMlp(const io::ModelConfig& cfg, const BlockDims& dims, int64_t layer, const std::string& prefix,
+         const ParamFactory& make);
+  Tensor forward(BlockExec& ex, const Tensor& x, LayerActivations& A) const override;
+  void backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) override;
+  void append_params(std::vector<Param*>& out) override;
+  void append_buffers(std::vector<Param*>& out) override;
+  static int64_t param_count(const io::ModelConfig& cfg);
+
+  // The aux-loss-free balancing step (MoeTrainOptions::bias_update_rate):
+  // bias[e] += rate * sign(mean(load) - load[e]). load: [E] token counts
+  // summed over the step (and the dp ranks).
+  void update_correction_bias(const std::vector<int64_t>& load, double rate);
+  bool has_correction_bias() const { return bias_.weight.defined(); }
+
+  Param router;                       // [E, D] mlp.gate.weight
+  std::vector<Param> gate, up, down;  // per expert: [Fe, D], [Fe, D], [D, Fe]
+  Param sh_gate, sh_up, sh_down;      // shared experts: [Fs, D], [Fs, D], [D, Fs] (undefined without)
+  Param sh_gate_logit;                // Qwen2-MoE shared_expert_gate.weight [1, D]
+
+ private:
+  // Routes x: fills A.moe's logits, scores, topk_idx/w, routing (token
+  // dropping applied); records/replays per ex; adds to the step statistics.
+  void route(BlockExec& ex, const Tensor& x, LayerActivations& A) const;
+  // The load-balancing and z losses' value of this forward (with coefficients).
+  void router_losses(BlockExec& ex, const LayerActivations& A, double* aux, double* z) const;
+  std::vector<const Tensor*> expert_weights(const std::vector<Param>& ps) const;
+
+  int64_t layer_, ordinal_;  // global layer index, ordinal among MoE layers
+  BlockDims dims_;
+  ops::MoeRouterConfig rcfg_;
+  int64_t E_, Fe_, Fs_;
+  bool router_fp32_;   // logits in f32 (DeepSeek), else the model dtype (Qwen)
+  bool sh_gated_;      // Qwen2-MoE's sigmoid gate on the shared expert
+  Param bias_;         // f32 [E] mlp.gate.e_score_correction_bias (DeepSeek-V3), a buffer
+};
+
+}  // namespace kestrel::model
