@@ -76,7 +76,7 @@ std::vector<std::string> resolve_files(const SftInputs& in, const std::vector<st
   return out;
 }
 
-// builtin:tiny|small -> a materialised folder (config + arith tokenizer + random weights).
+// builtin:tiny|small|tiny-qwen3-moe|tiny-deepseek-v3 -> a materialised folder (config + arith tokenizer + random weights).
 std::string resolve_model(const std::string& spec, const std::string& builtin_root, uint64_t seed) {
   if (spec.rfind("builtin:", 0) != 0) return spec;
   const std::string name = spec.substr(8);
@@ -324,7 +324,7 @@ int cmd_builtin(const Args& argv) {
                    {"max-steps", "arith: most events per problem", true, "2"},
                    {"max-operand", "arith: largest +/- operand", true, "20"}},
                   argv);
-  const std::string usage = "usage: kestrel builtin arith --out DIR [...] | model tiny|small --out DIR [--seed S] | tokenizer --out DIR\n";
+  const std::string usage = "usage: kestrel builtin arith --out DIR [...] | model tiny|small|tiny-qwen3-moe|tiny-deepseek-v3 --out DIR [--seed S] | tokenizer --out DIR\n";
   if (args.help() || args.positional().empty()) {
     std::printf("%s%s", usage.c_str(), args.usage().c_str());
     return args.help() ? 0 : 2;

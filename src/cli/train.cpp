@@ -99,7 +99,8 @@ std::string help_text() {
       "tiny policy, GRPO); a command naming its data (as verl scripts do) gets verl's defaults:\n";
   for (const char* o : kBuiltinRun) s += std::string("  ") + o + "\n";
   s += "\nbuiltin:arith as a data file is the built-in task; builtin:tiny|small as model path a random-init\n"
-       "model; builtin:arith-sft the tiny model after SFT on arith (trained once and cached under\n"
+       "model (builtin:tiny-qwen3-moe and builtin:tiny-deepseek-v3: random-init mixture-of-experts models,\n"
+       "the second with latent attention); builtin:arith-sft the tiny model after SFT on arith (trained once and cached under\n"
        "$KESTREL_CACHE or ~/.cache/kestrel).\n";
   return s;
 }

@@ -43,7 +43,7 @@ void declare_sft(Builder& b) {
   b.k("arith.max_operand", I, "20", YES, "builtin:arith largest +/- operand (Kestrel).").in(1, 1e9);
 
   b.scope("model");
-  b.k("partial_pretrain", S, "builtin:tiny", YES, "HF model folder, or builtin:tiny | builtin:small (random init).");
+  b.k("partial_pretrain", S, "builtin:tiny", YES, "HF model folder, or builtin:tiny | builtin:small | builtin:tiny-qwen3-moe | builtin:tiny-deepseek-v3 (random init).");
   b.k("tokenizer_path", S, "null", YES, "Tokenizer folder; null = the model folder.");
   b.k("dtype", S, "f32", YES, "Compute dtype; bf16 keeps f32 master weights (Kestrel).", {"f32", "bf16"});
   b.k("enable_gradient_checkpointing", B, "false", YES,
