@@ -41,6 +41,11 @@ int cmd_plan(const Args& args);
 // (`kestrel train --help` lists them). kestrel plan applies the same layer.
 const std::vector<std::string>& builtin_train_layer();
 
+// A model path of kestrel train, generate and logprobs: builtin:<name> (tiny, small, tiny-qwen3-moe,
+// tiny-deepseek-v3: random-init with the arith tokenizer; arith-sft: the tiny model after SFT, trained once)
+// materialised under $KESTREL_CACHE (or ~/.cache/kestrel), else the path with ~ and $VARS expanded.
+std::string resolve_model_folder(const std::string& spec);
+
 // kestrel train's start-up memory check (cli/plan.cpp, rl/memory_plan.h):
 // ok when the planned per-rank peak of every phase of a step fits
 // device_memory_bytes; else an error with the peak, its phase and the

@@ -204,14 +204,16 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const config::Config cfg = load_command_config(config::generate_schema(), rest, first);
   GenerateSettings gs = generate_settings(cfg);
 
-  const std::string model_dir = gs.model_path, in = args.require("input"), out = args.require("output");
+  const std::string in = args.require("input"), out = args.require("output");
   // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
   check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
   set_num_threads(int(args.get_int("threads")));
   init_gemm_for_job();
 
+  const std::string model_dir = resolve_model_folder(gs.model_path);
   model::ModelOptions mo;
   mo.dtype = gs.dtype;
+  mo.moe.router_logits_fp32 = gs.router_logits_fp32;  // the rollout routes as training does
   auto loaded = model::CausalLM::load(model_dir, mo);
   if (!loaded.is_ok()) KS_FAIL(loaded.status().message());
   const model::CausalLM& m = *loaded.value();

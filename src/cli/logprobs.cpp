@@ -65,7 +65,8 @@ int cmd_logprobs(const Args& argv) {
   const config::Config cfg = load_command_config(config::logprobs_schema(), rest, first);
   const LogprobsSettings ls = logprobs_settings(cfg);
 
-  const std::string model_dir = ls.model_path, in = args.require("input"), out = args.require("output");
+  const std::string in = args.require("input"), out = args.require("output");
+  const std::string model_dir = resolve_model_folder(ls.model_path);
   set_num_threads(int(args.get_int("threads")));
   init_gemm_for_job();
   const int64_t budget = ls.max_batch_tokens;
@@ -100,6 +101,11 @@ int cmd_logprobs(const Args& argv) {
       if (!chunks) KS_FAIL("kestrel logprobs: ", chunks.status().message());
       model::set_pipeline_stage(opts, (*chunks)[size_t(grid->coords().pp)]);
     }
+  }
+  {  // MoE scoring forwards: capacity and router dtype, routing keys against config.json
+    auto mc = io::load_model_config(model_dir);
+    if (!mc.is_ok()) KS_FAIL(mc.status().message());
+    opts.moe = moe_train_options(ls.moe, mc.value(), model_dir);
   }
   auto loaded = model::CausalLM::load(model_dir, opts);
   if (!loaded.is_ok()) KS_FAIL(loaded.status().message());

@@ -12,6 +12,8 @@
 #include "config/config.h"
 #include "data/arith.h"
 #include "data/dataset.h"
+#include "io/model_config.h"
+#include "model/moe_options.h"
 #include "parallel/pipeline_layout.h"
 #include "rl/critic.h"
 #include "rl/reward_manager.h"
@@ -30,6 +32,33 @@ config::Config load_command_config(const config::Schema& s, const std::vector<st
 
 // Processes of this job on this machine (OpenMPI / MPICH / Slurm env), >= 1.
 int64_t local_ranks();
+
+// ---- mixture-of-experts keys (options_moe.cpp) ----------------------------
+
+// The MoE keys of one model (<prefix>moe_*: Megatron's override_transformer_config names,
+// config/schema_moe.cpp), read before config.json: the router training options and the
+// routing values Megatron takes from its own arguments (num_moe_experts, moe_router_topk, ...),
+// which Kestrel takes from config.json (checked by moe_train_options).
+struct MoeKeys {
+  std::string prefix;            // "<meg>.override_transformer_config."
+  model::MoeTrainOptions train;  // bias_update_rate is 0 unless moe_router_enable_expert_bias
+  bool expert_bias = false;      // moe_router_enable_expert_bias
+  std::string expert_bias_origin;
+  struct Routing {
+    std::string key, value, origin;  // key relative to prefix; value as config.json's is written
+  };
+  std::vector<Routing> routing;  // the routing keys that are set
+};
+// `trained` false (the reference model: forwards only) reads only the keys a forward acts on
+// (capacity, drop policy, router dtype, routing). `freeze_key`: the key of verl's
+// freeze_moe_router for this model ("" = none). Fails naming the key for a padding without a
+// capacity factor.
+MoeKeys read_moe_keys(const config::Config& c, const std::string& prefix, const std::string& freeze_key,
+                      bool trained);
+// The options of the model whose config.json is `cfg` (`model` names it in messages): fails naming
+// the key and the model when a routing key differs from config.json's or the expert bias is enabled
+// on a model without a correction bias. A dense model takes the options and never uses them.
+model::MoeTrainOptions moe_train_options(const MoeKeys& k, const io::ModelConfig& cfg, const std::string& model);
 
 // ---- kestrel train (ppo_trainer) ------------------------------------------
 
@@ -69,6 +98,10 @@ struct TrainInputs {
   // override_transformer_config.num_layers: Megatron's total layer count (num_hidden_layers + |noop_layers|);
   // -1 = not set. check_num_layers compares it with config.json's.
   int64_t actor_num_layers = -1, critic_num_layers = -1;
+  // MoE router options of the actor, the reference model and the critic (<meg>.override_transformer_config.moe_*,
+  // actor_rollout_ref.model.override_config.moe_config.freeze_moe_router); moe_train_options checks them against
+  // config.json once it is read.
+  MoeKeys actor_moe, ref_moe, critic_moe;
 };
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.
@@ -119,6 +152,7 @@ struct SftInputs {
   // virtual_pipeline_model_parallel_size (Kestrel's keys; dp = world / (tp * pp)).
   int64_t tp = 1;
   parallel::PipelineSpec pipeline;
+  MoeKeys moe;  // model.override_transformer_config.moe_*, model.override_config.moe_config.freeze_moe_router
 };
 SftInputs sft_inputs(const config::Config& c);
 train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch);
@@ -132,6 +166,7 @@ struct GenerateSettings {
   rollout::EngineConfig engine;  // kv_cache_bytes set from gpu_memory_utilization by the command
   rollout::SamplingParams sampling;
   uint64_t base_seed = 0;
+  bool router_logits_fp32 = false;  // the actor's override_transformer_config.moe_router_dtype=fp32
 };
 GenerateSettings generate_settings(const config::Config& c);
 
@@ -148,6 +183,7 @@ struct LogprobsSettings {
   bool sequence_parallel = false;
   int64_t max_batch_tokens = 4096;
   int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
+  MoeKeys moe;  // the actor's capacity, drop policy and router dtype (scoring forwards)
 };
 LogprobsSettings logprobs_settings(const config::Config& c);
 // The pipeline layout of a forward-only command (kestrel logprobs) under `meg`

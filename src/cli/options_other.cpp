@@ -62,6 +62,8 @@ SftInputs sft_inputs(const config::Config& c) {
   in.tp = c.get_int("trainer.tensor_model_parallel_size");
   in.pipeline.pp = int(c.get_int("trainer.pipeline_model_parallel_size"));
   in.pipeline.vpp = int(c.get_int_or("trainer.virtual_pipeline_model_parallel_size", 1));
+  in.moe = read_moe_keys(c, "model.override_transformer_config.", "model.override_config.moe_config.freeze_moe_router",
+                         true);
   if (in.pipeline.vpp > 1 && in.pipeline.pp == 1)
     KS_FAIL(c.origin("trainer.virtual_pipeline_model_parallel_size"), ": trainer.virtual_pipeline_model_parallel_size=",
             in.pipeline.vpp, " interleaves pipeline stages and needs trainer.pipeline_model_parallel_size > 1; set it "
@@ -138,6 +140,8 @@ GenerateSettings generate_settings(const config::Config& c) {
   sp.max_tokens = c.get_int(R + "response_length");
   sp.ignore_eos = c.get_bool(R + "ignore_eos");
   g.base_seed = uint64_t(c.get_int(R + "seed"));
+  g.router_logits_fp32 =
+      c.get_string_or("actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype", "") == "fp32";
   return g;
 }
 
@@ -152,6 +156,7 @@ LogprobsSettings logprobs_settings(const config::Config& c) {
   l.sequence_parallel = c.get_bool(M + "sequence_parallel");
   l.vocab_divisible_by = c.get_int(M + "override_transformer_config.make_vocab_size_divisible_by");
   if (l.vocab_divisible_by < 1) KS_FAIL("kestrel logprobs: make_vocab_size_divisible_by must be >= 1");
+  l.moe = read_moe_keys(c, M + "override_transformer_config.", "", false);
   l.max_batch_tokens = c.get_int("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu");
   if (l.max_batch_tokens <= 0) KS_FAIL("kestrel logprobs: --max-batch-tokens must be positive");
   return l;

@@ -219,6 +219,14 @@ TrainInputs train_inputs(const config::Config& c) {
   in.actor_pipeline = read_pipeline(c, A + "megatron", &in.actor_num_layers);
   check_pipeline(c, A + "megatron", in.actor_pipeline);
   in.critic_pipeline = read_pipeline(c, "critic.megatron", &in.critic_num_layers);
+  // MoE routers (checked against config.json by moe_train_options once it is read). verl's
+  // freeze_moe_router of the actor sits in actor_rollout_ref.model; the critic's model.override_config is
+  // not built, so its routers train.
+  const std::string OT = ".megatron.override_transformer_config.";
+  in.actor_moe = read_moe_keys(c, A.substr(0, A.size() - 1) + OT,
+                               "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router", true);
+  in.ref_moe = read_moe_keys(c, "actor_rollout_ref.ref" + OT, "", false);
+  in.critic_moe = read_moe_keys(c, "critic" + OT, "", true);
   if (in.critic) {
     check_pipeline(c, "critic.megatron", in.critic_pipeline);
     const std::string cpp = "critic.megatron.pipeline_model_parallel_size";
@@ -375,6 +383,16 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
             " (one scoring micro-batch size serves both); set them equal");
   o.log_prob_micro_batch_size = c.get_bool(R + "log_prob_use_dynamic_bsz") ? 0 : std::max(old_lp_micro, ref_lp_micro);
   o.share_prompts = c.get_bool(A + "use_prefix_grouper");
+  // MoE router replay: R3 replays the rollout's record, which the rollout makes only when asked.
+  o.engine.record_routing = c.get_bool(R + "enable_rollout_routing_replay");
+  const std::string ref_rr = "actor_rollout_ref.ref.router_replay.mode";
+  o.actor_router_replay = rl::parse_router_replay(c.get_string(A + "router_replay.mode"), A + "router_replay.mode").value();
+  o.ref_router_replay = rl::parse_router_replay(c.get_string(ref_rr), ref_rr).value();
+  for (const auto& [key, mode] : {std::pair{A + "router_replay.mode", o.actor_router_replay}, {ref_rr, o.ref_router_replay}})
+    if (mode == rl::RouterReplay::R3 && !o.engine.record_routing)
+      KS_FAIL(c.origin(key), ": ", key, "=R3 replays the rollout's MoE routing, which the rollout records only with ", R,
+              "enable_rollout_routing_replay=true (it is false, from ", c.origin(R + "enable_rollout_routing_replay"),
+              "); set it true, or the mode to R2 or disabled");
   o.loss.clip_ratio_low = clip_ratio_side(c, "clip_ratio_low");
   o.loss.clip_ratio_high = clip_ratio_side(c, "clip_ratio_high");
   o.loss.clip_ratio_c = c.get_float(A + "clip_ratio_c");

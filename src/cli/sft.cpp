@@ -230,6 +230,11 @@ int run_sft(const Args& argv, const comm::World* world) {
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
   mopt.recompute = in.recompute;
+  {  // MoE router options against config.json (routing keys, the expert bias)
+    auto mc = io::load_model_config(model_dir);
+    if (!mc) KS_FAIL(mc.status().message());
+    mopt.moe = moe_train_options(in.moe, *mc, model_dir + " (model.partial_pretrain)");
+  }
   std::unique_ptr<parallel::ProcessGrid> grid;
   if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, o);
   auto loaded = model::CausalLM::load(model_dir, mopt);

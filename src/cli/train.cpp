@@ -147,7 +147,9 @@ std::string warm_start_dir() {
   return out;
 }
 
-std::string resolve_model(const std::string& spec) {
+}  // namespace
+
+std::string resolve_model_folder(const std::string& spec) {
   if (spec == "builtin:arith-sft") return warm_start_dir();
   if (spec.rfind("builtin:", 0) == 0) {
     const std::string dir = cache_root() + "/model_" + spec.substr(8);
@@ -159,6 +161,10 @@ std::string resolve_model(const std::string& spec) {
   }
   return data::expand_paths({spec}).at(0);
 }
+
+namespace {
+
+std::string resolve_model(const std::string& spec) { return resolve_model_folder(spec); }
 
 std::vector<rl::RlPrompt> to_prompts(const std::vector<data::RlSample>& rows) {
   std::vector<rl::RlPrompt> out;
@@ -177,6 +183,11 @@ std::unique_ptr<rl::Critic> make_critic(const config::Config& c, const TrainInpu
   mo.value_head_seed = in.critic_seed;
   mo.dtype = in.critic_dtype;
   mo.recompute = in.critic_recompute;
+  {
+    auto mc = io::load_model_config(dir);
+    if (!mc) KS_FAIL(c.origin("critic.model.path"), ": ", mc.status().message());
+    mo.moe = moe_train_options(in.critic_moe, *mc, dir + " (critic.model.path)");
+  }
   if (in.critic_pipeline.pp > 1) {  // the same grid as the actor (equal pp); its own layer split
     auto mc = io::load_model_config(dir);
     if (!mc) KS_FAIL(c.origin("critic.model.path"), ": ", mc.status().message());
@@ -373,11 +384,16 @@ int cmd_train(const std::vector<std::string>& argv) {
   data::check_rl_files(resolve_files(in.train_files, true), in.train_data).throw_if_error();
   data::check_rl_files(resolve_files(in.val_files, false), in.val_data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_path);
+  io::ModelConfig actor_cfg;
   {  // override_transformer_config.num_layers (Megatron's total) against config.json's layers + noop slots
     auto mc = io::load_model_config(model_dir);
     if (!mc) KS_FAIL(mc.status().message());
     check_num_layers(c, in, mc->num_hidden_layers);
+    actor_cfg = *mc;
   }
+  // MoE router options of the actor and the reference model against config.json (the critic's: make_critic).
+  const model::MoeTrainOptions actor_moe = moe_train_options(in.actor_moe, actor_cfg, model_dir);
+  const model::MoeTrainOptions ref_moe = moe_train_options(in.ref_moe, actor_cfg, model_dir);
   if (world_size > 1 && leader) world->group()->barrier();
   {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h)
     auto mem = rollout::device_memory_bytes(local_ranks());
@@ -398,6 +414,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   mopt.dtype = in.dtype;
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
+  mopt.moe = actor_moe;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
   if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);
@@ -427,7 +444,9 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   std::unique_ptr<model::CausalLM> ref;
   if (o.loss.use_kl_loss || o.use_kl_in_reward) {
-    auto r = model::CausalLM::load(model_dir, mopt);  // the frozen initial policy
+    model::ModelOptions ropt = mopt;
+    ropt.moe = ref_moe;
+    auto r = model::CausalLM::load(model_dir, ropt);  // the frozen initial policy
     if (!r) KS_FAIL(r.status().message());
     ref = std::move(r).value();
   }

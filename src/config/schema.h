@@ -176,6 +176,11 @@ void declare_sft(Builder& b);
 // blocks, and amendments of earlier declarations for values verl scripts pass.
 void declare_verl_fsdp(Builder& b);
 void declare_verl_extra(Builder& b);
+// The mixture-of-experts keys of one model's override_transformer_config at `scope` (schema_moe.cpp):
+// router training options, switches without effect on one expert-parallel rank, and the routing keys
+// Kestrel takes from config.json. `trained` false (the reference model) declares the loss and
+// bias-update keys NoEffect; a non-empty `follow` is the scope whose values the keys default to.
+void declare_moe_overrides(Builder& b, const std::string& scope, bool trained, const std::string& follow);
 void amend_for_verl(Builder& b);
 // The PPO key paths each view takes, with the defaults and docs it restates.
 struct ViewKey {

@@ -93,7 +93,7 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("recompute_modules", SL, "[core_attn]", RC,
       "Modules recomputed by selective recompute: core_attn (attention core output and lse, from q/k/v), "
       "layernorm (both norms' outputs), mlp (the dense MLP's gate/up/act, from its norm); moe_act, moe, "
-      "shared_experts, mla_up_proj need MoE/MLA, not built." + no_bwd,
+      "shared_experts, mla_up_proj (recompute inside the MoE and MLA sub-blocks) are not built yet." + no_bwd,
       {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"},
       {"core_attn", "layernorm", "mlp"});
   add("recompute_method", S, "null", RC,
@@ -162,10 +162,6 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       "num_hidden_layers + the length of noop_layers (null: that value)." + pp_same).at_least(1);
   add_own("context_parallel_size", NO,
       "Context-parallel size; defaults to megatron.context_parallel_size.");
-  add("moe_permutation_async_comm", B, "false", NO, "MindSpeed: overlap MoE alltoall dispatch with permutation.");
-  add("multi_head_latent_attention", B, "false", NO, "MindSpeed: Multi-head Latent Attention (DeepSeek MLA).");
-  add("fused_permute_and_unpermute", B, "false", NO, "MindSpeed: fused MoE token permute/unpermute.");
-  add("moe_grouped_gemm", B, "false", NO, "Grouped GEMM over local experts.");
   add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
   // Megatron TransformerConfig fields commonly passed by verl scripts.
   add("num_layers_in_first_pipeline_stage", I, "null", YES,
@@ -186,11 +182,6 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("deallocate_pipeline_outputs", B, "false", NOP,
       "Megatron frees a sent pipeline activation's data early when true. Kestrel always does: each stage's sent "
       "output is released as soon as its send completes (train/pipeline.cpp), so the value changes nothing.");
-  add("moe_token_dispatcher_type", S, "allgather", NO, "MoE token dispatcher.", {"allgather", "alltoall", "flex"});
-  add("moe_router_dtype", S, "null", NO, "Router compute dtype.", {"fp32", "fp64"});
-  add("moe_aux_loss_coeff", F, "0.0", NO, "MoE load-balancing loss coefficient.");
-  add("moe_z_loss_coeff", F, "null", NO, "MoE router z-loss coefficient.");
-  add("moe_shared_expert_overlap", B, "false", NO, "Overlap shared-expert compute with dispatch.");
   add("apply_rope_fusion", B, "false", NOP, "Fused RoPE kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
   add("gradient_accumulation_fusion", B, "false", NOP, "Fuse weight-gradient accumulation into the GEMM: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
   add("persist_layer_norm", B, "false", NOP, "Persistent LayerNorm kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
@@ -200,6 +191,9 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("masked_softmax_fusion", B, "false", NOP, "Fused masked softmax: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
   add("attention_dropout", F, "0.0", NO, "Attention dropout probability.");
   add("hidden_dropout", F, "0.0", NO, "Hidden-state dropout probability.");
+  // Mixture-of-experts routers (schema_moe.cpp); the reference's follow the actor's.
+  declare_moe_overrides(b, meg + ".override_transformer_config", !is_ref,
+                        is_ref ? std::string(kActorMeg) + ".override_transformer_config" : std::string());
 }
 
 void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
@@ -227,8 +221,8 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
       "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
   b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
-      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel's "
-      "models are dense (no experts to split).").as_default = {"1"};
+      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel "
+      "keeps each expert whole (MoE models refuse tensor_model_parallel_size > 1).").as_default = {"1"};
   b.k("pipeline_model_parallel_size", I, grid_default("pipeline_model_parallel_size"), own,
       "Pipeline-parallel size (PP): the decoder layers are split over this many stages (Megatron's rules; uneven "
       "splits: override_transformer_config.num_layers_in_{first,last}_pipeline_stage, noop_layers); the processes "
@@ -325,9 +319,18 @@ void declare_actor_ref_critic(Builder& b) {
       "Pack each prompt once per micro-batch, its responses continuing it (actor update, old/ref log-probs, critic): "
       "the same loss and gradients, the prompt computed once instead of rollout.n times. verl's default: false.");
   b.k("freeze_vision_tower", B, "false", NO, "Freeze the vision encoder (multimodal).");
-  b.k("router_replay.mode", S, "disabled", YES, "MoE routing replay.", {"disabled", "R2", "R3"}, {"disabled"});
-  b.k("router_replay.record_file", S, "null", NO, "Where routing decisions are recorded.");
-  b.k("router_replay.replay_file", S, "null", NO, "Routing decisions to replay.");
+  b.k("router_replay.mode", S, "disabled", YES,
+      "MoE routing replay (verl's router_replay; a dense model ignores it). R2: the old-log-prob forward records "
+      "the experts of every token and the update replays them, so the policy ratio compares the same experts even "
+      "after an earlier mini-batch moved the routers; when old log-probs are not computed (on-policy: one "
+      "mini-batch, one epoch, no in-reward KL, the rollout's weights) there is no record and R2 changes nothing. "
+      "R3: the rollout's routing (needs actor_rollout_ref.rollout.enable_rollout_routing_replay=true) is replayed "
+      "by the old-log-prob forward and the update. Capacity dropping still applies to the replayed experts.",
+      {"disabled", "R2", "R3"});
+  b.k("router_replay.record_file", S, "null", NO,
+      "A file to save the recorded routing to; Kestrel keeps the routing with the batch in memory.");
+  b.k("router_replay.replay_file", S, "null", NO,
+      "A file of routing decisions to replay; Kestrel replays the batch's own record (router_replay.mode).");
   declare_checkpoint(b, actor);
   declare_optim(b, actor, "1e-6");
   declare_megatron(b, actor, false);

@@ -78,7 +78,10 @@ void declare_data_and_model(Builder& b) {
   b.k("custom_chat_template", S, "null", NO, "Jinja chat template that replaces the tokenizer's.");
   b.k("external_lib", S, "null", NO, "Python module imported to register custom models.");
   b.k("override_config.model_config", M, "{}", NO, "Fields overriding the HF config.json.");
-  b.k("override_config.moe_config.freeze_moe_router", B, "false", NO, "Freeze MoE router weights.");
+  b.k("override_config.moe_config.freeze_moe_router", B, "false", YES,
+      "Freeze the actor's MoE routers (mlp.gate.weight of every MoE layer): no gradient and no weight decay, they "
+      "stay as loaded (the expert-bias update, moe_router_enable_expert_bias, still moves the correction bias). A "
+      "dense model has no router.");
   b.k("enable_gradient_checkpointing", B, "true", NO,
       "FSDP activation recompute; Megatron-style recompute uses megatron.override_transformer_config.recompute_*.");
   b.k("enable_activation_offload", B, "false", NOP, std::string("Offload activations to host memory.") + kOffloadOnCpu);

@@ -92,7 +92,10 @@ void declare_rollout(Builder& b) {
   b.k("skip_rollout", B, "false", NO, "Replay dumped rollouts instead of generating.");
   b.k("skip_dump_dir", S, "/tmp/rollout_dump", NO, "Directory of dumped rollouts for skip_rollout.");
   b.k("skip_tokenizer_init", B, "true", NOP, "vLLM tokenizer start-up; Kestrel's engine takes token ids.");
-  b.k("enable_rollout_routing_replay", B, "false", NO, "Record MoE routing in the rollout for replay in training.");
+  b.k("enable_rollout_routing_replay", B, "false", YES,
+      "MoE models: the rollout records the experts of every prompt and response token in every MoE layer and "
+      "hands them to training with the responses, for router replay R3 (actor_rollout_ref.actor.router_replay.mode,"
+      " ref.router_replay.mode); a dense model records nothing.");
   b.k("quantization", S, "null", NO, "Rollout weight quantization (e.g. fp8).", {"fp8"});
   b.k("engine_kwargs.vllm", M, "{}", NOP, "Extra vLLM engine arguments; Kestrel runs its own engine in vLLM's place, which takes none of them.");
   b.k("engine_kwargs.sglang", M, "{}", NOP, "Extra SGLang engine arguments; Kestrel runs its own engine in SGLang's place, which takes none of them.");

@@ -49,6 +49,11 @@ void declare_sft(Builder& b) {
   b.k("enable_gradient_checkpointing", B, "false", YES,
       "Activation recompute: full recompute of every layer (Megatron's full/uniform/1), bit-identical, costs "
       "time. verl's FSDP SFT default is true; Kestrel's is false (opt-in).");
+  b.k("override_config.moe_config.freeze_moe_router", B, "false", YES,
+      "Freeze the MoE routers (mlp.gate.weight of every MoE layer): no gradient and no weight decay (verl's "
+      "model.override_config.moe_config.freeze_moe_router). A dense model has no router.");
+  // Megatron's MoE router keys, as the PPO tree's actor takes them (Kestrel: verl's FSDP SFT has none).
+  declare_moe_overrides(b, "model.override_transformer_config", true, "");
 
   b.scope("optim");
   b.k("lr", F, "1e-5", YES, "Peak learning rate.").at_least(0);

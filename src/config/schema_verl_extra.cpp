@@ -223,9 +223,16 @@ void declare_verl_extra(Builder& b) {
   b.k("load_weight", B, "true", NO, "Load the HF weights of the reference model.");
   b.k("rollout_n", I, sel(RO + ".n", "1"), NOP,
       "Responses per prompt, a copy of rollout.n that verl fills in; Kestrel reads actor_rollout_ref.rollout.n.");
-  b.k("router_replay.mode", S, "disabled", NO, "MoE routing replay of the reference model.", {"disabled", "R2", "R3"});
-  b.k("router_replay.record_file", S, "null", NO, "Where routing decisions are recorded.");
-  b.k("router_replay.replay_file", S, "null", NO, "Routing decisions to replay.");
+  b.k("router_replay.mode", S, "disabled", YES,
+      "MoE routing replay of the reference model: R3 replays the rollout's routing (needs "
+      "actor_rollout_ref.rollout.enable_rollout_routing_replay=true; with the actor's R2, the actor's old-log-prob "
+      "record, as verl's batch carries it), so the KL compares policies over the same experts; disabled routes "
+      "freely. R2 (the reference recording for itself) is not built.",
+      {"disabled", "R2", "R3"}, {"disabled", "R3"});
+  b.k("router_replay.record_file", S, "null", NO,
+      "A file to save the recorded routing to; Kestrel keeps the routing with the batch in memory.");
+  b.k("router_replay.replay_file", S, "null", NO,
+      "A file of routing decisions to replay; Kestrel replays the batch's own record (router_replay.mode).");
   declare_profiler(b, R, false, false);
   b.scope(RO);
   b.k("layered_summon", B, "false", NOP,

@@ -24,6 +24,8 @@ std::vector<ViewKey> generate_view() {
   v.push_back({r + "min_p", "", "Min-p sampling: drop tokens with p < min_p * p_max; 0 disables.", Support::Supported});
   v.push_back({r + "ignore_eos", "", "Keep generating past EOS until response_length; --ignore_eos sets it.",
                Support::Supported});
+  // A MoE router's dtype acts in the rollout as in training (the actor's key).
+  v.push_back({"actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype", "", ""});
   for (const char* k : {"temperature", "top_k", "top_p", "do_sample", "n", "seed",
                         "response_length", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
                         "enable_chunked_prefill", "enable_prefix_caching", "block_size", "swap_space", "preemption_mode"})
@@ -38,7 +40,7 @@ std::vector<ViewKey> generate_view() {
 
 std::vector<ViewKey> logprobs_view() {
   const std::string m = "actor_rollout_ref.actor.megatron.";
-  return {
+  std::vector<ViewKey> v = {
       {"actor_rollout_ref.model.path", "null", kModelDoc},
       {m + "dtype", "float32",
        "Compute dtype of scoring; the --dtype flag (f32 | bf16) sets it. kestrel logprobs: float32 (train: bfloat16)."},
@@ -60,6 +62,13 @@ std::vector<ViewKey> logprobs_view() {
       {std::string(R) + "log_prob_max_token_len_per_gpu", "4096",
        "Tokens packed into one scoring forward; --max-batch-tokens sets it. kestrel logprobs: 4096."},
   };
+  // MoE scoring forwards: the capacity, the router dtype, and the routing keys checked against config.json.
+  for (const char* k : {"moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy",
+                        "moe_router_dtype", "num_moe_experts", "moe_router_topk", "moe_router_score_function",
+                        "moe_router_pre_softmax", "moe_router_num_groups", "moe_router_group_topk",
+                        "moe_router_topk_scaling_factor", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"})
+    v.push_back({m + "override_transformer_config." + k, "", ""});
+  return v;
 }
 
 }  // namespace kestrel::config::schema_detail

@@ -9,6 +9,8 @@
 #include "model/pipeline_save.h"
 #include "ops/copy.h"
 #include "train/checkpoint.h"
+#include "train/logging.h"
+#include "train/sft_trainer.h"
 
 namespace kestrel::rl {
 
@@ -160,6 +162,7 @@ Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt, RlPara
   KS_CHECK(opt_.cliprange_value >= 0, "critic.cliprange_value must be >= 0, got ", opt_.cliprange_value);
   KS_CHECK(opt_.ppo_mini_batch_size % parallel_.dp->size() == 0, "critic.ppo_mini_batch_size=",
            opt_.ppo_mini_batch_size, " must divide by the data-parallel size ", parallel_.dp->size());
+  train::exclude_frozen_routers_from_decay(*model_);
   engine_ = std::make_unique<train::TrainingEngine>(*model_, engine_options(opt_, parallel_));
 }
 
@@ -201,6 +204,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
   ValueLossTotals sum;
   double grad_norm = 0, skipped = 0;
   int64_t n_updates = 0;
+  train::MoeMetrics moe;  // a MoE critic's routers over the step's mini-batches
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
     if (opt_.shuffle) {
@@ -240,6 +244,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
       if (!r.finite) skipped += 1;
       grad_norm += r.grad_norm;
       ++n_updates;
+      moe.add(r.moe);
       sum.loss += t.loss;
       sum.clipfrac_tokens += t.clipfrac_tokens;
       sum.vpred_sum += t.vpred_sum;
@@ -247,13 +252,16 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
     }
   }
   const double tokens = sum.tokens > 0 ? sum.tokens : 1.0;
-  return {{"critic/vf_loss", sum.loss / double(n_updates)},
-          {"critic/vf_clipfrac", sum.clipfrac_tokens / tokens},
-          {"critic/vpred_mean", sum.vpred_sum / tokens},
-          {"critic/grad_norm", grad_norm / double(n_updates)},
-          {"critic/lr", lr},
-          {"critic/num_updates", double(n_updates)},
-          {"critic/step_skipped", skipped}};
+  if (model_->num_moe_layers() > 0) moe.gather_stages(model_->pp());
+  std::map<std::string, double> m = moe.metrics("critic");
+  m.insert({{"critic/vf_loss", sum.loss / double(n_updates)},
+            {"critic/vf_clipfrac", sum.clipfrac_tokens / tokens},
+            {"critic/vpred_mean", sum.vpred_sum / tokens},
+            {"critic/grad_norm", grad_norm / double(n_updates)},
+            {"critic/lr", lr},
+            {"critic/num_updates", double(n_updates)},
+            {"critic/step_skipped", skipped}});
+  return m;
 }
 
 Status Critic::save(const std::string& dir) const {

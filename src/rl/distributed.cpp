@@ -1,6 +1,7 @@
 #include "rl/distributed.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "core/status.h"
@@ -54,7 +55,7 @@ void combine_doubles(comm::ProcessGroup& g, std::vector<double>& v, bool max) {
 
 std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const std::vector<WireResponse>& mine,
                                                bool leader) {
-  // [prompt, sample, n_tokens, has_logprobs, tokens..., logprob bits...] per response.
+  // [prompt, sample, n_tokens, has_logprobs, n_routed, tokens..., logprob bits..., routed...] per response.
   std::vector<int32_t> words;
   if (leader)
     for (const WireResponse& r : mine) {
@@ -65,26 +66,31 @@ std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const 
       KS_CHECK(!lp || r.logprobs.size() == r.tokens.size(), "response of prompt ", r.prompt, ": ",
                r.logprobs.size(), " logprobs for ", r.tokens.size(), " tokens");
       words.push_back(lp ? 1 : 0);
+      KS_CHECK(r.routed_experts.size() < size_t(INT32_MAX), "response of prompt ", r.prompt, ": ",
+               r.routed_experts.size(), " routing entries do not fit a message");
+      words.push_back(int32_t(r.routed_experts.size()));
       words.insert(words.end(), r.tokens.begin(), r.tokens.end());
       for (float f : r.logprobs) {
         int32_t w;
         std::memcpy(&w, &f, 4);
         words.push_back(w);
       }
+      words.insert(words.end(), r.routed_experts.begin(), r.routed_experts.end());
     }
   std::vector<int64_t> counts;
   const std::vector<int32_t> all = all_gather_words(world, words, counts);
   std::vector<WireResponse> out;
   size_t i = 0;
   while (i < all.size()) {
-    KS_CHECK(i + 4 <= all.size(), "all_gather_responses: truncated record");
+    KS_CHECK(i + 5 <= all.size(), "all_gather_responses: truncated record");
     WireResponse r;
     r.prompt = all[i];
     r.sample = all[i + 1];
     const size_t len = size_t(all[i + 2]);
     const bool lp = all[i + 3] != 0;
-    i += 4;
-    KS_CHECK(i + len * (lp ? 2 : 1) <= all.size(), "all_gather_responses: truncated record");
+    const size_t routed = size_t(all[i + 4]);
+    i += 5;
+    KS_CHECK(i + len * (lp ? 2 : 1) + routed <= all.size(), "all_gather_responses: truncated record");
     r.tokens.assign(all.begin() + int64_t(i), all.begin() + int64_t(i + len));
     i += len;
     if (lp) {
@@ -92,6 +98,8 @@ std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const 
       std::memcpy(r.logprobs.data(), all.data() + i, len * 4);
       i += len;
     }
+    r.routed_experts.assign(all.begin() + int64_t(i), all.begin() + int64_t(i + routed));
+    i += routed;
     out.push_back(std::move(r));
   }
   std::sort(out.begin(), out.end(), [](const WireResponse& a, const WireResponse& b) {
@@ -133,6 +141,32 @@ void all_gather_token_values(comm::ProcessGroup& dp, const RolloutBatch& b, cons
     for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) local[size_t(t)] = values[size_t(t)];
   combine_doubles(dp, local, false);
   values = std::move(local);
+}
+
+void all_gather_sequence_ints(comm::ProcessGroup& dp, const RolloutBatch& b, const std::vector<int64_t>& mine,
+                              std::vector<std::vector<int32_t>>& records) {
+  if (dp.size() == 1) return;
+  records.resize(size_t(b.size()));
+  // [sequence, n, values...] per sequence of this rank's share.
+  std::vector<int32_t> words;
+  for (int64_t i : mine) {
+    const std::vector<int32_t>& r = records[size_t(i)];
+    KS_CHECK(r.size() < size_t(INT32_MAX), "all_gather_sequence_ints: sequence ", i, " holds ", r.size(),
+             " values, more than a message carries");
+    words.push_back(int32_t(i));
+    words.push_back(int32_t(r.size()));
+    words.insert(words.end(), r.begin(), r.end());
+  }
+  std::vector<int64_t> counts;
+  const std::vector<int32_t> all = all_gather_words(dp, words, counts);
+  for (size_t at = 0; at < all.size();) {
+    KS_CHECK(at + 2 <= all.size(), "all_gather_sequence_ints: truncated record");
+    const int64_t i = all[at], n = all[at + 1];
+    KS_CHECK(i >= 0 && i < b.size() && at + 2 + size_t(n) <= all.size(),
+             "all_gather_sequence_ints: bad record of sequence ", i);
+    records[size_t(i)].assign(all.begin() + int64_t(at + 2), all.begin() + int64_t(at + 2 + size_t(n)));
+    at += 2 + size_t(n);
+  }
 }
 
 void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t) {

@@ -48,6 +48,9 @@ struct WireResponse {
   int64_t sample = 0;  // sample index within the prompt
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;  // empty or one per token
+  // MoE routing replay R3: the experts of every prompt and response token (rollout::CompletionOutput::
+  // routed_experts, [(P + R) x n_moe_layers x k] flattened); empty when not recorded.
+  std::vector<int32_t> routed_experts;
 };
 
 // Every rank's responses to every rank: `mine` is what this rank produced
@@ -62,6 +65,11 @@ std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const 
 // (the shares are disjoint and together cover b).
 void all_gather_token_values(comm::ProcessGroup& dp, const RolloutBatch& b, const std::vector<int64_t>& mine,
                              std::vector<double>& values);
+
+// Per-sequence records (RolloutBatch::routed_experts) filled by dp shares (this rank filled those of
+// `mine`) -> every rank holds all of them. Collective over dp (the shares are disjoint and cover b).
+void all_gather_sequence_ints(comm::ProcessGroup& dp, const RolloutBatch& b, const std::vector<int64_t>& mine,
+                              std::vector<std::vector<int32_t>>& records);
 
 // Sums LossTotals over dp (the max stays a max): each field is already a share
 // of the mini-batch value, so the sums are the mini-batch values.

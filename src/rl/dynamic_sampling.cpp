@@ -96,7 +96,9 @@ RolloutBatch select_groups(const RolloutBatch& b, const std::vector<int64_t>& ke
     out.responses.push_back(b.responses[size_t(i)]);
     out.group.push_back(it->second);
     if (!b.scores.empty()) out.scores.push_back(b.scores[size_t(i)]);
+    if (b.has_routing()) out.routed_experts.push_back(b.routed_experts[size_t(i)]);
   }
+  out.routed_layers = b.routed_layers, out.routed_topk = b.routed_topk, out.routing_source = b.routing_source;
   out.finalize_layout();
   for (auto arr : token_arrays()) {
     const std::vector<double>& src = b.*arr;
@@ -120,6 +122,9 @@ void append_batch(RolloutBatch& acc, const RolloutBatch& b) {
   acc.group.insert(acc.group.end(), b.group.begin(), b.group.end());
   acc.scores.insert(acc.scores.end(), b.scores.begin(), b.scores.end());
   for (auto arr : token_arrays()) (acc.*arr).insert((acc.*arr).end(), (b.*arr).begin(), (b.*arr).end());
+  KS_CHECK(acc.has_routing() == b.has_routing() && acc.routing_source == b.routing_source,
+           "filter_groups: generation batches carry different MoE routing records");
+  acc.routed_experts.insert(acc.routed_experts.end(), b.routed_experts.begin(), b.routed_experts.end());
   acc.finalize_layout();
 }
 

@@ -20,6 +20,35 @@ void RolloutBatch::finalize_layout() {
   layout = Ragged::from_lengths(lens);
 }
 
+Result<RouterReplay> parse_router_replay(const std::string& mode, const std::string& key) {
+  if (mode == "disabled") return RouterReplay::Disabled;
+  if (mode == "R2") return RouterReplay::R2;
+  if (mode == "R3") return RouterReplay::R3;
+  return KS_ERR(key, ": '", mode, "' is not one of disabled, R2, R3");
+}
+
+const char* router_replay_name(RouterReplay r) {
+  switch (r) {
+    case RouterReplay::R2: return "R2";
+    case RouterReplay::R3: return "R3";
+    default: return "disabled";
+  }
+}
+
+void RolloutBatch::check_routing(const std::string& what) const {
+  KS_CHECK(int64_t(routed_experts.size()) == size(), what, ": ", routed_experts.size(), " routing records for ",
+           size(), " sequences");
+  KS_CHECK(routed_layers > 0 && routed_topk > 0, what, ": routing of ", routed_layers, " MoE layers x top-",
+           routed_topk);
+  const int64_t w = routed_layers * routed_topk;
+  for (int64_t i = 0; i < size(); ++i) {
+    const int64_t n = int64_t(prompts[size_t(i)].size() + responses[size_t(i)].size());
+    KS_CHECK(int64_t(routed_experts[size_t(i)].size()) == n * w, what, ": sequence ", i, " has ",
+             routed_experts[size_t(i)].size(), " routing entries, expected its ", n, " prompt and response tokens x ",
+             routed_layers, " MoE layers x top-", routed_topk, " = ", n * w);
+  }
+}
+
 std::vector<int32_t> RolloutBatch::sequence(int64_t i) const {
   std::vector<int32_t> s = prompts[size_t(i)];
   s.insert(s.end(), responses[size_t(i)].begin(), responses[size_t(i)].end());
@@ -51,9 +80,84 @@ std::vector<std::vector<int64_t>> prompt_groups(const RolloutBatch& b, const std
   return groups;
 }
 
+
+// b's routing of `seqs` laid out over their packed rows: i32 [T, L, k].
+Tensor packed_routing(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts, int64_t T) {
+  b.check_routing("router replay");
+  const int64_t w = b.routed_layers * b.routed_topk;
+  std::vector<int32_t> out(size_t(T * w), -1);
+  std::vector<char> filled(size_t(T), 0);
+  const std::vector<int64_t> rows = sequence_token_rows(b, seqs, share_prompts);
+  size_t k = 0;
+  for (int64_t i : seqs) {
+    const std::vector<int32_t>& r = b.routed_experts[size_t(i)];
+    const int64_t n = int64_t(r.size()) / w;
+    for (int64_t t = 0; t < n; ++t, ++k) {
+      const int64_t row = rows[k];
+      if (filled[size_t(row)]) continue;  // a shared prompt row: its first sample's routing
+      filled[size_t(row)] = 1;
+      std::copy(r.begin() + t * w, r.begin() + (t + 1) * w, out.begin() + row * w);
+    }
+  }
+  return Tensor::from_host(out, {T, b.routed_layers, b.routed_topk}, MemCategory::Activations);
+}
+
 }  // namespace
 
-PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts) {
+std::vector<int64_t> sequence_token_rows(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts) {
+  std::vector<int64_t> rows;
+  if (!share_prompts) {
+    int64_t start = 0;
+    for (int64_t i : seqs) {
+      const int64_t n = int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size());
+      for (int64_t t = 0; t < n; ++t) rows.push_back(start + t);
+      start += n;
+    }
+    return rows;
+  }
+  // pack_rollout_sequences's shared layout: per prompt group its prefix (the prompt but its last token),
+  // then each sample's continuation (the last prompt token and the response).
+  std::map<int64_t, int64_t> prefix_row, cont_row;  // sequence -> first row of its prefix / continuation
+  int64_t row = 0;
+  for (const auto& g : prompt_groups(b, seqs)) {
+    const int64_t prefix = int64_t(b.prompts[size_t(g[0])].size()) - 1;
+    for (int64_t i : g) prefix_row[i] = row;
+    row += prefix;
+    for (int64_t i : g) {
+      cont_row[i] = row;
+      row += 1 + int64_t(b.responses[size_t(i)].size());
+    }
+  }
+  for (int64_t i : seqs) {
+    const int64_t P = int64_t(b.prompts[size_t(i)].size()), R = int64_t(b.responses[size_t(i)].size());
+    for (int64_t t = 0; t < P - 1; ++t) rows.push_back(prefix_row.at(i) + t);
+    for (int64_t t = 0; t <= R; ++t) rows.push_back(cont_row.at(i) + t);
+  }
+  return rows;
+}
+
+void unpack_routing(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts,
+                    const std::vector<int32_t>& packed, int64_t L, int64_t k,
+                    std::vector<std::vector<int32_t>>& routed) {
+  const int64_t w = L * k;
+  if (int64_t(routed.size()) < b.size()) routed.resize(size_t(b.size()));
+  const std::vector<int64_t> rows = sequence_token_rows(b, seqs, share_prompts);
+  size_t q = 0;
+  for (int64_t i : seqs) {
+    const int64_t n = int64_t(b.prompts[size_t(i)].size() + b.responses[size_t(i)].size());
+    std::vector<int32_t>& r = routed[size_t(i)];
+    r.assign(size_t(n * w), -1);
+    for (int64_t t = 0; t < n; ++t, ++q) {
+      const int64_t row = rows[q];
+      KS_CHECK((row + 1) * w <= int64_t(packed.size()), "unpack_routing: row ", row, " outside the record of ",
+               int64_t(packed.size()) / w, " rows");
+      std::copy(packed.begin() + row * w, packed.begin() + (row + 1) * w, r.begin() + t * w);
+    }
+  }
+}
+
+PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts,
+                                       bool replay_routing) {
   PackedSequences out;
   if (!share_prompts) {
     std::vector<std::vector<int32_t>> toks;
@@ -61,6 +165,7 @@ PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<
     for (int64_t i : seqs) toks.push_back(b.sequence(i));
     out.batch = model::pack_sequences(toks);
     out.rows = response_rows(b, seqs);
+    if (replay_routing) out.batch.routed_experts = packed_routing(b, seqs, false, out.batch.num_tokens);
     return out;
   }
   const auto groups = prompt_groups(b, seqs);
@@ -84,6 +189,7 @@ PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<
   out.batch = model::pack_prefix_groups(packed);
   for (int64_t i : seqs)
     for (int64_t j = 0; j < b.layout.length(i); ++j) out.rows.push_back(first_row.at(i) + j);
+  if (replay_routing) out.batch.routed_experts = packed_routing(b, seqs, true, out.batch.num_tokens);
   return out;
 }
 

@@ -10,12 +10,20 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "model/batch.h"
 #include "rl/policy_loss.h"
 #include "rl/ragged.h"
 #include "train/token_objective.h"
 
 namespace kestrel::rl {
+
+// MoE router replay (verl's actor_rollout_ref.{actor,ref}.router_replay.mode): Disabled routes freely; R2
+// replays the routing the actor's old-log-prob forward recorded; R3 the rollout's.
+enum class RouterReplay { Disabled, R2, R3 };
+// "disabled" | "R2" | "R3"; an error naming `key` otherwise.
+Result<RouterReplay> parse_router_replay(const std::string& mode, const std::string& key);
+const char* router_replay_name(RouterReplay r);
 
 struct RolloutBatch {
   std::vector<std::vector<int32_t>> prompts;    // [B] prompt ids (chat template applied)
@@ -32,8 +40,19 @@ struct RolloutBatch {
   // generated the responses; -1 = unknown (built by hand). The actor's old
   // log-probs must be recomputed when it differs from the actor's version.
   int64_t weight_version = -1;
+  // MoE routing of each sequence (router replay): per sequence i, the expert each of its P + R prompt and
+  // response tokens used in each MoE layer (model::moe_layer_ordinal) and top-k slot, i32
+  // [(P + R) x routed_layers x routed_topk] flattened row-major (rollout::CompletionOutput::routed_experts's
+  // layout; a row of -1s is routed by the router). R3: the rollout's record; R2: the actor's old-log-prob
+  // forward's. Empty = none recorded.
+  std::vector<std::vector<int32_t>> routed_experts;
+  int64_t routed_layers = 0, routed_topk = 0;
+  RouterReplay routing_source = RouterReplay::Disabled;  // R3: the rollout recorded it; R2: the old-log-prob pass
 
   int64_t size() const { return int64_t(responses.size()); }
+  bool has_routing() const { return !routed_experts.empty(); }
+  // Checks routed_experts against the sequences and the sizes; `what` names the record in messages.
+  void check_routing(const std::string& what) const;
   // Builds layout from the responses; call after filling prompts/responses.
   void finalize_layout();
   // prompt + response of sequence i, as the actor scores it.
@@ -55,11 +74,27 @@ std::vector<int64_t> response_rows(const RolloutBatch& b, const std::vector<int6
 // unshared packing (response_rows), so log-probs, values and gradients are
 // the same up to float summation order; the prompt's rows are computed once
 // instead of once per sample. Prompts appear in order of first use.
+//
+// With replay_routing the batch replays b.routed_experts (PackedBatch::routed_experts, i32
+// [T, routed_layers, routed_topk]): each packed row takes its token's routing (a shared prompt row the first
+// of its samples'); b must hold a routing (an error otherwise).
 struct PackedSequences {
   model::PackedBatch batch;
   std::vector<int64_t> rows;  // [response tokens of seqs]
 };
-PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts);
+PackedSequences pack_rollout_sequences(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts,
+                                       bool replay_routing = false);
+
+// The packed row of every token of `seqs` (each sequence's P + R prompt and response tokens, sequences in
+// `seqs` order) in pack_rollout_sequences's layout: [sum over seqs of P + R]. With share_prompts a prompt's
+// tokens but its last map to the rows of its one shared copy.
+std::vector<int64_t> sequence_token_rows(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts);
+
+// A routing recorded over a packed batch (PackedBatch::record_routing, host i32 [T, L, k]) back to
+// per-sequence records: routed[i] for each i of `seqs` (resized to b's size when smaller), [(P + R) x L x k].
+void unpack_routing(const RolloutBatch& b, const std::vector<int64_t>& seqs, bool share_prompts,
+                    const std::vector<int32_t>& packed, int64_t L, int64_t k,
+                    std::vector<std::vector<int32_t>>& routed);
 
 // Denominators of one mini-batch (verl's global_batch_info): every
 // micro-batch's loss is a share of the mini-batch's loss, so the sum over
@@ -72,7 +107,8 @@ AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seq
 // contributes exactly zero gradient when neither the entropy bonus nor the KL
 // loss is on, so the actor update skips its forward and backward; the
 // mini-batch denominators (mini_batch_scope) still count it, so the update is
-// the one the whole mini-batch gives, at the cost of the rest.
+// the one the whole mini-batch gives, at the cost of the rest. (A MoE model whose router losses,
+// expert-bias update or capacity dropping see every token trains all of them: ActorWorker::update.)
 std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::vector<int64_t>& seqs,
                                              const PolicyLossConfig& cfg);
 

@@ -27,6 +27,7 @@ RlWorkerOptions split_options(const RlOptions& o) {
   lp.share_prompts = o.share_prompts;
   lp.balance_batch = o.balance_batch;
   w.ref = lp;
+  w.ref.router_replay = o.ref_router_replay;
 
   ActorOptions& a = w.actor;
   a.n = o.n;
@@ -47,6 +48,9 @@ RlWorkerOptions split_options(const RlOptions& o) {
   a.reuse_fp32_param = o.reuse_fp32_param;
   a.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   a.log_prob = lp;
+  // R3: the old-log-prob pass replays the rollout's routing; R2: it records its own (ActorWorker).
+  a.router_replay = o.actor_router_replay;
+  a.log_prob.router_replay = o.actor_router_replay == RouterReplay::R3 ? RouterReplay::R3 : RouterReplay::Disabled;
 
   RolloutOptions& r = w.rollout;
   r.n = o.n;
@@ -75,6 +79,11 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   KS_CHECK(opt_.ppo_mini_batch_size >= 1 && opt_.ppo_epochs >= 1, "RL: ppo_mini_batch_size and ppo_epochs must be >= 1");
   KS_CHECK(!opt_.loss.use_kl_loss || ref, "RL: use_kl_loss needs a reference model");
   KS_CHECK(!opt_.use_kl_in_reward || ref, "RL: algorithm.use_kl_in_reward needs a reference model");
+  KS_CHECK(opt_.ref_router_replay != RouterReplay::R2,
+           "not supported yet: actor_rollout_ref.ref.router_replay.mode=R2 (the reference replays R3 or routes freely)");
+  for (RouterReplay m : {opt_.actor_router_replay, opt_.ref_router_replay})
+    KS_CHECK(m != RouterReplay::R3 || opt_.engine.record_routing, "RL: router replay R3 needs the rollout's routing: "
+             "actor_rollout_ref.rollout.enable_rollout_routing_replay=true (EngineConfig::record_routing)");
   if (opt_.use_kl_in_reward) parse_kl_type(opt_.kl_penalty).value();
   KS_CHECK(opt_.adv_estimator != AdvEstimator::GAE || critic,
            "RL: algorithm.adv_estimator=gae needs a critic (critic.enable, critic.model.path)");

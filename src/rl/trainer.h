@@ -88,6 +88,11 @@ struct RlOptions {
   double val_temperature = 0.0;  // 0 = greedy
   int64_t val_top_k = -1;
   double val_top_p = 1.0;
+  // MoE router replay (actor_rollout_ref.{actor,ref}.router_replay.mode; RolloutBatch::routed_experts).
+  // R3 (actor or ref) needs the rollout to record its routing: engine.record_routing
+  // (rollout.enable_rollout_routing_replay). The reference takes Disabled or R3.
+  RouterReplay actor_router_replay = RouterReplay::Disabled;
+  RouterReplay ref_router_replay = RouterReplay::Disabled;
   // Actor update (actor_rollout_ref.actor.*).
   int64_t ppo_mini_batch_size = 8;  // prompts; x n sequences
   int64_t ppo_epochs = 1;

@@ -1,5 +1,7 @@
 #include "train/logging.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include <unistd.h>
@@ -154,6 +156,91 @@ void ProgressBar::finish() {
   if (tty_ && drawn_) std::fprintf(out_, "\n");
   drawn_ = false;
   std::fflush(out_);
+}
+
+void MoeMetrics::add(const model::MoeStepStats& s) {
+  for (const model::MoeLayerStats& l : s.layers) {
+    auto [it, fresh] = layers_.try_emplace(l.layer, l);
+    if (fresh) continue;
+    model::MoeLayerStats& a = it->second;
+    KS_CHECK(a.tokens_per_expert.size() == l.tokens_per_expert.size(), "MoE metrics: layer ", l.layer, " has ",
+             l.tokens_per_expert.size(), " experts, before ", a.tokens_per_expert.size());
+    for (size_t e = 0; e < a.tokens_per_expert.size(); ++e) a.tokens_per_expert[e] += l.tokens_per_expert[e];
+    a.dropped += l.dropped;
+    a.tokens += l.tokens;
+    a.aux_loss += l.aux_loss;
+    a.z_loss += l.z_loss;
+    a.micro_batches += l.micro_batches;
+  }
+}
+
+void MoeMetrics::gather_stages(comm::ProcessGroup& pp) {
+  if (pp.size() == 1) return;
+  // Each layer as i64 words: [layer, E, tokens_per_expert[E], dropped, tokens, micro_batches, aux bits, z bits].
+  std::vector<int64_t> mine;
+  for (const auto& [layer, l] : layers_) {
+    mine.push_back(layer);
+    mine.push_back(int64_t(l.tokens_per_expert.size()));
+    mine.insert(mine.end(), l.tokens_per_expert.begin(), l.tokens_per_expert.end());
+    int64_t aux, z;
+    std::memcpy(&aux, &l.aux_loss, 8);
+    std::memcpy(&z, &l.z_loss, 8);
+    mine.insert(mine.end(), {l.dropped, l.tokens, l.micro_batches, aux, z});
+  }
+  const int n = pp.size();
+  int64_t len = int64_t(mine.size());
+  std::vector<int64_t> lens(size_t(n), 0);
+  pp.all_gather(&len, lens.data(), 1, DType::I64);
+  int64_t longest = 0;
+  for (int64_t x : lens) longest = std::max(longest, x);
+  mine.resize(size_t(longest), 0);
+  std::vector<int64_t> all(size_t(longest) * size_t(n));
+  if (longest > 0) pp.all_gather(mine.data(), all.data(), longest, DType::I64);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* w = all.data() + size_t(r) * size_t(longest);
+    for (int64_t at = 0; at < lens[size_t(r)];) {
+      model::MoeLayerStats l;
+      l.layer = w[at];
+      const int64_t E = w[at + 1];
+      l.tokens_per_expert.assign(w + at + 2, w + at + 2 + E);
+      at += 2 + E;
+      l.dropped = w[at], l.tokens = w[at + 1], l.micro_batches = w[at + 2];
+      std::memcpy(&l.aux_loss, &w[at + 3], 8);
+      std::memcpy(&l.z_loss, &w[at + 4], 8);
+      at += 5;
+      layers_[l.layer] = std::move(l);  // a stage's own layers come back unchanged
+    }
+  }
+}
+
+std::map<std::string, double> MoeMetrics::metrics(const std::string& prefix) const {
+  if (layers_.empty()) return {};
+  double aux = 0, z = 0, max_load = 0, min_load = INFINITY, dropped = 0, routed = 0;
+  for (const auto& [layer, l] : layers_) {
+    if (l.micro_batches > 0) {
+      aux += l.aux_loss / double(l.micro_batches);
+      z += l.z_loss / double(l.micro_batches);
+    }
+    double kept = 0;
+    for (int64_t c : l.tokens_per_expert) kept += double(c);
+    const double E = double(l.tokens_per_expert.size());
+    if (kept > 0)
+      for (int64_t c : l.tokens_per_expert) {
+        const double load = double(c) / kept * E;  // the share over the fair share 1/E
+        max_load = std::max(max_load, load);
+        min_load = std::min(min_load, load);
+      }
+    dropped += double(l.dropped);
+    routed += kept + double(l.dropped);
+  }
+  std::map<std::string, double> m = {{prefix + "/moe_aux_loss", aux},
+                                     {prefix + "/moe_z_loss", z},
+                                     {prefix + "/moe_dropped_tokens", routed > 0 ? dropped / routed : 0.0}};
+  if (std::isfinite(min_load)) {
+    m[prefix + "/moe_max_load"] = max_load;
+    m[prefix + "/moe_min_load"] = min_load;
+  }
+  return m;
 }
 
 }  // namespace kestrel::train

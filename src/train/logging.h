@@ -9,7 +9,9 @@
 #include <optional>
 #include <string>
 
+#include "comm/process_group.h"
 #include "core/status.h"
+#include "model/moe_options.h"
 #include "train/tensorboard.h"
 
 namespace kestrel::train {
@@ -45,6 +47,25 @@ class MetricsLogger {
 
  public:
   ~MetricsLogger();
+};
+
+// Router metrics of a MoE model over one or more optimizer steps (an RL step's mini-batches): add() sums
+// each step's MiniBatchResult::moe, which holds this pipeline stage's MoE layers summed over dp.
+class MoeMetrics {
+ public:
+  void add(const model::MoeStepStats& s);
+  // Under pipeline parallelism each stage saw its own layers: afterwards every stage holds every stage's
+  // (world rank 0 logs the whole model). Collective over pp; no-op on a size-1 group.
+  void gather_stages(comm::ProcessGroup& pp);
+  bool empty() const { return layers_.empty(); }
+  // <prefix>/moe_aux_loss and moe_z_loss: per layer the mean over its micro-batch forwards of the loss (with
+  // its coefficient), summed over the layers; moe_max_load / moe_min_load: over layers and experts, an
+  // expert's share of its layer's kept token slots times the number of experts (1 = balanced);
+  // moe_dropped_tokens: slots dropped by the capacity / slots routed. Nothing for a dense model.
+  std::map<std::string, double> metrics(const std::string& prefix) const;
+
+ private:
+  std::map<int64_t, model::MoeLayerStats> layers_;  // by global layer index
 };
 
 class ProgressBar {

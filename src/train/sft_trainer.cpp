@@ -45,6 +45,14 @@ void sum_over(comm::ProcessGroup* g, std::vector<double>& v) {
 
 }  // namespace
 
+void exclude_frozen_routers_from_decay(model::CausalLM& m) {
+  if (!m.options().moe.freeze_router) return;
+  const std::string router = ".mlp.gate.weight";
+  for (model::Param* p : m.params())
+    if (p->name.size() > router.size() && p->name.compare(p->name.size() - router.size(), router.size(), router) == 0)
+      p->weight_decay = false;
+}
+
 SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, std::vector<SftExample> val,
                        std::unique_ptr<BatchSource> source, SftOptions opt, MetricsLogger* logger, SftHooks hooks)
     : model_(model), train_(std::move(train)), val_(std::move(val)), source_(std::move(source)), opt_(std::move(opt)),
@@ -64,6 +72,7 @@ SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, st
   // and pp of size 1) is the engine's plain path.
   eo.parallel.dp = opt_.dp;
   opt_.lr = eo.lr;
+  exclude_frozen_routers_from_decay(model_);
   engine_ = std::make_unique<TrainingEngine>(model_, std::move(eo));
 }
 
@@ -116,8 +125,15 @@ std::map<std::string, double> SftTrainer::train_step() {
   sum_over(opt_.dp.get(), sums);
   const double loss = sums[0];
   ++step_;
+  // MoE routers: this stage's layers summed over dp; every stage's for the log.
+  MoeMetrics moe;
+  if (model_.num_moe_layers() > 0) {
+    moe.add(r.moe);
+    moe.gather_stages(model_.pp());
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {{"train/loss", loss},
+  std::map<std::string, double> m = moe.metrics("train");
+  m.insert({{"train/loss", loss},
           {"train/lr", lr},
           {"train/grad_norm", r.grad_norm},
           {"train/step_skipped", r.finite ? 0.0 : 1.0},
@@ -126,7 +142,8 @@ std::map<std::string, double> SftTrainer::train_step() {
           {"train/num_response_tokens", double(n_resp)},
           {"train/micro_batches", sums[1]},  // over all dp ranks
           {"perf/tokens_per_s", secs > 0 ? double(n_tok) / secs : 0.0},
-          {"perf/step_time_s", secs}};
+          {"perf/step_time_s", secs}});
+  return m;
 }
 
 std::map<std::string, double> SftTrainer::validate() {

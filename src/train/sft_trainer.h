@@ -28,6 +28,12 @@
 
 namespace kestrel::train {
 
+// verl's freeze_moe_router (model::MoeTrainOptions::freeze_router): the MoE routers (mlp.gate.weight) get
+// no gradient (model/moe_mlp.cpp) and, so that AdamW's decoupled weight decay does not shrink them either,
+// no weight decay: they stay as loaded. Call before the model's TrainingEngine is built (it takes
+// Param::weight_decay then); SftTrainer and the RL actor and critic do. No-op unless freeze_router is set.
+void exclude_frozen_routers_from_decay(model::CausalLM& m);
+
 struct SftExample {
   std::vector<int32_t> ids;        // [L]
   std::vector<uint8_t> loss_mask;  // [L], 1 on trained tokens

@@ -5,7 +5,9 @@
 
 #include "model/pipeline_save.h"
 #include "train/checkpoint.h"
+#include "train/logging.h"
 #include "train/micro_batch.h"
+#include "train/sft_trainer.h"
 
 namespace kestrel::rl {
 
@@ -39,11 +41,26 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.reuse_fp32_param = opt_.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
   eo.name = "actor";
+  train::exclude_frozen_routers_from_decay(model_);
   engine_ = std::make_unique<train::TrainingEngine>(model_, std::move(eo));
 }
 
 void ActorWorker::compute_log_probs(RolloutBatch& b) const {
-  score_log_probs(model_, b, opt_.log_prob, *parallel_.dp, b.old_logp);
+  const bool moe = model_.num_moe_layers() > 0;
+  if (moe && opt_.log_prob.router_replay == RouterReplay::R3 && b.routing_source != RouterReplay::R3)
+    KS_FAIL("actor_rollout_ref.actor.router_replay.mode=R3: the batch holds no rollout routing (the rollout "
+            "records it with actor_rollout_ref.rollout.enable_rollout_routing_replay=true)");
+  if (!moe || opt_.router_replay != RouterReplay::R2) {
+    score_log_probs(model_, b, opt_.log_prob, *parallel_.dp, b.old_logp);
+    return;
+  }
+  // R2: this pass's routing is what the update replays (verl records it here).
+  std::vector<std::vector<int32_t>> routed;
+  score_log_probs(model_, b, opt_.log_prob, *parallel_.dp, b.old_logp, &routed);
+  b.routed_experts = std::move(routed);
+  b.routed_layers = model_.num_moe_layers();
+  b.routed_topk = model_.config().moe.top_k;
+  b.routing_source = RouterReplay::R2;
 }
 
 std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t step) {
@@ -58,6 +75,19 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
   LossTotals first;  // the first mini-batch: trained on the policy that sampled it
   double grad_norm = 0, skipped = 0, zero_adv_seqs = 0;
   int64_t n_updates = 0, n_micro = 0;
+  // Router replay: R3 always (the rollout's record), R2 when the old-log-prob pass recorded one.
+  const bool moe = model_.num_moe_layers() > 0;
+  if (moe && opt_.router_replay == RouterReplay::R3 && b.routing_source != RouterReplay::R3)
+    KS_FAIL("actor_rollout_ref.actor.router_replay.mode=R3: the batch holds no rollout routing (the rollout "
+            "records it with actor_rollout_ref.rollout.enable_rollout_routing_replay=true)");
+  const bool replay = moe && opt_.router_replay != RouterReplay::Disabled && b.routing_source == opt_.router_replay;
+  train::MoeMetrics moe_metrics;
+  // A MoE model's router losses, bias update and capacity dropping depend on every token of a micro-batch:
+  // no sequence is left out for a zero policy gradient then.
+  const model::MoeTrainOptions& mo = model_.options().moe;
+  const bool every_sequence = moe && ((mo.aux_loss_coeff > 0 && mo.load_balancing_type != "none") ||
+                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0);
+  if (record_update_) update_routing_.assign(size_t(b.size()), {});
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
     if (opt_.shuffle) {
@@ -74,16 +104,24 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
         cfg.agg.global_tokens = d[0], cfg.agg.global_seqs = d[1];
       }
       LossTotals t;
-      const std::vector<int64_t> active = sequences_with_gradient(b, mb, cfg);
+      const std::vector<int64_t> active = every_sequence ? mb : sequences_with_gradient(b, mb, cfg);
       zero_adv_seqs += double(mb.size() - active.size());
       std::vector<train::MicroBatch> micro;
       if (!active.empty())
         for (auto& g : split_mini_batch(b, active, opt_.max_token_len,
                                         opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
                                         opt_.share_prompts)) {
-          PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
+          PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts, replay);
           micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
         }
+      std::vector<Tensor> recorded;  // tests: the routing of each micro-batch's training forward
+      if (record_update_ && moe) {
+        recorded.reserve(micro.size());  // the batches point into it
+        for (train::MicroBatch& m : micro) {
+          recorded.push_back(routing_record_tensor(model_, m.batch.num_tokens));
+          m.batch.record_routing = &recorded.back();
+        }
+      }
       train::maybe_crash("train_step", step + 1);
       const train::MiniBatchResult r = engine_->train_mini_batch(
           micro,
@@ -95,6 +133,12 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
           },
           lr, step + 1);
       n_micro += r.micro_batches;
+      moe_metrics.add(r.moe);
+      if (!recorded.empty()) {
+        std::vector<std::vector<int64_t>> seqs;
+        for (const train::MicroBatch& m : micro) seqs.push_back(m.seqs);
+        unpack_micro_batch_routing(b, seqs, opt_.share_prompts, recorded, model_.pp(), update_routing_);
+      }
       broadcast_from_last_stage(model_.pp(), t);  // the loss ran on the last pipeline stage only
       all_reduce_totals(*parallel_.dp, t);
       if (n_updates == 0) first = t;
@@ -122,6 +166,10 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
     std::vector<double> z = {zero_adv_seqs, double(B)};
     sum_doubles(*parallel_.dp, z);
     m["actor/zero_adv_seq_frac"] = z[0] / (z[1] * double(opt_.ppo_epochs));
+  }
+  if (moe) {  // every stage's MoE layers, for world rank 0's log
+    moe_metrics.gather_stages(model_.pp());
+    for (const auto& [k, v] : moe_metrics.metrics("actor")) m[k] = v;
   }
   if (first.rollout_diff_tokens > 0) {
     // verl's rollout_probs_diff: the engine and the actor must agree on the policy.

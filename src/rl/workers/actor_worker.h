@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/transformer.h"
 #include "optim/adamw.h"
@@ -42,6 +43,10 @@ struct ActorOptions {
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   LogProbOptions log_prob;          // the old log-prob pass
+  // MoE router replay (actor.router_replay.mode): R2 records the old-log-prob pass's routing
+  // (compute_log_probs) and replays it in the update; R3 replays the rollout's in both (log_prob.router_replay
+  // R3 too). A dense model ignores it.
+  RouterReplay router_replay = RouterReplay::Disabled;
 };
 
 class ActorWorker {
@@ -58,12 +63,21 @@ class ActorWorker {
   int64_t weight_version() const { return engine_->weight_version(); }
 
   // b.old_logp: the current weights' log-probs of b's response tokens
-  // (collective over dp).
+  // (collective over dp). Router replay R2 (a MoE model): b.routed_experts becomes the routing this pass
+  // used (routing_source R2), which the update replays; R3 replays the rollout's (b must hold it).
   void compute_log_probs(RolloutBatch& b) const;
 
   // The PPO update at global step `step` (the lr schedule's and the shuffle's
-  // step). Metrics actor/{pg_loss, grad_norm, lr, num_updates, ...}.
+  // step). Metrics actor/{pg_loss, grad_norm, lr, num_updates, ...}; a MoE model adds
+  // actor/moe_{aux_loss, z_loss, max_load, min_load, dropped_tokens} (train::MoeMetrics). Router replay
+  // R3 replays the rollout's routing, R2 the old-log-prob pass's when it ran (else the routers choose).
   std::map<std::string, double> update(const RolloutBatch& b, int64_t step);
+
+  // Tests: record the routing of the update's training forwards. update_routing()[i] is then sequence i's
+  // routing in the last forward that trained it during the latest update() (RolloutBatch::routed_experts's
+  // layout; empty for a sequence this dp rank did not train).
+  void record_update_routing(bool on) { record_update_ = on; }
+  const std::vector<std::vector<int32_t>>& update_routing() const { return update_routing_; }
 
   // A checkpoint's actor folder (verl: global_step_N/actor/): model/ (one HF
   // folder of the whole model: gathered over tp, streamed from the pipeline
@@ -79,6 +93,8 @@ class ActorWorker {
   ActorOptions opt_;
   RlParallel parallel_;
   std::unique_ptr<train::TrainingEngine> engine_;
+  bool record_update_ = false;
+  std::vector<std::vector<int32_t>> update_routing_;
 };
 
 }  // namespace kestrel::rl

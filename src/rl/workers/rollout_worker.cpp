@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "model/moe_mlp.h"
+
 namespace kestrel::rl {
 
 namespace {
@@ -75,7 +77,8 @@ std::vector<WireResponse> RolloutWorker::run(const std::vector<std::vector<int32
   std::vector<WireResponse> mine;
   for (size_t k = 0; k < outs.size(); ++k)
     for (const auto& c : outs[k].outputs)
-      mine.push_back({p0 + int64_t(k), c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{}});
+      mine.push_back({p0 + int64_t(k), c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{},
+                      logprobs ? c.routed_experts : std::vector<int32_t>{}});
   return parallel_.world->size() > 1 ? all_gather_responses(*parallel_.world, mine, leader_) : mine;
 }
 
@@ -99,6 +102,21 @@ RolloutBatch RolloutWorker::generate(const std::vector<std::vector<int32_t>>& pr
   }
   b.finalize_layout();
   if (int64_t(b.rollout_logp.size()) != b.layout.num_tokens()) b.rollout_logp.clear();
+  // Router replay R3: each response's routing over its prompt and response tokens.
+  const io::ModelConfig& cfg = view_.model().config();
+  const int64_t moe_layers = model::num_moe_layers(cfg);
+  if (opt_.engine.record_routing && moe_layers > 0) {
+    b.routed_layers = moe_layers;
+    b.routed_topk = cfg.moe.top_k;
+    for (const WireResponse& r : all) {
+      KS_CHECK(!r.routed_experts.empty(), "rollout: actor_rollout_ref.rollout.enable_rollout_routing_replay=true "
+               "but the rollout engine returned no routing for a response of prompt ", r.prompt, " (an engine that "
+               "does not record MoE routing yet); set it false, or the router replay that needs it to disabled");
+      b.routed_experts.push_back(r.routed_experts);
+    }
+    b.routing_source = RouterReplay::R3;
+    b.check_routing("the rollout's routing");
+  }
   b.weight_version = view_.version();
   return b;
 }
