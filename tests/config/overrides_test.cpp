@@ -96,8 +96,8 @@ TEST(ConfigOverrides, PlusLeniencyAndErrors) {
             "unknown config key 'actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_atn' "
             "(did you mean 'actor_rollout_ref.actor.megatron.override_transformer_config.use_flash_attn'?)");
   // Any other added key of an open section: Kestrel does not act on it.
-  EXPECT_EQ(load_error({"+actor_rollout_ref.actor.megatron.override_transformer_config.moe_enable_deepep=True"}),
-            "not supported yet: actor_rollout_ref.actor.megatron.override_transformer_config.moe_enable_deepep=true "
+  EXPECT_EQ(load_error({"+actor_rollout_ref.actor.megatron.override_transformer_config.apply_residual_connection_post_layernorm=True"}),
+            "not supported yet: actor_rollout_ref.actor.megatron.override_transformer_config.apply_residual_connection_post_layernorm=true "
             "(Kestrel acts on the keys of actor_rollout_ref.actor.megatron.override_transformer_config that 'kestrel "
             "config docs' lists; this one it does not know)");
   // Added elsewhere (verl recipes add keys their own code reads): nothing would read it.
