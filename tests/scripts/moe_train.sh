@@ -53,10 +53,15 @@ with open(sys.argv[1], "rb") as f:
 EOF
 }
 
-# 1. Qwen3-MoE, f32.
-[ "$(run "$W/qwen" "" "${QWEN[@]}")" = 0 ] || fail "Qwen3-MoE GRPO run failed"
+# 1. Qwen3-MoE, f32; a capacity factor of half the fair share drops token slots.
+[ "$(run "$W/qwen" "" "${QWEN[@]}" "+$OT.moe_expert_capacity_factor=0.5")" = 0 ] || fail "Qwen3-MoE GRPO run failed"
 has_metrics "$W/qwen" actor
-echo "moe_train: Qwen3-MoE GRPO (f32, aux + z loss, R2)"
+python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    assert "actor/moe_dropped_tokens" not in d or 0 < d["actor/moe_dropped_tokens"] < 1, d' "$W/qwen/metrics.jsonl" ||
+  fail "the capacity factor dropped no token"
+echo "moe_train: Qwen3-MoE GRPO (f32, aux + z loss, capacity, R2)"
 
 # 2. DeepSeek-V3, f32, uninterrupted and killed in step 3's update then resumed.
 [ "$(run "$W/ds_ref" "" "${DEEPSEEK[@]}")" = 0 ] || fail "DeepSeek-V3 GRPO run failed"
