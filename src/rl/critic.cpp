@@ -277,6 +277,7 @@ Status Critic::save(const std::string& dir) const {
 
 Status Critic::load(const std::string& dir) {
   KS_TRY(train::load_weights_into(*model_, dir + "/model").with_context("critic"));
+  KS_TRY(train::load_buffers_into(*model_, dir + "/model").with_context("critic"));
   return engine_->load_optimizer_dir(dir).with_context("critic");
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/files.h"
 #include "core/progress.h"
+#include "io/safetensors.h"
 #include "model/batch.h"
 #include "model/pipeline_save.h"
 #include "train/checkpoint.h"
@@ -51,6 +52,17 @@ void exclude_frozen_routers_from_decay(model::CausalLM& m) {
   for (model::Param* p : m.params())
     if (p->name.size() > router.size() && p->name.compare(p->name.size() - router.size(), router.size(), router) == 0)
       p->weight_decay = false;
+}
+
+Status load_buffers_into(model::CausalLM& m, const std::string& dir) {
+  const std::vector<model::Param*> buffers = m.buffers();
+  if (buffers.empty()) return Status::ok();
+  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
+  for (model::Param* p : buffers) {  // whole on every rank (MoE models refuse tp > 1)
+    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
+    p->weight.copy_from(t);
+  }
+  return Status::ok();
 }
 
 SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, std::vector<SftExample> val,
@@ -244,6 +256,7 @@ Status SftTrainer::save_checkpoint() {
 
 Status SftTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
+  KS_TRY(load_buffers_into(model_, dir + "/model"));
   KS_TRY(engine_->load_optimizer_dir(dir));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));

@@ -189,6 +189,7 @@ Status ActorWorker::save(const std::string& dir) const {
 
 Status ActorWorker::load(const std::string& dir, const std::string& context) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
+  KS_TRY(train::load_buffers_into(model_, dir + "/model"));  // the MoE correction biases
   // Any (tp, pp, dp, distributed optimizer) layout resumes the stage files;
   // a checkpoint of the old per-rank format only its own layout.
   return engine_->load_optimizer_dir(dir).with_context(context);
