@@ -24,6 +24,12 @@
 
 namespace kestrel::rollout {
 
+// The cache a model needs on this tp rank (num_blocks left 0 for the caller):
+// GQA K/V of its local kv heads, or MLA's latent rows (kv_lora_rank +
+// qk_rope_head_dim values per token and layer); with record_routing a
+// routing cache of n_moe_layers * top_k experts per slot (a MoE model only).
+KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing);
+
 // Host-side description of one step, built from the scheduler's output.
 struct StepBatch {
   std::vector<int32_t> input_ids;     // [T]
@@ -47,13 +53,19 @@ uint64_t step_fingerprint(const StepBatch& b);
 
 class ModelRunner {
  public:
-  // kv holds this rank's kv heads (m.heads().n_kv_heads per layer).
+  // kv is kv_geometry(model, ...)'s: this rank's kv heads (m.heads().n_kv_heads
+  // per layer), or the latent rows of an MLA model.
   ModelRunner(const model::CausalLM& model, KVCache& kv);
-  // Writes the step's K/V into the cache and returns the logits [S, V] (model
-  // dtype, the full vocabulary on every tp rank) of the sample rows; final
-  // norm and lm_head run on those rows only. Collective over the model's tp
-  // group: every rank calls it with the same batch.
+  // Writes the step's K/V (and, with a routing cache, the experts each token
+  // was routed to, by slot_mapping) into the cache and returns the logits
+  // [S, V] (model dtype, the full vocabulary on every tp rank) of the sample
+  // rows; final norm and lm_head run on those rows only. Collective over the
+  // model's tp group: every rank calls it with the same batch.
   Tensor execute(const StepBatch& b);
+  // Slot buffers the last execute() allocated: one per BlockBuf slot the
+  // blocks asked for, however many layers ran (the MoE MLP's variable-size
+  // expert buffers are its own and not counted).
+  int64_t last_slot_buffers() const { return last_slot_buffers_; }
 
  private:
   // [S, V/tp] on every rank -> [S, V] on every rank (vocabulary padding dropped).
@@ -61,6 +73,7 @@ class ModelRunner {
 
   const model::CausalLM& m_;
   KVCache& kv_;
+  int64_t last_slot_buffers_ = 0;
 };
 
 }  // namespace kestrel::rollout
