@@ -43,8 +43,10 @@ struct EngineConfig {
   // MoE models: record the experts every computed token was routed to in
   // every MoE layer (verl's enable_rollout_routing_replay, router replay R3),
   // returned with each completion (CompletionOutput::routed_experts). The
-  // routing is kept per KV slot beside the cache, so prefix-cache hits, swaps
-  // and recomputes carry it like the K/V they belong to.
+  // routing is kept per KV slot beside the cache (i32 [num_blocks *
+  // block_size, n_moe_layers * k], counted in kv_cache_bytes' blocks), so
+  // prefix-cache hits, swaps, forks and recomputes carry it like the K/V they
+  // belong to. Engine::create refuses it for a model without MoE layers.
   bool record_routing = false;
   // Turns token ids into text for stop strings; may be empty when none are used.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;

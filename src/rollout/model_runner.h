@@ -3,6 +3,11 @@
 // K/V through block tables. It runs the model's own blocks (model/block.h)
 // through a rollout execution (paged attention, the skinny decode GEMM), so
 // the ops and their order are the trainer's and the rollout's logprobs match.
+// MLA models (DeepSeek-V2/V3) keep one latent row [c_kv | k_pe] per token and
+// layer and attend in the latent space with the absorbed kv_b_proj (ops/mla.h);
+// MoE layers route every token (never dropping one) and run their experts
+// through the grouped GEMM; with a routing cache the experts each token used
+// are written into it by slot, for router replay R3.
 //
 // Tensor parallelism (the model's tp group, size 1 = the plain case): every
 // rank runs the step on its local query/kv heads (m.heads()), its F/tp MLP
