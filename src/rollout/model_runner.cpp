@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "model/moe_mlp.h"
 #include "ops/copy.h"
 #include "ops/mla.h"
 #include "ops/ops.h"
@@ -160,20 +161,25 @@ std::string describe(const KVGeometry& g) {
 
 }  // namespace
 
-KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing) {
-  const auto& c = m.config();
+KVGeometry kv_geometry(const io::ModelConfig& c, int64_t n_kv_heads, DType dtype, int64_t block_size,
+                       bool record_routing) {
   KVGeometry g;
   g.n_layers = c.num_hidden_layers;
   g.block_size = block_size;
-  g.dtype = m.dtype();
+  g.dtype = dtype;
   if (c.mla.enabled) {
     g.latent_dim = c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;
   } else {
-    g.n_kv_heads = m.heads().n_kv_heads;  // this tp rank's kv heads (all of them at tp = 1)
+    g.n_kv_heads = n_kv_heads;
     g.head_dim = c.head_dim;
   }
-  if (record_routing) g.routing_width = m.num_moe_layers() * c.moe.top_k;
+  if (record_routing) g.routing_width = model::num_moe_layers(c) * c.moe.top_k;
   return g;
+}
+
+KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing) {
+  // This tp rank's kv heads (all of them at tp = 1).
+  return kv_geometry(m.config(), m.heads().n_kv_heads, m.dtype(), block_size, record_routing);
 }
 
 ModelRunner::ModelRunner(const model::CausalLM& model, KVCache& kv) : m_(model), kv_(kv) {

@@ -34,6 +34,10 @@ namespace kestrel::rollout {
 // qk_rope_head_dim values per token and layer); with record_routing a
 // routing cache of n_moe_layers * top_k experts per slot (a MoE model only).
 KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing);
+// The same from config.json alone (memory plans): n_kv_heads is one tp
+// rank's kv heads (parallel::tp_heads), ignored for MLA.
+KVGeometry kv_geometry(const io::ModelConfig& cfg, int64_t n_kv_heads, DType dtype, int64_t block_size,
+                       bool record_routing);
 
 // Host-side description of one step, built from the scheduler's output.
 struct StepBatch {

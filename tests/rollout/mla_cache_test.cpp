@@ -54,6 +54,10 @@ TEST(MlaCache, LatentGeometryAndBytesPerToken) {
       EXPECT_EQ(g.kv_bytes_per_token(), c.num_hidden_layers * latent * es);
       EXPECT_EQ(kv_bytes_per_token(*m), c.num_hidden_layers * latent * es);
       EXPECT_EQ(g.bytes_per_block(), 16 * c.num_hidden_layers * latent * es);
+      // From config.json alone, as a memory plan sees it.
+      const KVGeometry gc = kv_geometry(c, 0, dt, 16, false);
+      EXPECT_EQ(gc.latent_dim, latent);
+      EXPECT_EQ(gc.bytes_per_block(), g.bytes_per_block());
       // The routing cache: n_moe_layers * k i32 per slot, counted in the block's bytes.
       const KVGeometry gr = kv_geometry(*m, 16, true);
       EXPECT_EQ(gr.routing_width, m->num_moe_layers() * c.moe.top_k);
