@@ -16,6 +16,7 @@
 #include "rl/dynamic_sampling.h"
 #include "rl/workers/actor_worker.h"
 #include "rl/workers/log_probs.h"
+#include "rl/workers/rollout_worker.h"
 #include "model/moe_mlp.h"
 #include "rollout/tiny_model.h"
 #include "train/builtin_model.h"
@@ -145,6 +146,59 @@ TEST(MoeRl, R3TrainsOnTheRolloutsRouting) {
     for (int64_t i = 0; i < b.size(); ++i)
       EXPECT_EQ(actor.update_routing()[size_t(i)], b.routed_experts[size_t(i)]) << "sequence " << i << " share=" << share;
   }
+}
+
+// End to end: the rollout engine records the routing of every prompt and response token (the last
+// sampled token, never fed, is -1 there: the router chooses it in training), the batch carries it, and
+// the old-log-prob pass and the update (both mini-batches, the second after the routers moved) route
+// every recorded token as the rollout did, with shared prompts and without.
+TEST(MoeRl, R3TheUpdateRoutesAsTheRolloutDid) {
+  for (const char* name : {"tiny-qwen3-moe", "tiny-deepseek-v3"})
+    for (bool share : {true, false}) {
+      auto m = tiny_moe(name, {}, 13);
+      ActorOptions o = actor_options(2, 1, 5e-2);
+      o.share_prompts = share;
+      o.log_prob.share_prompts = share;
+      o.router_replay = RouterReplay::R3;
+      o.log_prob.router_replay = RouterReplay::R3;
+      ActorWorker actor(*m, o, RlParallel{});
+      RolloutOptions ro;
+      ro.n = 2;
+      ro.response_length = 6;
+      ro.seed = 3;
+      ro.engine.kv_cache_bytes = int64_t(8) << 20;
+      ro.engine.max_model_len = 64;
+      ro.engine.record_routing = true;
+      RolloutWorker rollout(actor.model(), [&] { return actor.weight_version(); }, ro, RlParallel{});
+      RolloutBatch b = rollout.generate({{5, 9, 17, 33, 2}, {40, 41, 42}}, 0);
+      ASSERT_EQ(b.routing_source, RouterReplay::R3) << name;
+      ASSERT_EQ(b.routed_layers, m->num_moe_layers());
+      b.check_routing("test");
+      b.advantages.clear();
+      for (int64_t i = 0; i < b.size(); ++i)
+        for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) b.advantages.push_back(i % 2 ? -1.0 : 1.0);
+      actor.compute_log_probs(b);  // replays the rollout's routing
+      rollout.sleep(true);
+      actor.record_update_routing(true);
+      actor.update(b, 0);
+      const int64_t w = b.routed_layers * b.routed_topk;
+      for (int64_t i = 0; i < b.size(); ++i) {
+        const std::vector<int32_t>& want = b.routed_experts[size_t(i)];
+        const std::vector<int32_t>& got = actor.update_routing()[size_t(i)];
+        ASSERT_EQ(got.size(), want.size());
+        int64_t free_rows = 0;
+        for (size_t r = 0; r < want.size(); r += size_t(w)) {
+          if (want[r] < 0) {
+            ++free_rows;
+            continue;
+          }
+          for (size_t j = r; j < r + size_t(w); ++j)
+            ASSERT_EQ(got[j], want[j]) << name << " share=" << share << " sequence " << i << " token " << r / size_t(w);
+        }
+        EXPECT_EQ(free_rows, 1) << "only the last sampled token has no rollout routing";
+      }
+      rollout.sync();
+    }
 }
 
 TEST(MoeRl, R3NeedsTheRolloutsRouting) {

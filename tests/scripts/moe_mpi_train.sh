@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# kestrel train on builtin:tiny-qwen3-moe under mpirun -np 2 (aux and z losses, router replay R2):
+# kestrel train on builtin:tiny-qwen3-moe under mpirun -np 2 (aux and z losses), with router replay R2
+# and with R3:
 #  - PP2: each stage holds two of the four MoE layers; the router metrics gathered over the stages
-#    (world rank 0 logs the whole model), the old-log-prob routing record combined over the stages and
-#    replayed in the update: every step's metrics equal one process's within 1e-6 relative;
+#    (world rank 0 logs the whole model); R2: the old-log-prob routing record combined over the stages
+#    and replayed in the update; R3: the rollout's routing sent to every rank with the responses and
+#    replayed by each stage's layers: every step's metrics equal one process's within 1e-6 relative;
 #  - DP2: runs and logs every router metric (each dp rank's micro-batches differ from one process's,
 #    and so do their load-balancing losses, as in Megatron).
 # usage: bash tests/scripts/moe_mpi_train.sh <kestrel-binary> <build-dir>
@@ -22,14 +24,18 @@ COMMON=(actor_rollout_ref.model.path=builtin:tiny-qwen3-moe data.train_batch_siz
         actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.entropy_coeff=0.01
         actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-5 trainer.test_freq=-1
         trainer.val_before_train=false "trainer.logger=[]" trainer.resume_mode=disable trainer.total_training_steps=3
-        "+$OT.moe_aux_loss_coeff=0.01" "+$OT.moe_z_loss_coeff=0.001" actor_rollout_ref.actor.router_replay.mode=R2)
-"$KESTREL" train "${COMMON[@]}" trainer.default_local_dir="$W/one" >"$W/log.txt" 2>&1 || fail "one process"
+        "+$OT.moe_aux_loss_coeff=0.01" "+$OT.moe_z_loss_coeff=0.001")
 multi() { timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${COMMON[@]}" "$@" \
             >"$W/log.txt" 2>&1 || fail "mpirun -np 2: $*"; }
-multi trainer.default_local_dir="$W/pp2" actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
-multi trainer.default_local_dir="$W/dp2"
-
-python3 - "$W" <<'EOF' || fail "metrics"
+R3=(actor_rollout_ref.actor.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
+for mode in R2 R3; do
+  REPLAY=(actor_rollout_ref.actor.router_replay.mode=R2)
+  [ $mode = R3 ] && REPLAY=("${R3[@]}")
+  "$KESTREL" train "${COMMON[@]}" "${REPLAY[@]}" trainer.default_local_dir="$W/$mode/one" >"$W/log.txt" 2>&1 ||
+    fail "one process ($mode)"
+  multi "${REPLAY[@]}" trainer.default_local_dir="$W/$mode/pp2" actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+  multi "${REPLAY[@]}" trainer.default_local_dir="$W/$mode/dp2"
+  python3 - "$W/$mode" <<'EOF' || fail "metrics ($mode)"
 import json, sys
 w = sys.argv[1]
 rows = lambda d: [json.loads(l) for l in open(f"{w}/{d}/metrics.jsonl")]
@@ -43,4 +49,5 @@ for a, b, c in zip(one, pp2, dp2):
         assert k in c, f"dp2 step {c['step']}: no {k}"
     assert a["actor/moe_aux_loss"] > 0 and a["actor/moe_z_loss"] > 0
 EOF
-echo "moe_mpi_train: OK (PP2 equals one process with the router metrics of every stage; DP2 logs them)"
+done
+echo "moe_mpi_train: OK (R2 and R3: PP2 equals one process with the router metrics of every stage; DP2 logs them)"

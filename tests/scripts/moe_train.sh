@@ -5,6 +5,7 @@
 #    actor/moe_* metrics logged; the DeepSeek run killed mid-update resumes bit-identical to an
 #    uninterrupted one (weights incl. the f32 correction bias, optimizer, trainer state, per-step metrics);
 #  - one bf16 run (DeepSeek-V3: its correction bias stays f32 in the bf16 checkpoint);
+#  - router replay R3 (the rollout's routing replayed by the old-log-prob pass, the update and the reference);
 #  - PPO (GAE) with a MoE critic: critic/moe_* metrics;
 #  - kestrel sft with an HF export, kestrel logprobs and kestrel generate on the exported folders.
 # Usage: moe_train.sh <kestrel-binary> <build-dir>
@@ -85,7 +86,15 @@ M="$W/bf16/global_step_2/actor/model/model.safetensors"
 [ "$(tensor_dtype "$M" model.layers.1.mlp.experts.0.gate_proj.weight)" = BF16 ] || fail "bf16 checkpoint: experts not bf16"
 echo "moe_train: bf16 DeepSeek-V3 GRPO (correction bias f32 in the checkpoint)"
 
-# 4. PPO with a MoE critic.
+# 4. Router replay R3: the rollout records every token's routing, the old-log-prob pass, the update and the
+#    reference (KL loss) replay it.
+[ "$(run "$W/r3" "" "${DEEPSEEK[@]}" actor_rollout_ref.rollout.enable_rollout_routing_replay=true \
+      actor_rollout_ref.actor.router_replay.mode=R3 actor_rollout_ref.ref.router_replay.mode=R3 \
+      actor_rollout_ref.actor.use_kl_loss=true trainer.total_training_steps=2)" = 0 ] || fail "R3 run failed"
+grep -q '"actor/kl_loss"' "$W/r3/metrics.jsonl" || fail "R3 run: no KL loss"
+echo "moe_train: DeepSeek-V3 GRPO with router replay R3 (rollout, old log-probs, update, reference)"
+
+# 5. PPO with a MoE critic.
 [ "$(run "$W/ppo" "" "${QWEN[@]}" algorithm.adv_estimator=gae critic.optim.lr=1e-3 \
       "+critic.megatron.override_transformer_config.moe_aux_loss_coeff=0.01" \
       "+critic.megatron.override_transformer_config.moe_expert_capacity_factor=1.0")" = 0 ] || fail "PPO run failed"
@@ -93,7 +102,7 @@ has_metrics "$W/ppo" critic
 has_metrics "$W/ppo" actor
 echo "moe_train: PPO with a MoE critic"
 
-# 5. SFT with an HF export, then scoring and generation on the exported and trained folders.
+# 6. SFT with an HF export, then scoring and generation on the exported and trained folders.
 declare -A TRAINED=([tiny-qwen3-moe]="$W/qwen/global_step_4/actor/model" [tiny-deepseek-v3]="$W/ds/global_step_4/actor/model")
 for m in tiny-qwen3-moe tiny-deepseek-v3; do
   "$KESTREL" sft model.partial_pretrain=builtin:$m data.arith.num_train=64 data.train_batch_size=8 data.val_files=null \
