@@ -6,7 +6,9 @@
 #    and replayed in the update; R3: the rollout's routing sent to every rank with the responses and
 #    replayed by each stage's layers: every step's metrics equal one process's within 1e-6 relative;
 #  - DP2: runs and logs every router metric (each dp rank's micro-batches differ from one process's,
-#    and so do their load-balancing losses, as in Megatron).
+#    and so do their load-balancing losses, as in Megatron); and a DP2 run where one rank's sequences all
+#    have a zero policy gradient (it still runs their forwards: the router statistics are reduced layer
+#    by layer over dp).
 # usage: bash tests/scripts/moe_mpi_train.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -50,4 +52,17 @@ for a, b, c in zip(one, pp2, dp2):
     assert a["actor/moe_aux_loss"] > 0 and a["actor/moe_z_loss"] > 0
 EOF
 done
-echo "moe_mpi_train: OK (R2 and R3: PP2 equals one process with the router metrics of every stage; DP2 logs them)"
+
+# DP2 without router losses, where only dp rank 0's prompts (0 and 1 of each step, balance_batch off) score:
+# rank 1's sequences all have a zero policy gradient, and it still takes part in every reduction.
+cat >"$W/reward.sh" <<'SH'
+while read -r l; do i=${l#\{\"id\":}; i=${i%%,*}; if [ "$i" -lt 4 ]; then expr length "$l" % 5; else echo 0; fi; done
+SH
+NOLOSS=()
+for a in "${COMMON[@]}"; do [[ $a == +$OT.* ]] || NOLOSS+=("$a"); done
+timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL" train "${NOLOSS[@]}" \
+  actor_rollout_ref.actor.entropy_coeff=0 trainer.balance_batch=false "reward_model.reward_command=bash $W/reward.sh" \
+  trainer.default_local_dir="$W/dp2_zero" >"$W/log.txt" 2>&1 || fail "DP2 with one rank's gradient zero"
+grep -q '"actor/grad_norm":[1-9]\|"actor/grad_norm":0\.[0-9]*[1-9]' "$W/dp2_zero/metrics.jsonl" || fail "DP2: no update"
+echo "moe_mpi_train: OK (R2 and R3: PP2 equals one process with the router metrics of every stage; DP2 logs them;"\
+     "a dp rank without a policy gradient joins every reduction)"

@@ -83,10 +83,13 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
   const bool replay = moe && opt_.router_replay != RouterReplay::Disabled && b.routing_source == opt_.router_replay;
   train::MoeMetrics moe_metrics;
   // A MoE model's router losses, bias update and capacity dropping depend on every token of a micro-batch:
-  // no sequence is left out for a zero policy gradient then.
+  // no sequence is left out for a zero policy gradient then. Under dp > 1 neither: the engine reduces the
+  // router statistics over dp layer by layer for the layers a rank's forwards have seen
+  // (TrainingEngine::reduced_moe_stats), so a rank left without a forward would skip those collectives.
   const model::MoeTrainOptions& mo = model_.options().moe;
   const bool every_sequence = moe && ((mo.aux_loss_coeff > 0 && mo.load_balancing_type != "none") ||
-                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0);
+                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0 ||
+                                      dp > 1);
   if (record_update_) update_routing_.assign(size_t(b.size()), {});
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
