@@ -108,7 +108,8 @@ AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seq
 // loss is on, so the actor update skips its forward and backward; the
 // mini-batch denominators (mini_batch_scope) still count it, so the update is
 // the one the whole mini-batch gives, at the cost of the rest. (A MoE model whose router losses,
-// expert-bias update or capacity dropping see every token trains all of them: ActorWorker::update.)
+// expert-bias update or capacity dropping see every token, or any MoE model under dp > 1, trains all of
+// them: ActorWorker::update.)
 std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::vector<int64_t>& seqs,
                                              const PolicyLossConfig& cfg);
 
