@@ -64,7 +64,8 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
       sh_gated_(c.moe.shared_expert_gate) {
   KS_CHECK(!c.mlp_bias, "not supported yet: MLP biases (mlp_bias) in a mixture-of-experts model");
   const int64_t D = c.hidden_size;
-  router = make(p + "mlp.gate.weight", {E_, D}, true);
+  // A frozen router (freeze_moe_router) gets no gradient and no weight decay: it stays as loaded.
+  router = make(p + "mlp.gate.weight", {E_, D}, !dims.moe.freeze_router);
   gate.reserve(size_t(E_));
   up.reserve(size_t(E_));
   down.reserve(size_t(E_));

@@ -130,6 +130,13 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
             "; choose a tp size dividing it");
   allocate_params();
   build_rope();
+  // One statistics entry per MoE layer the slice holds, in layer order, from
+  // the start: every dp rank reduces the same entries even when its forwards
+  // saw no tokens (TrainingEngine::reduced_moe_stats).
+  for (const auto& b : blocks_)
+    if (cfg_.is_moe_layer(b->index()))
+      moe_stats_.layers.push_back(
+          MoeLayerStats{b->index(), std::vector<int64_t>(size_t(cfg_.moe.num_experts), 0), 0, 0, 0, 0, 0});
 }
 
 void CausalLM::check_chunks() {

@@ -162,7 +162,6 @@ Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt, RlPara
   KS_CHECK(opt_.cliprange_value >= 0, "critic.cliprange_value must be >= 0, got ", opt_.cliprange_value);
   KS_CHECK(opt_.ppo_mini_batch_size % parallel_.dp->size() == 0, "critic.ppo_mini_batch_size=",
            opt_.ppo_mini_batch_size, " must divide by the data-parallel size ", parallel_.dp->size());
-  train::exclude_frozen_routers_from_decay(*model_);
   engine_ = std::make_unique<train::TrainingEngine>(*model_, engine_options(opt_, parallel_));
 }
 
@@ -277,7 +276,6 @@ Status Critic::save(const std::string& dir) const {
 
 Status Critic::load(const std::string& dir) {
   KS_TRY(train::load_weights_into(*model_, dir + "/model").with_context("critic"));
-  KS_TRY(train::load_buffers_into(*model_, dir + "/model").with_context("critic"));
   return engine_->load_optimizer_dir(dir).with_context("critic");
 }
 

@@ -24,6 +24,7 @@ model::ModelOptions copy_options(const model::CausalLM& train, DType dt, std::sh
   mo.parallel.tp = std::move(tp);
   mo.parallel.sequence_parallel = false;  // inference has no SP
   mo.max_positions = train.rope().cos.defined() ? train.rope().cos.size(0) : train.options().max_positions;
+  mo.moe = train.options().moe;  // the routers' options (moe_router_dtype: the rollout routes as training does)
   return mo;
 }
 

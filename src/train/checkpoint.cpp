@@ -178,7 +178,7 @@ Result<int64_t> checkpoint_step_of(const std::string& path) {
 Status load_weights_into(model::CausalLM& model, const std::string& dir) {
   KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
   const int tp = model.tp().size(), rank = model.tp().rank();
-  for (model::Param* p : model.params()) {
+  for (model::Param* p : model.state_tensors()) {  // the params and the f32 buffers (MoE correction biases)
     if (tp == 1) {
       KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
       p->weight.copy_from(t);

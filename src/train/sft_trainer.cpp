@@ -46,25 +46,6 @@ void sum_over(comm::ProcessGroup* g, std::vector<double>& v) {
 
 }  // namespace
 
-void exclude_frozen_routers_from_decay(model::CausalLM& m) {
-  if (!m.options().moe.freeze_router) return;
-  const std::string router = ".mlp.gate.weight";
-  for (model::Param* p : m.params())
-    if (p->name.size() > router.size() && p->name.compare(p->name.size() - router.size(), router.size(), router) == 0)
-      p->weight_decay = false;
-}
-
-Status load_buffers_into(model::CausalLM& m, const std::string& dir) {
-  const std::vector<model::Param*> buffers = m.buffers();
-  if (buffers.empty()) return Status::ok();
-  KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
-  for (model::Param* p : buffers) {  // whole on every rank (MoE models refuse tp > 1)
-    KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
-    p->weight.copy_from(t);
-  }
-  return Status::ok();
-}
-
 SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, std::vector<SftExample> val,
                        std::unique_ptr<BatchSource> source, SftOptions opt, MetricsLogger* logger, SftHooks hooks)
     : model_(model), train_(std::move(train)), val_(std::move(val)), source_(std::move(source)), opt_(std::move(opt)),
@@ -84,7 +65,6 @@ SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, st
   // and pp of size 1) is the engine's plain path.
   eo.parallel.dp = opt_.dp;
   opt_.lr = eo.lr;
-  exclude_frozen_routers_from_decay(model_);
   engine_ = std::make_unique<TrainingEngine>(model_, std::move(eo));
 }
 
@@ -256,7 +236,6 @@ Status SftTrainer::save_checkpoint() {
 
 Status SftTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
-  KS_TRY(load_buffers_into(model_, dir + "/model"));
   KS_TRY(engine_->load_optimizer_dir(dir));
   const std::string tpath = dir + "/trainer_state.json";
   KS_ASSIGN(std::string text, read_file(tpath));

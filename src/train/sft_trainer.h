@@ -28,18 +28,6 @@
 
 namespace kestrel::train {
 
-// verl's freeze_moe_router (model::MoeTrainOptions::freeze_router): the MoE routers (mlp.gate.weight) get
-// no gradient (model/moe_mlp.cpp) and, so that AdamW's decoupled weight decay does not shrink them either,
-// no weight decay: they stay as loaded. Call before the model's TrainingEngine is built (it takes
-// Param::weight_decay then); SftTrainer and the RL actor and critic do. No-op unless freeze_router is set.
-void exclude_frozen_routers_from_decay(model::CausalLM& m);
-
-// The model's untrained state tensors (model::CausalLM::buffers(): DeepSeek-V3's f32
-// e_score_correction_bias, which the expert-bias update moves) from a model folder. A resume calls it
-// after train::load_weights_into, which restores params() only, so the biases continue where the
-// checkpoint left them (SftTrainer, the RL actor and critic). A model without buffers reads nothing.
-Status load_buffers_into(model::CausalLM& m, const std::string& dir);
-
 struct SftExample {
   std::vector<int32_t> ids;        // [L]
   std::vector<uint8_t> loss_mask;  // [L], 1 on trained tokens

@@ -41,7 +41,6 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.reuse_fp32_param = opt_.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
   eo.name = "actor";
-  train::exclude_frozen_routers_from_decay(model_);
   engine_ = std::make_unique<train::TrainingEngine>(model_, std::move(eo));
 }
 
@@ -83,13 +82,10 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
   const bool replay = moe && opt_.router_replay != RouterReplay::Disabled && b.routing_source == opt_.router_replay;
   train::MoeMetrics moe_metrics;
   // A MoE model's router losses, bias update and capacity dropping depend on every token of a micro-batch:
-  // no sequence is left out for a zero policy gradient then. Under dp > 1 neither: the engine reduces the
-  // router statistics over dp layer by layer for the layers a rank's forwards have seen
-  // (TrainingEngine::reduced_moe_stats), so a rank left without a forward would skip those collectives.
+  // no sequence is left out for a zero policy gradient then.
   const model::MoeTrainOptions& mo = model_.options().moe;
   const bool every_sequence = moe && ((mo.aux_loss_coeff > 0 && mo.load_balancing_type != "none") ||
-                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0 ||
-                                      dp > 1);
+                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0);
   if (record_update_) update_routing_.assign(size_t(b.size()), {});
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
@@ -192,7 +188,6 @@ Status ActorWorker::save(const std::string& dir) const {
 
 Status ActorWorker::load(const std::string& dir, const std::string& context) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
-  KS_TRY(train::load_buffers_into(model_, dir + "/model"));  // the MoE correction biases
   // Any (tp, pp, dp, distributed optimizer) layout resumes the stage files;
   // a checkpoint of the old per-rank format only its own layout.
   return engine_->load_optimizer_dir(dir).with_context(context);
