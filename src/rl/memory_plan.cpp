@@ -161,9 +161,11 @@ int64_t kv_values_per_token_layer_gqa(const io::ModelConfig& c, int64_t rollout_
   return kv_values_per_token_layer(c, rollout_tp);
 }
 
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches) {
-  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1] per micro-batch; prefix_of i32 [B] (shared prompts).
-  const int64_t packed_seqs = b.share_prompts ? seqs + ceil_div(seqs, std::max<int64_t>(1, b.n)) : seqs;
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches, int64_t prefixes) {
+  // input_ids, positions, targets i32 [T]; cu_seqlens i32 [B+1] per micro-batch; prefix_of i32 [B] (shared
+  // prompts: B counts a prompt's prefix once per micro-batch holding its samples).
+  if (prefixes < 0) prefixes = ceil_div(seqs, std::max<int64_t>(1, b.n));
+  const int64_t packed_seqs = b.share_prompts ? seqs + prefixes : seqs;
   return 12 * tokens + 4 * (packed_seqs + std::max<int64_t>(1, micro_batches)) + (b.share_prompts ? 4 * packed_seqs : 0) +
          4 * tokens * b.replay_values;
 }
@@ -179,7 +181,9 @@ MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max
   m.optimizer_steps = ceil_div(m.seqs_per_rank, m.mini_batch_seqs) * std::max<int64_t>(1, b.ppo_epochs);
   // One pass over `count` sequences (sequence i samples prompt i / n), split
   // as rl/rollout_batch.cpp split_mini_batch does.
+  int64_t prefixes = 0;  // of the last split: a prompt packed once per micro-batch holding its samples
   auto split = [&](int64_t count, int64_t& max_rows, int64_t& groups, int64_t& rows_total, int64_t& pairs) {
+    prefixes = 0;
     int64_t open_rows = 0, open_tokens = 0, open_last = -1;  // open micro-batch: rows, budget tokens, last prompt
     bool open = false;
     auto close = [&]() {
@@ -208,6 +212,7 @@ MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max
         open_last = -1;
       }
       const bool shares = b.share_prompts && open_last == prompt;
+      if (b.share_prompts && !shares) ++prefixes;
       const int64_t rows = !b.share_prompts ? P + R : (shares ? R + 1 : P + R);  // prefix P-1 + (R+1) per sample
       open_rows += rows;
       open_tokens += rows;
@@ -225,6 +230,7 @@ MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max
   m.max_tokens = max_rows;
   m.micro_batches = groups;
   m.mini_batch_tokens = rows;
+  m.mini_batch_prefixes = prefixes;
   // The whole step (every mini-batch of one epoch) on this rank.
   int64_t srows = 0, spairs = 0;
   for (int64_t done = 0; done < m.seqs_per_rank; done += m.mini_batch_seqs) {

@@ -205,6 +205,7 @@ struct MicroBatchPlan {
   int64_t max_tokens = 0;         // packed rows of the largest micro-batch
   int64_t micro_batches = 0;      // per mini-batch
   int64_t mini_batch_tokens = 0;  // packed rows of one mini-batch (its PackedBatch tensors live together)
+  int64_t mini_batch_prefixes = 0;  // shared prompts' prefixes packed in one mini-batch (once per micro-batch)
   int64_t step_tokens = 0;        // packed rows of one step on this rank (one epoch)
   int64_t attention_pairs = 0;    // causal (query, key) pairs of one step on this rank (one epoch)
 };
@@ -212,7 +213,9 @@ MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max
                                   bool whole_mini_batch);
 // Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of,
 // routed experts i32 [T, replay_values]), `micro_batches` PackedBatches together.
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches);
+// `prefixes`: the shared prompts' prefixes packed (MicroBatchPlan::mini_batch_prefixes); -1 = one per prompt.
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches,
+                           int64_t prefixes = -1);
 
 struct PhasePlan {
   std::string name;       // "rollout", "scoring", "critic", "actor update"

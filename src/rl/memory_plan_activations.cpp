@@ -155,22 +155,26 @@ int64_t layer_store(const Ctx& x, const LayerStore& st, const model::BlockRecomp
 // f32 scratch, backend/cpu/linear.cpp; a weight's f32 copy for dx, then the
 // input's for dW).
 struct DenseWs {
-  int64_t mlp = 0, att = 0, fwd_gemm = 0;
+  int64_t mlp = 0, att_o = 0, att_qkv = 0, fwd_gemm = 0;
 };
 DenseWs dense_ws(const Ctx& x) {
   const PlanShapes& s = x.s;
   const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, F = s.F, q = s.H * s.hd, kv = s.Hkv * s.hd;
   DenseWs w;
-  w.mlp = x.bf ? 4 * std::max({D * F, Tp * F, Tp * D}) : 0;          // down, gate/up backward
-  w.att = x.bf ? 4 * std::max({D * q, Tp * q, Tp * D, kv * D}) : 0;  // o, q/k/v backward
-  // dq_in, dk_in f32 with qk_norm, alive through the q/k projections' backward (and its widening).
-  if (s.qk_norm) w.att = std::max(w.att, 4 * Tp * (q + kv) + (x.bf ? 4 * std::max({q * D, kv * D, Tp * D}) : 0));
+  w.mlp = x.bf ? 4 * std::max({D * F, Tp * F, Tp * D}) : 0;  // down, gate/up backward
+  // The attention's backward: o's (its weight, then attn widened) with a
+  // selective core_attn's attn and lse still alive; then q/k/v's (their
+  // weights, then norm1), with qk_norm beside dq_in, dk_in f32.
+  w.att_o = x.bf ? 4 * std::max(D * q, Tp * q) : 0;
+  w.att_qkv = x.bf ? 4 * std::max({q * D, kv * D, Tp * D}) : 0;
+  if (s.qk_norm) w.att_qkv += 4 * Tp * (q + kv);
   if (x.sp) {  // gathered dy, reduce-scattered dnorm
     w.mlp = std::max(w.mlp, 4 * Tp * D + 4 * Tl * D);
-    w.att = std::max(w.att, 4 * Tp * D + 4 * Tl * D);
+    w.att_o = std::max(w.att_o, 4 * Tp * D + 4 * Tl * D);
+    w.att_qkv = std::max(w.att_qkv, 4 * Tp * D + 4 * Tl * D);
   }
   if (s.Hkv * x.in.layout.tp > x.c.num_key_value_heads && x.tp)
-    w.att = std::max(w.att, 4 * kv * D);  // a replicated kv head's summed grad
+    w.att_qkv = std::max(w.att_qkv, 4 * kv * D);  // a replicated kv head's summed grad
   // A forward GEMM of a rerun or of selective mlp's gate/up: x, W, y in f32
   // (bf16), or the row-parallel f32 partial under tp.
   w.fwd_gemm = x.bf ? 4 * (Tp * F + D * F + Tp * D) : (x.tp ? 4 * Tp * D : 0);
@@ -201,12 +205,16 @@ Moment dense_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebu
   return {n2 + again + ws, ws, kTmpD | kTmpL | kDF1 | kDF2 | kDAct, " MLP"};
 }
 
-Moment dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt) {
+// The dense attention's backward: norm1 rebuilt, selective core_attn's attn
+// and lse rebuilt until the core's backward, the GEMMs' widening.
+void dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
   const DenseWs w = dense_ws(x);
   const int64_t a = x.a, Tp = x.r.Tp, T = x.r.T, D = x.s.D;
-  const int64_t again = (k.norm ? a * Tp * D : 0) + (k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T : 0);
-  *rebuilt = std::max(*rebuilt, again);
-  return {again + w.att, w.att, kTmpD | kTmpL | kDAttn | kDQ | kDK | kDV, " attention"};
+  const int64_t n1 = k.norm ? a * Tp * D : 0, core = k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T : 0;
+  *rebuilt = std::max(*rebuilt, n1 + core);
+  const unsigned bufs = kTmpD | kTmpL | kDAttn | kDQ | kDK | kDV;
+  out.push_back({n1 + core + w.att_o, w.att_o, bufs, " attention"});
+  out.push_back({n1 + w.att_qkv, w.att_qkv, bufs, " attention"});
 }
 
 // The MoE MLP's backward (moe_mlp.cpp MoeMlp::backward, tp = 1): its locals
@@ -291,7 +299,7 @@ std::vector<Moment> block_backward(const Ctx& x, int64_t layer, const model::Blo
   if (x.c.is_moe_layer(layer)) moe_mlp_bwd(x, k, rebuilt, out);
   else out.push_back(dense_mlp_bwd(x, k, rebuilt));
   if (x.c.mla.enabled) mla_att_bwd(x, k, rebuilt, out);
-  else out.push_back(dense_att_bwd(x, k, rebuilt));
+  else dense_att_bwd(x, k, rebuilt, out);
   return out;
 }
 
@@ -313,8 +321,8 @@ std::vector<Moment> block_forward(const Ctx& x, int64_t layer, const LayerStore&
     const int64_t q_part = a * T * H * qk + (ql > 0 ? 2 * a * T * ql + 4 * T : 0);
     const int64_t lat = a * T * (kvl + rope) + 2 * a * T * kvl + a * T * rope + 4 * T;
     const int64_t kv = a * T * H * (nope + vd);
-    const int64_t ws_kvb = ws_fwd(x, T, H * (nope + vd), kvl);
-    out.push_back({pre + q_part + lat + kv + ws_kvb, ws_kvb, 0, " MLA kv_b_proj forward"});
+    const int64_t ws_kvb = ws_fwd(x, T, H * (nope + vd), kvl);  // O [Tl, D] is allocated before the decompression
+    out.push_back({pre + q_part + lat + O + kv + ws_kvb, ws_kvb, 0, " MLA kv_b_proj forward"});
     // o_proj with the whole attention part, kva, kpe and kv still in scope.
     const int64_t ws_o = ws_fwd(x, T, D, H * vd, false, x.c.attention_bias);
     const int64_t scope = a * T * (kvl + rope) + a * T * rope + kv;
@@ -486,22 +494,43 @@ int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T
   x.G = T;
   x.capacity = in.model.moe.num_experts > 0 && in.moe.capacity_factor > 0;
   const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, F = s.F, V = s.V;
-  // The largest layer, and what the one record keeps of another kind of
-  // layer (a dense MLP's gate/up/act stay in the record through the MoE
-  // layers after it, and a MoE MLP's fields through dense layers).
-  int64_t layer = 0, dense_mlp = 0, moe_mlp = 0;
-  for (int64_t i : s.layers) {
+  const io::ModelConfig& c = in.model;
+  // The record after each layer: that layer's fields, and those of the
+  // other MLP kind that persist from an earlier layer (a dense MLP's
+  // gate/up/act stay through the MoE layers after it, a MoE MLP's fields
+  // through dense layers: neither writes the other's).
+  int64_t rec = 0, dense_mlp = 0, moe_mlp = 0, in_layer = 0;
+  for (size_t idx = 0; idx < s.layers.size(); ++idx) {
+    const int64_t i = s.layers[idx];
+    const bool moe = c.is_moe_layer(i);
     const LayerStore st = layer_store_full(x, i);
-    layer = std::max(layer, st.full);
-    (in.model.is_moe_layer(i) ? moe_mlp : dense_mlp) = st.mlp_part;
+    if (c.mla.enabled && idx > 0) {
+      // MLA's new q (a local until A.q = q), its output O [Tl, D] (allocated
+      // before the decompression) and its kva, kpe, kv locals beside the
+      // previous layer's record; then the new k (or v) allocated before the
+      // old one is replaced; before that the kv_b GEMM's widening.
+      const io::MlaConfig& m = c.mla;
+      const int64_t H = c.num_attention_heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
+      const int64_t vd = m.v_head_dim, kvl = m.kv_lora_rank;
+      const int64_t qn = a * T * H * (nope + rope), scope = a * T * (kvl + 2 * rope + H * (nope + vd)) + a * Tl * D;
+      in_layer = std::max({in_layer, rec + qn + scope + ws_fwd(x, T, H * (nope + vd), kvl),
+                           rec + qn + scope + std::max(qn, a * T * H * vd)});
+    }
+    rec = st.full + (moe ? dense_mlp : moe_mlp);
+    (moe ? moe_mlp : dense_mlp) = st.mlp_part;
+    // At the end of a block: its new buffers and four [Tl, D] besides them
+    // (the attention and MLP outputs O, Mlp alive until Block::forward
+    // returns, x_out, and one more found by measurement: MemoryPlanScoring.*
+    // pins it); in bf16 the down projection's f32 operand scratch (a MoE
+    // layer's: its shared experts' or its largest group's), before x_out exists.
+    int64_t ws_layer = bf ? 4 * (Tp * D + F * D + Tp * F) : 0;
+    if (moe) {
+      const int64_t Fe = c.moe.moe_intermediate_size, Fs = c.moe.shared_intermediate_size;
+      ws_layer = std::max(Fs > 0 ? ws_fwd(x, T, D, Fs) : 0, x.G > cpu::kSkinnyMaxRows ? ws_fwd(x, x.G, D, Fe) : 0);
+    }
+    in_layer = std::max(in_layer, rec + std::max(4 * a * Tl * D, 2 * a * Tl * D + ws_layer));
   }
-  if (dense_mlp > 0 && moe_mlp > 0) layer += std::min(dense_mlp, moe_mlp);
-  // At the end of a block: its new buffers and four [Tl, D] besides them
-  // (the attention and MLP outputs O, Mlp alive until Block::forward returns,
-  // x_out, and one more found by measurement: MemoryPlanScoring.* pins it);
-  // in bf16 the down projection's f32 operand scratch, before x_out exists.
-  const int64_t ws_layer = bf ? 4 * (Tp * D + F * D + Tp * F) : 0;
-  const int64_t in_layer = layer + std::max(4 * a * Tl * D, 2 * a * Tl * D + ws_layer);
+  const int64_t layer = rec;  // the last layer's record, at the head
   const int64_t ws_head = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;
   const int64_t at_head = layer + a * Tl * D + a * Tp * D + 4 * Tl + a * Tp * V + ws_head;
   const int64_t after = a * Tp * V + 3 * 4 * T + 12 * T;  // logits, logprob/entropy/lse, sums

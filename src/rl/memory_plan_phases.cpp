@@ -326,7 +326,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
                                                  in.batch.log_prob_micro_batch_size, false);
     const int64_t acts = scoring_activations(s, in, sm.max_tokens, dt) +
-                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches);
+                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches, sm.mini_batch_prefixes);
     phase("scoring", true, acts, 0,
           std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
               (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
@@ -335,7 +335,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
     PlanBatching values = in.batch;
     values.replay_values = 0;  // the critic routes for itself
-    phase("critic", false, ca.peak + packed_batch_bytes(values, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches), 0,
+    phase("critic", false, ca.peak + packed_batch_bytes(values, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
+                                                p.micro.mini_batch_prefixes), 0,
           "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
   }
   // ---- the actor update ----
@@ -349,7 +350,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                            p.actor.recompute_live + p.actor.backward;
     acts = std::max(stage0, p.actor.peak);
   }
-  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches);
+  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
+                             p.micro.mini_batch_prefixes);
   int64_t other = 0;
   if (l.dp > 1 && l.distributed_optimizer) {
     // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.
@@ -511,7 +513,7 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
                  x.layout.sequence_parallel = true;
                });
   if (in.layout.dp % 2 == 0) {
-    try_change(M + "pipeline_model_parallel_size=" + std::to_string(in.layout.pp * 2), false, [](PlanInputs& x) {
+    try_change(M + "pipeline_model_parallel_size=" + std::to_string(in.layout.pp * 2), true, [](PlanInputs& x) {
       x.layout.pp *= 2;
       x.layout.dp /= 2;
     });

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "config/config.h"
 #include "core/allocator.h"
@@ -104,6 +105,12 @@ Measured measure_update(PlanInputs in, bool route_fixed) {
     actor.update(b, 0);
     const MemStats after = alloc.stats();
     for (size_t c = 0; c < kNumMemCategories; ++c) out.got[c] = after.peak[c] - before.live[c];
+    if (std::getenv("KESTREL_PROBE_ROUTING"))
+      for (const auto& l : m->moe_stats().layers) {
+        std::printf("layer %lld:", (long long)l.layer);
+        for (int64_t t : l.tokens_per_expert) std::printf(" %lld", (long long)t);
+        std::printf("\n");
+      }
   }
   return out;
 }
@@ -116,6 +123,87 @@ void print(const std::string& what, const Measured& m) {
     std::printf("  %s %-14s measured %10lld predicted %10lld (%+lld)%s\n", what.c_str(), kNames[c],
                 (long long)m.got[c], (long long)want.bytes[c], (long long)(m.got[c] - want.bytes[c]),
                 c == cat(MemCategory::Activations) ? (", peak at " + m.plan.actor.at).c_str() : "");
+}
+
+struct Mode {
+  const char* name;
+  PlanRecompute plan;
+};
+std::vector<Mode> modes() {
+  return {
+      {"none", PlanRecompute{}},
+      {"full/uniform/1", policy("full", "uniform", 1)},
+      {"full/uniform/2", policy("full", "uniform", 2)},
+      {"full/block/1", policy("full", "block", 1)},
+      {"selective/core_attn", policy("selective", "", -1, {"core_attn"})},
+      {"selective/layernorm", policy("selective", "", -1, {"layernorm"})},
+      {"selective/mlp", policy("selective", "", -1, {"mlp"})},
+      {"activation_function", policy("", "", -1, {}, true)},
+      {"norm", policy("", "", -1, {}, false, true)},
+      {"full/block/1+act+norm", policy("full", "block", 1, {}, true, true)},
+      {"selective/core_attn,mlp+act+norm", policy("selective", "", -1, {"core_attn", "mlp"}, true, true)},
+  };
+}
+
+// Wider experts and more of them per token: the experts' backward is the peak.
+io::ModelConfig wide(io::ModelConfig c) {
+  c.moe.top_k = 4;
+  c.moe.moe_intermediate_size = 48;
+  c.moe.shared_intermediate_size = 0;
+  return c;
+}
+
+TEST(MemoryPlanMoeProbe, Modes) {
+  for (const char* name : {"qwen3_moe", "deepseek_v3", "qwen2_moe", "deepseek_v2"})
+    for (bool w : {false, true})
+      for (DType dt : {DType::F32, DType::BF16})
+        for (const Mode& md : modes())
+          for (bool fixed : {true, false}) {
+            PlanInputs in = inputs_for(w ? wide(golden(name)) : golden(name));
+            in.dtype = dt;
+            in.recompute = md.plan;
+            const Measured m = measure_update(in, fixed);
+            const size_t A = cat(MemCategory::Activations);
+            std::printf("%s%s %s %s %s: measured %lld predicted %lld (%+lld) at %s\n", name, w ? "+wide" : "",
+                        dtype_name(dt), md.name, fixed ? "fixed" : "random", (long long)m.got[A],
+                        (long long)m.plan.phases.back().bytes[A], (long long)(m.got[A] - m.plan.phases.back().bytes[A]),
+                        m.plan.actor.at.c_str());
+          }
+}
+
+TEST(MemoryPlanMoeProbe, Scoring) {
+  for (const char* name : {"qwen3_moe", "deepseek_v3", "qwen2_moe", "deepseek_v2"})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      if (std::getenv("PROBE_ONLY") && (std::string(std::getenv("PROBE_ONLY")) != name || dt != DType::F32)) continue;
+      PlanInputs in = inputs_for(golden(name));
+      in.dtype = dt;
+      in.batch.train_batch_size = 2;
+      in.batch.old_log_prob = true;
+      in.batch.log_prob_max_token_len = 300;
+      const MemoryPlan plan = plan_memory(in);
+      const PhasePlan* want = nullptr;
+      for (const auto& ph : plan.phases)
+        if (ph.name == "scoring") want = &ph;
+      model::ModelOptions mo;
+      mo.dtype = dt;
+      Allocator& alloc = cpu_allocator();
+      const MemStats before = alloc.stats();
+      auto m = model::CausalLM::init_random(in.model, mo, 7);
+      ActorOptions ao;
+      ao.n = in.batch.n;
+      ao.lr.total_steps = 1;
+      ao.log_prob.max_token_len = in.batch.log_prob_max_token_len;
+      ao.log_prob.share_prompts = in.batch.share_prompts;
+      ActorWorker actor(*m, ao, RlParallel{});
+      RolloutBatch b = full_length_batch(in.batch, in.batch.train_batch_size, in.model.vocab_size);
+      alloc.reset_peak();
+      actor.compute_log_probs(b);
+      const MemStats after = alloc.stats();
+      const size_t A = cat(MemCategory::Activations);
+      const int64_t got = after.peak[A] - before.live[A];
+      std::printf("scoring %s %s: measured %lld predicted %lld (%+.2f%%)\n", name, dtype_name(dt), (long long)got,
+                  (long long)want->bytes[A], 100.0 * (double(got) / double(want->bytes[A]) - 1));
+    }
 }
 
 TEST(MemoryPlanMoeProbe, Print) {
