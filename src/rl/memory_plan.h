@@ -14,15 +14,19 @@
 //                 recompute policy, logits and their f32 gradient, the
 //                 backward's f32 scratch buffers), at the backward's largest
 //                 moment, block by block as model/forward_backward.cpp runs it.
-// The activation terms follow the code, not a textbook: model/block.cpp and
-// model/dense_blocks.cpp (what LayerActivations keeps, at [Tl, D] or [Tp, ...]),
-// model/forward_backward.cpp (the head, dx), model/train_exec.cpp (GradBuf
-// scratch, f32), train/token_objective.cpp (logits, dlogits: f32 logits are
-// overwritten by their gradient, bf16 ones get an f32 copy), the CPU
-// backend's f32 widening of bf16 GEMM operands (backend/cpu/linear.cpp),
-// parallel/data_parallel.cpp (the flat f32 gradient buffer padded to dp) and
-// optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp holds the
-// prediction against the allocator's measured peaks.
+// The activation terms follow the code, not a textbook: model/block.cpp,
+// model/dense_blocks.cpp, model/moe_mlp.cpp and model/mla_attention.cpp (what
+// LayerActivations keeps, at [Tl, D] or [Tp, ...], and each backward's locals
+// in their order), model/forward_backward.cpp (the head, dx, full recompute's
+// reruns), model/train_exec.cpp (GradBuf scratch, f32, at first use),
+// train/token_objective.cpp (logits, dlogits: f32 logits are overwritten by
+// their gradient, bf16 ones get an f32 copy; logprob and entropy kept through
+// the backward), the CPU backend's f32 widening of bf16 GEMM operands
+// (backend/cpu/linear.cpp; the grouped GEMM's per expert group, the skinny
+// kernel's none), parallel/data_parallel.cpp (the flat f32 gradient buffer
+// padded to dp) and optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp
+// (dense) and tests/rl/memory_plan_moe_test.cpp (MoE/MLA) hold the prediction
+// against the allocator's measured peaks, equal to the byte.
 //
 // Mixture-of-experts and latent-attention models (Qwen2/3-MoE, DeepSeek-V2/V3)
 // are planned layer by layer (io::ModelConfig::is_moe_layer): a MoE layer's
