@@ -269,7 +269,12 @@ TEST_P(MoeMeasuredPeak, ActorUpdateExact) {
   for (const Mode& md : modes()) {
     PlanInputs in = inputs_for(golden(name), dt);
     in.recompute = md.plan;
-    expect_exact(measure_update(in), std::string(name) + " " + dtype_name(dt) + " " + md.name);
+    const Measured m = measure_update(in);
+    for (size_t c = 0; c < kNumMemCategories; ++c)
+      if (c == kActs || std::string(md.name) == "none")
+        std::printf("  %s %s %s %s measured %lld predicted %lld%s\n", name, dtype_name(dt), md.name, kCategory[c],
+                    (long long)m.got[c], (long long)m.want[c], c == kActs ? (", peak at " + m.at).c_str() : "");
+    expect_exact(m, std::string(name) + " " + dtype_name(dt) + " " + md.name);
   }
 }
 
