@@ -14,14 +14,26 @@
 //     shared with an earlier request, with vs without prefix caching.
 // Usage: bench_rollout_bench [--threads 2] [--prompts 64] [--n 8] [--new 256]
 //                            [--only throughput|decode|ttft] [--save-model DIR] [--dtype f32|bf16]
+//                            [--arch dense|moe|mla|mla-moe] [--config FILE|DIR] [--model DIR]
 // --save-model writes the random weights (HF format) for bench/peers/hf_generate.py.
+// --arch picks a built-in config of about the small config's active size per
+// token (hidden 512, 8 layers, 8 heads, vocab 8192; about 3 M active weights
+// per layer): moe = Qwen3-MoE (GQA 2 kv heads, 16 experts of 768, top-2),
+// mla = DeepSeek-V2 with dense MLPs (MLA: kv_lora 128, rope 32, nope 64, v 64),
+// mla-moe = DeepSeek-V3 (that MLA, layer 0 dense, 16 experts of 512 top-2 +
+// 1 shared). --config builds random weights for any config.json; --model
+// loads a model folder (config.json + safetensors) instead of random weights.
+// The decode table counts the weights a batch-1 token reads: a MoE layer's
+// router, its top-k experts and the shared ones, not every expert.
 #include <omp.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -128,12 +140,60 @@ io::ModelConfig small_config() {
   return m;
 }
 
+// Built-in configs (--arch), each about the small config's active size per token.
+const char* kMoeConfig = R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+  "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "eos_token_id": 2, "rope_theta": 10000.0,
+  "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 768, "norm_topk_prob": true,
+  "decoder_sparse_step": 1, "mlp_only_layers": []})";
+const char* kMlaConfig = R"({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+  "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+  "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+  "tie_word_embeddings": true, "eos_token_id": 2, "rope_theta": 10000.0, "q_lora_rank": null,
+  "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+  "first_k_dense_replace": 8, "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
+  "n_shared_experts": null, "topk_method": "greedy", "n_group": 1, "topk_group": 1})";
+const char* kMlaMoeConfig = R"({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+  "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+  "num_attention_heads": 8, "num_key_value_heads": 8, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+  "tie_word_embeddings": true, "eos_token_id": 2, "rope_theta": 10000.0, "q_lora_rank": null,
+  "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
+  "first_k_dense_replace": 1, "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 512,
+  "n_shared_experts": 1, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "norm_topk_prob": true,
+  "routed_scaling_factor": 1.0})";
+
+io::ModelConfig arch_config(const std::string& arch) {
+  if (arch == "dense") return small_config();
+  const char* text = arch == "moe" ? kMoeConfig : arch == "mla" ? kMlaConfig : arch == "mla-moe" ? kMlaMoeConfig : nullptr;
+  if (!text) {
+    std::fprintf(stderr, "unknown --arch %s (dense, moe, mla, mla-moe)\n", arch.c_str());
+    std::exit(2);
+  }
+  return io::parse_model_config(text, "built-in " + arch).value();
+}
+
+// Weight bytes one batch-1 decode token reads: every matrix once, a MoE
+// layer's routed experts scaled by top_k / num_experts (the grouped GEMM
+// reads only the experts a token was routed to), an untied input table one row.
+int64_t active_weight_bytes(model::CausalLM& m) {
+  const io::ModelConfig& c = m.config();
+  double bytes = 0;
+  for (model::Param* p : m.params()) {
+    double b = double(p->weight.nbytes());
+    if (p->name.find(".mlp.experts.") != std::string::npos) b *= double(c.moe.top_k) / double(c.moe.num_experts);
+    bytes += b;
+  }
+  if (!c.tie_word_embeddings) bytes -= double(c.vocab_size * c.hidden_size * int64_t(dtype_size(m.dtype())));
+  return int64_t(bytes);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2;
   int64_t prompts = 64, n = 8, new_tokens = 256, prompt_len = 128;
-  std::string only, save_dir;
+  std::string only, save_dir, arch = "dense", config_path, model_dir;
   DType dtype = DType::F32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -145,17 +205,43 @@ int main(int argc, char** argv) {
     else if (a == "--only") only = next();
     else if (a == "--save-model") save_dir = next();
     else if (a == "--dtype") dtype = next() == "bf16" ? DType::BF16 : DType::F32;
+    else if (a == "--arch") arch = next();
+    else if (a == "--config") config_path = next();
+    else if (a == "--model") model_dir = next();
     else {
       std::fprintf(stderr, "usage: %s [--threads T] [--prompts P] [--n N] [--new K] [--only throughput|decode|ttft] "
-                   "[--save-model DIR] [--dtype f32|bf16]\n", argv[0]);
+                   "[--save-model DIR] [--dtype f32|bf16] [--arch dense|moe|mla|mla-moe] [--config FILE|DIR] "
+                   "[--model DIR]\n", argv[0]);
       return 2;
     }
   }
   set_num_threads(threads);
-  const io::ModelConfig cfg = small_config();
   model::ModelOptions mo;
   mo.dtype = dtype;
-  auto m = model::CausalLM::init_random(cfg, mo, 1234, 0.02);
+  std::unique_ptr<model::CausalLM> m;
+  std::string what = arch == "dense" ? "small config" : "built-in " + arch + " config";
+  if (!model_dir.empty()) {
+    auto loaded = model::CausalLM::load(model_dir, mo);
+    if (!loaded.is_ok()) {
+      std::fprintf(stderr, "%s\n", loaded.status().message().c_str());
+      return 1;
+    }
+    m = std::move(loaded).value();
+    what = model_dir;
+  } else {
+    io::ModelConfig c = arch_config(arch);
+    if (!config_path.empty()) {
+      auto r = io::load_model_config(config_path);
+      if (!r.is_ok()) {
+        std::fprintf(stderr, "%s\n", r.status().message().c_str());
+        return 1;
+      }
+      c = r.value();
+      what = config_path + " (random weights)";
+    }
+    m = model::CausalLM::init_random(c, mo, 1234, 0.02);
+  }
+  const io::ModelConfig cfg = m->config();
   if (!save_dir.empty()) {
     Status s = m->save(save_dir, DType::F32);
     if (!s.is_ok()) {
@@ -164,7 +250,8 @@ int main(int argc, char** argv) {
     }
     std::printf("saved the random model to %s\n", save_dir.c_str());
   }
-  std::printf("# rollout bench: small config (%lld params), %s, %d threads\n", (long long)m->num_parameters(),
+  std::printf("# rollout bench: %s (%lld params, %lld MoE layers, %s attention), %s, %d threads\n", what.c_str(),
+              (long long)m->num_parameters(), (long long)m->num_moe_layers(), cfg.mla.enabled ? "MLA" : "GQA",
               dtype_name(dtype), threads);
   bench::print_machine_header("# ");
   std::printf("\n");
@@ -202,14 +289,12 @@ int main(int argc, char** argv) {
     double read_cpu = 0;
     const double read_bw = read_gbs(threads, &read_cpu);
     // Bytes read per decode step: every matrix once (the tied embedding as
-    // lm_head; an untied input table only one row), plus K and V of every
-    // cached position in every layer, at the mean context of the timed steps.
-    int64_t weight_bytes = 0;
-    for (model::Param* p : m->params()) weight_bytes += int64_t(p->weight.nbytes());
-    const int64_t es = int64_t(dtype_size(m->dtype()));
-    if (!cfg.tie_word_embeddings) weight_bytes -= cfg.vocab_size * cfg.hidden_size * es;
+    // lm_head; an untied input table only one row; a MoE layer's top-k
+    // experts), plus the cache of every position in every layer (K and V,
+    // or MLA's latent rows), at the mean context of the timed steps.
+    const int64_t weight_bytes = active_weight_bytes(*m);
     const double mean_ctx = double(prompt_len) + 0.5 * double(new_tokens);
-    const double kv_bytes = mean_ctx * double(2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * es);
+    const double kv_bytes = mean_ctx * double(rollout::kv_bytes_per_token(*m));
     const double token_bytes = double(weight_bytes) + kv_bytes;
     rollout::EngineConfig ec;
     auto e = rollout::Engine::create(*m, ec).value();
@@ -233,8 +318,9 @@ int main(int argc, char** argv) {
     const double bound = bw * 1e9 / token_bytes, read_bound = read_bw * 1e9 / token_bytes;
     const double mean_tps = steps / s, med_tps = 1.0 / median(wall);
     std::printf("## batch-1 decode (context %lld..%lld)\n", (long long)prompt_len, (long long)(prompt_len + new_tokens));
-    std::printf("bytes per token: %.1f MB weights + %.2f MB KV (mean context %.0f)\n", double(weight_bytes) / 1e6,
-                kv_bytes / 1e6, mean_ctx);
+    std::printf("bytes per token: %.1f MB weights read (of %.1f MB) + %.2f MB KV (mean context %.0f; %lld cache "
+                "bytes per token)\n", double(weight_bytes) / 1e6, double(rollout::weight_bytes(*m)) / 1e6,
+                kv_bytes / 1e6, mean_ctx, (long long)rollout::kv_bytes_per_token(*m));
     std::printf("| triad GB/s | read GB/s | bound tok/s (triad) | bound tok/s (read) | measured tok/s (mean) | "
                 "measured tok/s (median step) | fraction of triad bound | fraction of read bound |\n"
                 "|---|---|---|---|---|---|---|---|\n");

@@ -24,9 +24,11 @@ std::vector<ParamInfo> whole_model_params(const io::ModelConfig& cfg, const Mode
     p.full_shape = std::move(shape);
     return p;
   };
+  std::vector<ParamInfo> buffers;  // after every parameter, as CausalLM::state_tensors() lists them
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Block b(cfg, dims, i, record);
     for (Param* p : b.params()) out.push_back({p->name, p->full_shape});
+    for (Param* p : b.buffers()) buffers.push_back({p->name, p->full_shape, /*buffer=*/true});
   }
   out.push_back({"model.norm.weight", {D}});
   if (opts.value_head) {
@@ -35,6 +37,7 @@ std::vector<ParamInfo> whole_model_params(const io::ModelConfig& cfg, const Mode
   } else if (!cfg.tie_word_embeddings) {
     out.push_back({"lm_head.weight", {V, D}});
   }
+  out.insert(out.end(), buffers.begin(), buffers.end());
   return out;
 }
 
@@ -48,7 +51,7 @@ Result<std::vector<PipelineParam>> pipeline_params(const std::vector<const Causa
     KS_CHECK(c && &c->pp() == &pp && &c->tp() == &first.tp() && c->dtype() == first.dtype() &&
                  c->is_value_model() == first.is_value_model(),
              "pipeline_params: the chunks of one rank must share the pp and tp groups, the dtype and the head kind");
-    for (Param* p : const_cast<CausalLM*>(c)->params()) mine.emplace(p->name, std::make_pair(p, c));
+    for (Param* p : const_cast<CausalLM*>(c)->state_tensors()) mine.emplace(p->name, std::make_pair(p, c));
   }
   // score.bias is listed as a candidate: the last stage alone knows whether
   // the model has one, and the owners below tell everyone.
@@ -64,6 +67,7 @@ Result<std::vector<PipelineParam>> pipeline_params(const std::vector<const Causa
     PipelineParam p;
     p.name = info.name;
     p.full_shape = info.full_shape;
+    p.buffer = info.buffer;
     auto it = mine.find(info.name);
     if (it != mine.end()) {
       ++found;

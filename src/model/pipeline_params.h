@@ -1,9 +1,11 @@
-// The whole model's parameters as a pipeline holds them: which pipeline rank
-// provides each one. Under pipeline parallelism every rank holds a slice of
-// the model (one stage, or several chunks under the interleaved schedule);
+// The whole model's state tensors as a pipeline holds them: which pipeline
+// rank provides each one. Under pipeline parallelism every rank holds a slice
+// of the model (one stage, or several chunks under the interleaved schedule);
 // whatever needs the whole model on some rank (the rollout's copy of the
 // weights, rollout/reshard.h; one HF folder, model/pipeline_save.h) walks the
-// whole model's parameters in params() order and takes each from its owner.
+// whole model's state tensors in state_tensors() order -- the parameters in
+// params() order, then the untrained f32 buffers (DeepSeek-V3's
+// e_score_correction_bias) in buffers() order -- and takes each from its owner.
 //
 // The owner of a parameter is the lowest pp rank whose chunks hold it: a tied
 // embedding, held by the first stage and (as the lm_head's copy) by the last,
@@ -19,19 +21,21 @@
 
 namespace kestrel::model {
 
-// The whole model's parameter list from config and options, without
-// allocating: names and full HF shapes in CausalLM::params() order of the
-// whole model (opts' slice fields are ignored). A value model lists
-// "score.bias" only when opts.value_head_bias.
+// The whole model's state tensor list from config and options, without
+// allocating the weights: names and full HF shapes in CausalLM::state_tensors()
+// order of the whole model (opts' slice fields are ignored): params() order,
+// then the buffers. A value model lists "score.bias" only when opts.value_head_bias.
 struct ParamInfo {
   std::string name;
   Shape full_shape;
+  bool buffer = false;  // a CausalLM::buffers() tensor: f32 in every precision, never sharded
 };
 std::vector<ParamInfo> whole_model_params(const io::ModelConfig& cfg, const ModelOptions& opts);
 
 struct PipelineParam {
   std::string name;
   Shape full_shape;
+  bool buffer = false;              // a buffer (f32 in every precision, replicated), after every parameter
   int owner = -1;                   // the pp rank that provides it
   const Param* local = nullptr;     // this rank's copy (any chunk), nullptr when it has none
   const CausalLM* chunk = nullptr;  // the chunk holding `local` (its full_tensor gathers over tp)
@@ -39,7 +43,7 @@ struct PipelineParam {
 
 // Collective over the chunks' pp group (every rank of it calls, with its own
 // chunks; all chunks of a rank share the pp and tp groups and the dtype). The
-// whole model's parameters in params() order with their owners. A value
+// whole model's state tensors in state_tensors() order with their owners. A value
 // model's "score.bias" is listed when some stage holds it. Fails on every
 // rank of the pp group alike when the stages disagree (another config, dtype,
 // a tensor of another shape, a name not in the whole model) or no stage holds

@@ -26,11 +26,13 @@ constexpr int kSaveTag = 7301;  // the pp group's point-to-point tag for exporte
 class FolderWriter {
  public:
   FolderWriter(std::string dir, DType disk_dtype, size_t max_shard_bytes, const std::vector<PipelineParam>& params)
-      : dir_(std::move(dir)), disk_(disk_dtype), max_(max_shard_bytes), names_(params.size()) {
+      : dir_(std::move(dir)), disk_(disk_dtype), max_(max_shard_bytes), names_(params.size()), f32_(params.size()) {
     std::vector<size_t> bytes;
     for (size_t i = 0; i < params.size(); ++i) {
       names_[i] = params[i].name;
-      bytes.push_back(size_t(shape_numel(params[i].full_shape)) * dtype_size(disk_dtype));
+      // Buffers stay f32 on disk in every precision (io::NamedTensor::own_dtype, as CausalLM::save).
+      f32_[i] = params[i].buffer;
+      bytes.push_back(size_t(shape_numel(params[i].full_shape)) * dtype_size(f32_[i] ? DType::F32 : disk_dtype));
       total_ += bytes.back();
     }
     shards_ = io::hf_shard_plan(bytes, max_shard_bytes);
@@ -53,7 +55,7 @@ class FolderWriter {
     const size_t s = shard_of_[i];
     if (--left_[s] > 0) return;
     std::vector<io::NamedTensor> part;
-    for (size_t k : shards_[s]) part.push_back({names_[k], held_[k]});
+    for (size_t k : shards_[s]) part.push_back({names_[k], held_[k], /*own_dtype=*/bool(f32_[k])});
     if (status_.is_ok()) {
       if (shards_.size() == 1) {
         status_ = io::save_weights_dir(dir_, part, disk_, max_);  // model.safetensors, exactly io's
@@ -101,6 +103,7 @@ class FolderWriter {
   DType disk_;
   size_t max_;
   std::vector<std::string> names_;
+  std::vector<char> f32_;  // per tensor: a buffer, written f32 whatever the disk dtype
   size_t total_ = 0;
   std::vector<std::vector<size_t>> shards_;
   std::vector<size_t> shard_of_, left_;
@@ -134,20 +137,23 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
   for (size_t i = 0; i < params.size(); ++i) {
     const PipelineParam& p = params[i];
     score_bias = score_bias || p.name == "score.bias";
+    // A buffer travels and lands in f32, as it is kept and written.
+    const DType on_wire = p.buffer ? DType::F32 : wire;
     if (p.owner == me) {
       // Every tp rank of the owner stage takes part in the gather; tp rank 0
-      // holds the result (at tp 1 the weight itself, as CausalLM::save).
-      Tensor full = tp.size() == 1 ? p.local->weight : p.chunk->full_tensor(*p.local);
+      // holds the result (at tp 1 the weight itself, as CausalLM::save). A
+      // buffer is whole on every tp rank.
+      Tensor full = tp.size() == 1 || p.buffer ? p.local->weight : p.chunk->full_tensor(*p.local);
       KS_CHECK(full.shape() == p.full_shape, "save_pipelined_model: '", p.name, "' gathered as ", full.describe(),
                ", the whole model's shape is ", shape_str(p.full_shape));
       if (writer) {
         out->add(i, std::move(full));
       } else if (tp.rank() == 0) {
-        const Tensor send = full.dtype() == wire ? full : full.to(wire, MemCategory::Other);
+        const Tensor send = full.dtype() == on_wire ? full : full.to(on_wire, MemCategory::Other);
         pp.send(send, 0, kSaveTag);
       }
     } else if (writer) {
-      Tensor t = Tensor::empty(p.full_shape, wire, MemCategory::Other);
+      Tensor t = Tensor::empty(p.full_shape, on_wire, MemCategory::Other);
       pp.recv(t, p.owner, kSaveTag);
       out->add(i, std::move(t));
     }

@@ -21,6 +21,9 @@
 // the training dtype (f32 training, bf16 folder: half the bytes; the
 // conversion is the one the writer would apply, so the bytes on disk are the
 // same). A tied embedding is taken from the first stage and written once.
+// The model's buffers (CausalLM::buffers(): DeepSeek-V3's
+// e_score_correction_bias) follow the parameters, as CausalLM::save writes
+// them: in f32 whatever the disk dtype, sent in f32.
 //
 // Collective over the pp and tp groups: every rank of the pipeline calls it
 // with its own chunks. Only the writer touches `dir`; an error there is

@@ -54,10 +54,7 @@ void check_cache(const char* op, const Tensor& cache, DType dt, int64_t width) {
 void cpu_paged_latent_write(const Tensor& c_kv, const Tensor& k_pe, const Tensor& slot_mapping, Tensor& cache) {
   const int64_t T = c_kv.size(0), n_slots = cache.size(0) * cache.size(1);
   const int32_t* slots = slot_mapping.data<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    if (slots[t] < -1 || slots[t] >= n_slots)
-      KS_FAIL("ops::paged_latent_write: slot ", slots[t], " of row ", t, " is outside the cache (", n_slots,
-              " slots; -1 skips a row)");
+  check_slots("paged_latent_write", slots, T, n_slots);
   cpu::paged_latent_write(c_kv, k_pe, slots, cache);
 }
 
@@ -69,21 +66,7 @@ void cpu_paged_latent_attention_fwd(const Tensor& q_lat, const Tensor& cache, co
   const int32_t* cu = cu_q.data<int32_t>();
   const int32_t* sl = seq_lens.data<int32_t>();
   const int32_t* bt = block_tables.data<int32_t>();
-  if (cu[0] != 0 || cu[B] != T)
-    KS_FAIL("ops::", op, ": cu_q must start at 0 and end at T=", T, ", got [", cu[0], " .. ", cu[B], "]");
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t nq = cu[b + 1] - cu[b];
-    if (nq < 0) KS_FAIL("ops::", op, ": cu_q must be non-decreasing, got ", cu[b], " then ", cu[b + 1]);
-    if (sl[b] < nq) KS_FAIL("ops::", op, ": sequence ", b, " has ", nq, " query rows but a context of ", sl[b]);
-    const int64_t need = (int64_t(sl[b]) + bs - 1) / bs;
-    if (need > max_blocks)
-      KS_FAIL("ops::", op, ": sequence ", b, " needs ", need, " blocks, block_tables has ", max_blocks);
-    if (nq == 0) continue;
-    for (int64_t i = 0; i < need; ++i)
-      if (bt[b * max_blocks + i] < 0 || bt[b * max_blocks + i] >= num_blocks)
-        KS_FAIL("ops::", op, ": block_tables[", b, ", ", i, "] = ", bt[b * max_blocks + i], " is not a block id (",
-                num_blocks, " blocks)");
-  }
+  check_paged_tables(op, cu, sl, bt, B, T, max_blocks, num_blocks, bs);
   cpu::paged_latent_attention_fwd(q_lat, cache, bt, cu, sl, B, params(s, bs, max_blocks), o_lat);
 }
 

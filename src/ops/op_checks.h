@@ -65,4 +65,36 @@ inline void check_no_partial_alias(const char* op, const char* a_name, const Ten
     KS_FAIL("ops::", op, ": ", a_name, " and ", b_name, " overlap without being the same buffer");
 }
 
+// The paged ops' metadata (ops/paged_attention.h, ops/mla.h), read on the
+// host once per call so that a bad table fails with a message instead of a
+// read out of bounds: cu_q [B+1] from 0 to T, non-decreasing; each context
+// seq_lens[b] at least its query rows and within block_tables' width
+// [B, max_blocks]; every block a sequence with query rows reads is a block id.
+inline void check_paged_tables(const char* op, const int32_t* cu, const int32_t* sl, const int32_t* bt, int64_t B,
+                               int64_t T, int64_t max_blocks, int64_t num_blocks, int64_t block_size) {
+  if (cu[0] != 0 || cu[B] != T)
+    KS_FAIL("ops::", op, ": cu_q must start at 0 and end at T=", T, ", got [", cu[0], " .. ", cu[B], "]");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t nq = cu[b + 1] - cu[b];
+    if (nq < 0) KS_FAIL("ops::", op, ": cu_q must be non-decreasing, got ", cu[b], " then ", cu[b + 1]);
+    if (sl[b] < nq) KS_FAIL("ops::", op, ": sequence ", b, " has ", nq, " query rows but a context of ", sl[b]);
+    const int64_t need = (int64_t(sl[b]) + block_size - 1) / block_size;
+    if (need > max_blocks)
+      KS_FAIL("ops::", op, ": sequence ", b, " needs ", need, " blocks, block_tables has ", max_blocks);
+    if (nq == 0) continue;
+    for (int64_t i = 0; i < need; ++i)
+      if (bt[b * max_blocks + i] < 0 || bt[b * max_blocks + i] >= num_blocks)
+        KS_FAIL("ops::", op, ": block_tables[", b, ", ", i, "] = ", bt[b * max_blocks + i], " is not a block id (",
+                num_blocks, " blocks)");
+  }
+}
+
+// Cache slots of T new rows: each in [0, n_slots), or -1 (vLLM's PAD_SLOT_ID: the row is skipped).
+inline void check_slots(const char* op, const int32_t* slots, int64_t T, int64_t n_slots) {
+  for (int64_t t = 0; t < T; ++t)
+    if (slots[t] < -1 || slots[t] >= n_slots)
+      KS_FAIL("ops::", op, ": slot ", slots[t], " of row ", t, " is outside the cache (", n_slots,
+              " slots; -1 skips a row)");
+}
+
 }  // namespace kestrel::ops::detail

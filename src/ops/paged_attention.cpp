@@ -24,9 +24,7 @@ void cpu_paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_map
                         Tensor& v_cache) {
   const int64_t T = k.size(0), n_slots = k_cache.size(0) * k_cache.size(1);
   const int32_t* slots = slot_mapping.data<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    if (slots[t] >= n_slots)
-      KS_FAIL("ops::paged_kv_write: slot ", slots[t], " of row ", t, " is outside the cache (", n_slots, " slots)");
+  detail::check_slots("paged_kv_write", slots, T, n_slots);
   cpu::paged_kv_write(k, v, slots, k_cache, v_cache);
 }
 
@@ -38,19 +36,7 @@ void cpu_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tenso
   const int32_t* cu = cu_q.data<int32_t>();
   const int32_t* sl = seq_lens.data<int32_t>();
   const int32_t* bt = block_tables.data<int32_t>();
-  if (cu[0] != 0 || cu[B] != T) KS_FAIL("ops::", op, ": cu_q must start at 0 and end at T=", T, ", got [", cu[0], " .. ", cu[B], "]");
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t nq = cu[b + 1] - cu[b];
-    if (nq < 0) KS_FAIL("ops::", op, ": cu_q must be non-decreasing, got ", cu[b], " then ", cu[b + 1]);
-    if (sl[b] < nq) KS_FAIL("ops::", op, ": sequence ", b, " has ", nq, " query rows but a context of ", sl[b]);
-    const int64_t need = (int64_t(sl[b]) + bs - 1) / bs;
-    if (need > max_blocks) KS_FAIL("ops::", op, ": sequence ", b, " needs ", need, " blocks, block_tables has ", max_blocks);
-    if (nq == 0) continue;
-    for (int64_t i = 0; i < need; ++i)
-      if (bt[b * max_blocks + i] < 0 || bt[b * max_blocks + i] >= num_blocks)
-        KS_FAIL("ops::", op, ": block_tables[", b, ", ", i, "] = ", bt[b * max_blocks + i], " is not a block id (",
-                num_blocks, " blocks)");
-  }
+  detail::check_paged_tables(op, cu, sl, bt, B, T, max_blocks, num_blocks, bs);
   cpu::PagedAttnParams p{s.n_heads, s.n_kv_heads, s.head_dim,
                          s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))), bs, max_blocks};
   cpu::paged_attention_fwd(q, k_cache, v_cache, bt, cu, sl, B, p, out);

@@ -22,6 +22,7 @@
 #include <map>
 #include <unordered_set>
 
+#include "ops/copy.h"
 #include "ops/loss.h"
 #include "rollout/kv_cache.h"
 #include "rollout/model_runner.h"
@@ -88,6 +89,10 @@ class EngineImpl final : public Engine {
   // Appends a sampled token and its logprobs; true when the sequence stops.
   bool append_token(Sequence* s, int32_t tok, float logprob, std::vector<std::pair<int32_t, float>> top);
   bool hits_stop_string(const Sequence* s) const;
+  // Router replay R3: the finished sequence's routing rows, read through the
+  // block table of `rows_of` (itself, or for a forked sample that never got
+  // blocks, the parent holding the shared prompt), before its blocks are freed.
+  void collect_routing(Sequence* s, const Sequence& rows_of);
   RequestOutput make_output(Request& r) const;
 
   const model::CausalLM& model_;
@@ -187,6 +192,21 @@ bool EngineImpl::append_token(Sequence* s, int32_t tok, float logprob, std::vect
   return !s->finish_reason.empty();
 }
 
+void EngineImpl::collect_routing(Sequence* s, const Sequence& rows_of) {
+  const int64_t bs = cfg_.block_size, L = s->num_tokens(), W = kv_.geometry().routing_width;
+  // Positions 0..L-2 were computed (the last sampled token never is): their
+  // cache slots through the block table; the last row stays -1.
+  const int64_t n = L - 1;
+  KS_CHECK(n >= 1 && int64_t(rows_of.blocks.size()) * bs >= n, "internal: routing of sequence ", s->id, " with ", L,
+           " tokens read through ", rows_of.blocks.size(), " blocks");
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int64_t p = 0; p < n; ++p) slots[size_t(p)] = int32_t(rows_of.blocks[size_t(p / bs)] * bs + p % bs);
+  Tensor rows = Tensor::empty({n, W}, DType::I32, MemCategory::Activations);  // [L-1, n_moe_layers * k]
+  ops::gather_rows(kv_.routing_rows(), Tensor::from_host(slots, {n}, MemCategory::Activations), rows);
+  s->routed_experts = rows.to_host<int32_t>();
+  s->routed_experts.resize(size_t(L * W), -1);
+}
+
 RequestOutput EngineImpl::make_output(Request& r) const {
   RequestOutput o;
   o.request_id = r.id;
@@ -199,6 +219,7 @@ RequestOutput EngineImpl::make_output(Request& r) const {
     c.logprobs = std::move(s->logprobs);
     c.finish_reason = s->finish_reason;
     c.top_logprobs = std::move(s->top_logprobs);
+    c.routed_experts = std::move(s->routed_experts);
     o.outputs.push_back(std::move(c));
   }
   return o;
@@ -301,6 +322,9 @@ std::vector<RequestOutput> EngineImpl::step() {
     kv_.copy_blocks(fork_copies);
     fork_copies.clear();
     for (Sequence* f : stopped) {
+      // Children first, then the parent: a child without blocks reads the
+      // prompt's rows through the parent's table while the parent still holds it.
+      if (kv_.has_routing()) collect_routing(f, f->blocks.empty() ? *s : *f);
       sched_.finish(f);
       if (++req.num_finished == int64_t(req.params.n)) done.push_back(&req);
     }
@@ -376,12 +400,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::CausalLM& model, con
   if (cfg.num_blocks < 0 || (cfg.num_blocks == 0 && cfg.kv_cache_bytes <= 0))
     return KS_ERR(w, ": give num_blocks > 0 or kv_cache_bytes > 0");
   if (c.sliding_window > 0) return KS_ERR("not supported yet: sliding-window attention in the rollout engine");
-  KVGeometry g;
-  g.n_layers = c.num_hidden_layers;
-  g.block_size = cfg.block_size;
-  g.n_kv_heads = model.heads().n_kv_heads;  // this tp rank's kv heads (all of them at tp = 1)
-  g.head_dim = c.head_dim;
-  g.dtype = model.dtype();
+  if (cfg.record_routing && model.num_moe_layers() == 0)
+    return KS_ERR(w, ": record_routing (actor_rollout_ref.rollout.enable_rollout_routing_replay) needs a "
+                  "mixture-of-experts model; ", io::arch_name(c.arch), " has no MoE layer (turn it off)");
+  KVGeometry g = kv_geometry(model, cfg.block_size, cfg.record_routing);
   g.num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : cfg.kv_cache_bytes / g.bytes_per_block();
   if (g.num_blocks < 2)
     return KS_ERR(w, ": kv_cache_bytes ", cfg.kv_cache_bytes, " holds fewer than 2 blocks of ", g.bytes_per_block(),
@@ -436,7 +458,13 @@ Result<int64_t> device_memory_bytes(int64_t ranks_sharing) {
 }
 
 int64_t weight_bytes(const model::CausalLM& model) {
-  return model.num_parameters() * int64_t(dtype_size(model.dtype()));
+  int64_t buffers = 0;
+  for (model::Param* p : const_cast<model::CausalLM&>(model).buffers()) buffers += int64_t(p->weight.nbytes());
+  return model.num_parameters() * int64_t(dtype_size(model.dtype())) + buffers;
+}
+
+int64_t kv_bytes_per_token(const model::CausalLM& model) {
+  return kv_geometry(model, 1, false).kv_bytes_per_token();
 }
 
 }  // namespace kestrel::rollout

@@ -43,8 +43,10 @@ struct EngineConfig {
   // MoE models: record the experts every computed token was routed to in
   // every MoE layer (verl's enable_rollout_routing_replay, router replay R3),
   // returned with each completion (CompletionOutput::routed_experts). The
-  // routing is kept per KV slot beside the cache, so prefix-cache hits, swaps
-  // and recomputes carry it like the K/V they belong to.
+  // routing is kept per KV slot beside the cache (i32 [num_blocks *
+  // block_size, n_moe_layers * k], counted in kv_cache_bytes' blocks), so
+  // prefix-cache hits, swaps, forks and recomputes carry it like the K/V they
+  // belong to. Engine::create refuses it for a model without MoE layers.
   bool record_routing = false;
   // Turns token ids into text for stop strings; may be empty when none are used.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
@@ -62,8 +64,15 @@ Result<int64_t> kv_cache_bytes_for(double utilization, int64_t memory_bytes, int
 Result<int64_t> device_memory_bytes(int64_t ranks_sharing = 1);
 // Parses the text of /proc/meminfo: MemTotal in bytes.
 Result<int64_t> parse_meminfo_total(const std::string& meminfo_text);
-// Bytes of the model's weights in its compute dtype (this rank's shard).
+// Bytes of the model's weights in its compute dtype (this rank's shard),
+// plus its f32 buffers (DeepSeek-V3's e_score_correction_bias).
 int64_t weight_bytes(const model::CausalLM& model);
+// Bytes the KV cache keeps per token over all layers on this tp rank, in the
+// model dtype: 2 * n_kv_heads * head_dim per layer for GQA, kv_lora_rank +
+// qk_rope_head_dim per layer for MLA's latent cache. (With record_routing
+// each token slot also keeps n_moe_layers * top_k i32 experts; the cache
+// sized from kv_cache_bytes counts them.)
+int64_t kv_bytes_per_token(const model::CausalLM& model);
 
 struct CompletionOutput {
   int64_t index = 0;                // sample index within its request

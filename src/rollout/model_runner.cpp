@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "model/moe_mlp.h"
+#include "ops/copy.h"
+#include "ops/mla.h"
 #include "ops/ops.h"
 #include "ops/paged_attention.h"
 #include "parallel/tp_layers.h"
@@ -55,15 +58,17 @@ namespace {
 
 // The rollout's execution of the block (model/block.h's seam): the skinny
 // decode GEMM, no sequence parallelism (row-parallel outputs all-reduced over
-// tp), paged K/V and one buffer per slot reused by every layer, so a decode
-// step allocates nothing per layer.
+// tp), paged K/V (or MLA's latent rows) and one buffer per slot reused by
+// every layer, so a decode step allocates nothing per layer but what a MoE
+// MLP sizes by its routing (its expert-sorted rows). Capacity dropping stays
+// off (BlockExec::apply_capacity): an inference engine never drops tokens.
 class RolloutExec final : public model::BlockExec {
  public:
-  RolloutExec(comm::ProcessGroup& tp, KVCache& kv, const ops::AttentionShape& shape, Tensor residual)
-      : tp_(tp), kv_(kv), shape_(shape), residual_(std::move(residual)) {
+  RolloutExec(comm::ProcessGroup& tp, KVCache& kv, Tensor residual) : tp_(tp), kv_(kv), residual_(std::move(residual)) {
     Tl = Tp = residual_.size(0);
   }
   Tensor slots, cu_q, seq_lens, tables;  // i32 [T], [B+1], [B], [B, max_blocks]
+  int64_t allocated = 0;                 // slot buffers allocated so far
 
   Tensor buffer(model::BlockBuf slot, Shape shape, DType dt) override {
     using model::BlockBuf;
@@ -74,7 +79,16 @@ class RolloutExec final : public model::BlockExec {
     if (slot == BlockBuf::Rstd2) slot = BlockBuf::Rstd1;
     if (slot == BlockBuf::Act) slot = BlockBuf::Gate;
     Tensor& t = bufs_[size_t(slot)];
-    if (!t.defined()) t = act(std::move(shape), dt);
+    if (!t.defined()) {
+      t = act(std::move(shape), dt);
+      ++allocated;
+      return t;
+    }
+    // Every layer gets the same tensor, so a slot must keep one shape: a
+    // layer asking for another would read and write past the rows it means.
+    KS_CHECK(t.dtype() == dt && t.shape() == shape, "internal: rollout buffer slot ", int(slot), " holds ",
+             t.describe(), " but a layer asks for ", dtype_name(dt), shape_str(shape),
+             "; give layers of another shape their own slot");
     return t;
   }
   Tensor enter(const Tensor& x) override { return x; }  // replicated activations: nothing to gather
@@ -111,26 +125,73 @@ class RolloutExec final : public model::BlockExec {
     return out;
   }
 
+  // MLA: the cache keeps [c_kv | k_pe] per token; the query is absorbed into
+  // the latent space (q_nope W_UK per head), attends there over the cached
+  // rows (one latent head shared by all query heads) and comes back through
+  // W_UV, so K and V are never decompressed.
+  bool latent_kv() const override { return kv_.geometry().latent(); }
+  Tensor attend_latent(int64_t layer, const Tensor& q, const Tensor& ckv, const Tensor& kpe, const Tensor& kv_b,
+                       const ops::MlaShape& s) override {
+    const int64_t T = q.size(0), H = s.n_heads;
+    Tensor q_lat = buffer(model::BlockBuf::MlaQLat, {T, H * s.latent_dim()}, q.dtype());  // [T, H*(kv_lora+rope)]
+    ops::mla_absorb_q(q, kv_b, s, q_lat);
+    Tensor& cache = kv_.latent(layer);  // [num_blocks, block_size, kv_lora+rope]
+    ops::paged_latent_write(ckv, kpe, slots, cache);
+    Tensor o_lat = buffer(model::BlockBuf::MlaOLat, {T, H * s.kv_lora_rank}, q.dtype());  // [T, H*kv_lora]
+    ops::paged_latent_attention_fwd(q_lat, cache, tables, cu_q, seq_lens, s, o_lat);
+    Tensor o = buffer(model::BlockBuf::MlaOIn, {T, H * s.v_head_dim}, q.dtype());  // [T, H*v]: o_proj's input
+    ops::mla_absorb_out(o_lat, kv_b, s, o);
+    return o;
+  }
+
  private:
   comm::ProcessGroup& tp_;
   KVCache& kv_;
-  ops::AttentionShape shape_;
   Tensor residual_;  // [T, D]
   Tensor bufs_[size_t(model::BlockBuf::kCount)];
 };
 
+std::string describe(const KVGeometry& g) {
+  std::string s = std::to_string(g.n_layers) + " layers x ";
+  s += g.latent() ? "latent rows of " + std::to_string(g.latent_dim)
+                  : std::to_string(g.n_kv_heads) + " kv heads x " + std::to_string(g.head_dim);
+  if (g.routing_width > 0) s += ", routing rows of " + std::to_string(g.routing_width);
+  return s + ", " + dtype_name(g.dtype);
+}
+
 }  // namespace
+
+KVGeometry kv_geometry(const io::ModelConfig& c, int64_t n_kv_heads, DType dtype, int64_t block_size,
+                       bool record_routing) {
+  KVGeometry g;
+  g.n_layers = c.num_hidden_layers;
+  g.block_size = block_size;
+  g.dtype = dtype;
+  if (c.mla.enabled) {
+    g.latent_dim = c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;
+  } else {
+    g.n_kv_heads = n_kv_heads;
+    g.head_dim = c.head_dim;
+  }
+  if (record_routing) g.routing_width = model::num_moe_layers(c) * c.moe.top_k;
+  return g;
+}
+
+KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing) {
+  // This tp rank's kv heads (all of them at tp = 1).
+  return kv_geometry(m.config(), m.heads().n_kv_heads, m.dtype(), block_size, record_routing);
+}
 
 ModelRunner::ModelRunner(const model::CausalLM& model, KVCache& kv) : m_(model), kv_(kv) {
   KS_CHECK(model.is_whole_model(), "not supported yet: a rollout of a model slice (layers ", model.first_layer(),
            "..", model.first_layer() + model.num_blocks() - 1, ")");
   KS_CHECK(!model.is_value_model(), "the rollout samples tokens: a value model has no lm_head");
-  const auto& g = kv.geometry();
-  KS_CHECK(g.n_kv_heads == model.heads().n_kv_heads && g.head_dim == model.config().head_dim &&
-               g.n_layers == model.config().num_hidden_layers,
-           "KV cache geometry (", g.n_layers, " layers x ", g.n_kv_heads, " kv heads x ", g.head_dim,
-           ") does not match the model on this tp rank (", model.config().num_hidden_layers, " x ",
-           model.heads().n_kv_heads, " x ", model.config().head_dim, ")");
+  const KVGeometry& g = kv.geometry();
+  KVGeometry want = kv_geometry(model, g.block_size, g.routing_width > 0);
+  want.num_blocks = g.num_blocks;
+  KS_CHECK(g.n_layers == want.n_layers && g.n_kv_heads == want.n_kv_heads && g.head_dim == want.head_dim &&
+               g.latent_dim == want.latent_dim && g.dtype == want.dtype && g.routing_width == want.routing_width,
+           "KV cache geometry (", describe(g), ") does not match the model on this tp rank (", describe(want), ")");
 }
 
 Tensor ModelRunner::gather_vocab(const Tensor& local) {
@@ -162,7 +223,7 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   // Buffers reused by every layer: the decode rows of all sequences share
   // each GEMM, so one step costs one read of every weight.
   Tensor x = act({T, D}, dt);  // [T, D] residual stream, replicated over tp
-  RolloutExec ex(m_.tp(), kv_, ops::AttentionShape{m_.heads().n_heads, m_.heads().n_kv_heads, c.head_dim, 0.f}, x);
+  RolloutExec ex(m_.tp(), kv_, x);
   ex.rope = &m_.rope();
   ex.positions = ints(b.positions, {T});
   ex.slots = ints(b.slot_mapping, {T});
@@ -172,8 +233,20 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   const Tensor ids = ints(b.input_ids, {T});
   // Vocab-parallel: each id's row lives on one rank, the others add zeros.
   parallel::vocab_embedding_fwd(m_.tp(), false, ids, m_.embedding().weight, m_.vocab_start(), x);
+  // The routing the MoE layers use, recorded for router replay (R3) into
+  // the routing cache by slot, like the K/V of the same tokens.
+  Tensor record;  // i32 [T, n_moe_layers, k]
+  if (kv_.has_routing()) {
+    record = Tensor::empty({T, m_.num_moe_layers(), c.moe.top_k}, DType::I32, MemCategory::Activations);
+    ex.routing_record = &record;
+  }
   model::LayerActivations scratch;  // the block's activation handles; nothing is kept
   for (int64_t li = 0; li < m_.num_blocks(); ++li) m_.block(li).forward(ex, li, x, scratch);
+  last_slot_buffers_ = ex.allocated;
+  if (record.defined()) {
+    Tensor rows = kv_.routing_rows();  // [num_blocks * block_size, n_moe_layers * k]
+    ops::scatter_rows(record.view({T, rows.size(1)}), ex.slots, rows);
+  }
   if (S == 0) return Tensor();
 
   // Final norm and lm_head on the sampled rows only (the norm is per row).

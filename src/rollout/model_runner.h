@@ -3,6 +3,11 @@
 // K/V through block tables. It runs the model's own blocks (model/block.h)
 // through a rollout execution (paged attention, the skinny decode GEMM), so
 // the ops and their order are the trainer's and the rollout's logprobs match.
+// MLA models (DeepSeek-V2/V3) keep one latent row [c_kv | k_pe] per token and
+// layer and attend in the latent space with the absorbed kv_b_proj (ops/mla.h);
+// MoE layers route every token (never dropping one) and run their experts
+// through the grouped GEMM; with a routing cache the experts each token used
+// are written into it by slot, for router replay R3.
 //
 // Tensor parallelism (the model's tp group, size 1 = the plain case): every
 // rank runs the step on its local query/kv heads (m.heads()), its F/tp MLP
@@ -23,6 +28,16 @@
 #include "rollout/scheduler.h"
 
 namespace kestrel::rollout {
+
+// The cache a model needs on this tp rank (num_blocks left 0 for the caller):
+// GQA K/V of its local kv heads, or MLA's latent rows (kv_lora_rank +
+// qk_rope_head_dim values per token and layer); with record_routing a
+// routing cache of n_moe_layers * top_k experts per slot (a MoE model only).
+KVGeometry kv_geometry(const model::CausalLM& m, int64_t block_size, bool record_routing);
+// The same from config.json alone (memory plans): n_kv_heads is one tp
+// rank's kv heads (parallel::tp_heads), ignored for MLA.
+KVGeometry kv_geometry(const io::ModelConfig& cfg, int64_t n_kv_heads, DType dtype, int64_t block_size,
+                       bool record_routing);
 
 // Host-side description of one step, built from the scheduler's output.
 struct StepBatch {
@@ -47,13 +62,19 @@ uint64_t step_fingerprint(const StepBatch& b);
 
 class ModelRunner {
  public:
-  // kv holds this rank's kv heads (m.heads().n_kv_heads per layer).
+  // kv is kv_geometry(model, ...)'s: this rank's kv heads (m.heads().n_kv_heads
+  // per layer), or the latent rows of an MLA model.
   ModelRunner(const model::CausalLM& model, KVCache& kv);
-  // Writes the step's K/V into the cache and returns the logits [S, V] (model
-  // dtype, the full vocabulary on every tp rank) of the sample rows; final
-  // norm and lm_head run on those rows only. Collective over the model's tp
-  // group: every rank calls it with the same batch.
+  // Writes the step's K/V (and, with a routing cache, the experts each token
+  // was routed to, by slot_mapping) into the cache and returns the logits
+  // [S, V] (model dtype, the full vocabulary on every tp rank) of the sample
+  // rows; final norm and lm_head run on those rows only. Collective over the
+  // model's tp group: every rank calls it with the same batch.
   Tensor execute(const StepBatch& b);
+  // Slot buffers the last execute() allocated: one per BlockBuf slot the
+  // blocks asked for, however many layers ran (the MoE MLP's variable-size
+  // expert buffers are its own and not counted).
+  int64_t last_slot_buffers() const { return last_slot_buffers_; }
 
  private:
   // [S, V/tp] on every rank -> [S, V] on every rank (vocabulary padding dropped).
@@ -61,6 +82,7 @@ class ModelRunner {
 
   const model::CausalLM& m_;
   KVCache& kv_;
+  int64_t last_slot_buffers_ = 0;
 };
 
 }  // namespace kestrel::rollout

@@ -8,9 +8,10 @@ namespace kestrel::rollout {
 
 namespace {
 
-std::vector<model::Param*> params_of(const model::CausalLM& m) {
-  // params() is non-const only because it hands out mutable pointers.
-  return const_cast<model::CausalLM&>(m).params();
+// Parameters then buffers: everything a whole-model copy must carry.
+std::vector<model::Param*> state_of(const model::CausalLM& m) {
+  // state_tensors() is non-const only because it hands out mutable pointers.
+  return const_cast<model::CausalLM&>(m).state_tensors();
 }
 
 // The rollout copy: the whole model in dtype `dt`, sharded over `tp`.
@@ -31,15 +32,16 @@ model::ModelOptions copy_options(const model::CausalLM& train, DType dt, std::sh
 RolloutWeights::RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy, bool pipelined)
     : train_(train), copy_(std::move(copy)) {
   if (!copy_) return;
-  dst_ = params_of(*copy_);
+  dst_ = state_of(*copy_);
+  for (model::Param* p : dst_) dst_dtype_.push_back(p->weight.dtype());
   if (pipelined) return;  // create() lists pipe_
-  src_ = params_of(train_);
-  KS_CHECK(src_.size() == dst_.size(), "reshard: the rollout model has ", dst_.size(), " parameters, training ",
+  src_ = state_of(train_);
+  KS_CHECK(src_.size() == dst_.size(), "reshard: the rollout model has ", dst_.size(), " state tensors, training ",
            src_.size());
   for (size_t i = 0; i < src_.size(); ++i)
     KS_CHECK(src_[i]->name == dst_[i]->name && src_[i]->full_shape == dst_[i]->full_shape &&
                  src_[i]->shard.kind == dst_[i]->shard.kind,
-             "reshard: parameter ", i, " is '", src_[i]->name, "' in training but '", dst_[i]->name,
+             "reshard: state tensor ", i, " is '", src_[i]->name, "' in training but '", dst_[i]->name,
              "' in the rollout model");
 }
 
@@ -91,10 +93,10 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const std::vector<const m
   std::unique_ptr<RolloutWeights> w(new RolloutWeights(first, std::move(copy), /*pipelined=*/true));
   w->pipe_ = std::move(pipe).value();
   KS_CHECK(w->pipe_.size() == w->dst_.size(), "reshard: the whole rollout model has ", w->dst_.size(),
-           " parameters, the pipeline stages ", w->pipe_.size());
+           " state tensors, the pipeline stages ", w->pipe_.size());
   for (size_t i = 0; i < w->dst_.size(); ++i)
     KS_CHECK(w->pipe_[i].name == w->dst_[i]->name && w->pipe_[i].full_shape == w->dst_[i]->full_shape,
-             "reshard: whole-model parameter ", i, " is '", w->pipe_[i].name, "' in the pipeline but '",
+             "reshard: whole-model state tensor ", i, " is '", w->pipe_[i].name, "' in the pipeline but '",
              w->dst_[i]->name, "' in the rollout model");
   w->refresh();
   return w;
@@ -111,9 +113,11 @@ void RolloutWeights::refresh_pipelined() {
     const model::PipelineParam& s = pipe_[i];
     model::Param& d = *dst_[i];
     if (!d.weight.defined())  // after release()
-      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), copy_->dtype(),
+      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
                                MemCategory::Params);
-    Tensor buf;  // the full HF tensor [full_shape], in `wire`
+    // A buffer is f32 on both sides: it travels in f32, never rounded.
+    const DType on_wire = s.buffer ? DType::F32 : wire;
+    Tensor buf;  // the full HF tensor [full_shape], in `on_wire`
     if (s.owner == pp.rank()) {
       Tensor full = s.local->weight;  // replicated tensors and tp 1 hold the full tensor already
       if (ttp.size() > 1 && s.local->shard.kind != parallel::ShardKind::Replicated) {
@@ -122,9 +126,9 @@ void RolloutWeights::refresh_pipelined() {
       }
       KS_CHECK(full.shape() == s.full_shape, "reshard of '", s.name, "': the stage holds ", full.describe(),
                ", expected the full shape ", shape_str(s.full_shape));
-      buf = full.dtype() == wire ? full : full.to(wire, MemCategory::Other);
+      buf = full.dtype() == on_wire ? full : full.to(on_wire, MemCategory::Other);
     } else {
-      buf = Tensor::empty(s.full_shape, wire, MemCategory::Other);
+      buf = Tensor::empty(s.full_shape, on_wire, MemCategory::Other);
       last_.bytes_received_pp += int64_t(buf.nbytes());
     }
     pp.broadcast(buf, s.owner);  // every rank of the pp group, in the whole model's order
@@ -153,7 +157,7 @@ const ReshardStats& RolloutWeights::refresh() {
     const model::Param& s = *src_[i];
     model::Param& d = *dst_[i];
     if (!d.weight.defined())  // after release()
-      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), copy_->dtype(),
+      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
                                MemCategory::Params);
     bytes += parallel::reshard_tensor(ttp, s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(), d.weight, s.name);
     ++last_.tensors;

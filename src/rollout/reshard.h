@@ -13,6 +13,11 @@
 //     TP1 rollout gives every rank a full copy; a TP1 (data-parallel)
 //     training model feeding a TP2 rollout cuts each rank's half locally.
 //
+// The copy carries the model's buffers with its parameters
+// (CausalLM::state_tensors(): DeepSeek-V3's e_score_correction_bias, f32 in
+// every precision, which training's aux-loss-free balancing moves), so a
+// refreshed copy routes as the training model does.
+//
 // refresh() is collective over the training tp group only; the rollout group
 // never communicates here. Call it after every optimizer step, at the
 // train -> rollout switch, then Engine::update_weights_version().
@@ -44,7 +49,7 @@ namespace kestrel::rollout {
 
 struct ReshardStats {
   bool in_place = false;       // the rollout reads the training weights
-  int64_t tensors = 0;         // parameters refreshed
+  int64_t tensors = 0;         // state tensors refreshed (parameters and buffers)
   int64_t bytes_received = 0;  // this rank: gathered over the training tp group, plus over pp below
   int64_t bytes_received_pp = 0;  // of which: broadcast from other pipeline stages (pp > 1)
   int64_t bytes_copied = 0;    // this rank: written into the rollout weights
@@ -78,7 +83,7 @@ class RolloutWeights {
   const model::CausalLM& model() const { return copy_ ? *copy_ : train_; }
   bool in_place() const { return copy_ == nullptr; }
 
-  // Re-copies every parameter from the training model (collective over the
+  // Re-copies every parameter and buffer from the training model (collective over the
   // training tp group, and the pp group under pp; allocates the copy again
   // after release()). In place it only returns zero bytes moved.
   const ReshardStats& refresh();
@@ -96,10 +101,13 @@ class RolloutWeights {
 
   const model::CausalLM& train_;
   std::unique_ptr<model::CausalLM> copy_;  // nullptr in place
-  // Matching parameters, listed once: CausalLM::params() skips undefined
-  // weights, and release() undefines every weight of the copy. Under pp
-  // src_ is empty and pipe_[i] says where dst_[i] comes from.
+  // Matching state tensors (parameters, then buffers), listed once:
+  // CausalLM::params() skips undefined weights, and release() undefines every
+  // weight of the copy. Under pp src_ is empty and pipe_[i] says where dst_[i]
+  // comes from. dst_dtype_[i]: dst_[i]'s storage dtype (the rollout dtype, f32
+  // for a buffer), to allocate it again after release().
   std::vector<model::Param*> src_, dst_;
+  std::vector<DType> dst_dtype_;
   std::vector<model::PipelineParam> pipe_;
   bool released_ = false;
   ReshardStats last_;

@@ -40,6 +40,9 @@ struct Sequence {
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top_logprobs;
   std::string finish_reason;
+  // EngineConfig::record_routing: [num_tokens, n_moe_layers, k] flattened,
+  // gathered from the routing cache when the sequence finishes.
+  std::vector<int32_t> routed_experts;
 
   int64_t num_generated() const { return int64_t(tokens.size()) - prompt_len; }
   int64_t num_tokens() const { return int64_t(tokens.size()); }

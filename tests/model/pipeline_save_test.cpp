@@ -1,9 +1,11 @@
 // The single-process parts of the pipelined export and weight copy
 // (model/pipeline_params.h, model/pipeline_save.h; the multi-rank tests are
 // tests/mpi/pp_save_test.cpp and pp_weights_test.cpp): the whole model's
-// parameter list from the config equals CausalLM::params() of the whole
-// model, at pp 1 every parameter is owned by rank 0, and the streaming
-// writer at pp 1 writes what CausalLM::save and io::save_weights_dir write.
+// state tensor list from the config equals CausalLM::state_tensors() of the
+// whole model (the MoE goldens' buffers after the parameters), at pp 1 every
+// tensor is owned by rank 0, and the streaming writer at pp 1 writes what
+// CausalLM::save and io::save_weights_dir write (DeepSeek-V3's correction
+// bias in f32 whatever the disk dtype).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -77,12 +79,43 @@ TEST(PipelineParams, WholeModelListEqualsParams) {
   }
 }
 
+TEST(PipelineParams, WholeModelListCarriesTheBuffers) {
+  for (const char* name : {"qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(name) + " " + dtype_name(dt));
+      model::ModelOptions o;
+      o.dtype = dt;
+      auto m = model::CausalLM::load(golden(name), o);
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      const auto list = model::whole_model_params((*m)->config(), (*m)->options());
+      const auto st = (*m)->state_tensors();
+      const size_t n_params = (*m)->params().size(), n_buffers = (*m)->buffers().size();
+      EXPECT_EQ(n_buffers, std::string(name) == "deepseek_v3" ? 2u : 0u);  // one bias per MoE layer
+      ASSERT_EQ(list.size(), st.size());
+      for (size_t i = 0; i < st.size(); ++i) {
+        EXPECT_EQ(list[i].name, st[i]->name);
+        EXPECT_EQ(list[i].full_shape, st[i]->full_shape) << st[i]->name;
+        EXPECT_EQ(list[i].buffer, i >= n_params) << st[i]->name;
+      }
+      auto pipe = model::pipeline_params({m->get()});
+      ASSERT_TRUE(pipe.is_ok()) << pipe.status().message();
+      ASSERT_EQ(pipe->size(), st.size());
+      for (size_t i = 0; i < st.size(); ++i) {
+        EXPECT_EQ((*pipe)[i].owner, 0);
+        EXPECT_EQ((*pipe)[i].local, st[i]);
+        EXPECT_EQ((*pipe)[i].buffer, i >= n_params);
+        if (i >= n_params) EXPECT_EQ(st[i]->weight.dtype(), DType::F32) << "buffers stay f32 in every precision";
+      }
+    }
+  }
+}
+
 TEST(PipelineSave, StreamingWriterAtPp1EqualsSave) {
   model::ModelOptions vo;
   vo.value_head = true;
   vo.value_head_bias = true;
   for (const auto& [name, opts] : std::vector<std::pair<std::string, model::ModelOptions>>{
-           {"qwen2", {}}, {"llama_tied", {}}, {"qwen3", vo}}) {
+           {"qwen2", {}}, {"llama_tied", {}}, {"qwen3", vo}, {"deepseek_v3", {}}}) {
     auto m = model::CausalLM::load(golden(name), opts);
     ASSERT_TRUE(m.is_ok()) << m.status().message();
     for (DType disk : {DType::F32, DType::BF16}) {
@@ -91,6 +124,7 @@ TEST(PipelineSave, StreamingWriterAtPp1EqualsSave) {
       // byte past the whole model takes the streaming path and must agree.
       int64_t total = 0;
       for (model::Param* p : (*m)->params()) total += p->weight.numel() * int64_t(dtype_size(disk));
+      for (model::Param* p : (*m)->buffers()) total += p->weight.numel() * 4;  // f32 on disk
       const std::string want = tmp_dir("want"), got = tmp_dir("got");
       ASSERT_TRUE((*m)->save(want, disk).is_ok());
       ASSERT_TRUE(model::save_pipelined_model(**m, got, disk, size_t(total)).is_ok());
@@ -103,6 +137,7 @@ TEST(PipelineSave, StreamingWriterAtPp1EqualsSave) {
         ASSERT_TRUE((*m)->save(w2, disk).is_ok());
         std::vector<io::NamedTensor> ts;
         for (model::Param* p : (*m)->params()) ts.push_back({p->name, p->weight});
+        for (model::Param* p : (*m)->buffers()) ts.push_back({p->name, p->weight, /*own_dtype=*/true});
         ASSERT_TRUE(io::save_weights_dir(w2, ts, disk, limit).is_ok());
         ASSERT_TRUE(model::save_pipelined_model(**m, g2, disk, limit).is_ok());
         EXPECT_TRUE(fs::exists(g2 + "/model.safetensors.index.json"));

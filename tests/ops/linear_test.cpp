@@ -6,6 +6,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/parallel_for.h"
+#include "gemm_providers.h"
 #include "op_harness.h"
 #include "ops/ref/linear_ref.h"
 
@@ -20,18 +21,6 @@ struct LinearCase {
 // T = 1, sizes that are not multiples of 16, one that spans several SIMD
 // blocks, and one with enough rows for the BLAS path (not the skinny kernel).
 const LinearCase kCases[] = {{1, 5, 3}, {7, 33, 17}, {64, 80, 48}, {100, 70, 90}};
-
-// Runs f once per GEMM library installed here (OpenBLAS, BLIS, oneDNN), with
-// every sgemm routed to it: the auto choice may take any of them, and old
-// BLAS kernels have computed wrong results on some CPUs.
-template <class F>
-void for_each_gemm_provider(F&& f) {
-  for (cpu::GemmProvider p : cpu::available_gemm_providers()) {
-    cpu::ScopedGemmProvider scope(p);
-    SCOPED_TRACE(std::string("GEMM library ") + cpu::provider_key(p));
-    f();
-  }
-}
 
 struct LinearData {
   std::vector<double> x, w, b;  // rounded to the dtype under test

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "core/parallel_for.h"
+#include "gemm_providers.h"
 #include "op_harness.h"
 #include "ops/linear.h"
 #include "ops/ref/moe_ref.h"
@@ -658,15 +659,6 @@ TEST(MoePermute, ReferenceBackwardsMatchFiniteDifferences) {
 }
 
 // ---- grouped GEMM -----------------------------------------------------------
-
-template <class F>
-void for_each_gemm_provider(F&& f) {
-  for (cpu::GemmProvider p : cpu::available_gemm_providers()) {
-    cpu::ScopedGemmProvider scope(p);
-    SCOPED_TRACE(std::string("GEMM library ") + cpu::provider_key(p));
-    f();
-  }
-}
 
 // Empty groups, groups for the skinny kernel (<= 32 rows) and for the BLAS.
 const std::vector<int64_t> kGroupSizes = {0, 5, 40, 0, 1, 33, 17};
