@@ -44,6 +44,7 @@ const char* const kMoeKeys[] = {"moe_router_load_balancing_type", "moe_aux_loss_
                                 "moe_z_loss_coeff",               "moe_expert_capacity_factor",
                                 "moe_pad_expert_input_to_capacity", "moe_router_dtype"};
 const std::string kFreezeRouter = "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router";
+const std::string kRolloutRouting = "actor_rollout_ref.rollout.enable_rollout_routing_replay";
 
 bool planned_only(const std::string& key) {
   static const char* const kKeys[] = {
@@ -54,7 +55,8 @@ bool planned_only(const std::string& key) {
     if (key == M + k) return true;
   for (const char* k : kMoeKeys)
     if (key == OT + k) return true;
-  return key == "critic.megatron.override_transformer_config.reuse_fp32_param" || key == kFreezeRouter;
+  return key == "critic.megatron.override_transformer_config.reuse_fp32_param" || key == kFreezeRouter ||
+         key == kRolloutRouting;
 }
 
 // key=value overrides of planned-only keys the schema does not accept yet.
@@ -245,7 +247,7 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   p.recompute = in.recompute;  // the policy kestrel train gives the actor's model
   p.critic_recompute = in.critic_recompute;
   std::vector<std::string> planned;
-  p.moe = moe_options(c, ctx, planned);
+  if (p.model.moe.num_experts > 0) p.moe = moe_options(c, ctx, planned);
   if (planned_keys) *planned_keys = planned;
   p.offload = {c.get_bool(M + "param_offload"), c.get_bool(M + "grad_offload"), c.get_bool(M + "optimizer_offload")};
   if (ctx.for_train) p.offload = {};  // no effect on this build (host memory is the device memory)
@@ -276,6 +278,11 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   p.rollout.block_size = o.engine.block_size;
   p.rollout.max_num_batched_tokens = o.engine.max_num_batched_tokens;
   p.rollout.max_num_seqs = o.engine.max_num_seqs;
+  if (p.model.moe.num_experts > 0) {  // R3: the rollout records the routing in a cache beside the KV cache
+    MoeKeyReader r{c, ctx, planned};
+    p.rollout.record_routing = r.flag(kRolloutRouting, false);
+    if (planned_keys) *planned_keys = planned;
+  }
   if (ctx.device_memory > 0) {
     p.device_memory = ctx.device_memory;
   } else {
@@ -352,6 +359,9 @@ void print_model_lines(const rl::MemoryPlan& p) {
                 (long long)(rl::kv_values_per_token_layer(c, p.inputs.rollout.tp) / (2 * c.head_dim)),
                 (long long)c.head_dim);
   }
+  if (p.kv_routing_bytes_per_token > 0)
+    std::printf("routing cache per token: %s (enable_rollout_routing_replay: n_moe_layers x top_k i32)\n",
+                rl::format_bytes(p.kv_routing_bytes_per_token).c_str());
   std::printf("KV cache: %s, %lld tokens (%lld blocks of %lld)\n", rl::format_bytes(p.kv_cache_bytes).c_str(),
               (long long)p.kv_tokens, (long long)p.kv_blocks, (long long)p.inputs.rollout.block_size);
 }
@@ -442,6 +452,7 @@ nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::
                    {"blocks", p.kv_blocks},
                    {"tokens", p.kv_tokens},
                    {"bytes_per_token", p.kv_bytes_per_token},
+                   {"routing_bytes_per_token", p.kv_routing_bytes_per_token},
                    {"bytes_per_token_gqa_equivalent", p.kv_bytes_per_token_gqa}};
   j["active_params"] = p.active_params;
   j["flops_per_token"] = p.flops_per_token;
@@ -543,7 +554,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
           "  expert_model_parallel_size, and override_transformer_config.reuse_fp32_param while the config does not\n"
           "  declare it; for MoE models override_transformer_config.moe_{router_load_balancing_type, aux_loss_coeff,\n"
           "  z_loss_coeff, expert_capacity_factor, pad_expert_input_to_capacity, router_dtype} and\n"
-          "  actor_rollout_ref.model.override_config.moe_config.freeze_moe_router likewise. Activation recompute\n"
+          "  actor_rollout_ref.model.override_config.moe_config.freeze_moe_router, rollout.enable_rollout_routing_replay\n"
+          "  likewise. Activation recompute\n"
           "  (override_transformer_config.recompute_*, model.enable_gradient_checkpointing) is planned as kestrel train\n"
           "  runs it. MoE and MLA models plan tp = 1 and ep = 1 only (what Kestrel runs).\n\n"
           "Exit status: 0 fits, 3 does not fit, 1 bad input.\n",

@@ -7,6 +7,7 @@
 
 #include "parallel/pipeline_layout.h"
 #include "parallel/sharding.h"
+#include "rollout/model_runner.h"
 
 namespace kestrel::rl {
 
@@ -150,10 +151,9 @@ int64_t active_parameters(const io::ModelConfig& c) {
 }
 
 int64_t kv_values_per_token_layer(const io::ModelConfig& c, int64_t rollout_tp) {
-  if (c.mla.enabled) return c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;  // one latent row, shared by the heads
   const parallel::TpHeads h =
       parallel::tp_heads(c.num_attention_heads, c.num_key_value_heads, 0, int(std::max<int64_t>(1, rollout_tp)));
-  return 2 * h.n_kv_heads * c.head_dim;
+  return rollout::kv_geometry(c, h.n_kv_heads, DType::F32, 1, false).values_per_token_layer();
 }
 
 int64_t kv_values_per_token_layer_gqa(const io::ModelConfig& c, int64_t rollout_tp) {

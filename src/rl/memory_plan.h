@@ -116,6 +116,9 @@ struct PlanRollout {
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;
   int64_t max_num_seqs = 256;
+  // rollout.enable_rollout_routing_replay (router replay R3): the engine's
+  // routing cache beside the KV cache, n_moe_layers * top_k i32 per token slot.
+  bool record_routing = false;
 };
 
 struct PlanInputs {
@@ -172,9 +175,10 @@ LayerFlops layer_flops(const io::ModelConfig& c, int64_t layer, int64_t tp = 1);
 // dense count, or for MoE the k routed experts of E (Megatron's "active parameters").
 int64_t active_parameters(const io::ModelConfig& c);
 
-// The rollout's KV cache per token and layer, in values (rollout/kv_cache.h):
-// K and V of the rank's kv heads (2 * Hkv/tp * head_dim), or for MLA one
-// latent row [c_kv | k_pe] (kv_lora_rank + qk_rope_head_dim, ops/mla.h).
+// The rollout's KV cache per token and layer, in values (rollout/kv_cache.h
+// KVGeometry, rollout::kv_geometry from config.json): K and V of the rank's
+// kv heads (2 * Hkv/tp * head_dim), or for MLA one latent row [c_kv | k_pe]
+// (kv_lora_rank + qk_rope_head_dim, ops/mla.h).
 int64_t kv_values_per_token_layer(const io::ModelConfig& c, int64_t rollout_tp);
 // MLA's decompressed K and V per token and layer (H * (qk_nope + qk_rope + v)
 // values), what a GQA cache of the same attention would hold; the dense count otherwise.
@@ -247,7 +251,8 @@ struct MemoryPlan {
   int64_t kv_cache_bytes = 0;     // the engine's cache (num_blocks * bytes_per_block)
   int64_t kv_blocks = 0;
   int64_t kv_tokens = 0;          // tokens the cache holds (kv_blocks * block_size)
-  int64_t kv_bytes_per_token = 0;      // all layers, the rollout dtype
+  int64_t kv_bytes_per_token = 0;      // all layers, the rollout dtype (the routing cache not included)
+  int64_t kv_routing_bytes_per_token = 0;  // the routing cache's i32 per token (record_routing)
   int64_t kv_bytes_per_token_gqa = 0;  // MLA: its decompressed K/V (GQA-equivalent); else kv_bytes_per_token
   double flops_actor = 0, flops_scoring = 0, flops_rollout = 0;  // per rank per step
   double flops_per_token = 0;     // forward FLOPs per token of the whole model's GEMMs (active experts only)

@@ -7,6 +7,7 @@
 
 #include "parallel/pipeline_layout.h"
 #include "rl/memory_plan.h"
+#include "rollout/model_runner.h"
 
 namespace kestrel::rl {
 
@@ -288,12 +289,18 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) + rs.buffers : 0;
   if (copy && in.offload.param) offloadable[cat(MemCategory::Params)] = actor.params;
   const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
-  const int64_t kv_request = int64_t(budget - double(a * s.params));  // kestrel train: weight_bytes(actor)
-  // Per token: every layer's K and V of the rank's kv heads, or MLA's one latent row.
-  const int64_t L_all = in.model.num_hidden_layers;
-  p.kv_bytes_per_token = L_all * kv_values_per_token_layer(in.model, in.rollout.tp) * ra;
-  p.kv_bytes_per_token_gqa = L_all * kv_values_per_token_layer_gqa(in.model, in.rollout.tp) * ra;
-  const int64_t per_block = in.rollout.block_size * p.kv_bytes_per_token;
+  // kestrel train: weight_bytes(actor), its parameters and buffers.
+  const int64_t kv_request = int64_t(budget - double(a * s.params + s.buffers));
+  // The engine's geometry (rollout::kv_geometry): per token every layer's K
+  // and V of the rank's kv heads, or MLA's one latent row, and with routing
+  // recording the routing cache's n_moe_layers * top_k i32.
+  const rollout::KVGeometry g =
+      rollout::kv_geometry(in.model, rs.Hkv, in.rollout.dtype, in.rollout.block_size,
+                           in.rollout.record_routing && in.model.moe.num_experts > 0);
+  p.kv_bytes_per_token = g.kv_bytes_per_token();
+  p.kv_routing_bytes_per_token = 4 * g.routing_width;
+  p.kv_bytes_per_token_gqa = in.model.num_hidden_layers * kv_values_per_token_layer_gqa(in.model, in.rollout.tp) * ra;
+  const int64_t per_block = g.bytes_per_block();
   p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
   p.kv_cache_bytes = p.kv_blocks * per_block;
   p.kv_tokens = p.kv_blocks * in.rollout.block_size;

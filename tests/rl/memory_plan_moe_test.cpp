@@ -401,7 +401,7 @@ TEST(MemoryPlanMoe, KvCacheWidthPerToken) {
     const MemoryPlan p = plan_memory(in);
     EXPECT_EQ(p.kv_bytes_per_token, 3 * (16 + 8) * a);                   // layers x (kv_lora + rope)
     EXPECT_EQ(p.kv_bytes_per_token_gqa, 3 * 4 * ((8 + 8) + 12) * a);       // layers x H x (qk + v)
-    const int64_t kv = int64_t(0.5 * double(in.device_memory)) - a * p.shapes.params;
+    const int64_t kv = int64_t(0.5 * double(in.device_memory)) - a * p.shapes.params - p.shapes.buffers;  // weight_bytes
     EXPECT_EQ(p.kv_blocks, kv / (16 * p.kv_bytes_per_token));
     EXPECT_EQ(p.kv_tokens, p.kv_blocks * 16);
     EXPECT_EQ(p.kv_cache_bytes, p.kv_tokens * p.kv_bytes_per_token);
@@ -412,6 +412,19 @@ TEST(MemoryPlanMoe, KvCacheWidthPerToken) {
     EXPECT_EQ(qp.kv_bytes_per_token_gqa, qp.kv_bytes_per_token);
   }
   EXPECT_EQ(kv_values_per_token_layer(real_shape("deepseek-v3"), 1), 576);
+  // Routing recording (router replay R3): the engine's routing cache, n_moe_layers x top_k i32 per slot, shares
+  // the budget (rollout/kv_cache.h bytes_per_block).
+  PlanInputs in = inputs_for(golden("deepseek_v3"), DType::BF16);
+  in.rollout.dtype = DType::BF16;
+  in.device_memory = int64_t(1) << 30;
+  const MemoryPlan plain = plan_memory(in);
+  in.rollout.record_routing = true;
+  const MemoryPlan rec = plan_memory(in);
+  EXPECT_EQ(rec.kv_routing_bytes_per_token, 2 * 2 * 4);  // 2 MoE layers x top-2 x i32
+  EXPECT_EQ(rec.kv_bytes_per_token, plain.kv_bytes_per_token);
+  const int64_t kv = int64_t(0.5 * double(in.device_memory)) - 2 * rec.shapes.params - rec.shapes.buffers;
+  EXPECT_EQ(rec.kv_blocks, kv / (16 * (rec.kv_bytes_per_token + rec.kv_routing_bytes_per_token)));
+  EXPECT_LT(rec.kv_blocks, plain.kv_blocks);
 }
 
 // A MoE layer's FLOPs count the k routed experts a token visits and the
