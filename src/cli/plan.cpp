@@ -585,7 +585,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   const rl::PlanInputs in = plan_inputs(c, "", ctx, &planned);
   rl::MemoryPlan p = rl::plan_memory(in);
   for (const std::string& key : planned)
-    p.not_supported.push_back("not supported yet: " + key + " in kestrel train's config (the model builds it; planned "
+    p.not_supported.push_back("not supported yet: " + key + " in kestrel train's config (Kestrel builds it; planned "
                               "from the command line)");
   if (in.reuse_fp32_param && !reuse_declared(c, OT + "reuse_fp32_param"))
     p.not_supported.push_back("not supported yet: " + OT + "reuse_fp32_param in kestrel train's config (the engine "

@@ -148,6 +148,70 @@ std::string pct(double x) {
   return buf;
 }
 
+// The rollout's KV cache (rollout/engine.cpp kv_cache_bytes_for with
+// kestrel train's weight_bytes(actor): its parameters and buffers) in the
+// engine's geometry (rollout::kv_geometry): per token every layer's K and V
+// of the rank's kv heads, or MLA's one latent row, and with routing
+// recording the routing cache's n_moe_layers * top_k i32.
+void plan_kv_cache(MemoryPlan& p, const PlanInputs& in, const PlanShapes& rs) {
+  const PlanShapes& s = p.shapes;
+  const int64_t a = int64_t(dtype_size(in.dtype)), ra = int64_t(dtype_size(in.rollout.dtype));
+  const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
+  const int64_t kv_request = int64_t(budget - double(a * s.params + s.buffers));
+  const rollout::KVGeometry g =
+      rollout::kv_geometry(in.model, rs.Hkv, in.rollout.dtype, in.rollout.block_size,
+                           in.rollout.record_routing && in.model.moe.num_experts > 0);
+  p.kv_bytes_per_token = g.kv_bytes_per_token();
+  p.kv_routing_bytes_per_token = 4 * g.routing_width;
+  p.kv_bytes_per_token_gqa = in.model.num_hidden_layers * kv_values_per_token_layer_gqa(in.model, in.rollout.tp) * ra;
+  const int64_t per_block = g.bytes_per_block();
+  p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
+  p.kv_cache_bytes = p.kv_blocks * per_block;
+  p.kv_tokens = p.kv_blocks * in.rollout.block_size;
+}
+
+// FLOPs per rank per step: the actor update (3 forwards and the recompute
+// reruns), the scoring passes, the rollout; and the model's forward FLOPs
+// per token.
+void plan_flops(MemoryPlan& p, const PlanInputs& in, const PlanShapes& rs) {
+  const PlanLayout& l = in.layout;
+  const PlanShapes& s = p.shapes;
+  const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
+  const double fwd = forward_flops(in.model, s, l.tp, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
+  // Recompute reruns forward work in the backward (model/recompute.h): a
+  // full block its whole forward, selective mlp the gate/up GEMMs (dense
+  // MLPs only), core_attn the attention core; norms and swiglu are
+  // elementwise (not counted).
+  double recompute_flops = 0;
+  {
+    const double tokens = double(p.micro.step_tokens), pairs = double(p.micro.attention_pairs);
+    const double gate_up = 2 * tokens * 2 * double(s.D * s.F);
+    const std::vector<model::BlockRecompute> rc = in.recompute.plan(s.L);
+    for (size_t i = 0; i < rc.size(); ++i) {
+      const int64_t layer = s.layers[i];
+      const LayerFlops f = layer_flops(in.model, layer, l.tp);
+      const model::BlockRecompute& b = rc[i];
+      recompute_flops += b.full ? tokens * f.per_token + pairs * f.per_pair
+                                : (b.mlp && !in.model.is_moe_layer(layer) ? gate_up : 0) + (b.core_attn ? pairs * f.per_pair : 0);
+    }
+  }
+  p.flops_actor = epochs * (3 * fwd + recompute_flops);
+  p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
+  {
+    const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
+    const double prompts = double(ceil_div(in.batch.train_batch_size, rdp));
+    const double P = double(in.batch.prompt_len), R = double(in.batch.response_len), n = double(in.batch.n);
+    const double tokens = prompts * (P + n * R), pairs = prompts * (P * P / 2 + n * (R * P + R * R / 2));
+    p.flops_rollout = forward_flops(in.model, rs, in.rollout.tp, tokens, pairs, false) -
+                      2 * prompts * (P - 1) * double(rs.D * rs.V);  // logits on sampled rows only
+  }
+  {
+    PlanShapes whole = plan_shapes(in, 1, 1);
+    p.flops_per_token = forward_flops(in.model, whole, 1, 1, 0, false);
+    p.active_params = active_parameters(in.model);
+  }
+}
+
 }  // namespace
 
 std::string format_bytes(int64_t bytes) {
@@ -288,22 +352,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const int64_t ra = int64_t(dtype_size(in.rollout.dtype));
   const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) + rs.buffers : 0;
   if (copy && in.offload.param) offloadable[cat(MemCategory::Params)] = actor.params;
-  const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
-  // kestrel train: weight_bytes(actor), its parameters and buffers.
-  const int64_t kv_request = int64_t(budget - double(a * s.params + s.buffers));
-  // The engine's geometry (rollout::kv_geometry): per token every layer's K
-  // and V of the rank's kv heads, or MLA's one latent row, and with routing
-  // recording the routing cache's n_moe_layers * top_k i32.
-  const rollout::KVGeometry g =
-      rollout::kv_geometry(in.model, rs.Hkv, in.rollout.dtype, in.rollout.block_size,
-                           in.rollout.record_routing && in.model.moe.num_experts > 0);
-  p.kv_bytes_per_token = g.kv_bytes_per_token();
-  p.kv_routing_bytes_per_token = 4 * g.routing_width;
-  p.kv_bytes_per_token_gqa = in.model.num_hidden_layers * kv_values_per_token_layer_gqa(in.model, in.rollout.tp) * ra;
-  const int64_t per_block = g.bytes_per_block();
-  p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
-  p.kv_cache_bytes = p.kv_blocks * per_block;
-  p.kv_tokens = p.kv_blocks * in.rollout.block_size;
+  plan_kv_cache(p, in, rs);
   if (p.kv_blocks < 2)
     p.notes.push_back("actor_rollout_ref.rollout.gpu_memory_utilization=" + std::to_string(in.rollout.gpu_memory_utilization) +
                       " of " + format_bytes(in.device_memory) + " does not hold the rollout weights and a KV cache: "
@@ -375,41 +424,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   for (size_t i = 0; i < p.phases.size(); ++i)
     if (p.phases[i].total() > p.phases[p.peak_phase].total()) p.peak_phase = i;
 
-  // ---- FLOPs per rank per step ----
-  const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
-  const double fwd = forward_flops(in.model, s, l.tp, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
-  // Recompute reruns forward work in the backward (model/recompute.h): a
-  // full block its whole forward, selective mlp the gate/up GEMMs (dense
-  // MLPs only), core_attn the attention core; norms and swiglu are
-  // elementwise (not counted).
-  double recompute_flops = 0;
-  {
-    const double tokens = double(p.micro.step_tokens), pairs = double(p.micro.attention_pairs);
-    const double gate_up = 2 * tokens * 2 * double(s.D * s.F);
-    const std::vector<model::BlockRecompute> rc = in.recompute.plan(s.L);
-    for (size_t i = 0; i < rc.size(); ++i) {
-      const int64_t layer = s.layers[i];
-      const LayerFlops f = layer_flops(in.model, layer, l.tp);
-      const model::BlockRecompute& b = rc[i];
-      recompute_flops += b.full ? tokens * f.per_token + pairs * f.per_pair
-                                : (b.mlp && !in.model.is_moe_layer(layer) ? gate_up : 0) + (b.core_attn ? pairs * f.per_pair : 0);
-    }
-  }
-  p.flops_actor = epochs * (3 * fwd + recompute_flops);
-  p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
-  {
-    const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
-    const double prompts = double(ceil_div(in.batch.train_batch_size, rdp));
-    const double P = double(in.batch.prompt_len), R = double(in.batch.response_len), n = double(in.batch.n);
-    const double tokens = prompts * (P + n * R), pairs = prompts * (P * P / 2 + n * (R * P + R * R / 2));
-    p.flops_rollout = forward_flops(in.model, rs, in.rollout.tp, tokens, pairs, false) -
-                      2 * prompts * (P - 1) * double(rs.D * rs.V);  // logits on sampled rows only
-  }
-  {
-    PlanShapes whole = plan_shapes(in, 1, 1);
-    p.flops_per_token = forward_flops(in.model, whole, 1, 1, 0, false);
-    p.active_params = active_parameters(in.model);
-  }
+  plan_flops(p, in, rs);
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
