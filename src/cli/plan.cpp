@@ -38,6 +38,14 @@ const std::string A = "actor_rollout_ref.actor.", M = A + "megatron.", OT = M + 
 
 // Keys planned here that the config layer refuses today (not supported yet,
 // or undeclared additions): taken aside from the command line before loading.
+// The MoE layers' training keys the plan reads (Megatron's names): from the
+// config once its schema declares them, else planned from the command line.
+const char* const kMoeKeys[] = {"moe_router_load_balancing_type", "moe_aux_loss_coeff",
+                                "moe_z_loss_coeff",               "moe_expert_capacity_factor",
+                                "moe_pad_expert_input_to_capacity", "moe_router_dtype"};
+const std::string kFreezeRouter = "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router";
+const std::string kRolloutRouting = "actor_rollout_ref.rollout.enable_rollout_routing_replay";
+
 bool planned_only(const std::string& key) {
   static const char* const kKeys[] = {
       "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
@@ -45,7 +53,10 @@ bool planned_only(const std::string& key) {
       "override_transformer_config.reuse_fp32_param"};
   for (const char* k : kKeys)
     if (key == M + k) return true;
-  return key == "critic.megatron.override_transformer_config.reuse_fp32_param";
+  for (const char* k : kMoeKeys)
+    if (key == OT + k) return true;
+  return key == "critic.megatron.override_transformer_config.reuse_fp32_param" || key == kFreezeRouter ||
+         key == kRolloutRouting;
 }
 
 // key=value overrides of planned-only keys the schema does not accept yet.
@@ -134,7 +145,60 @@ bool reuse_flag(const config::Config& c, const PlanContext& ctx, const std::stri
   return !ctx.for_train && aside_bool(ctx.aside, key, false);
 }
 
-rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_path, const PlanContext& ctx) {
+// A MoE training key: the config's value when its schema declares it, else
+// the command line's planned-only value (recorded in `planned`; never for
+// kestrel train's check, which plans what train runs), else the default.
+struct MoeKeyReader {
+  const config::Config& c;
+  const PlanContext& ctx;
+  std::vector<std::string>& planned;
+  const std::string* text(const std::string& key) {
+    if (reuse_declared(c, key)) return nullptr;
+    auto it = ctx.aside.find(key);
+    if (ctx.for_train || it == ctx.aside.end()) return nullptr;
+    planned.push_back(key);
+    return &it->second;
+  }
+  double number(const std::string& key, double dflt) {
+    if (reuse_declared(c, key)) return c.get_float_or(key, dflt);
+    const std::string* t = text(key);
+    if (!t || *t == "null") return dflt;
+    char* end = nullptr;
+    const double v = std::strtod(t->c_str(), &end);
+    if (end == t->c_str() || *end != '\0') KS_FAIL(key, ": expected a number or null, got '", *t, "'");
+    return v;
+  }
+  std::string word(const std::string& key, const std::string& dflt) {
+    if (reuse_declared(c, key)) return c.get_string_or(key, dflt);
+    const std::string* t = text(key);
+    return !t || *t == "null" ? dflt : *t;
+  }
+  bool flag(const std::string& key, bool dflt) {
+    if (reuse_declared(c, key)) return c.get_bool(key);
+    return text(key) ? aside_bool(ctx.aside, key, dflt) : dflt;
+  }
+};
+
+// Megatron's MoE keys as model::MoeTrainOptions (model/moe_options.h); the
+// keys the config does not declare yet go to `planned`.
+model::MoeTrainOptions moe_options(const config::Config& c, const PlanContext& ctx, std::vector<std::string>& planned) {
+  MoeKeyReader r{c, ctx, planned};
+  model::MoeTrainOptions o;
+  o.load_balancing_type = r.word(OT + "moe_router_load_balancing_type", o.load_balancing_type);
+  if (o.load_balancing_type != "aux_loss" && o.load_balancing_type != "seq_aux_loss" && o.load_balancing_type != "none")
+    KS_FAIL(OT, "moe_router_load_balancing_type: expected aux_loss, seq_aux_loss or none, got '",
+            o.load_balancing_type, "'");
+  o.aux_loss_coeff = r.number(OT + "moe_aux_loss_coeff", 0.0);
+  o.z_loss_coeff = r.number(OT + "moe_z_loss_coeff", 0.0);
+  o.capacity_factor = r.number(OT + "moe_expert_capacity_factor", 0.0);
+  o.pad_to_capacity = r.flag(OT + "moe_pad_expert_input_to_capacity", false);
+  o.router_logits_fp32 = r.word(OT + "moe_router_dtype", "null") == "fp32";
+  o.freeze_router = r.flag(kFreezeRouter, false);
+  return o;
+}
+
+rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_path, const PlanContext& ctx,
+                           std::vector<std::string>* planned_keys = nullptr) {
   const TrainInputs in = train_inputs(c);
   const rl::RlOptions o = rl_options(c, 1);
   rl::PlanInputs p;
@@ -153,6 +217,9 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     check_num_layers(c, in, p.model.num_hidden_layers);
     if (auto chunks = parallel::pipeline_chunks(spec, p.model.num_hidden_layers); !chunks)
       KS_FAIL(chunks.status().message());
+    l.first_stage_layers = spec.first_stage_layers;
+    l.last_stage_layers = spec.last_stage_layers;
+    l.noop_layers = spec.noop_layers;
   }
   l.cp = aside_int(ctx.aside, M + "context_parallel_size", c.get_int(M + "context_parallel_size"));
   l.cp = aside_int(ctx.aside, OT + "context_parallel_size", l.cp);
@@ -179,6 +246,9 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     KS_FAIL(critic_reuse_key, "=true needs bf16 training (critic.megatron.dtype=bfloat16)");
   p.recompute = in.recompute;  // the policy kestrel train gives the actor's model
   p.critic_recompute = in.critic_recompute;
+  std::vector<std::string> planned;
+  if (p.model.moe.num_experts > 0) p.moe = moe_options(c, ctx, planned);
+  if (planned_keys) *planned_keys = planned;
   p.offload = {c.get_bool(M + "param_offload"), c.get_bool(M + "grad_offload"), c.get_bool(M + "optimizer_offload")};
   if (ctx.for_train) p.offload = {};  // no effect on this build (host memory is the device memory)
   rl::PlanBatching& b = p.batch;
@@ -194,6 +264,11 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   b.log_prob_micro_batch_size = o.log_prob_micro_batch_size;
   b.log_prob_max_token_len = o.log_prob_max_token_len;
   b.old_log_prob = o.ppo_epochs > 1 || o.ppo_mini_batch_size < o.gen_batch_size || o.use_kl_in_reward;
+  if (c.get_string(A + "router_replay.mode") != "disabled") {  // R2/R3: routed experts per token in the batches
+    int64_t moe_layers = 0;
+    for (int64_t i = 0; i < p.model.num_hidden_layers; ++i) moe_layers += p.model.is_moe_layer(i) ? 1 : 0;
+    b.replay_values = moe_layers * p.model.moe.top_k;
+  }
   p.ref = o.loss.use_kl_loss || o.use_kl_in_reward;
   p.critic = in.critic;
   p.critic_dtype = in.critic_dtype;
@@ -203,6 +278,11 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   p.rollout.block_size = o.engine.block_size;
   p.rollout.max_num_batched_tokens = o.engine.max_num_batched_tokens;
   p.rollout.max_num_seqs = o.engine.max_num_seqs;
+  if (p.model.moe.num_experts > 0) {  // R3: the rollout records the routing in a cache beside the KV cache
+    MoeKeyReader r{c, ctx, planned};
+    p.rollout.record_routing = r.flag(kRolloutRouting, false);
+    if (planned_keys) *planned_keys = planned;
+  }
   if (ctx.device_memory > 0) {
     p.device_memory = ctx.device_memory;
   } else {
@@ -231,8 +311,59 @@ std::string flops_str(double f) {
   char buf[32];
   if (f >= 1e15) std::snprintf(buf, sizeof buf, "%.2f PFLOP", f / 1e15);
   else if (f >= 1e12) std::snprintf(buf, sizeof buf, "%.2f TFLOP", f / 1e12);
-  else std::snprintf(buf, sizeof buf, "%.2f GFLOP", f / 1e9);
+  else if (f >= 1e8 || f == 0) std::snprintf(buf, sizeof buf, "%.2f GFLOP", f / 1e9);
+  else if (f >= 1e5) std::snprintf(buf, sizeof buf, "%.2f MFLOP", f / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f FLOP", f);
   return buf;
+}
+
+std::string count_str(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+// The model's MoE/MLA shape, active parameters and FLOPs per token, and the
+// rollout's KV cache per token (MLA: the latent row and its decompressed
+// GQA-equivalent).
+void print_model_lines(const rl::MemoryPlan& p) {
+  const io::ModelConfig& c = p.inputs.model;
+  const int64_t total = c.num_parameters();
+  if (c.moe.num_experts > 0) {
+    int64_t moe_layers = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.is_moe_layer(i) ? 1 : 0;
+    std::printf("mixture of experts: %lld of %lld layers, %lld routed experts (top-%lld, width %lld)", (long long)moe_layers,
+                (long long)c.num_hidden_layers, (long long)c.moe.num_experts, (long long)c.moe.top_k,
+                (long long)c.moe.moe_intermediate_size);
+    if (c.moe.shared_intermediate_size > 0)
+      std::printf(" + shared width %lld%s", (long long)c.moe.shared_intermediate_size,
+                  c.moe.shared_expert_gate ? " (gated)" : "");
+    std::printf("; %s of %s parameters active per token\n", count_str(double(p.active_params)).c_str(),
+                count_str(double(total)).c_str());
+  }
+  std::printf("forward FLOPs per token: %s (GEMMs%s; attention core extra per (query, key) pair)\n",
+              flops_str(p.flops_per_token).c_str(), c.moe.num_experts > 0 ? ", active experts only" : "");
+  if (c.mla.enabled) {
+    const int64_t lat = c.mla.kv_lora_rank + c.mla.qk_rope_head_dim;
+    std::printf("KV cache per token: %s (MLA latent: %lld layers x %lld values [kv_lora %lld + rope %lld]); "
+                "decompressed K/V (GQA-equivalent) would be %s (%.1fx)\n",
+                rl::format_bytes(p.kv_bytes_per_token).c_str(), (long long)c.num_hidden_layers, (long long)lat,
+                (long long)c.mla.kv_lora_rank, (long long)c.mla.qk_rope_head_dim,
+                rl::format_bytes(p.kv_bytes_per_token_gqa).c_str(),
+                double(p.kv_bytes_per_token_gqa) / double(std::max<int64_t>(1, p.kv_bytes_per_token)));
+  } else {
+    std::printf("KV cache per token: %s (%lld layers x K and V of %lld kv heads x %lld)\n",
+                rl::format_bytes(p.kv_bytes_per_token).c_str(), (long long)c.num_hidden_layers,
+                (long long)(rl::kv_values_per_token_layer(c, p.inputs.rollout.tp) / (2 * c.head_dim)),
+                (long long)c.head_dim);
+  }
+  if (p.kv_routing_bytes_per_token > 0)
+    std::printf("routing cache per token: %s (enable_rollout_routing_replay: n_moe_layers x top_k i32)\n",
+                rl::format_bytes(p.kv_routing_bytes_per_token).c_str());
+  std::printf("KV cache: %s, %lld tokens (%lld blocks of %lld)\n", rl::format_bytes(p.kv_cache_bytes).c_str(),
+              (long long)p.kv_tokens, (long long)p.kv_blocks, (long long)p.inputs.rollout.block_size);
 }
 
 void print_table(const rl::MemoryPlan& p, const std::vector<rl::PlanAdvice>& advice, const std::string& model) {
@@ -241,10 +372,16 @@ void print_table(const rl::MemoryPlan& p, const std::vector<rl::PlanAdvice>& adv
               io::arch_name(in.model.arch), (long long)in.model.num_hidden_layers, (long long)in.model.hidden_size,
               (long long)in.model.vocab_size, dtype_name(in.dtype), layout_line(in).c_str(), in.recompute.describe().c_str(),
               in.reuse_fp32_param ? ", reuse_fp32_param" : "");
-  std::printf("per rank: %lld parameters; micro-batches of <= %lld tokens (%lld per mini-batch of %lld sequences), "
-              "%lld optimizer steps per step\n\n",
-              (long long)p.shapes.params, (long long)p.micro.max_tokens, (long long)p.micro.micro_batches,
-              (long long)p.micro.mini_batch_seqs, (long long)p.micro.optimizer_steps);
+  std::printf("per rank: %lld parameters%s; micro-batches of <= %lld tokens (%lld per mini-batch of %lld sequences), "
+              "%lld optimizer steps per step\n",
+              (long long)p.shapes.params,
+              in.layout.pp > 1 ? (" (pipeline rank " + std::to_string(p.shapes.pp_rank) + ", " +
+                                  std::to_string(p.shapes.L) + " layers)").c_str()
+                               : "",
+              (long long)p.micro.max_tokens, (long long)p.micro.micro_batches, (long long)p.micro.mini_batch_seqs,
+              (long long)p.micro.optimizer_steps);
+  print_model_lines(p);
+  std::printf("\n");
   std::printf("%-16s", "bytes per rank");
   for (const auto& ph : p.phases) std::printf(" %14s", ph.name.c_str());
   std::printf("\n");
@@ -291,6 +428,7 @@ nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::
   nlohmann::ordered_json j;
   j["model"] = model;
   j["params_per_rank"] = p.shapes.params;
+  j["pp_rank"] = p.shapes.pp_rank;
   j["dtype"] = dtype_name(in.dtype);
   const rl::PlanLayout& l = in.layout;
   j["layout"] = {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}, {"dp", l.dp},
@@ -310,7 +448,21 @@ nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::
                             {"recompute_live", p.actor.recompute_live}, {"head", p.actor.head},
                             {"logits", p.actor.logits}, {"loss", p.actor.loss}, {"backward", p.actor.backward},
                             {"workspace", p.actor.workspace}, {"peak", p.actor.peak}, {"at", p.actor.at}};
-  j["kv_cache"] = {{"bytes", p.kv_cache_bytes}, {"blocks", p.kv_blocks}};
+  j["kv_cache"] = {{"bytes", p.kv_cache_bytes},
+                   {"blocks", p.kv_blocks},
+                   {"tokens", p.kv_tokens},
+                   {"bytes_per_token", p.kv_bytes_per_token},
+                   {"routing_bytes_per_token", p.kv_routing_bytes_per_token},
+                   {"bytes_per_token_gqa_equivalent", p.kv_bytes_per_token_gqa}};
+  j["active_params"] = p.active_params;
+  j["flops_per_token"] = p.flops_per_token;
+  if (in.model.moe.num_experts > 0)
+    j["moe"] = {{"experts", in.model.moe.num_experts},
+                {"top_k", in.model.moe.top_k},
+                {"layers_on_rank", p.shapes.moe_layers},
+                {"capacity_factor", in.moe.capacity_factor},
+                {"pad_to_capacity", in.moe.pad_to_capacity},
+                {"buffer_bytes", p.shapes.buffers}};
   j["peak"] = {{"bytes", p.peak()}, {"phase", p.phases[p.peak_phase].name}};
   j["device_memory"] = in.device_memory;
   j["fits"] = p.fits();
@@ -400,8 +552,12 @@ int cmd_plan(const std::vector<std::string>& argv) {
           "Planned but not built for training (accepted here as overrides, shown as not supported yet):\n"
           "  %spipeline_model_parallel_size, virtual_pipeline_model_parallel_size, context_parallel_size,\n"
           "  expert_model_parallel_size, and override_transformer_config.reuse_fp32_param while the config does not\n"
-          "  declare it. Activation recompute (override_transformer_config.recompute_*, model.enable_gradient_checkpointing)\n"
-          "  is planned as kestrel train runs it.\n\n"
+          "  declare it; for MoE models override_transformer_config.moe_{router_load_balancing_type, aux_loss_coeff,\n"
+          "  z_loss_coeff, expert_capacity_factor, pad_expert_input_to_capacity, router_dtype} and\n"
+          "  actor_rollout_ref.model.override_config.moe_config.freeze_moe_router, rollout.enable_rollout_routing_replay\n"
+          "  likewise. Activation recompute\n"
+          "  (override_transformer_config.recompute_*, model.enable_gradient_checkpointing) is planned as kestrel train\n"
+          "  runs it. MoE and MLA models plan tp = 1 and ep = 1 only (what Kestrel runs).\n\n"
           "Exit status: 0 fits, 3 does not fit, 1 bad input.\n",
           M.c_str());
       return 0;
@@ -425,8 +581,12 @@ int cmd_plan(const std::vector<std::string>& argv) {
   }
   ctx.aside = take_aside(args);
   const config::Config c = load_command_config(config::ppo_schema(), args, first_layer(args));
-  const rl::PlanInputs in = plan_inputs(c, "", ctx);
+  std::vector<std::string> planned;
+  const rl::PlanInputs in = plan_inputs(c, "", ctx, &planned);
   rl::MemoryPlan p = rl::plan_memory(in);
+  for (const std::string& key : planned)
+    p.not_supported.push_back("not supported yet: " + key + " in kestrel train's config (Kestrel builds it; planned "
+                              "from the command line)");
   if (in.reuse_fp32_param && !reuse_declared(c, OT + "reuse_fp32_param"))
     p.not_supported.push_back("not supported yet: " + OT + "reuse_fp32_param in kestrel train's config (the engine "
                               "builds it; planned: -2 B/param of optimizer state)");

@@ -14,20 +14,40 @@
 //                 recompute policy, logits and their f32 gradient, the
 //                 backward's f32 scratch buffers), at the backward's largest
 //                 moment, block by block as model/forward_backward.cpp runs it.
-// The activation terms follow the code, not a textbook: model/block.cpp and
-// model/dense_blocks.cpp (what LayerActivations keeps, at [Tl, D] or [Tp, ...]),
-// model/forward_backward.cpp (the head, dx), model/train_exec.cpp (GradBuf
-// scratch, f32), train/token_objective.cpp (logits, dlogits: f32 logits are
-// overwritten by their gradient, bf16 ones get an f32 copy), the CPU
-// backend's f32 widening of bf16 GEMM operands (backend/cpu/linear.cpp),
-// parallel/data_parallel.cpp (the flat f32 gradient buffer padded to dp) and
-// optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp holds the
-// prediction against the allocator's measured peaks.
+// The activation terms follow the code, not a textbook: model/block.cpp,
+// model/dense_blocks.cpp, model/moe_mlp.cpp and model/mla_attention.cpp (what
+// LayerActivations keeps, at [Tl, D] or [Tp, ...], and each backward's locals
+// in their order), model/forward_backward.cpp (the head, dx, full recompute's
+// reruns), model/train_exec.cpp (GradBuf scratch, f32, at first use),
+// train/token_objective.cpp (logits, dlogits: f32 logits are overwritten by
+// their gradient, bf16 ones get an f32 copy; logprob and entropy kept through
+// the backward), the CPU backend's f32 widening of bf16 GEMM operands
+// (backend/cpu/linear.cpp; the grouped GEMM's per expert group, the skinny
+// kernel's none), parallel/data_parallel.cpp (the flat f32 gradient buffer
+// padded to dp) and optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp
+// (dense) and tests/rl/memory_plan_moe_test.cpp (MoE/MLA) hold the prediction
+// against the allocator's measured peaks, equal to the byte.
 //
-// Pipeline, virtual pipeline, context and expert parallelism are not built in
-// the engine: they are modelled from Megatron's formulas (1F1B keeps p
+// Mixture-of-experts and latent-attention models (Qwen2/3-MoE, DeepSeek-V2/V3)
+// are planned layer by layer (io::ModelConfig::is_moe_layer): a MoE layer's
+// router, E routed experts (each its own Param), shared experts and
+// DeepSeek-V3's f32 e_score_correction_bias (a buffer: Params, no grad, no
+// optimizer state); an MLA layer's projections and norms. Their activations
+// follow model/moe_mlp.cpp and model/mla_attention.cpp at N routed rows per
+// MoE layer: T*k without capacity dropping (exact: every token has k slots),
+// E*capacity when padded to capacity (exact), T*k as the bound when dropping
+// to capacity. The CPU backend's bf16 widening of the grouped GEMM depends on
+// the largest expert group; the plan takes its bound (every token of the
+// micro-batch on one expert, or the capacity), which is exact when the
+// routing puts every token on the same k experts. MoE and MLA run at tp = 1
+// and ep = 1 only: other layouts are refused by validate_plan_inputs.
+//
+// Pipeline parallelism is built: the states are those of the pipeline rank
+// holding the most parameters (parallel::pipeline_chunks's split, uneven
+// stages and noop layers included). Virtual pipeline and context
+// parallelism are modelled from Megatron's formulas (1F1B keeps p
 // micro-batches in flight on stage 0, interleaving adds (p-1)/(p v); CP
-// divides the tokens) and every such plan says "not supported yet".
+// divides the tokens) and CP says "not supported yet".
 #pragma once
 #include <array>
 #include <cstdint>
@@ -37,6 +57,7 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "io/model_config.h"
+#include "model/moe_options.h"
 #include "model/recompute.h"
 
 namespace kestrel::rl {
@@ -46,6 +67,10 @@ struct PlanLayout {
   int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, dp = 1;
   bool sequence_parallel = false;       // ignored at tp = 1, as Megatron does
   bool distributed_optimizer = false;   // ZeRO-1 over dp
+  // The pipeline split (parallel::PipelineSpec): Megatron's uneven first/last
+  // stages (-1: even) and MindSpeed's noop layers.
+  int64_t first_stage_layers = -1, last_stage_layers = -1;
+  std::vector<int64_t> noop_layers;
 };
 
 // Activation recompute: model/'s own policy (model/recompute.h), so the plan
@@ -78,6 +103,10 @@ struct PlanBatching {
   int64_t log_prob_micro_batch_size = 0;  // sequences; 0 = by log_prob_max_token_len
   int64_t log_prob_max_token_len = 0;
   bool old_log_prob = false;  // the actor scores old log-probs (several mini-batches or epochs, in-reward KL)
+  // Router replay (actor.router_replay.mode R2/R3): the i32 routed experts
+  // each token of the actor's PackedBatches carries (n_moe_layers x top_k,
+  // model/batch.h routed_experts); 0 = none.
+  int64_t replay_values = 0;
 };
 
 struct PlanRollout {
@@ -87,6 +116,9 @@ struct PlanRollout {
   int64_t block_size = 16;
   int64_t max_num_batched_tokens = 8192;
   int64_t max_num_seqs = 256;
+  // rollout.enable_rollout_routing_replay (router replay R3): the engine's
+  // routing cache beside the KV cache, n_moe_layers * top_k i32 per token slot.
+  bool record_routing = false;
 };
 
 struct PlanInputs {
@@ -97,6 +129,7 @@ struct PlanInputs {
   bool critic_reuse_fp32_param = false;  // the critic's (critic.megatron...reuse_fp32_param)
   PlanRecompute recompute;           // the actor's (ModelOptions::recompute)
   PlanRecompute critic_recompute;    // the critic's
+  model::MoeTrainOptions moe;        // the MoE layers' training options (capacity, router losses, router dtype)
   PlanOffload offload;
   PlanBatching batch;
   PlanRollout rollout;
@@ -120,8 +153,36 @@ struct PlanShapes {
   int64_t params = 0;     // elements of this rank's parameters
   int64_t rope_rows = 0;  // RoPE table positions
   bool qk_norm = false;
+  std::vector<int64_t> layers;  // global (HF) indices of the L layers, in order
+  int64_t moe_layers = 0;       // of which mixture-of-experts layers
+  int64_t buffers = 0;          // bytes of untrained f32 state (e_score_correction_bias f32 [E] per MoE layer)
+  int64_t pp_rank = 0;          // the pipeline rank planned (the one holding the most parameters)
 };
+// The shapes of the pipeline rank holding the most parameters (all layers at pp = 1).
 PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false);
+// Parameters of decoder layer `layer` on a tp rank: norms, attention (dense or
+// MLA), MLP (dense or router + E experts + shared experts + shared gate).
+int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp = 1);
+
+// Forward FLOPs of one decoder layer: per token (its GEMMs; a MoE layer the
+// router, the k routed experts and the shared experts a token uses, not all
+// E) and per causal (query, key) pair (the attention core: QK^T and PV).
+struct LayerFlops {
+  double per_token = 0, per_pair = 0;
+};
+LayerFlops layer_flops(const io::ModelConfig& c, int64_t layer, int64_t tp = 1);
+// Parameters a token uses (the embedding row excluded, lm_head included): the
+// dense count, or for MoE the k routed experts of E (Megatron's "active parameters").
+int64_t active_parameters(const io::ModelConfig& c);
+
+// The rollout's KV cache per token and layer, in values (rollout/kv_cache.h
+// KVGeometry, rollout::kv_geometry from config.json): K and V of the rank's
+// kv heads (2 * Hkv/tp * head_dim), or for MLA one latent row [c_kv | k_pe]
+// (kv_lora_rank + qk_rope_head_dim, ops/mla.h).
+int64_t kv_values_per_token_layer(const io::ModelConfig& c, int64_t rollout_tp);
+// MLA's decompressed K and V per token and layer (H * (qk_nope + qk_rope + v)
+// values), what a GQA cache of the same attention would hold; the dense count otherwise.
+int64_t kv_values_per_token_layer_gqa(const io::ModelConfig& c, int64_t rollout_tp);
 
 // What one forward + backward of a T-token micro-batch keeps and uses (bytes).
 struct TrainActivations {
@@ -152,14 +213,17 @@ struct MicroBatchPlan {
   int64_t max_tokens = 0;         // packed rows of the largest micro-batch
   int64_t micro_batches = 0;      // per mini-batch
   int64_t mini_batch_tokens = 0;  // packed rows of one mini-batch (its PackedBatch tensors live together)
+  int64_t mini_batch_prefixes = 0;  // shared prompts' prefixes packed in one mini-batch (once per micro-batch)
   int64_t step_tokens = 0;        // packed rows of one step on this rank (one epoch)
   int64_t attention_pairs = 0;    // causal (query, key) pairs of one step on this rank (one epoch)
 };
 MicroBatchPlan plan_micro_batches(const PlanBatching& b, int64_t dp, int64_t max_token_len, int64_t micro_batch_size,
                                   bool whole_mini_batch);
-// Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of),
-// `micro_batches` PackedBatches together.
-int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches);
+// Bytes of a mini-batch's PackedBatch tensors (input_ids, positions, targets i32 [T], cu_seqlens, prefix_of,
+// routed experts i32 [T, replay_values]), `micro_batches` PackedBatches together.
+// `prefixes`: the shared prompts' prefixes packed (MicroBatchPlan::mini_batch_prefixes); -1 = one per prompt.
+int64_t packed_batch_bytes(const PlanBatching& b, int64_t tokens, int64_t seqs, int64_t micro_batches,
+                           int64_t prefixes = -1);
 
 struct PhasePlan {
   std::string name;       // "rollout", "scoring", "critic", "actor update"
@@ -186,7 +250,13 @@ struct MemoryPlan {
   bool fits() const { return peak() <= inputs.device_memory; }
   int64_t kv_cache_bytes = 0;     // the engine's cache (num_blocks * bytes_per_block)
   int64_t kv_blocks = 0;
+  int64_t kv_tokens = 0;          // tokens the cache holds (kv_blocks * block_size)
+  int64_t kv_bytes_per_token = 0;      // all layers, the rollout dtype (the routing cache not included)
+  int64_t kv_routing_bytes_per_token = 0;  // the routing cache's i32 per token (record_routing)
+  int64_t kv_bytes_per_token_gqa = 0;  // MLA: its decompressed K/V (GQA-equivalent); else kv_bytes_per_token
   double flops_actor = 0, flops_scoring = 0, flops_rollout = 0;  // per rank per step
+  double flops_per_token = 0;     // forward FLOPs per token of the whole model's GEMMs (active experts only)
+  int64_t active_params = 0;      // parameters a token uses (active_parameters)
   std::vector<CommVolume> comm;
   std::vector<std::string> not_supported;  // "not supported yet: ..." lines for training
   std::vector<std::string> notes;
@@ -194,11 +264,12 @@ struct MemoryPlan {
 
 // The plan of one layout; call validate_plan_inputs first (the formulas
 // assume a layout the model divides). not_supported lists what training does
-// not build yet (pp, vpp, cp, offload), notes the rest (ep on a dense model, a
-// KV share that holds no cache).
+// not build yet (cp, offload), notes the rest (ep on a dense model, a KV
+// share that holds no cache).
 MemoryPlan plan_memory(const PlanInputs& in);
 // Checks the layout against the model (divisibility of heads, ffn, layers,
-// world) and returns an error naming the key or flag to change.
+// world; the pipeline split; MoE/MLA models at tp = 1, ep = 1 and rollout tp
+// = 1) and returns an error naming the key or flag to change.
 Status validate_plan_inputs(const PlanInputs& in);
 
 // A change that makes a plan fit, cheapest first.

@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <functional>
 
+#include "parallel/pipeline_layout.h"
 #include "rl/memory_plan.h"
+#include "rollout/model_runner.h"
 
 namespace kestrel::rl {
 
@@ -43,25 +45,49 @@ int64_t rope_bytes(const PlanShapes& s) { return 4 * s.rope_rows * s.hd; }  // c
 
 // One rollout step's buffers (rollout/model_runner.cpp: one buffer per slot
 // reused by every layer; the head on the sampled rows). Approximate: the
-// sampler's transients are not modelled.
-int64_t rollout_activations(const PlanShapes& s, const PlanRollout& r) {
+// sampler's transients are not modelled; a MoE layer's routed rows (T*k of
+// xs, gate, up, act, ys) and router, an MLA layer's latents and absorbed
+// query are counted at their largest.
+int64_t rollout_activations(const PlanShapes& s, const io::ModelConfig& c, const PlanRollout& r) {
   const int64_t a = int64_t(dtype_size(r.dtype));
   const int64_t T = std::max<int64_t>(1, r.max_num_batched_tokens), S = std::min(T, r.max_num_seqs);
-  const int64_t q = s.H * s.hd, kv = s.Hkv * s.hd;
-  int64_t b = a * T * (5 * s.D + 2 * q + 2 * kv + 2 * s.F) + 4 * T;  // x, norm, q, k, v, attn, o, x_mid, gate, up, mlp
-  if (s.qk_norm) b += a * T * (q + kv) + 4 * T * (s.H + s.Hkv);
+  int64_t attn = 0, mlp = 0;
+  if (c.mla.enabled) {
+    const io::MlaConfig& m = c.mla;
+    const int64_t H = c.num_attention_heads, lat = m.kv_lora_rank + m.qk_rope_head_dim;
+    // q [T, H*qk], the q latent and its norm, [c_kv | k_pe] and its parts, the absorbed q [T, H*lat] and output [T, H*kv_lora], o_in [T, H*v]
+    attn = a * T * (H * m.qk_head_dim() + 2 * m.q_lora_rank + 2 * lat + H * lat + H * m.kv_lora_rank + H * m.v_head_dim);
+  } else {
+    const int64_t q = s.H * s.hd, kv = s.Hkv * s.hd;
+    attn = a * T * (2 * q + 2 * kv);  // q, k, v, attn
+    if (s.qk_norm) attn += a * T * (q + kv) + 4 * T * (s.H + s.Hkv);
+  }
+  if (c.moe.num_experts > 0) {
+    const io::MoeConfig& m = c.moe;
+    const int64_t N = T * m.top_k, Fs = m.shared_intermediate_size;
+    mlp = a * N * (2 * s.D + 3 * m.moe_intermediate_size) + 8 * T * m.num_experts + 16 * T * m.top_k + 4 * N +
+          (Fs > 0 ? a * T * (3 * Fs + s.D) : 0);  // routed rows; logits, scores; topk, routing
+  }
+  mlp = std::max(mlp, 2 * a * T * s.F);  // a dense layer's gate, up
+  int64_t b = a * T * 5 * s.D + attn + mlp + 4 * T;  // x, norm, o, x_mid, mlp out
   b += 4 * 4 * T;                                // ids, positions, slots (+ tables, roughly)
   b += a * S * (2 * s.D + s.V) + 12 * S;         // sampled rows, their norm, logits [S, V]; lse, logprobs
   if (r.dtype != DType::F32) b += 4 * (S * s.V + s.V * s.D);  // f32 widening of the lm_head GEMM
   return b;
 }
 
-// Forward FLOPs of `tokens` packed rows with `pairs` causal (query, key) pairs.
-double forward_flops(const PlanShapes& s, int64_t layers, double tokens, double pairs, bool value_head) {
-  const double q = double(s.H * s.hd), kv = double(s.Hkv * s.hd), D = double(s.D);
-  const double per_layer = D * (2 * q + 2 * kv) + 3 * D * double(s.F);  // q, k, v, o, gate, up, down
-  const double head = value_head ? D : D * double(s.V);
-  return 2 * tokens * (double(layers) * per_layer + head) + 4 * pairs * q * double(layers);
+// Forward FLOPs of `tokens` packed rows with `pairs` causal (query, key)
+// pairs through the layers of s (layer_flops: a MoE layer's active experts
+// only) and the head.
+double forward_flops(const io::ModelConfig& c, const PlanShapes& s, int64_t tp, double tokens, double pairs,
+                     bool value_head) {
+  double per_token = value_head ? 2 * double(s.D) : 2 * double(s.D * s.V), per_pair = 0;
+  for (int64_t i : s.layers) {
+    const LayerFlops f = layer_flops(c, i, tp);
+    per_token += f.per_token;
+    per_pair += f.per_pair;
+  }
+  return tokens * per_token + pairs * per_pair;
 }
 
 void add_comm(MemoryPlan& p, std::string what, int64_t payload, double ring_factor, int64_t calls) {
@@ -122,6 +148,70 @@ std::string pct(double x) {
   return buf;
 }
 
+// The rollout's KV cache (rollout/engine.cpp kv_cache_bytes_for with
+// kestrel train's weight_bytes(actor): its parameters and buffers) in the
+// engine's geometry (rollout::kv_geometry): per token every layer's K and V
+// of the rank's kv heads, or MLA's one latent row, and with routing
+// recording the routing cache's n_moe_layers * top_k i32.
+void plan_kv_cache(MemoryPlan& p, const PlanInputs& in, const PlanShapes& rs) {
+  const PlanShapes& s = p.shapes;
+  const int64_t a = int64_t(dtype_size(in.dtype)), ra = int64_t(dtype_size(in.rollout.dtype));
+  const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
+  const int64_t kv_request = int64_t(budget - double(a * s.params + s.buffers));
+  const rollout::KVGeometry g =
+      rollout::kv_geometry(in.model, rs.Hkv, in.rollout.dtype, in.rollout.block_size,
+                           in.rollout.record_routing && in.model.moe.num_experts > 0);
+  p.kv_bytes_per_token = g.kv_bytes_per_token();
+  p.kv_routing_bytes_per_token = 4 * g.routing_width;
+  p.kv_bytes_per_token_gqa = in.model.num_hidden_layers * kv_values_per_token_layer_gqa(in.model, in.rollout.tp) * ra;
+  const int64_t per_block = g.bytes_per_block();
+  p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
+  p.kv_cache_bytes = p.kv_blocks * per_block;
+  p.kv_tokens = p.kv_blocks * in.rollout.block_size;
+}
+
+// FLOPs per rank per step: the actor update (3 forwards and the recompute
+// reruns), the scoring passes, the rollout; and the model's forward FLOPs
+// per token.
+void plan_flops(MemoryPlan& p, const PlanInputs& in, const PlanShapes& rs) {
+  const PlanLayout& l = in.layout;
+  const PlanShapes& s = p.shapes;
+  const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
+  const double fwd = forward_flops(in.model, s, l.tp, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
+  // Recompute reruns forward work in the backward (model/recompute.h): a
+  // full block its whole forward, selective mlp the gate/up GEMMs (dense
+  // MLPs only), core_attn the attention core; norms and swiglu are
+  // elementwise (not counted).
+  double recompute_flops = 0;
+  {
+    const double tokens = double(p.micro.step_tokens), pairs = double(p.micro.attention_pairs);
+    const double gate_up = 2 * tokens * 2 * double(s.D * s.F);
+    const std::vector<model::BlockRecompute> rc = in.recompute.plan(s.L);
+    for (size_t i = 0; i < rc.size(); ++i) {
+      const int64_t layer = s.layers[i];
+      const LayerFlops f = layer_flops(in.model, layer, l.tp);
+      const model::BlockRecompute& b = rc[i];
+      recompute_flops += b.full ? tokens * f.per_token + pairs * f.per_pair
+                                : (b.mlp && !in.model.is_moe_layer(layer) ? gate_up : 0) + (b.core_attn ? pairs * f.per_pair : 0);
+    }
+  }
+  p.flops_actor = epochs * (3 * fwd + recompute_flops);
+  p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
+  {
+    const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
+    const double prompts = double(ceil_div(in.batch.train_batch_size, rdp));
+    const double P = double(in.batch.prompt_len), R = double(in.batch.response_len), n = double(in.batch.n);
+    const double tokens = prompts * (P + n * R), pairs = prompts * (P * P / 2 + n * (R * P + R * R / 2));
+    p.flops_rollout = forward_flops(in.model, rs, in.rollout.tp, tokens, pairs, false) -
+                      2 * prompts * (P - 1) * double(rs.D * rs.V);  // logits on sampled rows only
+  }
+  {
+    PlanShapes whole = plan_shapes(in, 1, 1);
+    p.flops_per_token = forward_flops(in.model, whole, 1, 1, 0, false);
+    p.active_params = active_parameters(in.model);
+  }
+}
+
 }  // namespace
 
 std::string format_bytes(int64_t bytes) {
@@ -169,17 +259,40 @@ Status validate_plan_inputs(const PlanInputs& in) {
                         {l.dp, std::string("the data-parallel size (--world / (tp x pp x cp))")},
                         {l.vpp, M + "virtual_pipeline_model_parallel_size"}})
     if (v < 1) return KS_ERR(key, " must be >= 1, got ", v);
+  const bool moe = c.moe.num_experts > 0, mla = c.mla.enabled;
+  if (moe || mla) {
+    // model/transformer.cpp refuses tp > 1 for MoE and MLA layers; expert parallelism is not built.
+    const std::string what = std::string(io::arch_name(c.arch)) + " (" +
+                             (moe ? "mixture-of-experts" : "latent attention") + " layers)";
+    if (l.tp > 1)
+      return KS_ERR("not supported yet: ", M, "tensor_model_parallel_size=", l.tp, " for ", what,
+                    "; use tensor_model_parallel_size=1 (data and pipeline parallelism work)");
+    if (in.rollout.tp > 1)
+      return KS_ERR("not supported yet: actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp, " for ",
+                    what, "; use 1");
+    if (moe && l.ep > 1)
+      return KS_ERR("not supported yet: ", M, "expert_model_parallel_size=", l.ep, " (expert parallelism) for ", what,
+                    "; use expert_model_parallel_size=1 (every rank holds all experts)");
+    if (moe && c.mlp_bias)
+      return KS_ERR("not supported yet: MLP biases (mlp_bias in config.json) in a mixture-of-experts model");
+  }
   if (c.intermediate_size % l.tp != 0)
     return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": intermediate_size ", c.intermediate_size,
                   " does not divide by it; choose a tp dividing it");
   if (c.num_attention_heads % l.tp != 0)
     return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": num_attention_heads ", c.num_attention_heads,
                   " does not divide by it");
-  // The layer split itself (uneven first/last stages, noop layers) is
-  // parallel::pipeline_chunks's check; an uneven split is planned with the
-  // largest stage (plan_shapes: ceil(num_hidden_layers / pp) layers).
   if (l.vpp > 1 && l.pp < 2)
     return KS_ERR(M, "virtual_pipeline_model_parallel_size=", l.vpp, " needs pipeline_model_parallel_size >= 2");
+  if (l.pp > 1) {  // the layer split kestrel train builds (uneven first/last stages, noop layers)
+    parallel::PipelineSpec spec;
+    spec.pp = int(l.pp);
+    spec.vpp = int(l.vpp);
+    spec.first_stage_layers = l.first_stage_layers;
+    spec.last_stage_layers = l.last_stage_layers;
+    spec.noop_layers = l.noop_layers;
+    if (auto chunks = parallel::pipeline_chunks(spec, c.num_hidden_layers); !chunks) return chunks.status();
+  }
   if (in.rollout.tp < 1 || c.num_attention_heads % in.rollout.tp != 0 || c.intermediate_size % in.rollout.tp != 0)
     return KS_ERR("actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp,
                   " must divide num_attention_heads ", c.num_attention_heads, " and intermediate_size ",
@@ -214,15 +327,16 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // ---- residents of every phase ----
   CategoryBytes resident{};
   const ModelStates actor = trained_states(in, s.params, dt, in.reuse_fp32_param);
-  resident[cat(MemCategory::Params)] += actor.params + rope_bytes(s);
+  // Buffers (e_score_correction_bias f32) sit beside the weights in Params: no gradient, no optimizer state.
+  resident[cat(MemCategory::Params)] += actor.params + rope_bytes(s) + s.buffers;
   resident[cat(MemCategory::Grads)] += actor.grads;
   resident[cat(MemCategory::OptimizerState)] += actor.optimizer;
-  if (in.ref) resident[cat(MemCategory::Params)] += a * s.params + rope_bytes(s);  // the frozen copy
+  if (in.ref) resident[cat(MemCategory::Params)] += a * s.params + rope_bytes(s) + s.buffers;  // the frozen copy
   PlanShapes cs;
   if (in.critic) {
     cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true);
     const ModelStates c = trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param);
-    resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs);
+    resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs) + cs.buffers;
     resident[cat(MemCategory::Grads)] += c.grads;
     resident[cat(MemCategory::OptimizerState)] += c.optimizer;
   }
@@ -231,16 +345,14 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (in.offload.optimizer) offloadable[cat(MemCategory::OptimizerState)] = actor.optimizer;
 
   // ---- the rollout's weights and KV cache (rollout/engine.cpp kv_cache_bytes_for) ----
-  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt;
+  // A copy when the rollout's tp or dtype differs, and under pp (the rollout
+  // runs the whole model: rollout/reshard.h RolloutWeights).
+  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt || l.pp > 1;
   const PlanShapes rs = plan_shapes(in, in.rollout.tp, 1);
   const int64_t ra = int64_t(dtype_size(in.rollout.dtype));
-  const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) : 0;
+  const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) + rs.buffers : 0;
   if (copy && in.offload.param) offloadable[cat(MemCategory::Params)] = actor.params;
-  const double budget = in.rollout.gpu_memory_utilization * double(in.device_memory);
-  const int64_t kv_request = int64_t(budget - double(a * s.params));  // kestrel train: weight_bytes(actor)
-  const int64_t per_block = 2 * in.model.num_hidden_layers * in.rollout.block_size * rs.Hkv * rs.hd * ra;
-  p.kv_blocks = kv_request > 0 ? kv_request / per_block : 0;
-  p.kv_cache_bytes = p.kv_blocks * per_block;
+  plan_kv_cache(p, in, rs);
   if (p.kv_blocks < 2)
     p.notes.push_back("actor_rollout_ref.rollout.gpu_memory_utilization=" + std::to_string(in.rollout.gpu_memory_utilization) +
                       " of " + format_bytes(in.device_memory) + " does not hold the rollout weights and a KV cache: "
@@ -262,21 +374,25 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     ph.detail = std::move(detail);
     p.phases.push_back(std::move(ph));
   };
-  phase("rollout", true, rollout_activations(rs, in.rollout), 0,
-        "KV cache " + format_bytes(p.kv_cache_bytes) + " (" + std::to_string(p.kv_blocks) + " blocks)" +
+  phase("rollout", true, rollout_activations(rs, in.model, in.rollout), 0,
+        "KV cache " + format_bytes(p.kv_cache_bytes) + " (" + std::to_string(p.kv_blocks) + " blocks, " +
+            std::to_string(p.kv_tokens) + " tokens)" +
             (copy ? ", rollout weight copy " + format_bytes(copy_bytes) : ""));
   if (in.batch.old_log_prob || in.ref) {
     const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
                                                  in.batch.log_prob_micro_batch_size, false);
     const int64_t acts = scoring_activations(s, in, sm.max_tokens, dt) +
-                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches);
+                         packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches, sm.mini_batch_prefixes);
     phase("scoring", true, acts, 0,
           std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
               (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
   }
   if (in.critic) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
-    phase("critic", false, ca.peak + packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches), 0,
+    PlanBatching values = in.batch;
+    values.replay_values = 0;  // the critic routes for itself
+    phase("critic", false, ca.peak + packed_batch_bytes(values, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
+                                                p.micro.mini_batch_prefixes), 0,
           "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
   }
   // ---- the actor update ----
@@ -290,43 +406,25 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                            p.actor.recompute_live + p.actor.backward;
     acts = std::max(stage0, p.actor.peak);
   }
-  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches);
+  acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
+                             p.micro.mini_batch_prefixes);
   int64_t other = 0;
   if (l.dp > 1 && l.distributed_optimizer) {
     // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.
     const int64_t shard = ceil_div(s.params, l.dp), bucket = in.dp_bucket_bytes / 4;
     other = std::max(4 * l.dp * std::min(shard, bucket), a * shard);
   }
+  // Megatron's aux_loss over the micro-batch: its one group's offsets, an i32 [2] host tensor (Other) while
+  // the router's loss runs (model/moe_mlp.cpp aux_groups); seq_aux_loss reads the batch's cu_seqlens.
+  if (s.moe_layers > 0 && in.moe.aux_loss_coeff > 0 && in.moe.load_balancing_type == "aux_loss")
+    other = std::max<int64_t>(other, 8);
   phase("actor update", false, acts, other,
         "largest micro-batch " + std::to_string(p.micro.max_tokens) + " tokens, peak at " + p.actor.at);
   p.peak_phase = 0;
   for (size_t i = 0; i < p.phases.size(); ++i)
     if (p.phases[i].total() > p.phases[p.peak_phase].total()) p.peak_phase = i;
 
-  // ---- FLOPs per rank per step ----
-  const double epochs = double(std::max<int64_t>(1, in.batch.ppo_epochs));
-  const double fwd = forward_flops(s, s.L, double(p.micro.step_tokens), double(p.micro.attention_pairs), false);
-  // Recompute reruns forward work in the backward (model/recompute.h): a
-  // full block its whole forward, selective mlp the gate/up GEMMs, core_attn
-  // the attention core; norms and swiglu are elementwise (not counted).
-  double recompute_flops = 0;
-  {
-    const double tokens = double(p.micro.step_tokens), pairs = double(p.micro.attention_pairs);
-    const double layer = forward_flops(s, 1, tokens, pairs, false) - 2 * tokens * double(s.D * s.V);
-    const double core = 4 * pairs * double(s.H * s.hd), gate_up = 2 * tokens * 2 * double(s.D * s.F);
-    for (const model::BlockRecompute& b : in.recompute.plan(s.L))
-      recompute_flops += b.full ? layer : (b.mlp ? gate_up : 0) + (b.core_attn ? core : 0);
-  }
-  p.flops_actor = epochs * (3 * fwd + recompute_flops);
-  p.flops_scoring = ((in.batch.old_log_prob ? 1 : 0) + (in.ref ? 1 : 0)) * fwd;
-  {
-    const int64_t rdp = std::max<int64_t>(1, l.dp * l.tp * l.pp * l.cp / in.rollout.tp);
-    const double prompts = double(ceil_div(in.batch.train_batch_size, rdp));
-    const double P = double(in.batch.prompt_len), R = double(in.batch.response_len), n = double(in.batch.n);
-    const double tokens = prompts * (P + n * R), pairs = prompts * (P * P / 2 + n * (R * P + R * R / 2));
-    p.flops_rollout = forward_flops(rs, in.model.num_hidden_layers, tokens, pairs, false) -
-                      2 * prompts * (P - 1) * double(rs.D * rs.V);  // logits on sampled rows only
-  }
+  plan_flops(p, in, rs);
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
@@ -437,7 +535,7 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
                  x.layout.sequence_parallel = true;
                });
   if (in.layout.dp % 2 == 0) {
-    try_change(M + "pipeline_model_parallel_size=" + std::to_string(in.layout.pp * 2), false, [](PlanInputs& x) {
+    try_change(M + "pipeline_model_parallel_size=" + std::to_string(in.layout.pp * 2), true, [](PlanInputs& x) {
       x.layout.pp *= 2;
       x.layout.dp /= 2;
     });

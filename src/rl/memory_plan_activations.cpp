@@ -1,0 +1,540 @@
+// The memory model's activation terms (see memory_plan.h): what one forward +
+// backward of a micro-batch keeps and allocates, layer by layer, and what a
+// scoring forward holds. Every term names the tensor of the code it stands for.
+//
+// A layer is dense (model/dense_blocks.cpp) or MoE (model/moe_mlp.cpp) in its
+// MLP, dense GQA or MLA (model/mla_attention.cpp) in its attention. The
+// backward's moments are walked in the order the code allocates: the blocks
+// top down (model/forward_backward.cpp), each block's MLP then its attention
+// (model/block.cpp), each sub-block's locals in the order of its backward.
+#include <algorithm>
+
+#include "backend/cpu/skinny_gemm.h"
+#include "ops/moe.h"
+#include "rl/memory_plan.h"
+
+namespace kestrel::rl {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+// Rows of the residual stream (Tl) and inside the tp regions (Tp) of a
+// T-token batch, as model/train_exec.cpp: SP pads T to a multiple of tp.
+struct Rows {
+  int64_t T = 0, Tp = 0, Tl = 0;
+};
+Rows rows_of(int64_t T, int64_t tp, bool sp) {
+  Rows r;
+  r.T = T;
+  r.Tp = sp ? ceil_div(T, tp) * tp : T;
+  r.Tl = sp ? r.Tp / tp : r.Tp;
+  return r;
+}
+
+bool sp_on(const PlanInputs& in) { return in.layout.sequence_parallel && in.layout.tp > 1; }
+
+// The backward's f32 scratch buffers (model/train_exec.h GradBuf, one per kind
+// for the whole backward, made at first use). DNorm comes with the head.
+enum Buf : unsigned { kTmpD = 1, kTmpL = 2, kDF1 = 4, kDF2 = 8, kDAct = 16, kDAttn = 32, kDQ = 64, kDK = 128, kDV = 256 };
+
+// One moment of a block's backward or forward: the block's bytes beyond what
+// is alive around it, the transient part of them (workspace), the GradBufs
+// allocated by then, and where it is.
+struct Moment {
+  int64_t bytes = 0, ws = 0;
+  unsigned bufs = 0;
+  const char* at = "";
+};
+
+// The shapes and options every layer term reads.
+struct Ctx {
+  const PlanShapes& s;
+  const PlanInputs& in;
+  const io::ModelConfig& c;
+  Rows r;
+  int64_t a = 4;  // compute dtype bytes
+  bool bf = false, sp = false, tp = false;
+  // MoE: routed rows N, the largest expert group (its bound), capacity on.
+  int64_t N = 0, G = 0;
+  bool capacity = false;
+};
+
+int64_t buf_bytes(const Ctx& x, unsigned mask) {
+  const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = x.s.D, F = x.s.F, q = x.s.H * x.s.hd, kv = x.s.Hkv * x.s.hd;
+  int64_t b = 0;
+  if (mask & kTmpD) b += 4 * Tp * D;
+  if ((mask & kTmpL) && Tl != Tp) b += 4 * Tl * D;  // TmpL is TmpD when Tl == Tp
+  for (unsigned k : {kDF1, kDF2, kDAct})
+    if (mask & k) b += 4 * Tp * F;
+  if (mask & kDAttn) b += 4 * Tp * q;
+  if (mask & kDQ) b += 4 * Tp * q;
+  if (mask & kDK) b += 4 * Tp * kv;
+  if (mask & kDV) b += 4 * Tp * kv;
+  return b;
+}
+
+// ---- what a layer's forward keeps (model/activations.h) -----------------------
+
+// One layer's LayerActivations without recompute, and what each recompute
+// flag drops from it.
+struct LayerStore {
+  int64_t full = 0;
+  int64_t core_attn = 0;  // attn, lse
+  int64_t norm = 0;       // norm1, norm2 [Tp, D]
+  int64_t mlp = 0;        // selective mlp (dense MLP only): gate, up, act
+  int64_t act = 0;        // activation function: the dense act [Tp, F]; MoE the experts' act [N, Fe] and the shared act [T, Fs]
+  int64_t attn_part = 0;  // the attention sub-block's own fields (q, k, v, attn, lse, q/k-norm or MLA latents)
+  int64_t mlp_part = 0;   // the MLP sub-block's own fields
+};
+
+int64_t moe_route_bytes(const Ctx& x) {
+  const io::MoeConfig& m = x.c.moe;
+  const int64_t T = x.r.Tp, E = m.num_experts, k = m.top_k;
+  const int64_t logit = (m.router_fp32 || x.in.moe.router_logits_fp32) ? 4 : x.a;
+  // logits [T, E], scores f32 [T, E], topk_idx i32 / topk_w f32 [T, k],
+  // chosen_idx i32 [T, k] under capacity, routing dest i32 [T, k], source i32 [N].
+  return logit * T * E + 4 * T * E + 8 * T * k + (x.capacity ? 4 * T * k : 0) + 4 * T * k + 4 * x.N;
+}
+
+LayerStore layer_store_full(const Ctx& x, int64_t layer) {
+  const PlanShapes& s = x.s;
+  const int64_t a = x.a, T = x.r.T, Tp = x.r.Tp, Tl = x.r.Tl, D = s.D;
+  LayerStore st;
+  // x_in, x_mid [Tl, D]; norm1, norm2 [Tp, D] (the gathered copies under SP); rstd1, rstd2 f32 [Tl].
+  const int64_t block = a * (2 * Tl * D + 2 * Tp * D) + 8 * Tl;
+  st.norm = 2 * a * Tp * D;
+  if (x.c.mla.enabled) {
+    const io::MlaConfig& m = x.c.mla;
+    const int64_t H = x.c.num_attention_heads, qk = m.qk_head_dim(), vd = m.v_head_dim, ql = m.q_lora_rank;
+    // q, k [T, H*qk], v, attn [T, H*v], lse f32 [H, T]; cq, cq_n [T, q_lora], rstd_q f32 [T]; ckv, ckv_n [T, kv_lora], rstd_kv f32 [T].
+    st.attn_part = a * T * (2 * H * qk + 2 * H * vd) + 4 * H * T + (ql > 0 ? 2 * a * T * ql + 4 * T : 0) +
+                   2 * a * T * m.kv_lora_rank + 4 * T;
+    st.core_attn = a * T * H * vd + 4 * H * T;
+  } else {
+    const int64_t q = s.H * s.hd, kv = s.Hkv * s.hd;
+    // q (post-RoPE; q_lin itself without qk_norm), k, v, attn [Tp, H*hd], lse f32 [H, T].
+    st.attn_part = a * Tp * (2 * q + 2 * kv) + 4 * s.H * T;
+    if (s.qk_norm) st.attn_part += a * Tp * (q + kv) + 4 * Tp * (s.H + s.Hkv);  // q_lin, k_lin; rstd_q, rstd_k f32
+    st.core_attn = a * Tp * q + 4 * s.H * T;
+  }
+  if (x.c.is_moe_layer(layer)) {
+    const io::MoeConfig& m = x.c.moe;
+    const int64_t Fe = m.moe_intermediate_size, Fs = m.shared_intermediate_size, N = x.N;
+    // The routing, xs and ys [N, D], gate, up, act [N, Fe]; shared gate, up,
+    // act [T, Fs], its output [T, D] and Qwen2-MoE's gate logit [T, 1].
+    st.mlp_part = moe_route_bytes(x) + a * N * (2 * D + 3 * Fe);
+    if (Fs > 0) st.mlp_part += a * T * (3 * Fs + D) + (m.shared_expert_gate ? a * T : 0);
+    st.act = a * N * Fe + (Fs > 0 ? a * T * Fs : 0);
+  } else {
+    st.mlp_part = 3 * a * Tp * s.F;  // gate, up, act [Tp, F]
+    st.mlp = 3 * a * Tp * s.F;
+    st.act = a * Tp * s.F;
+  }
+  st.full = block + st.attn_part + st.mlp_part;
+  return st;
+}
+
+// What block `index` keeps under p (model/block.cpp, dense_blocks.cpp,
+// moe_mlp.cpp, forward_backward.cpp): everything less its selective drops; a
+// block of a full-recompute chunk keeps only the chunk's input x_in [Tl, D]
+// (on its first block). Selective mlp applies to dense MLPs only.
+int64_t layer_store(const Ctx& x, const LayerStore& st, const model::BlockRecompute& p, int64_t index) {
+  if (p.full) return p.chunk_first == index ? x.a * x.r.Tl * x.s.D : 0;
+  int64_t b = st.full;
+  if (p.core_attn) b -= st.core_attn;
+  if (p.norm) b -= st.norm;
+  if (p.mlp && st.mlp > 0) b -= st.mlp;
+  else if (p.act) b -= st.act;
+  return b;
+}
+
+// ---- the backward's moments of one block ------------------------------------
+
+// The dense block's transients (CPU backend: bf16 GEMM operands widened to
+// f32 scratch, backend/cpu/linear.cpp; a weight's f32 copy for dx, then the
+// input's for dW).
+struct DenseWs {
+  int64_t mlp = 0, att_o = 0, att_qkv = 0, fwd_gemm = 0;
+};
+DenseWs dense_ws(const Ctx& x) {
+  const PlanShapes& s = x.s;
+  const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, F = s.F, q = s.H * s.hd, kv = s.Hkv * s.hd;
+  DenseWs w;
+  w.mlp = x.bf ? 4 * std::max({D * F, Tp * F, Tp * D}) : 0;  // down, gate/up backward
+  // The attention's backward: o's (its weight, then attn widened) with a
+  // selective core_attn's attn and lse still alive; then q/k/v's (their
+  // weights, then norm1), with qk_norm beside dq_in, dk_in f32.
+  w.att_o = x.bf ? 4 * std::max(D * q, Tp * q) : 0;
+  w.att_qkv = x.bf ? 4 * std::max({q * D, kv * D, Tp * D}) : 0;
+  if (s.qk_norm) w.att_qkv += 4 * Tp * (q + kv);
+  if (x.sp) {  // gathered dy, reduce-scattered dnorm
+    w.mlp = std::max(w.mlp, 4 * Tp * D + 4 * Tl * D);
+    w.att_o = std::max(w.att_o, 4 * Tp * D + 4 * Tl * D);
+    w.att_qkv = std::max(w.att_qkv, 4 * Tp * D + 4 * Tl * D);
+  }
+  if (s.Hkv * x.in.layout.tp > x.c.num_key_value_heads && x.tp)
+    w.att_qkv = std::max(w.att_qkv, 4 * kv * D);  // a replicated kv head's summed grad
+  // A forward GEMM of a rerun or of selective mlp's gate/up: x, W, y in f32
+  // (bf16), or the row-parallel f32 partial under tp.
+  w.fwd_gemm = x.bf ? 4 * (Tp * F + D * F + Tp * D) : (x.tp ? 4 * Tp * D : 0);
+  return w;
+}
+
+// f32 widening of a bf16 linear_bwd with dx: the weight [out, in], then (with
+// dW) the input [rows, in]; nothing in f32.
+int64_t ws_bwd(const Ctx& x, int64_t rows, int64_t out, int64_t in, bool dw = true) {
+  return x.bf ? 4 * std::max(out * in, dw ? rows * in : 0) : 0;
+}
+// f32 widening of a bf16 linear_fwd: x [rows, in], W [out, in], y [rows, out] (bf16 y), the bias [out].
+int64_t ws_fwd(const Ctx& x, int64_t rows, int64_t out, int64_t in, bool f32_out = false, bool bias = false) {
+  return x.bf ? 4 * (rows * in + out * in + (f32_out ? 0 : rows * out) + (bias ? out : 0)) : 0;
+}
+
+// The dense MLP's backward (dense_blocks.cpp DenseMlp::backward): its
+// GradBufs, norm2 rebuilt, selective mlp's gate/up/act or act rebuilt, the
+// down and gate/up backward's widening (or selective mlp's forward GEMMs).
+Moment dense_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt) {
+  const DenseWs w = dense_ws(x);
+  const int64_t a = x.a, Tp = x.r.Tp, D = x.s.D, F = x.s.F;
+  const int64_t n2 = k.norm ? a * Tp * D : 0;
+  const int64_t again = k.mlp ? 3 * a * Tp * F : (k.act ? a * Tp * F : 0);
+  int64_t ws = w.mlp;
+  if (k.mlp) ws = std::max(ws, w.fwd_gemm - a * Tp * F);  // gate/up GEMMs run before act exists
+  *rebuilt = std::max(*rebuilt, n2 + again);
+  return {n2 + again + ws, ws, kTmpD | kTmpL | kDF1 | kDF2 | kDAct, " MLP"};
+}
+
+// The dense attention's backward: norm1 rebuilt, selective core_attn's attn
+// and lse rebuilt until the core's backward, the GEMMs' widening.
+void dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
+  const DenseWs w = dense_ws(x);
+  const int64_t a = x.a, Tp = x.r.Tp, T = x.r.T, D = x.s.D;
+  const int64_t n1 = k.norm ? a * Tp * D : 0, core = k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T : 0;
+  *rebuilt = std::max(*rebuilt, n1 + core);
+  const unsigned bufs = kTmpD | kTmpL | kDAttn | kDQ | kDK | kDV;
+  out.push_back({n1 + core + w.att_o, w.att_o, bufs, " attention"});
+  out.push_back({n1 + w.att_qkv, w.att_qkv, bufs, " attention"});
+}
+
+// The MoE MLP's backward (moe_mlp.cpp MoeMlp::backward, tp = 1): its locals
+// in allocation order; it uses no GradBuf of its own (TmpL = TmpD from Block::backward).
+void moe_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
+  const io::MoeConfig& m = x.c.moe;
+  const int64_t a = x.a, T = x.r.Tp, D = x.s.D, N = x.N, G = x.G, E = m.num_experts, kk = m.top_k;
+  const int64_t Fe = m.moe_intermediate_size, Fs = m.shared_intermediate_size;
+  const unsigned bufs = kTmpD | kTmpL;
+  const int64_t n2 = k.norm ? a * T * D : 0;                                  // norm2 rebuilt (Block::norm_again)
+  const int64_t again = k.act ? a * N * Fe + (Fs > 0 ? a * T * Fs : 0) : 0;  // act, sh_act rebuilt
+  *rebuilt = std::max(*rebuilt, n2 + again);
+  const int64_t pre = n2 + again + 4 * T * kk;  // dw f32 [T, k] from the unpermute's backward on
+  // down: dys f32 [N, D], dact f32 [N, Fe]; the grouped backward's widening of a group's down weight, then its act rows.
+  const int64_t ws_down = ws_bwd(x, G, D, Fe);
+  out.push_back({pre + 4 * N * D + 4 * N * Fe + ws_down, ws_down, bufs, " MoE experts' down backward"});
+  out.push_back({pre + 12 * N * Fe, 0, bufs, " MoE SwiGLU backward"});  // dact, dg, du
+  // gate/up: dg, du [N, Fe], dxs, tmp_s f32 [N, D]; a group's gate/up weight widened, then its xs rows.
+  const int64_t ws_gu = ws_bwd(x, G, Fe, D);
+  const int64_t gu = pre + 8 * N * Fe + 8 * N * D;
+  out.push_back({gu + ws_gu, ws_gu, bufs, " MoE experts' gate/up backward"});
+  const int64_t shared_base = gu + 4 * T * D;  // tmp f32 [T, D] after the permute's backward
+  out.push_back({shared_base, 0, bufs, " MoE permute backward"});
+  if (Fs > 0) {
+    int64_t g = 0;
+    if (m.shared_expert_gate) {  // ds f32 [T, D], dgl f32 [T, 1] (its scope); the gate's [1, D] weight, then norm2 widened
+      g = 4 * T * D;
+      const int64_t ws = ws_bwd(x, T, 1, D);
+      out.push_back({shared_base + g + 4 * T + ws, ws, bufs, " MoE shared gate backward"});
+    }
+    const int64_t ws_d = ws_bwd(x, T, D, Fs);  // dsa f32 [T, Fs]
+    out.push_back({shared_base + g + 4 * T * Fs + ws_d, ws_d, bufs, " MoE shared down backward"});
+    const int64_t ws_gu2 = ws_bwd(x, T, Fs, D);  // dsg, dsu f32 [T, Fs]
+    out.push_back({shared_base + g + 12 * T * Fs + ws_gu2, ws_gu2, bufs, " MoE shared gate/up backward"});
+  }
+  // The router (act rebuilt is dropped before it): dlogits f32 [T, E]; the
+  // router weight widened, then norm2 (no dW when frozen).
+  const int64_t ws_r = ws_bwd(x, T, E, D, !x.in.moe.freeze_router);
+  out.push_back({shared_base - again + 4 * T * E + ws_r, ws_r, bufs, " MoE router backward"});
+}
+
+// MLA's backward (mla_attention.cpp MlaAttention::backward, tp = 1): its
+// locals in allocation order, no GradBuf of its own.
+void mla_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
+  const io::MlaConfig& m = x.c.mla;
+  const int64_t a = x.a, T = x.r.T, D = x.s.D, H = x.c.num_attention_heads, nope = m.qk_nope_head_dim;
+  const int64_t rope = m.qk_rope_head_dim, vd = m.v_head_dim, kvl = m.kv_lora_rank, ql = m.q_lora_rank, qk = nope + rope;
+  const unsigned bufs = kTmpD | kTmpL;
+  const int64_t n1 = k.norm ? a * T * D : 0;
+  const int64_t core = k.core_attn ? a * T * H * vd + 4 * H * T : 0;  // attn, lse rebuilt
+  *rebuilt = std::max(*rebuilt, n1 + core);
+  const int64_t ws_o = ws_bwd(x, T, D, H * vd);  // dattn f32 [T, H*v]; o's weight, then attn widened
+  out.push_back({n1 + core + 4 * T * H * vd + ws_o, ws_o, bufs, " MLA o_proj backward"});
+  // dattn, dq, dk f32 [T, H*qk], dv f32 [T, H*v] at the attention core's backward.
+  out.push_back({n1 + core + 8 * T * H * vd + 8 * T * H * qk, 0, bufs, " MLA attention core backward"});
+  // attn, lse (core_attn) and dattn freed; dkv f32 [T, H*(nope+v)], dkpe f32 [T, rope].
+  const int64_t dkv = 4 * T * H * (nope + vd) + 4 * T * rope;
+  out.push_back({n1 + 8 * T * H * qk + 4 * T * H * vd + dkv, 0, bufs, " MLA kv_b gradient"});
+  // dk, dv freed: dq, dkv, dkpe live; dckv_n f32 [T, kv_lora]; kv_b's weight, then ckv_n widened.
+  const int64_t live = n1 + 4 * T * H * qk + dkv;
+  const int64_t ws_kvb = ws_bwd(x, T, H * (nope + vd), kvl);
+  out.push_back({live + 4 * T * kvl + ws_kvb, ws_kvb, bufs, " MLA kv_b_proj backward"});
+  // dckv f32 [T, kv_lora], dkva f32 [T, kv_lora + rope]; kv_a's weight, then norm1 widened.
+  const int64_t live2 = live + 8 * T * kvl + 4 * T * (kvl + rope);
+  const int64_t ws_kva = ws_bwd(x, T, kvl + rope, D);
+  out.push_back({live2 + ws_kva, ws_kva, bufs, " MLA kv_a_proj backward"});
+  const int64_t live3 = live2 + 4 * T * D;  // tmp f32 [T, D]
+  if (ql > 0) {
+    const int64_t ws_qb = ws_bwd(x, T, H * qk, ql), ws_qa = ws_bwd(x, T, ql, D);  // dcq_n, dcq f32 [T, q_lora]
+    out.push_back({live3 + 8 * T * ql + ws_qb, ws_qb, bufs, " MLA q_b_proj backward"});
+    out.push_back({live3 + 8 * T * ql + ws_qa, ws_qa, bufs, " MLA q_a_proj backward"});
+  } else {
+    const int64_t ws_q = ws_bwd(x, T, H * qk, D);
+    out.push_back({live3 + ws_q, ws_q, bufs, " MLA q_proj backward"});
+  }
+}
+
+// The moments of block `layer`'s backward under k (model/block.cpp: the MLP
+// sub-block first, then the attention).
+std::vector<Moment> block_backward(const Ctx& x, int64_t layer, const model::BlockRecompute& k, int64_t* rebuilt) {
+  std::vector<Moment> out;
+  if (x.c.is_moe_layer(layer)) moe_mlp_bwd(x, k, rebuilt, out);
+  else out.push_back(dense_mlp_bwd(x, k, rebuilt));
+  if (x.c.mla.enabled) mla_att_bwd(x, k, rebuilt, out);
+  else dense_att_bwd(x, k, rebuilt, out);
+  return out;
+}
+
+// ---- a rerun block's forward moments (full recompute) -----------------------
+
+// The forward of block `layer` keeping everything (a rerun of a full chunk):
+// the bytes of its own LayerActivations allocated by each moment, plus the
+// forward's transients.
+std::vector<Moment> block_forward(const Ctx& x, int64_t layer, const LayerStore& st) {
+  const int64_t a = x.a, T = x.r.T, Tl = x.r.Tl, D = x.s.D;
+  std::vector<Moment> out;
+  const int64_t O = a * Tl * D;  // the attention's output [Tl, D], alive until the block returns
+  if (x.c.mla.enabled) {
+    const io::MlaConfig& m = x.c.mla;
+    const int64_t H = x.c.num_attention_heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
+    const int64_t vd = m.v_head_dim, kvl = m.kv_lora_rank, ql = m.q_lora_rank, qk = nope + rope;
+    const int64_t pre = a * (Tl * D + T * D) + 4 * Tl;  // x_in, norm1, rstd1
+    // The decompression: q, (cq, cq_n, rstd_q), kva [T, kv_lora+rope], ckv, kpe [T, rope], ckv_n, rstd_kv, kv [T, H*(nope+v)].
+    const int64_t q_part = a * T * H * qk + (ql > 0 ? 2 * a * T * ql + 4 * T : 0);
+    const int64_t lat = a * T * (kvl + rope) + 2 * a * T * kvl + a * T * rope + 4 * T;
+    const int64_t kv = a * T * H * (nope + vd);
+    const int64_t ws_kvb = ws_fwd(x, T, H * (nope + vd), kvl);  // O [Tl, D] is allocated before the decompression
+    out.push_back({pre + q_part + lat + O + kv + ws_kvb, ws_kvb, 0, " MLA kv_b_proj forward"});
+    // o_proj with the whole attention part, kva, kpe and kv still in scope.
+    const int64_t ws_o = ws_fwd(x, T, D, H * vd, false, x.c.attention_bias);
+    const int64_t scope = a * T * (kvl + rope) + a * T * rope + kv;
+    out.push_back({pre + st.attn_part + scope + O + ws_o, ws_o, 0, " MLA o_proj forward"});
+  }
+  if (x.c.is_moe_layer(layer)) {
+    const io::MoeConfig& m = x.c.moe;
+    const int64_t N = x.N, G = x.G, E = m.num_experts, Fe = m.moe_intermediate_size, Fs = m.shared_intermediate_size;
+    const int64_t pre = st.full - st.mlp_part + O;
+    const bool f32_logits = m.router_fp32 || x.in.moe.router_logits_fp32;
+    const int64_t logit = f32_logits ? 4 : a;
+    const int64_t ws_r = ws_fwd(x, T, E, D, f32_logits);
+    out.push_back({pre + logit * T * E + ws_r, ws_r, 0, " MoE router forward"});
+    // Groups of at most kSkinnyMaxRows rows take the skinny kernel (no tensor scratch).
+    const bool wide = x.bf && G > cpu::kSkinnyMaxRows;
+    const int64_t route = moe_route_bytes(x);
+    const int64_t ws_gu = wide ? ws_fwd(x, G, Fe, D) : 0;
+    out.push_back({pre + route + a * N * (D + 2 * Fe) + ws_gu, ws_gu, 0, " MoE experts' up forward"});
+    const int64_t ws_d = wide ? ws_fwd(x, G, D, Fe) : 0;
+    const int64_t routed = route + a * N * (2 * D + 3 * Fe);
+    out.push_back({pre + routed + ws_d, ws_d, 0, " MoE experts' down forward"});
+    if (Fs > 0) {
+      const int64_t mlp = a * Tl * D;  // the combined output [T, D]
+      const int64_t ws_gu2 = ws_fwd(x, T, Fs, D);
+      out.push_back({pre + routed + mlp + 2 * a * T * Fs + ws_gu2, ws_gu2, 0, " MoE shared up forward"});
+      const int64_t ws_d2 = ws_fwd(x, T, D, Fs);
+      out.push_back({pre + routed + mlp + a * T * (3 * Fs + D) + ws_d2, ws_d2, 0, " MoE shared down forward"});
+      if (m.shared_expert_gate) {
+        const int64_t ws_g = ws_fwd(x, T, 1, D);
+        out.push_back({pre + st.mlp_part + mlp + ws_g, ws_g, 0, " MoE shared gate forward"});
+      }
+    }
+    out.push_back({st.full + 3 * a * Tl * D, 0, 0, ""});  // the attention and MLP outputs and the block output
+  } else {
+    // The end of a dense MLP: the attention and MLP outputs and the block
+    // output [Tl, D] (and under SP the norms' local [Tl, D]), or, earlier, the
+    // down projection's GEMM with the first two.
+    const DenseWs w = dense_ws(x);
+    const int64_t end = 3 * a * Tl * D + (x.sp ? 2 * a * Tl * D : 0), gemm = 2 * a * Tl * D + w.fwd_gemm;
+    out.push_back({st.full + std::max(end, gemm), std::max(end, gemm), 0, ""});
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, int64_t T_in, DType dt,
+                                   bool value_head) {
+  TrainActivations r;
+  const int64_t T = ceil_div(T_in, std::max<int64_t>(1, in.layout.cp));  // CP: this rank's share of the tokens
+  Ctx x{s, in, in.model, rows_of(T, in.layout.tp, sp_on(in))};
+  x.a = int64_t(dtype_size(dt));
+  x.bf = dt != DType::F32;
+  x.sp = sp_on(in);
+  x.tp = in.layout.tp > 1;
+  {  // MoE rows (ops/moe.h): T*k dropless; E*capacity padded; at most T*k dropping (the bound).
+    const io::MoeConfig& m = in.model.moe;
+    const int64_t k = std::max<int64_t>(1, m.top_k), E = std::max<int64_t>(1, m.num_experts);
+    x.N = T * k;
+    x.G = T;  // a token visits an expert once
+    if (m.num_experts > 0 && in.moe.capacity_factor > 0) {
+      x.capacity = true;
+      const int64_t cap = ops::moe_expert_capacity(T, k, E, in.moe.capacity_factor);
+      x.G = in.moe.pad_to_capacity ? cap : std::min(T, cap);
+      if (in.moe.pad_to_capacity) x.N = E * cap;
+    }
+  }
+  const int64_t a = x.a, Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, V = s.V, L = s.L;
+  const bool bf = x.bf, sp = x.sp;
+  const std::vector<model::BlockRecompute> plan = (value_head ? in.critic_recompute : in.recompute).plan(L);
+
+  std::vector<LayerStore> whole(static_cast<size_t>(L));  // each block's LayerActivations without recompute
+  std::vector<int64_t> store(static_cast<size_t>(L));  // what each block keeps through the forward
+  for (int64_t i = 0; i < L; ++i) {
+    whole[size_t(i)] = layer_store_full(x, s.layers[size_t(i)]);
+    r.per_layer = std::max(r.per_layer, whole[size_t(i)].full);
+    store[size_t(i)] = layer_store(x, whole[size_t(i)], plan[size_t(i)], i);
+    r.kept_layers += store[size_t(i)];
+  }
+  r.head = a * Tl * D + a * Tp * D + 4 * Tl;  // x_final [Tl, D], normf [Tp, D], rstdf f32 [Tl]
+  if (value_head) {
+    r.logits = a * Tp + 4 * T;  // values [Tp, 1], dvalues f32 [T, 1]
+    r.loss = 0;
+  } else {
+    // logits [Tp, V]; f32 logits are overwritten by their gradient, bf16 ones
+    // get an f32 dlogits [T, V] (train/token_objective.cpp).
+    r.logits = a * Tp * V + (bf ? 4 * T * V : 0);
+    if (Tp != T) r.logits += 4 * Tp * V;  // the padded f32 copy of dlogits under SP (forward_backward.cpp)
+    r.loss = 5 * 4 * T;  // logprob, entropy, lse, dlogprob, dentropy f32 [T]
+  }
+  // The backward's f32 buffers from the head on: dx [Tl, D] and DNorm [Tp, D];
+  // under SP the backward TrainExec's padded ids and positions (i32 [Tp]).
+  // The GradBufs of the blocks come at their first use (Buf).
+  const int64_t g_head = 4 * (Tl * D + Tp * D) + (sp ? 8 * Tp : 0);
+
+  // Transients of the head (bf16: lm_head's GEMM operands widened to f32).
+  const int64_t ws_head_fwd = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;  // xf, wf, yf of lm_head
+  const int64_t ws_head_bwd = bf ? 4 * std::max(V * D, Tp * D) : 0;   // wf (dx), then xf (dW)
+  const int64_t sums = (in.layout.tp > 1 || V * in.layout.tp != in.model.vocab_size) ? 12 * T : 0;
+
+  struct Best {
+    int64_t bytes = -1, ws = 0;
+    std::string at;
+  };
+  Best best;
+  auto consider = [&](int64_t bytes, int64_t ws, std::string at) {
+    if (bytes > best.bytes) best = {bytes, ws, std::move(at)};
+  };
+  const int64_t base = r.kept_layers + r.head;
+  consider(base + a * Tp * V * !value_head + ws_head_fwd, ws_head_fwd, "forward, lm_head");
+  consider(base + r.logits + r.loss + sums, sums, "loss");
+  // Through the whole backward: the head, the logits (and dlogits) and the
+  // result's logprob and entropy f32 [T] (train/token_objective.cpp: lse,
+  // dlogprob and dentropy are freed when the loss's backward returns).
+  const int64_t fixed = r.head + r.logits + (value_head ? 0 : 2 * 4 * T);
+  consider(r.kept_layers + fixed + g_head + ws_head_bwd, ws_head_bwd, "backward, lm_head");
+  // The blocks' backward, top down (forward_backward.cpp): blocks above i are
+  // spent (freed), a full chunk is rerun keeping everything before its last
+  // block's backward, selective drops are rebuilt right before their use;
+  // GradBufs are allocated at their first use and kept.
+  unsigned bufs = 0;
+  for (int64_t i = L - 1; i >= 0; --i) {
+    const model::BlockRecompute& p = plan[size_t(i)];
+    const std::string layer = "backward, layer " + std::to_string(s.layers[size_t(i)]);
+    int64_t alive = 0, rebuilt = 0;
+    for (int64_t j = 0; j <= i; ++j) {
+      const bool rerun = p.full && plan[size_t(j)].full && plan[size_t(j)].chunk_first == p.chunk_first;
+      alive += rerun ? whole[size_t(j)].full : store[size_t(j)];
+      if (rerun) rebuilt += whole[size_t(j)].full - store[size_t(j)];
+    }
+    if (p.full && p.chunk_last == i) {
+      // The rerun of the chunk (forward_backward.cpp rerun_chunk): block j's
+      // forward with the chunk's blocks before it complete.
+      int64_t before = alive;
+      for (int64_t j = p.chunk_first; j <= i; ++j) before -= whole[size_t(j)].full;
+      for (int64_t j = p.chunk_first; j <= i; ++j) {
+        for (const Moment& m : block_forward(x, s.layers[size_t(j)], whole[size_t(j)]))
+          consider(before + m.bytes + fixed + g_head + buf_bytes(x, bufs), m.ws, layer + " rerun" + m.at);
+        before += whole[size_t(j)].full;
+      }
+    }
+    const model::BlockRecompute k = p.full ? model::BlockRecompute{} : p;  // a rerun block keeps everything
+    int64_t again = 0;
+    for (const Moment& m : block_backward(x, s.layers[size_t(i)], k, &again)) {
+      bufs |= m.bufs;
+      consider(alive + fixed + g_head + buf_bytes(x, bufs) + m.bytes, m.ws, layer + m.at);
+    }
+    r.recompute_live = std::max(r.recompute_live, rebuilt + again);
+  }
+  r.backward = g_head + buf_bytes(x, bufs);
+  r.peak = best.bytes;
+  r.at = best.at;
+  r.workspace = best.ws;
+  return r;
+}
+
+int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T_in, DType dt) {
+  // forward_inference: one LayerActivations reused by every layer (each
+  // buffer replaced as the next layer allocates its own), then the head.
+  const int64_t a = int64_t(dtype_size(dt));
+  const bool sp = sp_on(in), bf = dt != DType::F32;
+  const int64_t T = ceil_div(T_in, std::max<int64_t>(1, in.layout.cp));
+  Ctx x{s, in, in.model, rows_of(T, in.layout.tp, sp)};
+  x.a = a;
+  x.bf = bf;
+  x.sp = sp;
+  x.tp = in.layout.tp > 1;
+  x.N = T * std::max<int64_t>(1, in.model.moe.top_k);
+  x.G = T;
+  x.capacity = in.model.moe.num_experts > 0 && in.moe.capacity_factor > 0;
+  const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, F = s.F, V = s.V;
+  const io::ModelConfig& c = in.model;
+  // The record after each layer: that layer's fields, and those of the
+  // other MLP kind that persist from an earlier layer (a dense MLP's
+  // gate/up/act stay through the MoE layers after it, a MoE MLP's fields
+  // through dense layers: neither writes the other's).
+  int64_t rec = 0, dense_mlp = 0, moe_mlp = 0, in_layer = 0;
+  for (size_t idx = 0; idx < s.layers.size(); ++idx) {
+    const int64_t i = s.layers[idx];
+    const bool moe = c.is_moe_layer(i);
+    const LayerStore st = layer_store_full(x, i);
+    if (c.mla.enabled && idx > 0) {
+      // MLA's new q (a local until A.q = q), its output O [Tl, D] (allocated
+      // before the decompression) and its kva, kpe, kv locals beside the
+      // previous layer's record; then the new k (or v) allocated before the
+      // old one is replaced; before that the kv_b GEMM's widening.
+      const io::MlaConfig& m = c.mla;
+      const int64_t H = c.num_attention_heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
+      const int64_t vd = m.v_head_dim, kvl = m.kv_lora_rank;
+      const int64_t qn = a * T * H * (nope + rope), scope = a * T * (kvl + 2 * rope + H * (nope + vd)) + a * Tl * D;
+      in_layer = std::max({in_layer, rec + qn + scope + ws_fwd(x, T, H * (nope + vd), kvl),
+                           rec + qn + scope + std::max(qn, a * T * H * vd)});
+    }
+    rec = st.full + (moe ? dense_mlp : moe_mlp);
+    (moe ? moe_mlp : dense_mlp) = st.mlp_part;
+    // At the end of a block: its new buffers and four [Tl, D] besides them
+    // (the attention and MLP outputs O, Mlp alive until Block::forward
+    // returns, x_out, and one more found by measurement: MemoryPlanScoring.*
+    // pins it); in bf16 the down projection's f32 operand scratch (a MoE
+    // layer's: its shared experts' or its largest group's), before x_out exists.
+    int64_t ws_layer = bf ? 4 * (Tp * D + F * D + Tp * F) : 0;
+    if (moe) {
+      const int64_t Fe = c.moe.moe_intermediate_size, Fs = c.moe.shared_intermediate_size;
+      ws_layer = std::max(Fs > 0 ? ws_fwd(x, T, D, Fs) : 0, x.G > cpu::kSkinnyMaxRows ? ws_fwd(x, x.G, D, Fe) : 0);
+    }
+    in_layer = std::max(in_layer, rec + std::max(4 * a * Tl * D, 2 * a * Tl * D + ws_layer));
+  }
+  const int64_t layer = rec;  // the last layer's record, at the head
+  const int64_t ws_head = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;
+  const int64_t at_head = layer + a * Tl * D + a * Tp * D + 4 * Tl + a * Tp * V + ws_head;
+  const int64_t after = a * Tp * V + 3 * 4 * T + 12 * T;  // logits, logprob/entropy/lse, sums
+  return std::max({in_layer, at_head, after});
+}
+
+}  // namespace kestrel::rl
