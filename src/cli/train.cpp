@@ -434,7 +434,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   // (gpu_memory_utilization) holds those weights and the KV cache.
   auto mem = rollout::device_memory_bytes(local_ranks());
   if (!mem) KS_FAIL(mem.status().message());
-  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout::weight_bytes(actor));
+  // Under pipeline parallelism the rollout holds a whole-model copy
+  // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
+  const int64_t rollout_weight_bytes =
+      actor.is_whole_model()
+          ? rollout::weight_bytes(actor)
+          : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
+                rollout::buffer_bytes(actor.config());
+  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout_weight_bytes);
   if (!kv) KS_FAIL(c.origin(R + "gpu_memory_utilization"), ": ", kv.status().message());
   o.engine.kv_cache_bytes = *kv;
   o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;

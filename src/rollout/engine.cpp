@@ -463,6 +463,13 @@ int64_t weight_bytes(const model::CausalLM& model) {
   return model.num_parameters() * int64_t(dtype_size(model.dtype())) + buffers;
 }
 
+int64_t buffer_bytes(const io::ModelConfig& cfg) {
+  if (!cfg.moe.score_correction_bias) return 0;
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+  return moe_layers * cfg.moe.num_experts * int64_t(sizeof(float));
+}
+
 int64_t kv_bytes_per_token(const model::CausalLM& model) {
   return kv_geometry(model, 1, false).kv_bytes_per_token();
 }

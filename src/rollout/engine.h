@@ -67,6 +67,8 @@ Result<int64_t> parse_meminfo_total(const std::string& meminfo_text);
 // Bytes of the model's weights in its compute dtype (this rank's shard),
 // plus its f32 buffers (DeepSeek-V3's e_score_correction_bias).
 int64_t weight_bytes(const model::CausalLM& model);
+// Bytes of a whole model's f32 buffers (DeepSeek-V3's correction biases: one [E] per MoE layer).
+int64_t buffer_bytes(const io::ModelConfig& cfg);
 // Bytes the KV cache keeps per token over all layers on this tp rank, in the
 // model dtype: 2 * n_kv_heads * head_dim per layer for GQA, kv_lora_rank +
 // qk_rope_head_dim per layer for MLA's latent cache. (With record_routing
