@@ -44,6 +44,37 @@ static double measure_gemm_peak_gflops() {
   return best;
 }
 
+// Forward + backward FLOPs per token of the matmuls (6 x active matmul
+// params) and of causal attention at sequence length seq.
+static double model_flops_per_token(const io::ModelConfig& c, int64_t seq) {
+  const double D = double(c.hidden_size), V = double(c.vocab_size), H = double(c.num_attention_heads);
+  double attn_params = 0, qk_width = 0, v_width = 0;  // per layer; widths summed over heads
+  if (c.mla.enabled) {
+    const auto& m = c.mla;
+    const double qk = double(m.qk_head_dim()), qr = double(m.q_lora_rank);
+    attn_params = (m.q_lora_rank > 0 ? D * qr + qr * H * qk : D * H * qk) +
+                  D * double(m.kv_lora_rank + m.qk_rope_head_dim) +
+                  double(m.kv_lora_rank) * H * double(m.qk_nope_head_dim + m.v_head_dim) + H * double(m.v_head_dim) * D;
+    qk_width = H * qk;
+    v_width = H * double(m.v_head_dim);
+  } else {
+    attn_params = D * double(c.q_dim()) * 2 + D * double(c.kv_dim()) * 2;
+    qk_width = v_width = double(c.q_dim());
+  }
+  double matmul_params = V * D;  // lm_head
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    double mlp = 3 * D * double(c.intermediate_size);
+    if (c.is_moe_layer(l)) {
+      const auto& m = c.moe;
+      mlp = double(m.num_experts) * D + double(m.top_k) * 3 * D * double(m.moe_intermediate_size) +
+            3 * D * double(m.shared_intermediate_size) + (m.shared_expert_gate ? D : 0);
+    }
+    matmul_params += attn_params + mlp;
+  }
+  const double attn = double(c.num_hidden_layers) * 2 * (double(seq) / 2) * (qk_width + v_width);
+  return 6 * matmul_params + 3 * attn;
+}
+
 int main(int argc, char** argv) {
   std::string config = "bench/configs/small.json", dtype_s = "fp32";
   int threads = 2, steps = 5, warmup = 2;
@@ -124,14 +155,12 @@ int main(int argc, char** argv) {
   std::sort(cpu_times.begin(), cpu_times.end());
   const double cpu_step_s = cpu_times[cpu_times.size() / 2];
 
-  // Model FLOPs per step: 6 x (matmul params incl. lm_head) per token, plus
-  // causal attention 3 x 2 x 2 x (seq/2) x q_dim per token per layer.
-  const auto& c = cfg.value();
-  const double D = double(c.hidden_size), F = double(c.intermediate_size), V = double(c.vocab_size);
-  const double per_layer = D * double(c.q_dim()) * 2 + D * double(c.kv_dim()) * 2 + 3 * D * F;
-  const double matmul_params = double(c.num_hidden_layers) * per_layer + V * D;
-  const double attn = double(c.num_hidden_layers) * 2 * 2 * (double(seq) / 2) * double(c.q_dim());
-  const double flops = double(b.num_tokens) * (6 * matmul_params + 3 * attn);
+  // Model FLOPs per step: 6 x (matmul params a token passes through, incl.
+  // lm_head) per token, plus causal attention 3 x 2 x (seq/2) x (q.k width +
+  // value width) x heads per token per layer. A MoE layer counts its router,
+  // its k routed experts and its shared expert(s) (the active parameters); an
+  // MLA layer its q (LoRA or full), kv_a, kv_b and o projections.
+  const double flops = double(b.num_tokens) * model_flops_per_token(cfg.value(), seq);
   const double peak = measure_gemm_peak_gflops();
   std::printf(
       "{\"engine\": \"kestrel\", \"config\": \"%s\", \"threads\": %d, \"dtype\": \"%s\", \"tokens_per_s\": %.1f, "

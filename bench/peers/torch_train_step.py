@@ -12,7 +12,11 @@ best CPU path). Warms up --warmup steps (default 2), then times --steps steps wi
 
 Prints one JSON line: {"config", "threads", "tokens_per_s", "step_s", "params", ...}; tokens_per_s counts
 input tokens (rows * seq) per second of a full step, step_s is the mean seconds per timed step
-(step_s_min / step_s_median also printed: other load on a shared machine inflates the mean).
+(step_s_min / step_s_median also printed: other load on a shared machine inflates the mean; cpu_step_s is the
+median process CPU seconds per step divided by --threads, which leaves out time the threads were descheduled).
+MoE configs (Qwen3-MoE, DeepSeek-V3) run transformers' default experts implementation unless
+--experts-implementation names one ("eager" loops over experts with per-expert nn.functional.linear calls);
+the JSON line says which ran ("experts").
 """
 import argparse
 import json
@@ -37,6 +41,9 @@ def main():
     ap.add_argument("--adamw-impl", choices=["fused", "foreach", "for-loop"], default="fused",
                     help="torch.optim.AdamW implementation (fused is the fastest on CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experts-implementation", default=None,
+                    help="MoE configs: transformers' experts_implementation (\"eager\": a loop over the hit experts, "
+                         "\"grouped_mm\": torch's grouped GEMM, \"batched_mm\"); default: transformers' own choice")
     args = ap.parse_args()
     if args.batch_tokens % args.seq:
         ap.error(f"--batch-tokens {args.batch_tokens} is not a multiple of --seq {args.seq}")
@@ -47,7 +54,12 @@ def main():
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
 
     config = AutoConfig.from_pretrained(args.config)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+    extra = {}
+    if args.experts_implementation:
+        extra["experts_implementation"] = args.experts_implementation
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype, **extra)
+    # What ran (None for dense models; transformers resolves its default to "grouped_mm" where torch has it).
+    experts_impl = getattr(model.config, "_experts_implementation", None) if hasattr(config, "num_experts_per_tok") else None
     model.train()
     params = sum(p.numel() for p in model.parameters())
     impl = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
@@ -70,18 +82,22 @@ def main():
         step()
     loss = None
     times = []  # per-step wall times: min/median are less sensitive to other load on a shared machine
+    cpu_times = []  # process CPU seconds per step / threads: leaves out time descheduled (Kestrel's cpu_step_s)
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = step()
         times.append(time.perf_counter() - t0)
+        cpu_times.append((time.process_time() - c0) / args.threads)
     dt = sum(times) / max(len(times), 1)
 
     print(json.dumps({
         "config": os.path.basename(args.config), "threads": args.threads,
         "tokens_per_s": round(rows * args.seq / dt, 2), "step_s": round(dt, 4), "params": params,
         "step_s_min": round(min(times), 4), "step_s_median": round(sorted(times)[len(times) // 2], 4),
+        "cpu_step_s": round(sorted(cpu_times)[len(cpu_times) // 2], 4),
         "seq": args.seq, "batch_tokens": rows * args.seq, "steps": args.steps, "dtype": args.dtype,
         "attn": "sdpa", "adamw": args.adamw_impl, "last_loss": loss,
+        **({"experts": experts_impl} if experts_impl else {}),
         "torch": torch.__version__, "transformers": transformers.__version__,
     }))
 
