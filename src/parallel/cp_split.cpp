@@ -36,24 +36,27 @@ int cp_ulysses_degree(CpAlgo algo, int cp, int u) {
 }
 
 Status check_cp_heads(int64_t H, int64_t Hkv, int tp, int cp, int u) {
+  using detail::concat;
   if (tp < 1 || cp < 1 || u < 1 || cp % u != 0)
-    return Status::error(detail::concat("context parallelism: tp ", tp, ", cp ", cp, ", Ulysses degree ", u,
-                         " (each >= 1, and the Ulysses degree must divide cp)"));
+    return Status::error(concat("context parallelism: tp ", tp, ", cp ", cp, ", Ulysses degree ", u,
+                                " (each >= 1, and the Ulysses degree must divide cp)"));
   if (u == 1) return Status::ok();  // the ring keeps every head on every rank
   if (H <= 0 || Hkv <= 0 || H % Hkv != 0 || H % tp != 0)
-    return Status::error(detail::concat("context parallelism: num_attention_heads ", H, " and num_key_value_heads ", Hkv,
-                         " with tensor_model_parallel_size ", tp, " do not form whole head groups per rank"));
+    return Status::error(concat("context parallelism: num_attention_heads ", H, " and num_key_value_heads ", Hkv,
+                                " with tensor_model_parallel_size ", tp, " do not form whole head groups per rank"));
   const int64_t h = H / tp;
   const int64_t hkv = Hkv % tp == 0 ? Hkv / tp : 1;  // tp replicates kv heads when fewer than tp
   if (h % u != 0)
-    return Status::error(detail::concat("Ulysses context parallelism splits the ", h, " query heads of a tensor-parallel rank (",
-                         "num_attention_heads ", H, " / tp ", tp, ") over Ulysses degree ", u, " (cp ", cp,
-                         "), which does not divide them; choose a degree dividing ", h,
-                         " (hybrid_cp_algo with a smaller ulysses_degree_in_cp, or megatron_cp_algo)"));
+    return Status::error(concat("Ulysses context parallelism splits the ", h,
+                                " query heads of a tensor-parallel rank (num_attention_heads ", H, " / tp ", tp,
+                                ") over Ulysses degree ", u, " (cp ", cp, "), which does not divide them; ",
+                                "choose a degree dividing ", h,
+                                " (hybrid_cp_algo with a smaller ulysses_degree_in_cp, or megatron_cp_algo)"));
   if (hkv % u != 0 && u % hkv != 0)
-    return Status::error(detail::concat("Ulysses context parallelism: the ", hkv, " kv heads of a tensor-parallel rank ",
-                         "(num_key_value_heads ", Hkv, ", tp ", tp, ") and Ulysses degree ", u,
-                         " must divide one another (kv heads are split, or replicated when fewer than the degree)"));
+    return Status::error(concat("Ulysses context parallelism: the ", hkv, " kv heads of a tensor-parallel rank ",
+                                "(num_key_value_heads ", Hkv, ", tp ", tp, ") and Ulysses degree ", u,
+                                " must divide one another (kv heads are split, or replicated when fewer than the ",
+                                "degree)"));
   return Status::ok();
 }
 
