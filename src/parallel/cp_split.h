@@ -37,7 +37,7 @@
 #include "comm/process_group.h"
 #include "core/status.h"
 #include "core/tensor.h"
-#include "parallel/cp_block_ops_decl.h"
+#include "ops/attention.h"
 
 namespace kestrel::parallel {
 

@@ -4,9 +4,9 @@
 // dq/dk/dv of one process's ops::attention_fwd/bwd over the full batch --
 // several sequences of mixed lengths (shorter than 2cp up to 1000 tokens),
 // GQA, MHA, kv heads fewer than the Ulysses degree, values narrower than the
-// heads. f32 within 1e-5 of the largest reference value; bf16 within 1.6e-2
-// (one bf16 rounding of out/dq/dk/dv at the top of their range, both sides
-// rounding once from f32 sums taken in different orders). Pad rows get zero
+// heads. f32 within 1e-5 of the largest reference value; bf16 within 2^-8 of
+// it (one bf16 rounding step at the top of the range: both sides round once
+// from f32 sums taken in different orders; measured up to 4.3e-4). Pad rows get zero
 // gradients. The bytes each rank sends equal cp_attention_bytes, counted by
 // decorating the groups. Every rank runs the reference itself.
 #include <cmath>
@@ -149,7 +149,7 @@ void check_case(const Case& c, int u, const char* algo) {
   const CpLayout L = make_cp_layout({&fb.cu, &fb.pos}, cp, rank, u);
   ops::AttentionShape s{c.H, c.Hkv, c.hd, 0.f, c.vd};
   const int64_t vd = s.value_dim();
-  const double tol = c.dt == DType::F32 ? 1e-5 : 1.6e-2;
+  const double tol = c.dt == DType::F32 ? 1e-5 : 1.0 / 256;
 
   // The one-process reference over the full batch.
   Tensor q = rnd({T, c.H * c.hd}, 1, c.dt), k = rnd({T, c.Hkv * c.hd}, 2, c.dt), v = rnd({T, c.Hkv * vd}, 3, c.dt);
