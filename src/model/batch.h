@@ -2,9 +2,14 @@
 // layout every layer and the attention kernel consume.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
+
+namespace kestrel::parallel {
+struct CpLayout;  // parallel/cp_split.h
+}
 
 namespace kestrel::model {
 
@@ -28,6 +33,12 @@ struct PackedBatch {
   // routing replay R2 replays in the update (verl records it while computing
   // old log-probs), and what tests compare with transformers'.
   Tensor* record_routing = nullptr;
+  // Context parallelism: set on a cp rank's share of a packed batch (its rows
+  // of chunks r and 2cp-1-r of every sequence, parallel/cp_split.h). Then
+  // cu_seqlens gives each sequence's local rows, which are NOT contiguous
+  // positions: attention must go through parallel/cp_attention.h with this
+  // layout, never ops::attention_fwd on the local rows. Null = not split.
+  std::shared_ptr<const parallel::CpLayout> cp;
   // Host mirrors of the tensors above, equal to them element for element
   // (pack_sequences / pack_prefix_groups fill both; the tensors are built
   // from these). Code on the host -- loss bookkeeping, row selections, index

@@ -47,4 +47,50 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor& dout, const Tensor& cu_seqlens, const AttentionShape& s, Tensor& dq, Tensor& dk,
                    Tensor& dv, const Tensor* prefix_of = nullptr);
 
+// ---- Block attention: the steps of ring context parallelism ----
+// Ring CP (parallel/ context parallelism) keeps each rank's query rows and
+// passes key/value blocks around the ring; each step attends the local
+// queries to one block by position in the sequence, and the partial results
+// are merged by log-sum-exp. These three ops are those steps.
+//
+// The rows of one block pairing, per sequence of a packed batch: sequence b
+// is q rows cu_q[b]..cu_q[b+1] and k/v rows cu_k[b]..cu_k[b+1] (each starts
+// at 0, ends at Tq resp. Tk, non-decreasing; empty sequences allowed). Key j
+// is visible to query i of the same sequence iff k_pos[j] <= q_pos[i] (the
+// rows' positions in their sequence: causal attention by position, so any
+// split of a sequence's rows over q and k blocks, e.g. the zigzag chunks,
+// works). Positions need not be sorted; the kernels are fastest when they
+// are (the order in which CP ranks hold their rows).
+struct AttentionBlock {
+  Tensor cu_q, cu_k;    // i32 [B+1] row ranges of each sequence in q and in k/v
+  Tensor q_pos, k_pos;  // i32 [Tq], [Tk] position of each row in its sequence
+};
+
+// Attention of q [Tq, H*hd] over k [Tk, Hkv*hd], v [Tk, Hkv*vd] (hd =
+// s.head_dim, vd = s.value_dim(); q, k, v one dtype, f32 or bf16; GQA as
+// attention_fwd). Writes out [Tq, H*vd], normalised over this block's visible
+// keys (0 for a row that sees none), in q's dtype or f32 (f32 keeps a ring's
+// partial results unrounded until the last merge), and lse f32 [H, Tq] (-inf
+// for a row that sees none). f32 math; deterministic, thread-count independent.
+void attention_block_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk,
+                         const AttentionShape& s, Tensor& out, Tensor& lse);
+
+// (out, lse) <- the softmax over the union of both blocks' keys:
+// out = (e^lse out + e^lse_b out_b) / (e^lse + e^lse_b), lse = log(e^lse + e^lse_b),
+// computed in f32 and stored in out's dtype. out, out_b [Tq, H*vd] (f32 or
+// bf16, each its own); lse, lse_b f32 [H, Tq]. A side whose lse is -inf has
+// no visible key and weight 0: merging a block no query sees leaves out and
+// lse bit-identical.
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+
+// Backward of one block from the FINAL out and lse of the query rows (after
+// every block has been merged; FlashAttention-2 with D_i = rowsum(dout_i *
+// out_i)): dq f32 [Tq, H*hd] accumulated (+=), so the sum over the blocks is
+// the full dq; dk f32 [Tk, Hkv*hd] and dv f32 [Tk, Hkv*vd] written (=), the
+// block's share of its keys' gradients (0 for keys no query sees). out and
+// dout [Tq, H*vd] in q's dtype or f32; lse f32 [H, Tq].
+void attention_block_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                         const Tensor& dout, const AttentionBlock& blk, const AttentionShape& s, Tensor& dq,
+                         Tensor& dk, Tensor& dv);
+
 }  // namespace kestrel::ops

@@ -2,8 +2,9 @@
 // kVec-float vectors of simd_layer.inc (8 with AVX2, 16 with AVX-512). Every
 // micro-tile keeps at most 8 accumulators so that accumulators, loaded
 // operands and broadcasts fit the 16 registers of AVX2 without spilling (the
-// 32 of AVX-512 leave room to spare). Internal to attention_cpu_isa.inc,
-// which includes it inside its ISA namespace: no include guard, no includes.
+// 32 of AVX-512 leave room to spare). Internal to attention_cpu_isa.inc and
+// attention_block_cpu_isa.inc (the CP block kernels), which include it inside
+// their ISA namespace: no include guard, no includes.
 //
 // Rows are f32, padded to dp = round_up(head_dim, kVec) floats. A score block
 // holds up to kBlock queries x kBlock keys (row stride kBlock).
@@ -31,9 +32,15 @@ constexpr int64_t kKeyTile = 2 * kVec;  // keys per score micro-tile (2 vectors)
 // Causal key limits of one (query block, key block) pair in a sequence's
 // key coordinates: query row r sits at position q0 + r and sees keys up to
 // it; the key block starts at k0 and holds nk keys.
+// Any limits type of the block_* helpers below has lim(r) (non-decreasing in
+// r) and lim.first_row(j, nr): the first row r < nr with lim(r) > j (nr if
+// none), for keys j < lim(nr - 1). attention_block_cpu_isa.inc has another,
+// for limits given per row.
 struct Limits {
   int64_t q0, k0, nk;
   int64_t operator()(int64_t r) const { return std::clamp<int64_t>(q0 + r - k0 + 1, 0, nk); }
+  // lim(r) > j  <=>  r >= j + k0 - q0.
+  int64_t first_row(int64_t j, int64_t nr) const { return std::clamp<int64_t>(j + k0 - q0, 0, nr); }
 };
 
 // C[r][0:2kVec] = sum_{c < depth} A[r][c] * BT[c][0:2kVec] for 4 rows: a 4 x
@@ -60,8 +67,9 @@ inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt,
 // Score block rows [0, nr) (A must hold round_up(nr, 4) rows), each 4-row
 // tile only over the key tiles its last row can see. BT must hold
 // round_up(lim(last row), kKeyTile) readable columns.
+template <class Lim>
 inline void block_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, int64_t nr,
-                      const Limits& lim, float* C) {
+                      const Lim& lim, float* C) {
   for (int64_t r = 0; r < nr; r += 4) {
     const int64_t nk = lim(std::min(r + 3, nr - 1));
     for (int64_t j = 0; j < nk; j += kKeyTile)
@@ -116,7 +124,8 @@ inline void rows_wb(const float* W, int64_t ldw, const float* B, int64_t dp, int
 
 // Out[r] += sum_{j < lim(r)} W[r][j] * B[j] over one score block: W rows
 // r < nr (stride kBlock), B rows [nk x dp], Out rows [nr x dp].
-inline void block_wb(const float* W, const float* B, int64_t dp, int64_t nr, const Limits& lim, float* Out) {
+template <class Lim>
+inline void block_wb(const float* W, const float* B, int64_t dp, int64_t nr, const Lim& lim, float* Out) {
   int64_t r = 0;
   for (; r + 4 <= nr; r += 4) {
     const float* w = W + r * kBlock;
@@ -131,11 +140,11 @@ inline void block_wb(const float* W, const float* B, int64_t dp, int64_t nr, con
 
 // Out[j] += sum_{r < nr, j < lim(r)} W[r][j] * A[r] over one score block (the
 // transposed product for dK, dV): keys j < lim(nr - 1).
-inline void block_wtb(const float* W, const float* A, int64_t dp, int64_t nr, const Limits& lim, float* Out) {
+template <class Lim>
+inline void block_wtb(const float* W, const float* A, int64_t dp, int64_t nr, const Lim& lim, float* Out) {
   if (nr <= 0) return;
   const int64_t nk = lim(nr - 1);
-  // The first row that sees key j < nk: lim(r) > j  <=>  r >= j + k0 - q0.
-  auto first = [&](int64_t j) { return std::clamp<int64_t>(j + lim.k0 - lim.q0, 0, nr); };
+  auto first = [&](int64_t j) { return lim.first_row(j, nr); };  // the first row that sees key j < nk
   int64_t j = 0;
   for (; j + 4 <= nk; j += 4) {
     const float* w = W + j;
