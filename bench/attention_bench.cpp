@@ -14,10 +14,18 @@
 //   RL groups:  --groups 16 --prefix 48 --branches 8 --len 40..56 --heads 4 --kv 2 --dim 32 --dtype f32
 // --vdim V: value heads of V columns (AttentionShape::v_head_dim; default
 // --dim), e.g. the MLA training shape: --heads 16 --kv 16 --dim 192 --vdim 128.
+// --block: ring context parallelism's block kernels (ops::attention_block_fwd,
+// attention_merge, attention_block_bwd) on a zigzag CP2 split of the same
+// sequences (each cut into 4 chunks; rank r holds chunks r and 3-r), both
+// ranks and both ring steps run one after the other in this process, against
+// the full attention kernel: the same attended pairs, so the same FLOPs, and
+// the ratio is the block path's overhead (row gathers, partly visible tiles,
+// the merges; the backward's accumulations). Lengths are rounded down to a
+// multiple of 4. RL long-response shape: --block 1 --seqs 2 --len 4096 --heads 8 --kv 2 --dim 128
 // FLOPs count only the (query, key) pairs that are attended: forward
 // 2*(dim + vdim) per pair and head (QK^T, PV; 4*dim when they are equal);
 // backward 2.5x forward (S recompute, dV, dP, dQ, dK).
-// Usage: bench_attention_bench [--seqs 4] [--len 512|A..B] [--groups G --prefix P --branches N]
+// Usage: bench_attention_bench [--seqs 4] [--len 512|A..B] [--groups G --prefix P --branches N] [--block 1]
 //        [--heads 8] [--kv 2] [--dim 64] [--vdim 64] [--threads 1,2] [--dtype f32|bf16|both]
 //        [--isa all|avx2,avx512]
 #include <algorithm>
@@ -104,11 +112,95 @@ void run_layout(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, int64
   }
 }
 
+// Rows of rank r of a zigzag CP2 split of the sequences of cu (lengths
+// multiples of 4): per sequence chunks r and 3 - r, with their positions.
+struct RankRows {
+  std::vector<int32_t> cu{0}, pos;
+};
+RankRows zigzag_cp2(const std::vector<int32_t>& cu, int r) {
+  RankRows rr;
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    const int32_t c = (cu[b + 1] - cu[b]) / 4;
+    for (int chunk : {r, 3 - r})
+      for (int32_t i = 0; i < c; ++i) rr.pos.push_back(chunk * c + i);
+    rr.cu.push_back(int32_t(rr.pos.size()));
+  }
+  return rr;
+}
+
+// --block: the full kernel on the packed sequences, then the CP2 ring's block
+// kernels on the same sequences (both ranks' work in this process).
+void run_block(const Layout& lay, int64_t heads, int64_t kv, int64_t dim, int64_t vdim,
+               const std::vector<DType>& dtypes, const std::vector<int>& threads, const std::vector<IsaLevel>& isas,
+               int reps) {
+  const ops::AttentionShape shape{heads, kv, dim, 0.f, vdim};
+  const RankRows rank[2] = {zigzag_cp2(lay.cu, 0), zigzag_cp2(lay.cu, 1)};
+  const int64_t Tr = int64_t(rank[0].pos.size());
+  // Each ring step of rank r: the local queries against the block of rank (r - step) mod 2.
+  ops::AttentionBlock blk[2][2];
+  double pairs = 0;
+  for (int r = 0; r < 2; ++r)
+    for (int step = 0; step < 2; ++step) {
+      const RankRows &q = rank[r], &k = rank[(r + 2 - step) % 2];
+      blk[r][step] = {Tensor::from_ints(q.cu, {int64_t(q.cu.size())}), Tensor::from_ints(k.cu, {int64_t(k.cu.size())}),
+                      Tensor::from_ints(q.pos, {Tr}), Tensor::from_ints(k.pos, {Tr})};
+      for (size_t b = 0; b + 1 < q.cu.size(); ++b)
+        for (int32_t i = q.cu[b]; i < q.cu[b + 1]; ++i)
+          for (int32_t j = k.cu[b]; j < k.cu[b + 1]; ++j) pairs += k.pos[size_t(j)] <= q.pos[size_t(i)] ? 1 : 0;
+    }
+  if (pairs != lay.pairs) KS_FAIL("zigzag split attends ", pairs, " pairs, the full kernel ", lay.pairs);
+  const double fwd_flops = 2.0 * double(dim + vdim) * pairs * double(heads), fb_flops = fwd_flops * 3.5;
+  std::printf("zigzag CP2 blocks (2 ranks x 2 ring steps, T=%lld per rank, out/lse merged in f32; same pairs as the "
+              "full kernel)\n",
+              (long long)Tr);
+  for (DType dt : dtypes) {
+    Tensor q[2], k[2], v[2], dout[2], acc[2], acc_lse[2], dq[2];
+    Tensor out_b = Tensor::empty({Tr, heads * vdim}, DType::F32), lse_b = Tensor::empty({heads, Tr}, DType::F32);
+    Tensor dk = Tensor::empty({Tr, kv * dim}, DType::F32), dv = Tensor::empty({Tr, kv * vdim}, DType::F32);
+    for (int r = 0; r < 2; ++r) {
+      q[r] = randn({Tr, heads * dim}, dt, 10 + r);
+      k[r] = randn({Tr, kv * dim}, dt, 20 + r);
+      v[r] = randn({Tr, kv * vdim}, dt, 30 + r);
+      dout[r] = randn({Tr, heads * vdim}, DType::F32, 40 + r);
+      acc[r] = Tensor::empty({Tr, heads * vdim}, DType::F32);
+      acc_lse[r] = Tensor::empty({heads, Tr}, DType::F32);
+      dq[r] = Tensor::empty({Tr, heads * dim}, DType::F32);
+    }
+    auto forward = [&] {
+      for (int r = 0; r < 2; ++r) {
+        ops::attention_block_fwd(q[r], k[r], v[r], blk[r][0], shape, acc[r], acc_lse[r]);  // step 0 starts the sum
+        ops::attention_block_fwd(q[r], k[1 - r], v[1 - r], blk[r][1], shape, out_b, lse_b);
+        ops::attention_merge(acc[r], acc_lse[r], out_b, lse_b);
+      }
+    };
+    auto backward = [&] {
+      for (int r = 0; r < 2; ++r) {
+        dq[r].zero_();
+        for (int step = 0; step < 2; ++step) {
+          const int kr = (r + 2 - step) % 2;
+          ops::attention_block_bwd(q[r], k[kr], v[kr], acc[r], acc_lse[r], dout[r], blk[r][step], shape, dq[r], dk,
+                                   dv);
+        }
+      }
+    };
+    for (int nt : threads)
+      for (IsaLevel isa : isas) {
+        set_num_threads(nt);
+        set_kernel_isa(isa);
+        const Timing tf = time_best(forward, reps, nt);
+        const Timing tfb = time_best([&] { forward(); backward(); }, reps, nt);
+        std::printf("%-6s %-7s %-8d %9.3f %8.1f [%7.1f] %11.3f %8.1f [%7.1f]\n", dtype_name(dt), isa_name(isa), nt,
+                    tf.wall * 1e3, fwd_flops / tf.wall * 1e-9, fwd_flops / tf.cpu * 1e-9, tfb.wall * 1e3,
+                    fb_flops / tfb.wall * 1e-9, fb_flops / tfb.cpu * 1e-9);
+      }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t seqs = 4, len_lo = 512, len_hi = 512, heads = 8, kv = 2, dim = 64, vdim = 0, groups = 0, prefix = 0,
-          branches = 0;
+          branches = 0, block = 0;
   std::vector<int> threads{1, 2};
   std::vector<DType> dtypes{DType::F32, DType::BF16};
   std::vector<IsaLevel> isas = bench::parse_isas("all");
@@ -122,6 +214,7 @@ int main(int argc, char** argv) {
     } else if (a == "--groups") groups = std::atoll(v);
     else if (a == "--prefix") prefix = std::atoll(v);
     else if (a == "--branches") branches = std::atoll(v);
+    else if (a == "--block") block = std::atoll(v);
     else if (a == "--heads") heads = std::atoll(v);
     else if (a == "--kv") kv = std::atoll(v);
     else if (a == "--dim") dim = std::atoll(v);
@@ -169,6 +262,11 @@ int main(int argc, char** argv) {
     const int reps = 5;
     run_layout(dup, heads, kv, dim, vdim, dtypes, threads, isas, reps);
     run_layout(shared, heads, kv, dim, vdim, dtypes, threads, isas, reps);
+  } else if (block) {
+    Layout plain{"full kernel (attention_fwd/bwd)"};
+    for (int64_t b = 0; b < seqs; ++b) plain.add(std::max<int32_t>(4, (len_lo == len_hi ? int32_t(len_lo) : length()) / 4 * 4));
+    run_layout(plain, heads, kv, dim, vdim, dtypes, threads, isas, 5);
+    run_block(plain, heads, kv, dim, vdim, dtypes, threads, isas, 5);
   } else {
     Layout plain{len_lo == len_hi ? "uniform" : "random lengths"};
     for (int64_t b = 0; b < seqs; ++b) plain.add(len_lo == len_hi ? int32_t(len_lo) : length());

@@ -48,10 +48,11 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    Tensor& dv, const Tensor* prefix_of = nullptr);
 
 // ---- Block attention: the steps of ring context parallelism ----
-// Ring CP (parallel/ context parallelism) keeps each rank's query rows and
-// passes key/value blocks around the ring; each step attends the local
-// queries to one block by position in the sequence, and the partial results
-// are merged by log-sum-exp. These three ops are those steps.
+// Ring context parallelism (megatron_cp_algo) keeps each rank's query rows
+// and passes key/value blocks around the ring; each step attends the local
+// queries to one block by position in the sequence, the partial results are
+// merged by log-sum-exp, and the backward runs the ring again from the final
+// out and lse. These three ops are those steps.
 //
 // The rows of one block pairing, per sequence of a packed batch: sequence b
 // is q rows cu_q[b]..cu_q[b+1] and k/v rows cu_k[b]..cu_k[b+1] (each starts
@@ -80,7 +81,8 @@ void attention_block_fwd(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // computed in f32 and stored in out's dtype. out, out_b [Tq, H*vd] (f32 or
 // bf16, each its own); lse, lse_b f32 [H, Tq]. A side whose lse is -inf has
 // no visible key and weight 0: merging a block no query sees leaves out and
-// lse bit-identical.
+// lse bit-identical, and merging into out = 0, lse = -inf (an empty
+// accumulator) copies out_b and lse_b. Rows where both are -inf keep out.
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 
 // Backward of one block from the FINAL out and lse of the query rows (after
