@@ -13,6 +13,7 @@
 #include "core/parallel_for.h"
 #include "comm/world.h"
 #include "io/model_config.h"
+#include "model/cp_batch.h"
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
 #include "train/pipeline.h"
@@ -38,6 +39,13 @@ int cmd_logprobs(const Args& argv) {
                    {"pp", "pipeline-parallel size: each rank scores through its stage of the layers, under mpirun "
                           "-np N with N a multiple of tp x pp (actor_rollout_ref.actor.megatron.pipeline_model_parallel_size)",
                     true, table_default("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size")},
+                   {"cp", "context-parallel size: each sequence split over this many ranks, under mpirun -np N with "
+                          "N a multiple of tp x pp x cp (actor_rollout_ref.actor.megatron.context_parallel_size)",
+                    true, table_default("actor_rollout_ref.actor.megatron.context_parallel_size")},
+                   {"cp-algo", "attention under context parallelism: megatron_cp_algo (ring), ulysses_cp_algo, "
+                               "hybrid_cp_algo (actor_rollout_ref.actor.megatron.override_transformer_config."
+                               "context_parallel_algo)",
+                    true, "megatron_cp_algo"},
                    {"sequence-parallel", "shard activations along the sequence between TP regions", false, ""},
                    {"config", "YAML file of the keys below", true, ""}},
                   argv);
@@ -53,6 +61,8 @@ int cmd_logprobs(const Args& argv) {
     first.push_back(M + "dtype=" + (parse_compute_dtype(args.get("dtype"), "--dtype") == DType::BF16 ? "bfloat16" : "float32"));
   if (args.has("tp")) first.push_back(M + "tensor_model_parallel_size=" + args.get("tp"));
   if (args.has("pp")) first.push_back(M + "pipeline_model_parallel_size=" + args.get("pp"));
+  if (args.has("cp")) first.push_back(M + "context_parallel_size=" + args.get("cp"));
+  if (args.has("cp-algo")) first.push_back(M + "override_transformer_config.context_parallel_algo=" + args.get("cp-algo"));
   if (args.has("sequence-parallel")) first.push_back(M + "sequence_parallel=true");
   if (args.has("max-batch-tokens"))
     first.push_back("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=" + args.get("max-batch-tokens"));
@@ -83,19 +93,24 @@ int cmd_logprobs(const Args& argv) {
   // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
   if (writer) check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
   const int pp = ls.pipeline.pp;
-  if (tp > 1 || pp > 1 || (world && world->size() > 1)) {
+  const int64_t cp = ls.cp.cp;
+  if (tp > 1 || pp > 1 || cp > 1 || (world && world->size() > 1)) {
     KS_CHECK(world, "no comm::World: main() constructs it");
     auto mc = io::load_model_config(model_dir);
     if (!mc.is_ok()) KS_FAIL(mc.status().message());
-    if ((world->size() % (int64_t(tp) * pp)) != 0)
-      KS_FAIL("kestrel logprobs: --tp ", tp, " x --pp ", pp, " = ", tp * pp, " must divide the number of processes (",
-              world->size(), "); launch with mpirun -np <a multiple of ", tp * pp, ">");
+    const int64_t ranks = int64_t(tp) * pp * cp;
+    if ((world->size() % ranks) != 0)
+      KS_FAIL("kestrel logprobs: --tp ", tp, " x --pp ", pp, " x --cp ", cp, " = ", ranks,
+              " must divide the number of processes (", world->size(), "); launch with mpirun -np <a multiple of ",
+              ranks, ">");
     parallel::ParallelDims dims = parallel::dims_for(int(tp), ls.sequence_parallel);
     dims.pp = pp;
+    dims.cp = int(cp);
     auto g = parallel::make_process_grid(*world, dims, model::model_facts(mc.value(), pp > 1));
     if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
     grid = std::move(g).value();
     opts.parallel = model::model_parallel_for(*grid);
+    model::set_context_parallel(opts.parallel, *world, *grid, ls.cp.algo, int(ls.cp.ulysses_degree));
     if (pp > 1) {  // this rank's stage of the layers; the scores come back from the last stage
       auto chunks = parallel::pipeline_chunks(ls.pipeline, mc->num_hidden_layers);
       if (!chunks) KS_FAIL("kestrel logprobs: ", chunks.status().message());
@@ -144,7 +159,9 @@ int cmd_logprobs(const Args& argv) {
       group.push_back(seqs[j++]);
     }
     model::PackedBatch b = model::pack_sequences(group);
-    model::TokenScores s = m.pp().size() > 1 ? train::pipeline_score_tokens(m, b) : model::score_tokens(m, b);
+    // Under context parallelism each rank runs its share; the scores come back as the full batch's rows.
+    const model::PackedBatch run = model::cp_local_batch(m, b);
+    model::TokenScores s = m.pp().size() > 1 ? train::pipeline_score_tokens(m, run) : model::score_tokens(m, run);
     const std::vector<float> lpv = s.logprob.to_host<float>(), env = s.entropy.to_host<float>();  // [T]
     const float* lp = lpv.data();
     const float* en = env.data();

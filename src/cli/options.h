@@ -14,6 +14,7 @@
 #include "data/dataset.h"
 #include "io/model_config.h"
 #include "model/moe_options.h"
+#include "parallel/cp_split.h"
 #include "parallel/pipeline_layout.h"
 #include "rl/critic.h"
 #include "rl/reward_manager.h"
@@ -60,6 +61,21 @@ MoeKeys read_moe_keys(const config::Config& c, const std::string& prefix, const 
 // on a model without a correction bias. A dense model takes the options and never uses them.
 model::MoeTrainOptions moe_train_options(const MoeKeys& k, const io::ModelConfig& cfg, const std::string& model);
 
+// Context parallelism of one model (model/cp_batch.h): <ot>context_parallel_size (the megatron key's value unless
+// overridden), <ot>context_parallel_algo, <ot>ulysses_degree_in_cp (hybrid only; checked against the size), and
+// verl FSDP's Ulysses keys `fsdp_keys` (each > 1 means Ulysses CP of that size; set together with a different
+// megatron size it fails naming both). ot: "<owner>.megatron.override_transformer_config." (or the SFT trainer's
+// "trainer."). cp_attention_mask_type is checked by the schema (causal and general are the same packed causal
+// masks in Kestrel).
+struct CpSettings {
+  int64_t cp = 1;
+  parallel::CpAlgo algo = parallel::CpAlgo::Ring;
+  int64_t ulysses_degree = 0;  // ulysses_degree_in_cp (hybrid); 0 = not set
+  std::string size_key;        // the key that set cp, for messages
+};
+CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
+                                 const std::vector<std::string>& fsdp_keys = {});
+
 // ---- kestrel train (ppo_trainer) ------------------------------------------
 
 // What is read before the data and the model are loaded.
@@ -102,6 +118,8 @@ struct TrainInputs {
   // actor_rollout_ref.model.override_config.moe_config.freeze_moe_router); moe_train_options checks them against
   // config.json once it is read.
   MoeKeys actor_moe, ref_moe, critic_moe;
+  // Context parallelism of the actor (the reference and the critic run on its grid: theirs must equal it).
+  CpSettings cp;
 };
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.
@@ -153,6 +171,7 @@ struct SftInputs {
   int64_t tp = 1;
   parallel::PipelineSpec pipeline;
   MoeKeys moe;  // model.override_transformer_config.moe_*, model.override_config.moe_config.freeze_moe_router
+  CpSettings cp;  // trainer.context_parallel_size / context_parallel_algo / ulysses_degree_in_cp, ulysses_sequence_parallel_size
 };
 SftInputs sft_inputs(const config::Config& c);
 train::SftOptions sft_options(const config::Config& c, int64_t batches_per_epoch);
@@ -184,6 +203,7 @@ struct LogprobsSettings {
   int64_t max_batch_tokens = 4096;
   int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
   MoeKeys moe;  // the actor's capacity, drop policy and router dtype (scoring forwards)
+  CpSettings cp;  // the actor's context parallelism (--cp, --cp-algo)
 };
 LogprobsSettings logprobs_settings(const config::Config& c);
 // The pipeline layout of a forward-only command (kestrel logprobs) under `meg`

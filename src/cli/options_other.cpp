@@ -61,6 +61,7 @@ SftInputs sft_inputs(const config::Config& c) {
   in.max_response_length = c.get_int("data.max_response_length");
   in.tp = c.get_int("trainer.tensor_model_parallel_size");
   in.pipeline.pp = int(c.get_int("trainer.pipeline_model_parallel_size"));
+  in.cp = read_context_parallel(c, "trainer.", {"ulysses_sequence_parallel_size"});
   in.pipeline.vpp = int(c.get_int_or("trainer.virtual_pipeline_model_parallel_size", 1));
   in.moe = read_moe_keys(c, "model.override_transformer_config.", "model.override_config.moe_config.freeze_moe_router",
                          true);
@@ -153,6 +154,7 @@ LogprobsSettings logprobs_settings(const config::Config& c) {
   l.dtype = parse_compute_dtype(c.get_string(M + "dtype"), M + "dtype");
   l.tp = c.get_int(M + "tensor_model_parallel_size");
   l.pipeline = scoring_pipeline_spec(c, "actor_rollout_ref.actor.megatron");
+  l.cp = read_context_parallel(c, M + "override_transformer_config.");
   l.sequence_parallel = c.get_bool(M + "sequence_parallel");
   l.vocab_divisible_by = c.get_int(M + "override_transformer_config.make_vocab_size_divisible_by");
   if (l.vocab_divisible_by < 1) KS_FAIL("kestrel logprobs: make_vocab_size_divisible_by must be >= 1");

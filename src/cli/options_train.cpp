@@ -163,6 +163,41 @@ int64_t local_ranks() {
   return 1;
 }
 
+namespace {
+
+// The actor's context parallelism; the reference model and the critic run on its grid, so theirs must equal it.
+void read_grid_cp(const config::Config& c, TrainInputs& in) {
+  const std::string OT = ".megatron.override_transformer_config.";
+  in.cp = read_context_parallel(c, A.substr(0, A.size() - 1) + OT,
+                                {A + "ulysses_sequence_parallel_size", A + "fsdp_config.ulysses_sequence_parallel_size"});
+  auto same = [&](const CpSettings& o) {
+    return o.cp == in.cp.cp && (in.cp.cp == 1 || (o.algo == in.cp.algo && (in.cp.algo != parallel::CpAlgo::Hybrid ||
+                                                                            o.ulysses_degree == in.cp.ulysses_degree)));
+  };
+  auto refuse = [&](const std::string& who, const CpSettings& o) {
+    KS_FAIL("not supported yet: ", who, "'s context parallelism (", o.size_key, "=", o.cp, " from ",
+            c.origin(o.size_key), ", ", parallel::cp_algo_name(o.algo), ") differs from the actor's (", in.cp.size_key,
+            "=", in.cp.cp, ", ", parallel::cp_algo_name(in.cp.algo), "): it runs on the actor's process grid; set "
+            "both alike");
+  };
+  // Read whether or not the model is on, so a setting is checked (and never silently ignored) either way.
+  const CpSettings ref_cp = read_context_parallel(c, "actor_rollout_ref.ref" + OT,
+                                                  {"actor_rollout_ref.ref.ulysses_sequence_parallel_size"});
+  const bool ref = c.get_bool(A + "use_kl_loss") || c.get_bool("algorithm.use_kl_in_reward");
+  if (ref && !same(ref_cp)) refuse("actor_rollout_ref.ref", ref_cp);
+  const std::string rk = "actor_rollout_ref.ref.megatron.context_parallel_size", ak = A + "megatron.context_parallel_size";
+  const int64_t ref_meg_cp = c.get_int(rk), actor_meg_cp = c.get_int(ak);
+  if (ref && ref_meg_cp != actor_meg_cp)
+    KS_FAIL("not supported yet: ", rk, "=", ref_meg_cp, " (from ", c.origin(rk), ") differs from ", ak, "=",
+            actor_meg_cp, ": the reference model is the actor's copy on its process grid; set both alike");
+  const CpSettings critic_cp = read_context_parallel(c, "critic" + OT, {"critic.ulysses_sequence_parallel_size"});
+  const bool gae = c.get_string("algorithm.adv_estimator") == "gae";
+  const bool critic = c.is_null("critic.enable") ? gae : c.get_bool("critic.enable");
+  if (critic && !same(critic_cp)) refuse("critic", critic_cp);
+}
+
+}  // namespace
+
 TrainInputs train_inputs(const config::Config& c) {
   reject_unbuilt(c);
   read_verl_choices(c);
@@ -227,6 +262,7 @@ TrainInputs train_inputs(const config::Config& c) {
                                "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router", true);
   in.ref_moe = read_moe_keys(c, "actor_rollout_ref.ref" + OT, "", false);
   in.critic_moe = read_moe_keys(c, "critic" + OT, "", true);
+  read_grid_cp(c, in);
   if (in.critic) {
     check_pipeline(c, "critic.megatron", in.critic_pipeline);
     const std::string cpp = "critic.megatron.pipeline_model_parallel_size";
@@ -276,12 +312,14 @@ TrainInputs train_inputs(const config::Config& c) {
 void check_layout_divides(const config::Config& c, const TrainInputs& in, int world_size) {
   auto check = [&](const std::string& meg, int64_t tp, int64_t pp) {
     const std::string tk = meg + ".tensor_model_parallel_size", pk = meg + ".pipeline_model_parallel_size";
-    const std::string sizes = tk + "=" + std::to_string(tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
-                              std::to_string(pp) + " (from " + c.origin(pk) + ")";
-    // Each size below 2^31 first, so tp x pp cannot overflow (the config ranges say >= 1; pp <= 65536).
-    if (tp < 1 || pp < 1 || tp > INT32_MAX || pp > INT32_MAX)
+    std::string sizes = tk + "=" + std::to_string(tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
+                        std::to_string(pp) + " (from " + c.origin(pk) + ")";
+    const int64_t cp = in.cp.cp;  // the critic and the reference run with the actor's (checked by train_inputs)
+    if (cp > 1) sizes += " x " + in.cp.size_key + "=" + std::to_string(cp) + " (from " + c.origin(in.cp.size_key) + ")";
+    // Each size below 2^31 first, so tp x pp x cp cannot overflow (the config ranges say >= 1; pp, cp <= 65536).
+    if (tp < 1 || pp < 1 || tp > INT32_MAX || pp > INT32_MAX || cp > 65536)
       KS_FAIL(sizes, ": each must be in [1, the number of processes ", world_size, "]");
-    const int64_t ranks = tp * pp;
+    const int64_t ranks = tp * pp * cp;
     if (world_size % ranks != 0)
       KS_FAIL(sizes, " = ", ranks, " ranks per model replica must divide the number of processes (", world_size,
               "); launch with mpirun -np <a multiple of ", ranks, "> kestrel train ..., or choose sizes whose "
@@ -382,7 +420,13 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
             " different from actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=", old_lp_micro,
             " (one scoring micro-batch size serves both); set them equal");
   o.log_prob_micro_batch_size = c.get_bool(R + "log_prob_use_dynamic_bsz") ? 0 : std::max(old_lp_micro, ref_lp_micro);
-  o.share_prompts = c.get_bool(A + "use_prefix_grouper");
+  // Prompt sharing packs a prompt once for its samples; context parallelism splits whole sequences, so it is
+  // off under cp (model/cp_batch.h).
+  o.share_prompts = c.get_bool(A + "use_prefix_grouper") &&
+                    read_context_parallel(c, A + "megatron.override_transformer_config.",
+                                          {A + "ulysses_sequence_parallel_size",
+                                           A + "fsdp_config.ulysses_sequence_parallel_size"})
+                            .cp == 1;
   // MoE router replay: R3 replays the rollout's record, which the rollout makes only when asked.
   o.engine.record_routing = c.get_bool(R + "enable_rollout_routing_replay");
   const std::string ref_rr = "actor_rollout_ref.ref.router_replay.mode";

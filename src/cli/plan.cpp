@@ -48,8 +48,7 @@ const std::string kRolloutRouting = "actor_rollout_ref.rollout.enable_rollout_ro
 
 bool planned_only(const std::string& key) {
   static const char* const kKeys[] = {
-      "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
-      "expert_model_parallel_size",   "override_transformer_config.context_parallel_size",
+      "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "expert_model_parallel_size",
       "override_transformer_config.reuse_fp32_param"};
   for (const char* k : kKeys)
     if (key == M + k) return true;
@@ -221,8 +220,12 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     l.last_stage_layers = spec.last_stage_layers;
     l.noop_layers = spec.noop_layers;
   }
-  l.cp = aside_int(ctx.aside, M + "context_parallel_size", c.get_int(M + "context_parallel_size"));
-  l.cp = aside_int(ctx.aside, OT + "context_parallel_size", l.cp);
+  {  // context parallelism as kestrel train reads it (cli/options_cp.cpp)
+    const CpSettings cps = read_context_parallel(c, OT, {A + "ulysses_sequence_parallel_size",
+                                                         A + "fsdp_config.ulysses_sequence_parallel_size"});
+    l.cp = cps.cp;
+    l.cp_ulysses = l.cp > 1 ? parallel::cp_ulysses_degree(cps.algo, int(l.cp), int(cps.ulysses_degree)) : 1;
+  }
   l.ep = aside_int(ctx.aside, M + "expert_model_parallel_size", c.get_int(M + "expert_model_parallel_size"));
   l.sequence_parallel = in.sequence_parallel;
   l.distributed_optimizer = in.distributed_optimizer;

@@ -132,17 +132,20 @@ std::map<std::string, double> generation_eval(const model::CausalLM& m, const st
 // The launch against trainer.tensor_model_parallel_size x pipeline_model_parallel_size.
 void check_sft_layout(const config::Config& c, const SftInputs& in, int world_size) {
   const std::string tk = "trainer.tensor_model_parallel_size", pk = "trainer.pipeline_model_parallel_size";
-  const int64_t ranks = in.tp * in.pipeline.pp;
+  const int64_t ranks = in.tp * in.pipeline.pp * in.cp.cp;
+  const std::string cps = in.cp.cp > 1 ? " x " + in.cp.size_key + "=" + std::to_string(in.cp.cp) + " (from " +
+                                             c.origin(in.cp.size_key) + ")"
+                                       : "";
   const std::string sizes = tk + "=" + std::to_string(in.tp) + " (from " + c.origin(tk) + ") x " + pk + "=" +
-                            std::to_string(in.pipeline.pp) + " (from " + c.origin(pk) + ") = " +
+                            std::to_string(in.pipeline.pp) + " (from " + c.origin(pk) + ")" + cps + " = " +
                             std::to_string(ranks) + " ranks per model replica";
   if (world_size % ranks != 0)
     KS_FAIL(sizes, " must divide the number of processes (", world_size, "); launch with mpirun -np <a multiple of ",
             ranks, "> kestrel sft ..., or choose sizes whose product divides ", world_size);
   if (in.val_generations > 0 && ranks > 1)
     KS_FAIL(c.origin("trainer.val_generations"), ": not supported yet: trainer.val_generations (evaluation by "
-            "generation) with tensor or pipeline parallelism (", sizes, "); set trainer.val_generations=0 or "
-            "run with tp = pp = 1");
+            "generation) with tensor, pipeline or context parallelism (", sizes, "); set trainer.val_generations=0 "
+            "or run with tp = pp = cp = 1");
 }
 
 // Under mpirun: the process grid (tp x pp per replica, dp = world / (tp * pp)),
@@ -155,10 +158,12 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   if (!mc) KS_FAIL(mc.status().message());
   parallel::ParallelDims dims = parallel::dims_for(int(in.tp), false);
   dims.pp = in.pipeline.pp;
+  dims.cp = int(in.cp.cp);
   auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
   if (!g) KS_FAIL("kestrel sft: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
   mopt.parallel = model::model_parallel_for(*grid);
+  model::set_context_parallel(mopt.parallel, world, *grid, in.cp.algo, int(in.cp.ulysses_degree));
   mopt.parallel.vpp_microbatch_group = in.pipeline.microbatch_group_size;
   if (dims.pp > 1) {
     auto chunks = parallel::pipeline_chunks(in.pipeline, mc->num_hidden_layers);
@@ -169,6 +174,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   }
   o.world = world.group();
   o.dp = grid->group(parallel::GroupKind::Dp);
+  if (dims.cp > 1) o.dp_cp = grid->group(parallel::GroupKind::DpCp);
   return grid;
 }
 

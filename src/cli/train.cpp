@@ -290,10 +290,12 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   if (!mc) KS_FAIL(mc.status().message());
   parallel::ParallelDims dims = parallel::dims_for(int(in.tp), in.sequence_parallel);
   dims.pp = in.actor_pipeline.pp;
+  dims.cp = int(in.cp.cp);
   auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
   if (!g) KS_FAIL("kestrel train: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
   mopt.parallel = model::model_parallel_for(*grid);
+  model::set_context_parallel(mopt.parallel, world, *grid, in.cp.algo, int(in.cp.ulysses_degree));
   mopt.parallel.vpp_microbatch_group = in.actor_pipeline.microbatch_group_size;
   if (dims.pp > 1) {  // this rank's stage: its chunks of the actor's layers (the reference holds the same)
     auto chunks = parallel::pipeline_chunks(in.actor_pipeline, mc->num_hidden_layers);
@@ -302,6 +304,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   }
   par.world = world.group();
   par.dp = grid->group(parallel::GroupKind::Dp);
+  if (dims.cp > 1) par.dp_cp = grid->group(parallel::GroupKind::DpCp);
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)
     par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");

@@ -67,6 +67,8 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   auto d = [&](const std::string& key, const std::string& def) {
     return is_ref ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
   };
+  const bool critic_meg = meg.rfind("critic", 0) == 0;
+
   auto add = [&](const std::string& key, Type t, const std::string& def, Support s, const std::string& doc,
                  std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) -> KeyDecl& {
     KeyDecl& k = b.k(key, t, d(key, def), s, doc, std::move(allowed), std::move(supported));
@@ -74,9 +76,11 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
     return k;
   };
   // Defaults to this engine's own megatron.<key>; the ref follows the actor's override.
-  auto add_own = [&](const std::string& key, Support s, const std::string& doc) {
+  auto add_own = [&](const std::string& key, Support s, const std::string& doc) -> KeyDecl& {
     const std::string src = is_ref ? std::string(kActorMeg) + ".override_transformer_config." + key : meg + "." + key;
-    b.k(key, key == "context_parallel_size" ? I : B, "${" + src + "}", s, doc).addable = true;
+    KeyDecl& k = b.k(key, key == "context_parallel_size" ? I : B, "${" + src + "}", s, doc);
+    k.addable = true;
+    return k;
   };
   add("make_vocab_size_divisible_by", I, "128", YES,
       "Megatron's vocabulary padding: under tp > 1 a vocabulary tp does not divide is padded to a multiple of this "
@@ -134,7 +138,6 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
       is_ref ? "The reference model has no optimizer."
              : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
   add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
-  const bool critic_meg = meg.rfind("critic", 0) == 0;
   // BF16 parameter-copy reuse (optim/adamw.h): the f32 master held as the bf16 weights + a 16-bit residual.
   add("reuse_fp32_param", B, "false", is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer (it follows the actor's value)."
@@ -160,8 +163,43 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("num_layers", I, "null", YES,
       "Megatron's total layer count; Kestrel takes the layers from config.json, so this must equal "
       "num_hidden_layers + the length of noop_layers (null: that value)." + pp_same).at_least(1);
-  add_own("context_parallel_size", NO,
-      "Context-parallel size; defaults to megatron.context_parallel_size.");
+  add_own("context_parallel_size", YES,
+      "Context-parallel size; defaults to megatron.context_parallel_size." +
+          std::string(is_ref ? " Must equal the actor's (the reference model runs on the actor's grid)." : ""))
+      .in(1, kMaxStages);
+  const std::string cp_same = is_ref || critic_meg ? " Must equal the actor's (this model runs on the actor's grid)."
+                                                   : "";
+  // The critic's and the reference's follow the actor's (they run on its grid).
+  auto add_grid = [&](const std::string& key, Type t, const std::string& def, const std::string& doc,
+                      std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) -> KeyDecl& {
+    const std::string dv = is_ref || critic_meg ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def)
+                                                : def;
+    KeyDecl& k = b.k(key, t, dv, YES, doc, std::move(allowed), std::move(supported));
+    k.addable = true;
+    return k;
+  };
+  add_grid("context_parallel_algo", S, "megatron_cp_algo",
+      "MindSpeed: how attention runs under context parallelism: megatron_cp_algo (ring attention, K/V blocks "
+      "circulating with causal load balancing), ulysses_cp_algo (all-to-all from sequence to head shards; heads "
+      "per tp rank divisible by cp), hybrid_cp_algo (Ulysses inside groups of ulysses_degree_in_cp ranks, ring "
+      "across them). Whole sequences only: use_prefix_grouper is off under cp." + cp_same,
+      {"megatron_cp_algo", "ulysses_cp_algo", "hybrid_cp_algo", "adaptive_cp_algo", "hybrid_adaptive_cp_algo"},
+      {"megatron_cp_algo", "ulysses_cp_algo", "hybrid_cp_algo"});
+  add_grid("ulysses_degree_in_cp", I, "null",
+      "MindSpeed: the Ulysses group size of hybrid_cp_algo; divides context_parallel_size, strictly between 1 and "
+      "it. Read for hybrid_cp_algo only." + cp_same).at_least(1);
+  add("cp_attention_mask_type", S, "causal", YES,
+      "MindSpeed's attention mask under context parallelism. Kestrel trains packed sequences, causal within each: "
+      "'general' (MindSpeed's explicit-mask path, which MindSpeed-RL uses for the same packed causal masks) "
+      "computes the same attention as 'causal'.",
+      {"causal", "general"});
+  {
+    KeyDecl& k = b.k("use_cp_send_recv_overlap", B, d("use_cp_send_recv_overlap", "false"), NOP,
+                     "MindSpeed: overlap ring attention's block send/receive with compute. Kestrel's ring always "
+                     "posts the next block's transfer before the current block's attention.");
+    k.addable = true;
+    k.as_default = {"true"};
+  }
   add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
   // Megatron TransformerConfig fields commonly passed by verl scripts.
   add("num_layers_in_first_pipeline_stage", I, "null", YES,
@@ -231,7 +269,10 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   b.k("virtual_pipeline_model_parallel_size", I, d("virtual_pipeline_model_parallel_size", "null"), own,
       "Virtual pipeline stages (model chunks) per PP rank, interleaved 1F1B; null or 1 = none; > 1 needs "
       "pipeline_model_parallel_size >= 2." + (is_ref ? as_actor : std::string())).in(1, kMaxStages);
-  b.k("context_parallel_size", I, d("context_parallel_size", "1"), NO, "Context-parallel size (CP).");
+  b.k("context_parallel_size", I, grid_default("context_parallel_size"), own,
+      "Context-parallel size (CP): each sequence is split over this many ranks (zigzag chunks for causal load "
+      "balance), attention by override_transformer_config.context_parallel_algo; the processes form a tp x cp x pp "
+      "x dp grid." + (is_ref ? as_actor : critic ? critic_grid : std::string())).in(1, kMaxStages);
   b.k("sequence_parallel", B, d("sequence_parallel", "true"), own,
       "Sequence parallelism: shard norm/dropout activations over TP ranks." + (is_ref ? as_actor : critic_same));
   b.k("use_distributed_optimizer", B,
@@ -317,7 +358,8 @@ void declare_actor_ref_critic(Builder& b) {
   b.k("use_torch_compile", B, "true", NOP, "torch.compile in verl; Kestrel is compiled C++.");
   b.k("use_prefix_grouper", B, "true", YES,
       "Pack each prompt once per micro-batch, its responses continuing it (actor update, old/ref log-probs, critic): "
-      "the same loss and gradients, the prompt computed once instead of rollout.n times. verl's default: false.");
+      "the same loss and gradients, the prompt computed once instead of rollout.n times. Off under context "
+      "parallelism (each sequence is split whole over the cp ranks). verl's default: false.");
   b.k("freeze_vision_tower", B, "false", NO, "Freeze the vision encoder (multimodal).");
   b.k("router_replay.mode", S, "disabled", YES,
       "MoE routing replay (verl's router_replay; a dense model ignores it). R2: the old-log-prob forward records "

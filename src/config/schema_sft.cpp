@@ -103,10 +103,29 @@ void declare_sft(Builder& b) {
       "Pipeline stages under mpirun (1F1B schedule; each rank holds its stage's layers) (Kestrel: verl's FSDP "
       "SFT has no such key).")
       .in(1, 4096);
+  b.k("context_parallel_size", I, "1", YES,
+      "Context-parallel ranks under mpirun: each sequence split over them (zigzag chunks), attention by "
+      "context_parallel_algo; dp = world / (tp * pp * cp) (Kestrel: verl's FSDP SFT has "
+      "ulysses_sequence_parallel_size).")
+      .in(1, 65536);
+  b.k("context_parallel_algo", S, "megatron_cp_algo", YES,
+      "Attention under context parallelism (MindSpeed's names): megatron_cp_algo (ring), ulysses_cp_algo "
+      "(all-to-all to head shards), hybrid_cp_algo (Ulysses groups of ulysses_degree_in_cp ranks, ring across) "
+      "(Kestrel).",
+      {"megatron_cp_algo", "ulysses_cp_algo", "hybrid_cp_algo"});
+  b.k("ulysses_degree_in_cp", I, "null", YES,
+      "The Ulysses group size of hybrid_cp_algo; divides context_parallel_size, strictly between 1 and it "
+      "(Kestrel).")
+      .at_least(1);
   b.k("virtual_pipeline_model_parallel_size", I, "null", YES,
       "Interleaved 1F1B: model chunks per pipeline rank; null = 1 (not interleaved); needs "
       "pipeline_model_parallel_size > 1 (Kestrel).")
       .in(1, 4096);
+  b.scope("");
+  b.k("ulysses_sequence_parallel_size", I, "1", YES,
+      "verl's Ulysses sequence parallelism: context parallelism of this size with ulysses_cp_algo (as "
+      "trainer.context_parallel_size with trainer.context_parallel_algo=ulysses_cp_algo; set one of them).")
+      .at_least(1);
 }
 
 }  // namespace kestrel::config::schema_detail

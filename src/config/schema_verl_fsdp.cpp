@@ -40,7 +40,11 @@ void declare_fsdp_engine(Builder& b, const std::string& at, const std::string& o
       actor_engine ? "verl's full determinism: Kestrel's deterministic mode (as megatron.override_transformer_config."
                      "deterministic_mode): the same bits at any thread count, for training, scoring and rollout."
                    : "Process-wide in Kestrel: actor_rollout_ref.actor.fsdp_config.full_determinism decides.");
-  b.k("ulysses_sequence_parallel_size", I, "1", NO, "Ulysses sequence (context) parallel size; context parallelism is not built.");
+  b.k("ulysses_sequence_parallel_size", I, "1", actor_engine ? YES : NO,
+      actor_engine ? "verl's Ulysses sequence parallelism: context parallelism of this size with ulysses_cp_algo "
+                     "(as actor.ulysses_sequence_parallel_size)."
+                   : "Ulysses size of this engine; Kestrel's models run on the actor's grid: set "
+                     "actor_rollout_ref.actor.ulysses_sequence_parallel_size.").at_least(1);
   b.k("entropy_from_logits_with_chunking", B, "false", NOP,
       "Compute the entropy over chunks of the logits to save memory; the values are the same.");
   b.k("use_torch_compile", B, "true", NOP, "torch.compile in verl; Kestrel is compiled C++.");
@@ -83,8 +87,14 @@ void declare_verl_fsdp(Builder& b) {
     b.k("grad_clip", F, "null", YES,
         "Gradient-norm clip, verl's FSDP name (dp_actor/dp_critic read it); when set it replaces optim.clip_grad. "
         "verl FSDP default: 1.0, as optim.clip_grad's.").at_least(0);
-    b.k("ulysses_sequence_parallel_size", I, "1", NO,
-        "Ulysses sequence (context) parallel size; context parallelism is not built (megatron.context_parallel_size).");
+    const bool critic = owner == C;
+    b.k("ulysses_sequence_parallel_size", I, critic ? "${oc.select:" + A + ".ulysses_sequence_parallel_size,1}" : "1",
+        YES,
+        critic ? "verl FSDP's Ulysses size of the critic; it runs on the actor's grid, so this must equal the actor's "
+                 "(the default follows it)."
+               : "verl FSDP's Ulysses sequence parallelism: context parallelism of this size with ulysses_cp_algo "
+                 "(the same as megatron.context_parallel_size with override_transformer_config.context_parallel_algo="
+                 "ulysses_cp_algo; set one of them).").at_least(1);
   }
   b.scope(A);
   b.k("entropy_from_logits_with_chunking", B, "false", NOP,
@@ -98,8 +108,9 @@ void declare_verl_fsdp(Builder& b) {
   declare_fsdp_optim(b, A);
 
   b.scope(R);
-  b.k("ulysses_sequence_parallel_size", I, "${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}", NO,
-      "Ulysses size of the reference model (follows the actor's); context parallelism is not built.");
+  b.k("ulysses_sequence_parallel_size", I, "${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}", YES,
+      "Ulysses size of the reference model; it is the actor's copy on the actor's grid, so this must equal the "
+      "actor's (the default follows it).").at_least(1);
   b.k("entropy_from_logits_with_chunking", B, "false", NOP,
       "Compute the entropy over chunks of the logits to save memory; the values are the same.");
   b.k("entropy_checkpointing", B, "false", NOP, "Recompute the entropy in the backward to save memory; the values are the same.");

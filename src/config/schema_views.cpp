@@ -49,6 +49,15 @@ std::vector<ViewKey> logprobs_view() {
        "Pipeline-parallel size: each rank scores through its stage of the layers (mpirun -np N, N a multiple of "
        "tp x pp); --pp sets it."},
       {m + "virtual_pipeline_model_parallel_size", "null", "Model chunks per pipeline rank (interleaved layout)."},
+      {m + "context_parallel_size", "1",
+       "Context-parallel size: each sequence is split over this many ranks (mpirun -np N, N a multiple of "
+       "tp x pp x cp); --cp sets it."},
+      {m + "override_transformer_config.context_parallel_size", "", ""},
+      {m + "override_transformer_config.context_parallel_algo", "",
+       "Attention under context parallelism: megatron_cp_algo (ring), ulysses_cp_algo, hybrid_cp_algo; --cp-algo "
+       "sets it."},
+      {m + "override_transformer_config.ulysses_degree_in_cp", "", ""},
+      {m + "override_transformer_config.cp_attention_mask_type", "", ""},
       {m + "override_transformer_config.num_layers_in_first_pipeline_stage", "null",
        "Uneven pipeline split: layers of the first stage."},
       {m + "override_transformer_config.num_layers_in_last_pipeline_stage", "null",

@@ -3,11 +3,16 @@
 // choose exactly which to drop and rebuild: a dropped field is left undefined
 // by the forward and rebuilt by the backward right before its use.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/recompute.h"
 #include "ops/moe.h"
+
+namespace kestrel::parallel {
+struct CpAttentionSaved;  // parallel/cp_attention.h
+}
 
 namespace kestrel::model {
 
@@ -52,6 +57,10 @@ struct LayerActivations {
   Tensor q, k, v;   // [T, q_dim], [T, kv_dim], [T, kv_dim] as attention saw them (post-RoPE)
   Tensor attn;      // [T, q_dim] attention output
   Tensor lse;       // f32 [H, T]
+  // Under context parallelism: what the cp attention's backward needs, in its
+  // work layout (Ulysses: the head shard of the group's rows; ring: q, k, v,
+  // attn themselves, no copy). lse is then its lse.
+  std::shared_ptr<parallel::CpAttentionSaved> cp_attn;
   Tensor x_mid;     // [T, D] residual after attention
   Tensor norm2;     // [T, D] post_attention_layernorm output
   Tensor rstd2;     // f32 [T]

@@ -68,11 +68,16 @@ Tensor DenseAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, La
   ops::rope_fwd(A.q, ex.positions, *ex.rope, H);
   ops::rope_fwd(A.k, ex.positions, *ex.rope, Hkv);
   A.attn = ex.attend(layer, A.q, A.k, A.v, ops::AttentionShape{H, Hkv, hd, 0.f}, A);  // [Tp, H*hd]
+  // Context parallelism keeps what its backward needs in A.cp_attn (Ulysses:
+  // the work layout's copies), so q, k, v go unless core_attn recompute
+  // reruns the attention from them.
+  if (A.cp_attn && !A.rc.core_attn) A.q = A.k = A.v = Tensor();
   Tensor out = ex.buffer(BlockBuf::O, {ex.Tl, dims_.D}, dt);
   ex.row_linear(A.attn, o.weight, bias_of(o_bias), out);
   if (A.rc.core_attn) {  // selective core_attn: rebuilt from q, k, v before o_proj's backward
     A.attn = Tensor();
     A.lse = Tensor();
+    A.cp_attn.reset();
   }
   return out;
 }
@@ -106,13 +111,11 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
   // q/k/v: the same attn and lse bits.
   if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, ops::AttentionShape{H, Hkv, hd, 0.f}, A);
   parallel::row_linear_bwd(ex.tp, ex.sp, A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
-  Tensor dq_r = ex.real_rows(dq), dk_r = ex.real_rows(dk), dv_r = ex.real_rows(dv);
-  ops::attention_bwd(ex.real_rows(A.q), ex.real_rows(A.k), ex.real_rows(A.v), ex.real_rows(A.attn), A.lse,
-                     ex.real_rows(dattn), ex.batch.cu_seqlens, ops::AttentionShape{H, Hkv, hd, 0.f}, dq_r, dk_r, dv_r,
-                     ex.prefix_of());
+  ex.attend_bwd(A, dattn, ops::AttentionShape{H, Hkv, hd, 0.f}, dq, dk, dv);
   if (A.rc.core_attn) {
     A.attn = Tensor();
     A.lse = Tensor();
+    A.cp_attn.reset();
   }
   ops::rope_bwd(dq, ex.positions, *ex.rope, H);
   ops::rope_bwd(dk, ex.positions, *ex.rope, Hkv);

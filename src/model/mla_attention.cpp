@@ -106,6 +106,7 @@ Tensor MlaAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, Laye
   if (A.rc.core_attn) {  // selective core_attn: rebuilt from q, k, v before o_proj's backward
     A.attn = Tensor();
     A.lse = Tensor();
+    A.cp_attn.reset();
   }
   return out;
 }
@@ -120,11 +121,11 @@ void MlaAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy
   Tensor dattn = f32({T, H * vd});
   ops::linear_bwd(A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
   Tensor dq = f32({T, H * qk}), dk = f32({T, H * qk}), dv = f32({T, H * vd});
-  ops::attention_bwd(A.q, A.k, A.v, A.attn, A.lse, dattn, ex.batch.cu_seqlens, attn_shape(), dq, dk, dv,
-                     ex.prefix_of());
+  ex.attend_bwd(A, dattn, attn_shape(), dq, dk, dv);
   if (A.rc.core_attn) {
     A.attn = Tensor();
     A.lse = Tensor();
+    A.cp_attn.reset();
   }
   dattn = Tensor();
   ops::rope_bwd(dq, ex.positions, *ex.rope, H, nope);

@@ -10,6 +10,14 @@ ModelParallel model_parallel_for(const parallel::ProcessGrid& grid) {
   return p;
 }
 
+void set_context_parallel(ModelParallel& p, const comm::World& world, const parallel::ProcessGrid& grid,
+                          parallel::CpAlgo algo, int ulysses_degree_in_cp) {
+  const int cp = grid.layout().dims().cp;
+  if (cp == 1) return;
+  const int u = parallel::cp_ulysses_degree(algo, cp, ulysses_degree_in_cp);
+  p.cp = std::make_shared<const parallel::CpGroups>(parallel::make_cp_groups(world, grid, u));
+}
+
 void set_pipeline_stage(ModelOptions& o, const std::vector<parallel::StageChunk>& mine) {
   KS_CHECK(!mine.empty(), "a pipeline stage holds at least one chunk");
   o.chunks.clear();

@@ -14,6 +14,12 @@ namespace kestrel::model {
 // tp group and sequence parallelism of the grid.
 ModelParallel model_parallel_for(const parallel::ProcessGrid& grid);
 
+// Context parallelism of the grid (cp > 1; nothing at cp = 1): the cp group
+// and the algorithm's Ulysses / ring groups (parallel::make_cp_groups).
+// ulysses_degree_in_cp is read for the hybrid only. Collective over the world.
+void set_context_parallel(ModelParallel& p, const comm::World& world, const parallel::ProcessGrid& grid,
+                          parallel::CpAlgo algo, int ulysses_degree_in_cp);
+
 // Every parameter with its backward stage (CausalLM::grad_stage) and whether it
 // counts in the global grad norm on this rank (Param::norm_counted).
 std::vector<parallel::DpParam> dp_params(CausalLM& model);

@@ -1,5 +1,7 @@
 #include "model/scoring.h"
 
+#include "model/cp_batch.h"
+
 #include "parallel/vocab_loss.h"
 
 namespace kestrel::model {
@@ -27,6 +29,8 @@ TokenScores score_logits(const CausalLM& model, const PackedBatch& batch, const 
   s.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
   logprob_entropy_fwd(model, logits, batch.targets, s.logprob, &s.entropy, lse);
+  s.logprob = cp_full_rows(model, batch, s.logprob);  // the full batch's rows under context parallelism
+  s.entropy = cp_full_rows(model, batch, s.entropy);
   return s;
 }
 

@@ -6,6 +6,9 @@
 
 namespace kestrel::model {
 
+// Rows are the full batch's: a context-parallel rank's share of a batch
+// (PackedBatch::cp) scores its rows and gathers every cp rank's (collective
+// over the cp group), so every rank gets the full [T].
 struct TokenScores {
   Tensor logprob;  // f32 [T]: log p(targets[t] | tokens up to t); 0 where targets[t] < 0
   Tensor entropy;  // f32 [T]: entropy of the next-token distribution at row t

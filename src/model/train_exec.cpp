@@ -19,8 +19,13 @@ Tensor pad_i32(const Tensor& t, int64_t n, int32_t fill) {
 }  // namespace
 
 TrainExec::TrainExec(comm::ProcessGroup& tp_group, bool sequence_parallel, const PackedBatch& b,
-                     const ops::RopeTable& rope_table, const parallel::TpHeads& local_heads, int64_t hd)
-    : tp(tp_group), sp(sequence_parallel), T(b.num_tokens), batch(b), heads(local_heads), head_dim(hd) {
+                     const ops::RopeTable& rope_table, const parallel::TpHeads& local_heads, int64_t hd,
+                     const parallel::CpGroups* cp_groups)
+    : tp(tp_group), sp(sequence_parallel), T(b.num_tokens), batch(b), heads(local_heads), head_dim(hd),
+      cp(cp_groups) {
+  KS_CHECK(!b.cp || cp, "a context-parallel rank's batch needs the model's cp groups (ModelParallel::cp)");
+  KS_CHECK(!b.cp || b.cp->cp == cp->cp->size(), "a batch split for cp ", b.cp ? b.cp->cp : 1, " on a model with cp ",
+           cp ? cp->cp->size() : 1);
   const int64_t n = tp.size();
   Tp = sp ? (T + n - 1) / n * n : T;
   Tl = sp ? Tp / n : Tp;
@@ -52,10 +57,30 @@ Tensor TrainExec::attend(int64_t, const Tensor& q, const Tensor& k, const Tensor
   // Padding rows (SP only) stay zero: attention runs on the real tokens.
   A.attn = Tp == T ? Tensor::empty({T, dt_cols}, dt, MemCategory::Activations)
                    : Tensor::zeros({Tp, dt_cols}, dt, MemCategory::Activations);
-  A.lse = Tensor::empty({H, T}, DType::F32, MemCategory::Activations);
+  A.lse = batch.cp ? Tensor() : Tensor::empty({H, T}, DType::F32, MemCategory::Activations);
   Tensor out = real_rows(A.attn);
+  if (batch.cp) {
+    // The cp attention keeps its own lse (of the work layout's rows and heads).
+    auto saved = std::make_shared<parallel::CpAttentionSaved>();
+    parallel::cp_attention_fwd(*cp, *batch.cp, shape, real_rows(q), real_rows(k), real_rows(v), out, *saved);
+    A.lse = saved->lse;
+    A.cp_attn = std::move(saved);
+    return A.attn;
+  }
   ops::attention_fwd(real_rows(q), real_rows(k), real_rows(v), batch.cu_seqlens, shape, out, A.lse, prefix_of());
   return A.attn;
+}
+
+void TrainExec::attend_bwd(const LayerActivations& A, const Tensor& dattn, const ops::AttentionShape& shape,
+                           Tensor& dq, Tensor& dk, Tensor& dv) {
+  Tensor dq_r = real_rows(dq), dk_r = real_rows(dk), dv_r = real_rows(dv);
+  if (batch.cp) {
+    KS_CHECK(A.cp_attn, "context-parallel attention backward without its forward's saved state");
+    parallel::cp_attention_bwd(*cp, *batch.cp, shape, *A.cp_attn, real_rows(dattn), dq_r, dk_r, dv_r);
+    return;
+  }
+  ops::attention_bwd(real_rows(A.q), real_rows(A.k), real_rows(A.v), real_rows(A.attn), A.lse, real_rows(dattn),
+                     batch.cu_seqlens, shape, dq_r, dk_r, dv_r, prefix_of());
 }
 
 Tensor TrainExec::grad_buf(GradBuf kind, Shape shape) {

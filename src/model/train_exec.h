@@ -10,6 +10,7 @@
 #include "comm/process_group.h"
 #include "model/batch.h"
 #include "model/block.h"
+#include "parallel/cp_attention.h"
 
 namespace kestrel::model {
 
@@ -18,8 +19,10 @@ enum class GradBuf { DNorm, TmpD, TmpL, DF1, DF2, DAct, DAttn, DQ, DK, DV, kCoun
 
 class TrainExec final : public BlockExec {
  public:
+  // cp: the model's context-parallel groups, needed when batch.cp is set (a
+  // cp rank's share of a batch, model/cp_batch.h).
   TrainExec(comm::ProcessGroup& tp, bool sequence_parallel, const PackedBatch& batch, const ops::RopeTable& rope,
-            const parallel::TpHeads& heads, int64_t head_dim);
+            const parallel::TpHeads& heads, int64_t head_dim, const parallel::CpGroups* cp = nullptr);
 
   Tensor buffer(BlockBuf slot, Shape shape, DType dt) override;
   Tensor enter(const Tensor& x) override;
@@ -27,6 +30,11 @@ class TrainExec final : public BlockExec {
   void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
                 LayerActivations& A) override;
+  // The attention core's backward from what attend() kept in A: dattn
+  // [Tp, H*vd] f32 -> dq, dk, dv (f32, [Tp, ...]; only the first T rows
+  // are written). Under context parallelism the cp attention's backward.
+  void attend_bwd(const LayerActivations& A, const Tensor& dattn, const ops::AttentionShape& shape, Tensor& dq,
+                  Tensor& dk, Tensor& dv);
 
   // ---- backward context ----
   comm::ProcessGroup& tp;
@@ -36,6 +44,7 @@ class TrainExec final : public BlockExec {
   Tensor ids;  // i32 [Tp], padded with -1
   const parallel::TpHeads heads;
   const int64_t head_dim;
+  const parallel::CpGroups* cp;  // non-null with batch.cp
 
   // The router losses' gradient factor of this backward (CausalLM::set_moe_loss_scale).
   double moe_loss_scale = 1.0;

@@ -125,6 +125,15 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
     KS_FAIL("not supported yet: tensor parallelism (tensor_model_parallel_size ", n, ") for ",
             io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",
             " layers); train it with tensor_model_parallel_size 1 (data and pipeline parallelism work)");
+  if (cp_size() > 1 && (cfg_.moe.num_experts > 0 || cfg_.mla.enabled))
+    KS_FAIL("not supported yet: context parallelism (context_parallel_size ", cp_size(), ") for ",
+            io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",
+            " layers: the router losses and statistics would see a rank's share of each sequence); train it with "
+            "context_parallel_size 1");
+  if (cp_size() > 1)
+    parallel::check_cp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, n, cp_size(),
+                             cp_groups()->ulysses_degree())
+        .throw_if_error();
   if (cfg_.intermediate_size % n != 0)
     KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
             "; choose a tp size dividing it");

@@ -56,6 +56,7 @@
 #include "model/param.h"
 #include "model/recompute.h"
 #include "ops/rope.h"
+#include "parallel/cp_attention.h"
 #include "parallel/sharding.h"
 #include "parallel/tp_layers.h"
 
@@ -71,6 +72,12 @@ struct ModelParallel {
   // The interleaved schedule's micro-batch group (Megatron's
   // microbatch_group_size_per_vp_stage); 0 = the pipeline size.
   int64_t vpp_microbatch_group = 0;
+  // Context parallelism (nullptr = none): the cp group and its Ulysses / ring
+  // subgroups (parallel/cp_attention.h). The model then trains and scores a
+  // cp rank's share of each packed batch (model/cp_batch.h); its weights are
+  // replicated over cp and their gradients summed over dp x cp (the engine's
+  // EngineParallel::dp_cp).
+  std::shared_ptr<const parallel::CpGroups> cp;
 };
 
 struct ModelOptions {
@@ -225,6 +232,11 @@ class CausalLM {
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
   comm::ProcessGroup& pp() const { return *opts_.parallel.pp; }
+  // The context-parallel groups, or nullptr without context parallelism (cp = 1).
+  const parallel::CpGroups* cp_groups() const {
+    return opts_.parallel.cp && opts_.parallel.cp->cp->size() > 1 ? opts_.parallel.cp.get() : nullptr;
+  }
+  int cp_size() const { return cp_groups() ? cp_groups()->cp->size() : 1; }
   bool sequence_parallel() const { return opts_.parallel.sequence_parallel && tp().size() > 1; }
   int64_t vocab_start() const { return vocab_.start; }
   int64_t local_vocab() const { return vocab_.size(); }  // padded_vocab() / tp

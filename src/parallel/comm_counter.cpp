@@ -107,4 +107,15 @@ void CountingGroup::recv(void* buf, int64_t count, DType dtype, int peer, int ta
   inner_->recv(buf, count, dtype, peer, tag);
 }
 
+std::unique_ptr<comm::PendingTransfer> CountingGroup::isend(const void* buf, int64_t count, DType dtype, int peer,
+                                                            int tag) {
+  const double s = double(count) * double(dtype_size(dtype));
+  add(CollectiveKind::SendRecv, s, s);
+  return inner_->isend(buf, count, dtype, peer, tag);
+}
+
+std::unique_ptr<comm::PendingTransfer> CountingGroup::irecv(void* buf, int64_t count, DType dtype, int peer, int tag) {
+  return inner_->irecv(buf, count, dtype, peer, tag);
+}
+
 }  // namespace kestrel::parallel

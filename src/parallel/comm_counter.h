@@ -53,9 +53,15 @@ class CountingGroup final : public comm::ProcessGroup {
                    const std::vector<int64_t>& recv_counts, DType dtype) override;
   void send(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
   void recv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
+  // Forwarded as the inner group's own non-blocking transfers (a ring whose
+  // ranks all post a send first must not block), counted like send.
+  std::unique_ptr<comm::PendingTransfer> isend(const void* buf, int64_t count, DType dtype, int peer, int tag) override;
+  std::unique_ptr<comm::PendingTransfer> irecv(void* buf, int64_t count, DType dtype, int peer, int tag) override;
   void barrier() override { inner_->barrier(); }
   using comm::ProcessGroup::all_reduce;
   using comm::ProcessGroup::broadcast;
+  using comm::ProcessGroup::irecv;
+  using comm::ProcessGroup::isend;
 
   const CommStats& stats() const { return stats_; }
   void reset() { stats_ = CommStats(); }

@@ -202,12 +202,14 @@ void ring_attention_bwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::
   const RingPeers P = ring_peers(ring, L, "ring_attention_bwd");
   check_work("ring_attention_bwd", L, s, q, k, v);
   const int64_t Tg = L.work_tokens, H = s.n_heads, vd = s.value_dim();
+  // Gradients in q's dtype or f32 (bf16 training keeps activation gradients in f32).
+  const DType gt = dout.dtype() == DType::F32 ? DType::F32 : q.dtype();
   check_rows("out", out, Tg, H * vd, q.dtype());
-  check_rows("dout", dout, Tg, H * vd, q.dtype());
+  check_rows("dout", dout, Tg, H * vd, gt);
   check_rows("lse", lse, H, Tg, DType::F32);
-  check_rows("dq", dq, Tg, q.size(1), q.dtype());
-  check_rows("dk", dk, Tg, k.size(1), q.dtype());
-  check_rows("dv", dv, Tg, v.size(1), q.dtype());
+  check_rows("dq", dq, Tg, q.size(1), gt);
+  check_rows("dk", dk, Tg, k.size(1), gt);
+  check_rows("dv", dv, Tg, v.size(1), gt);
   if (P.R == 1) {
     ops::attention_bwd(q, k, v, out, lse, dout, L.work.cu_seqlens, s, dq, dk, dv);
     return;
@@ -301,7 +303,8 @@ void cp_attention_bwd(const CpGroups& G, const CpLayout& L, const ops::Attention
            "cp_attention_bwd: the groups do not match the layout (Ulysses ", u, ", ring ", L.ring(), ")");
   const ops::AttentionShape w = cp_work_shape(s, u);
   const int64_t Tl = L.local_tokens, vd = s.value_dim();
-  const DType dt = saved.q.dtype();
+  // Gradients in q's dtype or f32 (bf16 training keeps activation gradients in f32).
+  const DType dt = dout.dtype() == DType::F32 ? DType::F32 : saved.q.dtype();
   check_rows("dout", dout, Tl, s.n_heads * vd, dt);
   check_rows("dq", dq, Tl, s.n_heads * s.head_dim, dt);
   check_rows("dk", dk, Tl, s.n_kv_heads * s.head_dim, dt);

@@ -66,7 +66,8 @@ struct CpAttentionSaved {
 // out [Tl, H*vd] written (caller-allocated); saved filled.
 void cp_attention_fwd(const CpGroups& groups, const CpLayout& layout, const ops::AttentionShape& s, const Tensor& q,
                       const Tensor& k, const Tensor& v, Tensor& out, CpAttentionSaved& saved);
-// dq, dk, dv [Tl, ...] written (caller-allocated, q's dtype) from dout [Tl, H*vd].
+// dq, dk, dv [Tl, ...] written (caller-allocated) from dout [Tl, H*vd]; dout
+// and the gradients in q's dtype or all f32 (bf16 training's activation grads).
 void cp_attention_bwd(const CpGroups& groups, const CpLayout& layout, const ops::AttentionShape& s,
                       const CpAttentionSaved& saved, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);
 
@@ -88,7 +89,7 @@ void ulysses_gather_heads(comm::ProcessGroup& ulysses, const CpLayout& layout, c
 // (q's dtype), lse f32 [H, Tg] written.
 void ring_attention_fwd(comm::ProcessGroup& ring, const CpLayout& layout, const ops::AttentionShape& s,
                         const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse);
-// dq, dk, dv written (q's dtype) from the forward's final out and lse.
+// dq, dk, dv written (dout's dtype: q's or f32) from the forward's final out and lse.
 void ring_attention_bwd(comm::ProcessGroup& ring, const CpLayout& layout, const ops::AttentionShape& s,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv);

@@ -165,7 +165,6 @@ Status validate(const ParallelDims& d, int world, const ModelFacts& m) {
 
 Status check_supported(const ParallelDims& d) {
   Problems p;
-  if (d.cp > 1) p.add("not supported yet: context_parallel_size > 1 (cp=", d.cp, ")");
   if (d.ep > 1) p.add("not supported yet: expert_model_parallel_size > 1 (ep=", d.ep, ")");
   if (d.expert_tp() != d.tp)
     p.add("not supported yet: expert_tensor_parallel_size=", d.expert_tp(), " different from tensor_model_parallel_size=", d.tp);

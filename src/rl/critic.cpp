@@ -142,7 +142,7 @@ train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& pa
   eo.adamw = o.adamw;
   eo.lr = o.lr;
   eo.clip_grad = o.clip_grad;
-  eo.parallel.dp = par.dp;
+  eo.parallel.dp = par.grad_group_ptr();
   eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
   eo.reuse_fp32_param = o.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
@@ -270,7 +270,7 @@ Status Critic::save(const std::string& dir) const {
   // Under mpirun the weights are written as one HF folder (gathered over tp,
   // streamed from the pipeline stages), the optimizer state as one file per
   // stage (train/optimizer_checkpoint.h); every rank takes part in both.
-  if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
+  if (parallel_.grad_group().rank() == 0) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
   return engine_->save_optimizer_dir(dir);
 }
 

@@ -25,6 +25,13 @@ namespace kestrel::rl {
 struct RlParallel {
   std::shared_ptr<comm::ProcessGroup> world = comm::local_group("world");
   std::shared_ptr<comm::ProcessGroup> dp = comm::local_group("dp");  // the actor's (and critic's) data-parallel group
+  // Under context parallelism (model::ModelParallel::cp) Megatron's dp-cp
+  // group: the engines reduce gradients over it (the cp ranks of a dp slice
+  // train the same sequences, each its share of them), and its rank 0 writes
+  // the model folders. nullptr = dp (no context parallelism).
+  std::shared_ptr<comm::ProcessGroup> dp_cp;
+  comm::ProcessGroup& grad_group() const { return dp_cp ? *dp_cp : *dp; }
+  std::shared_ptr<comm::ProcessGroup> grad_group_ptr() const { return dp_cp ? dp_cp : dp; }
   bool distributed_optimizer = false;  // megatron.use_distributed_optimizer
   // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
   // the actor's own tp group, whose weights the engine then reads in place.

@@ -44,10 +44,13 @@
 //
 // Pipeline parallelism is built: the states are those of the pipeline rank
 // holding the most parameters (parallel::pipeline_chunks's split, uneven
-// stages and noop layers included). Virtual pipeline and context
-// parallelism are modelled from Megatron's formulas (1F1B keeps p
-// micro-batches in flight on stage 0, interleaving adds (p-1)/(p v); CP
-// divides the tokens) and CP says "not supported yet".
+// stages and noop layers included). The virtual pipeline is modelled from
+// Megatron's formula (1F1B keeps p micro-batches in flight on stage 0,
+// interleaving adds (p-1)/(p v)). Context parallelism (model/cp_batch.h):
+// each rank holds 2 ceil(T / 2cp) rows of a T-token sequence, plus the cp
+// attention's own terms (Ulysses's work copies of q, k, v, out in place of
+// q, k, v; the backward's work gradients, ring buffers and all-to-alls at the
+// attention core), dense models only (MoE and MLA refuse cp).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -65,6 +68,10 @@ namespace kestrel::rl {
 // Process layout of the actor (Megatron order tp-cp-ep-dp-pp).
 struct PlanLayout {
   int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, dp = 1;
+  // Context parallelism's Ulysses degree (parallel::cp_ulysses_degree): cp for
+  // ulysses_cp_algo, 1 for megatron_cp_algo (ring), the hybrid's
+  // ulysses_degree_in_cp in between.
+  int64_t cp_ulysses = 1;
   bool sequence_parallel = false;       // ignored at tp = 1, as Megatron does
   bool distributed_optimizer = false;   // ZeRO-1 over dp
   // The pipeline split (parallel::PipelineSpec): Megatron's uneven first/last

@@ -58,7 +58,47 @@ struct Ctx {
   // MoE: routed rows N, the largest expert group (its bound), capacity on.
   int64_t N = 0, G = 0;
   bool capacity = false;
+  // Context parallelism (parallel/cp_attention.h): cp, its Ulysses degree u
+  // and ring size R = cp / u; the attention's work layout holds u * T rows of
+  // H/u query heads and Hkw kv heads (one, replicated, when Hkv < u).
+  int64_t cp = 1, u = 1, R = 1, Hkw = 0;
 };
+
+// The context-parallel attention's extra bytes over the plain attention
+// (parallel/cp_attention.cpp), a: the compute dtype's size.
+struct CpAttn {
+  int64_t kept = 0;  // per layer, beyond q, k, v, attn, lse (Ulysses: the work copies of q, k, v, out; q, k, v released)
+  int64_t work = 0;  // the work copies of q, k, v, out themselves (Ulysses; the ring keeps q, k, v, attn)
+  int64_t fwd = 0;   // the forward's transients (all-to-alls, ring buffers and f32 merge accumulators)
+  int64_t bwd = 0;   // the backward's transients at the attention core (work gradients, ring buffers, all-to-alls)
+};
+CpAttn cp_attn(const Ctx& x) {
+  CpAttn c;
+  if (x.cp <= 1) return c;
+  const int64_t a = x.a, T = x.r.T, hd = x.s.hd, q = x.s.H * hd, kv = x.s.Hkv * hd;
+  const int64_t Tg = x.u * T, qw = q / x.u, kvw = x.Hkw * hd;  // work rows, a work row's q and kv columns
+  if (x.u > 1) {
+    // dense_blocks.cpp drops A.q/k/v (the cp attention keeps its work copies): + the work q, k, v, out - q, k, v.
+    c.work = a * Tg * (2 * qw + 2 * kvw);
+    c.kept = c.work - a * x.r.Tp * (q + 2 * kv);
+  }
+  // The forward: each Ulysses all-to-all's send and receive [Tg, qw] at most;
+  // the ring's double k/v blocks, its f32 accumulator and block output [Tg, qw]
+  // and block lse [Hw, Tg].
+  c.fwd = std::max(x.u > 1 ? 2 * a * Tg * qw : 0,
+                   x.R > 1 ? 4 * a * Tg * kvw + 8 * Tg * qw + 4 * (x.s.H / x.u) * Tg : 0);
+  // The backward (f32 activation gradients, cp_attention_bwd): Ulysses
+  // scatters dout to the work layout and makes the work dq, dk, dv [Tg, ...];
+  // the ring (R > 1) adds its double k/v blocks (compute dtype), two f32
+  // travelling dK and dV accumulators, this step's dK/dV share and the local
+  // dq accumulator; after the ring, each Ulysses gather sends and receives
+  // [Tg, qw] at most.
+  const int64_t work = x.u > 1 ? 4 * Tg * (2 * qw + 2 * kvw) : 0;
+  const int64_t ring = x.R > 1 ? 4 * a * Tg * kvw + 24 * Tg * kvw + 4 * Tg * qw : 0;
+  const int64_t gather = x.u > 1 ? 8 * Tg * qw : 0;
+  c.bwd = work + std::max(ring, gather);
+  return c;
+}
 
 int64_t buf_bytes(const Ctx& x, unsigned mask) {
   const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = x.s.D, F = x.s.F, q = x.s.H * x.s.hd, kv = x.s.Hkv * x.s.hd;
@@ -117,6 +157,11 @@ LayerStore layer_store_full(const Ctx& x, int64_t layer) {
     st.attn_part = a * Tp * (2 * q + 2 * kv) + 4 * s.H * T;
     if (s.qk_norm) st.attn_part += a * Tp * (q + kv) + 4 * Tp * (s.H + s.Hkv);  // q_lin, k_lin; rstd_q, rstd_k f32
     st.core_attn = a * Tp * q + 4 * s.H * T;
+    // Context parallelism: Ulysses's work copies replace q, k, v; selective
+    // core_attn drops them with attn and lse and keeps q, k, v instead.
+    const int64_t cp_kept = cp_attn(x).kept;
+    st.attn_part += cp_kept;
+    st.core_attn += cp_kept;
   }
   if (x.c.is_moe_layer(layer)) {
     const io::MoeConfig& m = x.c.moe;
@@ -210,10 +255,16 @@ Moment dense_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebu
 void dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
   const DenseWs w = dense_ws(x);
   const int64_t a = x.a, Tp = x.r.Tp, T = x.r.T, D = x.s.D;
-  const int64_t n1 = k.norm ? a * Tp * D : 0, core = k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T : 0;
+  // Selective core_attn reruns the attention (under context parallelism with
+  // its work copies and the forward's transients) before o_proj's backward.
+  const CpAttn cpa = cp_attn(x);
+  const int64_t n1 = k.norm ? a * Tp * D : 0;
+  const int64_t core = k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T + cpa.work : 0;
   *rebuilt = std::max(*rebuilt, n1 + core);
   const unsigned bufs = kTmpD | kTmpL | kDAttn | kDQ | kDK | kDV;
+  if (k.core_attn && x.cp > 1) out.push_back({n1 + core + cpa.fwd, cpa.fwd, bufs, " attention core rerun (context parallel)"});
   out.push_back({n1 + core + w.att_o, w.att_o, bufs, " attention"});
+  if (x.cp > 1) out.push_back({n1 + core + cpa.bwd, cpa.bwd, bufs, " attention core (context parallel)"});
   out.push_back({n1 + w.att_qkv, w.att_qkv, bufs, " attention"});
 }
 
@@ -372,8 +423,14 @@ std::vector<Moment> block_forward(const Ctx& x, int64_t layer, const LayerStore&
 TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, int64_t T_in, DType dt,
                                    bool value_head) {
   TrainActivations r;
-  const int64_t T = ceil_div(T_in, std::max<int64_t>(1, in.layout.cp));  // CP: this rank's share of the tokens
+  // CP: this rank's share of the tokens, a sequence padded to a multiple of 2 cp (parallel/cp_split.h).
+  const int64_t cp = std::max<int64_t>(1, in.layout.cp);
+  const int64_t T = cp > 1 ? 2 * ceil_div(T_in, 2 * cp) : T_in;
   Ctx x{s, in, in.model, rows_of(T, in.layout.tp, sp_on(in))};
+  x.cp = cp;
+  x.u = cp > 1 ? std::max<int64_t>(1, in.layout.cp_ulysses) : 1;
+  x.R = cp / x.u;
+  x.Hkw = s.Hkv >= x.u ? s.Hkv / x.u : 1;
   x.a = int64_t(dtype_size(dt));
   x.bf = dt != DType::F32;
   x.sp = sp_on(in);

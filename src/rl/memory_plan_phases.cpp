@@ -275,7 +275,13 @@ Status validate_plan_inputs(const PlanInputs& in) {
                     "; use expert_model_parallel_size=1 (every rank holds all experts)");
     if (moe && c.mlp_bias)
       return KS_ERR("not supported yet: MLP biases (mlp_bias in config.json) in a mixture-of-experts model");
+    if (l.cp > 1)
+      return KS_ERR("not supported yet: ", M, "context_parallel_size=", l.cp, " for ", what,
+                    "; use context_parallel_size=1");
   }
+  if (l.cp > 1 && (l.cp_ulysses < 1 || l.cp % l.cp_ulysses != 0))
+    return KS_ERR(M, "override_transformer_config.ulysses_degree_in_cp=", l.cp_ulysses, " must divide ", M,
+                  "context_parallel_size=", l.cp);
   if (c.intermediate_size % l.tp != 0)
     return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": intermediate_size ", c.intermediate_size,
                   " does not divide by it; choose a tp dividing it");
@@ -431,7 +437,6 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   auto unsupported = [&](bool on, const std::string& what) {
     if (on) p.not_supported.push_back("not supported yet: " + what + " (modelled from Megatron's formulas)");
   };
-  unsupported(l.cp > 1, "context parallelism, context_parallel_size=" + std::to_string(l.cp));
   if (l.ep > 1) p.notes.push_back("expert_model_parallel_size=" + std::to_string(l.ep) + ": the model is dense (no experts), so it changes nothing");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
     p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
@@ -539,8 +544,9 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
       x.layout.pp *= 2;
       x.layout.dp /= 2;
     });
-    try_change(M + "context_parallel_size=" + std::to_string(in.layout.cp * 2), false, [](PlanInputs& x) {
-      x.layout.cp *= 2;
+    try_change(M + "context_parallel_size=" + std::to_string(in.layout.cp * 2), true, [](PlanInputs& x) {
+      if (x.layout.cp > 1 && x.layout.cp_ulysses == x.layout.cp) x.layout.cp_ulysses *= 2;  // Ulysses stays Ulysses
+      x.layout.cp *= 2;  // the ring (and the hybrid's ring) doubles
       x.layout.dp /= 2;
     });
   }

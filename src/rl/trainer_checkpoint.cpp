@@ -32,7 +32,7 @@ Status RlTrainer::save_checkpoint() {
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {
         KS_TRY(actor_->save(dir + "/actor"));
-        if (leader && opt_.parallel.dp->rank() == 0)  // tokenizer files next to the weights
+        if (leader && opt_.parallel.grad_group().rank() == 0)  // tokenizer files next to the weights
           for (const auto& [name, content] : opt_.model_extra_files)
             KS_TRY(write_file_atomic(dir + "/actor/model/" + name, content));
         if (critic_) KS_TRY(critic_->save(dir + "/critic"));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "model/cp_batch.h"
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
 #include "optim/checkpoint_io.h"
@@ -55,6 +56,29 @@ bool inject_spec_matches(const std::string& spec, const std::string& name, int64
     if (a <= n && n <= b) return true;
   }
   return false;
+}
+
+// The micro-batches as this rank runs them: under context parallelism each
+// one's cp share (model/cp_batch.h; seqs and rows, the objective's
+// bookkeeping, stay the full batch's), else the caller's own.
+std::vector<MicroBatch> rank_micro_batches(const model::CausalLM& m, const std::vector<MicroBatch>& micro) {
+  std::vector<MicroBatch> out;
+  if (!m.cp_groups()) return out;
+  out.reserve(micro.size());
+  for (const MicroBatch& mb : micro) out.push_back({model::cp_local_batch(m, mb.batch), mb.seqs, mb.rows});
+  return out;
+}
+
+// A value objective on this rank's values [Tl, 1] of a (possibly cp-split)
+// batch: the objective sees the full batch's values, the rank keeps its rows
+// of the gradient.
+double value_loss(const model::CausalLM& m, const model::PackedBatch& run, const ValueObjective& objective,
+                  const Tensor& values, Tensor& dvalues_local) {
+  const Tensor full = model::cp_full_rows(m, run, values);  // [T, 1]
+  Tensor dv = Tensor::zeros({full.size(0), 1}, DType::F32, MemCategory::Activations);
+  const double loss = objective(full, dv);
+  dvalues_local = model::cp_rank_rows(run, dv, 0.f);
+  return loss;
 }
 
 std::string num(double v) {
@@ -194,7 +218,9 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
   if (moe) begin_moe_mini_batch(int64_t(micro.size()));
   // The micro-batch loop: the pipeline schedule over the stages, or one
   // micro-batch after another.
-  r.loss = model_.pp().size() > 1 ? train_pipelined(micro, objective) : train_sequential(micro, objective);
+  const std::vector<MicroBatch> cp_micro = rank_micro_batches(model_, micro);
+  const std::vector<MicroBatch>& run = cp_micro.empty() ? micro : cp_micro;
+  r.loss = model_.pp().size() > 1 ? train_pipelined(micro, run, objective) : train_sequential(micro, run, objective);
   r.micro_batches = int64_t(micro.size());
   if (moe) r.moe = reduced_moe_stats();
   if (inject_nan_grad(update)) {  // TEST ONLY (EngineOptions::test_inject_nan_grad, KESTREL_TEST_INJECT_NAN_GRAD)
@@ -247,43 +273,45 @@ model::MoeStepStats TrainingEngine::reduced_moe_stats() const {
   return s;
 }
 
-double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {
+double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
+                                        const ObjectiveFn& objective) {
   double loss = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
-    const MicroBatch& mb = micro[i];
-    const Objective obj = objective(mb, i);
+    const model::PackedBatch& b = run[i].batch;  // what this rank runs (its cp share)
+    const Objective obj = objective(micro[i], i);
     if (model_.is_value_model()) {
       KS_CHECK(obj.values, "training engine: a value model needs a value objective");
       model::Activations acts;
-      const Tensor v = model_.forward(mb.batch, acts);  // [T, 1], compute dtype
-      Tensor dv = Tensor::zeros({mb.batch.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
-      loss += obj.values(v, dv);
-      model_.backward(mb.batch, acts, dv);
+      const Tensor v = model_.forward(b, acts);  // [T, 1], compute dtype
+      Tensor dv;  // f32 [T, 1]
+      loss += value_loss(model_, b, obj.values, v, dv);
+      model_.backward(b, acts, dv);
     } else {
       KS_CHECK(obj.tokens, "training engine: a token model needs a token objective");
-      loss += forward_backward(model_, mb.batch, obj.tokens, obj.need_entropy_grad).loss;
+      loss += forward_backward(model_, b, obj.tokens, obj.need_entropy_grad).loss;
     }
   }
   return loss;
 }
 
-double TrainingEngine::train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective) {
+double TrainingEngine::train_pipelined(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
+                                       const ObjectiveFn& objective) {
   // The loss runs on the last stage only, as each micro-batch's head output
   // appears (the objective is built there, right before its use).
   const HeadLossFn head = [&](size_t i, const Tensor& out) -> std::pair<double, Tensor> {
     const Objective obj = objective(micro[i], i);
     if (model_.is_value_model()) {
       KS_CHECK(obj.values, "training engine: a value model needs a value objective");
-      Tensor dv = Tensor::zeros({micro[i].batch.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
-      const double l = obj.values(out, dv);
+      Tensor dv;  // f32 [T, 1]
+      const double l = value_loss(model_, run[i].batch, obj.values, out, dv);
       return {l, dv};
     }
     KS_CHECK(obj.tokens, "training engine: a token model needs a token objective");
-    HeadLoss h = token_head_loss(model_, micro[i].batch, out, obj.tokens, obj.need_entropy_grad);
+    HeadLoss h = token_head_loss(model_, run[i].batch, out, obj.tokens, obj.need_entropy_grad);
     return {h.result.loss, h.dlogits};
   };
   if (last_trace_) *last_trace_ = PipelineTrace();
-  return pipeline_train(model_, micro, head, model_.options().parallel.vpp_microbatch_group, last_trace_.get());
+  return pipeline_train(model_, run, head, model_.options().parallel.vpp_microbatch_group, last_trace_.get());
 }
 
 void TrainingEngine::record_pipeline_trace(bool on) {
@@ -293,12 +321,20 @@ void TrainingEngine::record_pipeline_trace(bool on) {
 
 void score_micro_batches(const model::CausalLM& model, const std::vector<MicroBatch>& micro,
                          const std::function<void(size_t, const Tensor&)>& consume) {
-  if (model.pp().size() > 1) return pipeline_score(model, micro, consume);
-  for (size_t i = 0; i < micro.size(); ++i) {
+  const std::vector<MicroBatch> cp_micro = rank_micro_batches(model, micro);
+  const std::vector<MicroBatch>& run = cp_micro.empty() ? micro : cp_micro;
+  if (model.pp().size() > 1) {
+    // Token scores come back gathered (model::score_logits); values are gathered here.
+    return pipeline_score(model, run, [&](size_t i, const Tensor& out) {
+      consume(i, model.is_value_model() ? model::cp_full_rows(model, run[i].batch, out) : out);
+    });
+  }
+  for (size_t i = 0; i < run.size(); ++i) {
+    const model::PackedBatch& b = run[i].batch;
     if (model.is_value_model()) {
-      consume(i, model.forward_inference(micro[i].batch));  // [T, 1]
+      consume(i, model::cp_full_rows(model, b, model.forward_inference(b)));  // [T, 1]
     } else {
-      consume(i, model::score_tokens(model, micro[i].batch).logprob);  // f32 [T]
+      consume(i, model::score_tokens(model, b).logprob);  // f32 [T] (the full batch's rows)
     }
   }
 }

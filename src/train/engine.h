@@ -73,7 +73,11 @@ struct EngineParallel {
   // The data-parallel group (nullptr = a size-1 group). Each dp rank trains
   // its share of a mini-batch; gradients are summed over it (the objectives
   // carry the mini-batch denominators summed over dp), or averaged with
-  // average_grads.
+  // average_grads. Under context parallelism (the model's ModelParallel::cp)
+  // this is Megatron's dp-cp group: the cp ranks of a dp slice train the same
+  // micro-batches, each its share of every sequence (model/cp_batch.h), so
+  // the full gradient is their sum, and the distributed optimizer shards over
+  // dp x cp as Megatron's does.
   std::shared_ptr<comm::ProcessGroup> dp;
   bool distributed_optimizer = false;  // megatron.use_distributed_optimizer (ZeRO-1 over dp)
   bool average_grads = false;          // DataParallel's 1/dp pre-scaling
@@ -225,8 +229,12 @@ class TrainingEngine {
   void zero_grads();
   optim::ClipResult reduce_and_clip();
   void sum_tied_embedding_grads();
-  double train_sequential(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective);
-  double train_pipelined(const std::vector<MicroBatch>& micro, const ObjectiveFn& objective);
+  // micro: the caller's micro-batches (the objectives' bookkeeping); run: what
+  // this rank runs of each (its cp share under context parallelism, else micro).
+  double train_sequential(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
+                          const ObjectiveFn& objective);
+  double train_pipelined(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
+                         const ObjectiveFn& objective);
   bool loss_finite_everywhere(double loss) const;
   bool inject_nan_grad(int64_t update) const;
   void after_skip(const MiniBatchResult& r, int64_t update, int64_t step);

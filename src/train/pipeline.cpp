@@ -8,9 +8,18 @@
 #include <memory>
 
 #include "model/scoring.h"
+#include "parallel/cp_split.h"
 #include "train/engine.h"
 
 namespace kestrel::train {
+
+namespace {
+
+// The rows of a batch's token scores: the full batch's (a cp rank's share of a
+// batch scores all of them, model/scoring.h).
+int64_t full_rows(const model::PackedBatch& b) { return b.cp ? b.cp->full_tokens : b.num_tokens; }
+
+}  // namespace
 
 namespace {
 
@@ -261,9 +270,11 @@ void pipeline_score(const model::CausalLM& m, const std::vector<MicroBatch>& mic
         return {model::score_logits(m, *batches[i], out).logprob};  // f32 [T]
       },
       [&](size_t i) -> std::vector<Tensor> {
+        // Values: this rank's rows (the caller gathers them under cp); token
+        // scores: the full batch's rows (score_logits gathers them).
         const int64_t T = batches[i]->num_tokens;
         if (m.is_value_model()) return {Tensor::empty({T, 1}, m.dtype(), MemCategory::Activations)};
-        return {Tensor::empty({T}, DType::F32, MemCategory::Activations)};
+        return {Tensor::empty({full_rows(*batches[i])}, DType::F32, MemCategory::Activations)};
       },
       [&](size_t i, std::vector<Tensor>& r) { consume(i, r[0]); }, trace);
 }
@@ -278,8 +289,8 @@ model::TokenScores pipeline_score_tokens(const model::CausalLM& m, const model::
         return {t.logprob, t.entropy};
       },
       [&](size_t) -> std::vector<Tensor> {
-        return {Tensor::empty({b.num_tokens}, DType::F32, MemCategory::Activations),
-                Tensor::empty({b.num_tokens}, DType::F32, MemCategory::Activations)};
+        return {Tensor::empty({full_rows(b)}, DType::F32, MemCategory::Activations),
+                Tensor::empty({full_rows(b)}, DType::F32, MemCategory::Activations)};
       },
       [&](size_t, std::vector<Tensor>& r) { s.logprob = r[0], s.entropy = r[1]; }, nullptr);
   return s;

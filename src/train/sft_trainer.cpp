@@ -63,7 +63,7 @@ SftTrainer::SftTrainer(model::CausalLM& model, std::vector<SftExample> train, st
   // dp: gradients summed over the grid's dp group (each rank's objective
   // carries the whole mini-batch's denominator). One process (no dp group, tp
   // and pp of size 1) is the engine's plain path.
-  eo.parallel.dp = opt_.dp;
+  eo.parallel.dp = opt_.dp_cp ? opt_.dp_cp : opt_.dp;
   opt_.lr = eo.lr;
   engine_ = std::make_unique<TrainingEngine>(model_, std::move(eo));
 }
@@ -178,7 +178,7 @@ std::map<std::string, double> SftTrainer::validate() {
 Status SftTrainer::export_hf(const std::string& dir) const {
   // One HF folder of the whole model: the pipeline stages and tp shards of dp
   // replica 0 stream their tensors to its writer (pp rank 0, tp rank 0 = world rank 0).
-  if (!opt_.dp || opt_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir, DType::F32));
+  if (writes_model_folder()) KS_TRY(model::save_pipelined_model(model_, dir, DType::F32));
   if (leader())
     for (const auto& [name, content] : opt_.model_extra_files) KS_TRY(write_file_atomic(dir + "/" + name, content));
   return Status::ok();
@@ -203,7 +203,7 @@ Status SftTrainer::save_checkpoint() {
       opt_.ckpt_root, step_,
       [&](const std::string& dir) -> Status {
         // Weights in the compute dtype; bf16 runs keep their f32 masters with the optimizer.
-        if (!opt_.dp || opt_.dp->rank() == 0)
+        if (writes_model_folder())
           KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
         if (leader())
           for (const auto& [name, content] : opt_.model_extra_files)

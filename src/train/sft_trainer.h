@@ -74,6 +74,10 @@ struct SftOptions {
   // engine sums the gradients over dp); only world rank 0 logs; checkpoints
   // and the export are collective (every rank calls fit()).
   std::shared_ptr<comm::ProcessGroup> world, dp;
+  // Under context parallelism the dp-cp group (the engine's gradient group,
+  // TrainingEngine's EngineParallel::dp); its rank 0 writes the model folders.
+  // nullptr = dp.
+  std::shared_ptr<comm::ProcessGroup> dp_cp;
   // Saved into each checkpoint and export.
   std::string resolved_config_yaml;
   std::map<std::string, std::string> model_extra_files;  // tokenizer files
@@ -108,6 +112,11 @@ class SftTrainer {
   const optim::AdamW& optimizer() const { return engine_->optimizer(); }
 
  private:
+  // dp (or dp-cp) rank 0: the ranks that stream the model folders (collective over tp and pp).
+  bool writes_model_folder() const {
+    const auto& g = opt_.dp_cp ? opt_.dp_cp : opt_.dp;
+    return !g || g->rank() == 0;
+  }
   model::CausalLM& model_;
   std::vector<SftExample> train_, val_;
   std::unique_ptr<BatchSource> source_;

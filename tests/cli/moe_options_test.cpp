@@ -138,7 +138,7 @@ TEST(MoeOptions, PaddingNeedsACapacity) {
 }
 
 TEST(MoeOptions, RouterReplayR3NeedsTheRolloutsRecord) {
-  for (const std::string key : {A + "router_replay.mode", std::string("actor_rollout_ref.ref.router_replay.mode")}) {
+  for (const std::string& key : {A + "router_replay.mode", std::string("actor_rollout_ref.ref.router_replay.mode")}) {
     const std::string e = error_of([&] { rl_options(ok(config::ppo_schema(), {key + "=R3"}), 1); });
     EXPECT_NE(e.find(key + "=R3"), std::string::npos) << e;
     EXPECT_NE(e.find(R + "enable_rollout_routing_replay=true"), std::string::npos) << e;

@@ -323,9 +323,12 @@ TEST(MemoryPlanMoe, CapacityPaddedIsExactDroppingIsBounded) {
         in.moe.pad_to_capacity = false;
         const Measured d = measure_update(in, fixed);
         EXPECT_LE(d.got[kActs], d.want[kActs]) << what << " dropping";
-        if (fixed) EXPECT_LT(d.got[kActs], d.want[kActs]) << what << " dropping (tokens dropped)";
-        for (size_t c = 0; c < kNumMemCategories; ++c)
+        if (fixed) {
+          EXPECT_LT(d.got[kActs], d.want[kActs]) << what << " dropping (tokens dropped)";
+        }
+        for (size_t c = 0; c < kNumMemCategories; ++c) {
           if (c != kActs) EXPECT_EQ(d.got[c], d.want[c]) << what << " dropping " << kCategory[c];
+        }
       }
 }
 

@@ -130,7 +130,7 @@ TEST(MemoryPlan, RecomputeDropsWhatItsFormulaSays) {
 // layer split (uneven stages, noop layers) is pipeline_chunks's, checked by
 // validate_plan_inputs; the states are the rank's holding the most
 // parameters. Context parallelism is modelled and marked.
-TEST(MemoryPlan, PipelineIsPlannedAndContextParallelMarkedNotSupported) {
+TEST(MemoryPlan, PipelineAndContextParallelArePlanned) {
   PlanInputs in = base_inputs();
   in.layout.pp = 2;
   in.layout.dp = 1;
@@ -150,11 +150,15 @@ TEST(MemoryPlan, PipelineIsPlannedAndContextParallelMarkedNotSupported) {
   EXPECT_EQ(s3.params, 3 * layer_params(in.model, 7) + s3.D + s3.V * s3.D);  // the final norm, lm_head or the tied copy
   in.layout.first_stage_layers = -1;
   in.layout.pp = 1;
-  in.layout.cp = 2;
+  in.layout.cp = 2;  // built (model/cp_batch.h): half the tokens per rank, the ring's buffers at the attention core
   const MemoryPlan c = plan_memory(in);
   EXPECT_LT(c.actor.peak, plan_memory(base_inputs()).actor.peak);
-  ASSERT_FALSE(c.not_supported.empty());
-  EXPECT_NE(c.not_supported[0].find("not supported yet: context parallelism"), std::string::npos);
+  for (const std::string& s : c.not_supported) EXPECT_EQ(s.find("context"), std::string::npos) << s;
+  in.layout.cp_ulysses = 2;  // Ulysses keeps the work copies of q, k, v and the output: more than the ring
+  EXPECT_GT(plan_memory(in).actor.per_layer, c.actor.per_layer);
+  in.layout.cp_ulysses = 3;
+  EXPECT_FALSE(validate_plan_inputs(in).is_ok());
+  // The measured side: tests/mpi/cp_memory_test.cpp (one 4,096-token sequence at cp = 1, 2, 4).
 }
 
 TEST(MemoryPlan, ParseBytesNamesTheFlag) {

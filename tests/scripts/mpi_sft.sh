@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `kestrel sft` under mpirun equals one process: a short SFT run (built-in
 # tiny model, built-in arith data, 3 steps, validation at the end) on one
-# process, then under mpirun as PP2, TP2, DP2, interleaved PP2 x VPP2, and
-# PP2 x DP2 and PP2 x TP2 on 4 ranks (trainer.tensor_model_parallel_size /
-# pipeline_model_parallel_size / virtual_pipeline_model_parallel_size, dp =
-# world / (tp * pp)). Each run's per-step train/loss and its val/loss in
+# process, then under mpirun as PP2, TP2, DP2, interleaved PP2 x VPP2, CP2
+# (ring, and Ulysses by verl's ulysses_sequence_parallel_size), and PP2 x DP2,
+# PP2 x TP2 and CP2 x PP2 on 4 ranks (trainer.tensor_model_parallel_size /
+# pipeline_model_parallel_size / virtual_pipeline_model_parallel_size /
+# context_parallel_size, dp = world / (tp * pp * cp)). Each run's per-step train/loss and its val/loss in
 # metrics.jsonl must be within 1e-5 relative of one process's, and the final
 # checkpoint's weights (and, for PP2, the HF export) must give one process's
 # log-probs within 1e-4 of each line's scale. A PP2 run stopped at a
@@ -66,7 +67,7 @@ same_weights() {  # same_weights <model-folder-a> <model-folder-b> <what>
 S3=(trainer.total_training_steps=3 trainer.save_freq=3)
 single "${S3[@]}" trainer.default_local_dir="$W/one" trainer.export_dir="$W/one/hf"
 PP=(trainer.pipeline_model_parallel_size=2)
-for layout in pp2 tp2 dp2 pp2_vpp2 pp2_dp2 pp2_tp2; do
+for layout in pp2 tp2 dp2 pp2_vpp2 pp2_dp2 pp2_tp2 cp2 cp2_ulysses cp2_pp2; do
   np=2
   case $layout in
     pp2) extra=("${PP[@]}" trainer.export_dir="$W/$layout/hf") ;;
@@ -77,6 +78,10 @@ for layout in pp2 tp2 dp2 pp2_vpp2 pp2_dp2 pp2_tp2; do
                      data.micro_batch_size_per_gpu=2) ;;
     pp2_dp2) np=4 extra=("${PP[@]}") ;;
     pp2_tp2) np=4 extra=("${PP[@]}" trainer.tensor_model_parallel_size=2) ;;
+    # Context parallelism: every sequence split over 2 ranks (ring; verl's Ulysses key), and CP2 x PP2.
+    cp2) extra=(trainer.context_parallel_size=2) ;;
+    cp2_ulysses) extra=(ulysses_sequence_parallel_size=2) ;;
+    cp2_pp2) np=4 extra=(trainer.context_parallel_size=2 "${PP[@]}") ;;
   esac
   multi "$np" "${S3[@]}" trainer.default_local_dir="$W/$layout" "${extra[@]}"
   [[ -f "$W/$layout/global_step_3/model/model.safetensors" ]] || fail "$layout: no checkpoint weights"

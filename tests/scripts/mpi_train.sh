@@ -3,9 +3,12 @@
 # random-init model, KL loss against a reference, two updates per step) on
 # one process, then under `mpirun -np 2` as DP2, DP2 with the distributed
 # optimizer, TP2 (rollout TP2, weights in place), TP1 training with a TP2
-# rollout (weights resharded at every switch), and PP2 and interleaved PP2 x
+# rollout (weights resharded at every switch), PP2 and interleaved PP2 x
 # VPP2 (each rank a pipeline stage; the rollout's whole-model copy gathered
-# from the stages after every update). The first step's rollout
+# from the stages after every update), and CP2 (ring, and Ulysses by verl's
+# ulysses_sequence_parallel_size; each rank trains and scores half of every
+# sequence; prompt sharing off). A GAE run (the critic under CP2 too) equals
+# its one-process run. The first step's rollout
 # metrics must be identical (same samples), and the final weights must give the
 # single-process logprobs within 1e-4 of each line's scale. A DP2 +
 # distributed-optimizer run stopped after a checkpoint and resumed must end
@@ -79,8 +82,11 @@ same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what> [step]
 }
 
 single trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/one"
-for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2; do
+for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2 cp2 cp2_ulysses; do
   case $layout in
+    # Context parallelism: the actor's and the reference's sequences split over 2 ranks (prompt sharing off).
+    cp2) extra=(actor_rollout_ref.actor.megatron.context_parallel_size=2) ;;
+    cp2_ulysses) extra=(actor_rollout_ref.actor.ulysses_sequence_parallel_size=2) ;;
     pp2) extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2) ;;
     pp2_vpp2) extra=(actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
                      actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2
@@ -98,6 +104,15 @@ for layout in dp2 dp2_distopt tp2 tp1_rollout_tp2 pp2 pp2_vpp2; do
   same_metrics "$W/one" "$W/$layout" "$layout"
   echo "mpi_train: $layout equals one process"
 done
+# PPO with the critic (GAE): the critic's values and updates under CP2 equal one process's.
+GAE=(algorithm.adv_estimator=gae critic.optim.lr=1e-3 critic.optim.eps=1e-5)
+single trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/gae_one" "${GAE[@]}"
+multi trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/gae_cp2" "${GAE[@]}" \
+  actor_rollout_ref.actor.megatron.context_parallel_size=2
+KEYS="$KEYS critic/vf_loss critic/grad_norm critic/values/mean" same_metrics "$W/gae_one" "$W/gae_cp2" "gae cp2"
+same_weights "$W/gae_one" "$W/gae_cp2" "gae cp2"
+echo "mpi_train: GAE (actor and critic) under cp2 equals one process"
+
 # The optimizer state is one file per pipeline stage, whatever the dp / tp layout.
 [[ -f "$W/dp2_distopt/global_step_2/actor/optimizer_pp0.safetensors" ]] || fail "dp2_distopt: no optimizer file"
 for s in 0 1; do

@@ -78,11 +78,14 @@ expect_error "tensor_model_parallel_size" actor_rollout_ref.actor.megatron.tenso
 expect_error "pipeline_model_parallel_size" actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3 --world 3
 expect_error "unknown config key" actor_rollout_ref.actor.ppo_mini_batch_sise=4
 
-# 5. Layouts training does not build yet are planned, marked "not supported yet" (pipeline parallelism is built).
+# 5. Pipeline and context parallelism are built: planned, and not marked "not supported yet".
 "$KESTREL" plan --world 4 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
   actor_rollout_ref.actor.megatron.context_parallel_size=2 >"$W/pp.txt" || fail "pp=2 cp=2 plan"
 grep -q "not supported yet: pipeline parallelism" "$W/pp.txt" && fail "pp is built, but marked: $(cat "$W/pp.txt")"
-grep -q "not supported yet: context parallelism" "$W/pp.txt" || fail "cp not marked"
+grep -q "not supported yet: context" "$W/pp.txt" && fail "cp is built, but marked: $(cat "$W/pp.txt")"
+"$KESTREL" plan --world 2 actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 >"$W/uly.txt" \
+  || fail "Ulysses cp=2 plan: $(cat "$W/uly.txt")"
+grep -q "cp 2" "$W/uly.txt" || fail "verl's ulysses_sequence_parallel_size=2 is not planned as cp 2: $(cat "$W/uly.txt")"
 # The pipeline's layer split is kestrel train's: noop slots pad 4 layers to 6 over pp 3.
 "$KESTREL" plan --world 3 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=3 \
   "actor_rollout_ref.actor.megatron.override_transformer_config.noop_layers=[0,5]" >"$W/noop.txt" \

@@ -36,7 +36,7 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.adamw = opt_.adamw;
   eo.lr = opt_.lr;
   eo.clip_grad = opt_.clip_grad;
-  eo.parallel.dp = parallel_.dp;
+  eo.parallel.dp = parallel_.grad_group_ptr();
   eo.parallel.distributed_optimizer = parallel_.distributed_optimizer;
   eo.reuse_fp32_param = opt_.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
@@ -180,7 +180,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
 
 Status ActorWorker::save(const std::string& dir) const {
   // One HF folder of the whole model: under pp the stages stream their tensors to pp rank 0.
-  if (parallel_.dp->rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
+  if (parallel_.grad_group().rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   return engine_->save_optimizer_dir(dir);  // one file per pipeline stage, any layout can resume it
