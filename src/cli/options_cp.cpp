@@ -16,6 +16,12 @@ CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
   s.algo = parallel::parse_cp_algo(algo);
   s.ulysses_degree = c.get_int_or(uk, 0);
   s.size_key = ck;
+  // The override defaults to <owner>.megatron.context_parallel_size: name that key when it gave the value.
+  const std::string otn = "override_transformer_config.";
+  if (ot.size() > otn.size() && ot.compare(ot.size() - otn.size(), otn.size(), otn) == 0) {
+    const std::string mk = ot.substr(0, ot.size() - otn.size()) + "context_parallel_size";
+    if (c.schema().find(mk) && c.get_int(mk) == s.cp) s.size_key = mk;
+  }
   // MindSpeed's mask type (megatron trees only): causal and general are the same packed causal masks here
   // (the schema allows only these two).
   if (c.schema().find(ot + "cp_attention_mask_type")) (void)c.get_string(ot + "cp_attention_mask_type");

@@ -1,5 +1,7 @@
 #include "model/cp_batch.h"
 
+#include <algorithm>
+
 #include "parallel/cp_split.h"
 
 namespace kestrel::model {
@@ -15,6 +17,16 @@ PackedBatch cp_local_batch(const CausalLM& m, const PackedBatch& full) {
            "not supported yet: routing replay under context parallelism");
   auto L = parallel::make_cp_layout_ptr({&full.host.cu_seqlens, &full.host.positions}, g->cp->size(),
                                         g->cp->rank(), g->ulysses_degree());
+  // Pad rows continue their sequence's positions (parallel/cp_split.h): the
+  // longest padded sequence must fit the RoPE table. Every cp rank checks the
+  // same (whole-batch) numbers, so all fail together.
+  const int64_t table = m.rope().cos.size(0), two_cp = 2 * int64_t(m.cp_size());
+  int64_t longest = 0;  // padded length of the longest sequence (positions start at 0: no prefix_of)
+  for (int64_t c : L->chunk) longest = std::max(longest, c * two_cp);
+  KS_CHECK(longest <= table, "context parallelism (context_parallel_size ", m.cp_size(),
+           ") pads each sequence to a multiple of ", two_cp, " positions; a sequence of this batch then needs ",
+           longest, " positions but the RoPE table (max_position_embeddings) has ", table,
+           ": keep sequences within ", table - two_cp + 1, " tokens");
   PackedBatch b;
   b.cp = L;
   b.host.input_ids = L->take_local(full.host.input_ids, -1);  // pad rows: a zero embedding
