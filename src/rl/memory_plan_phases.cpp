@@ -434,9 +434,6 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
-  auto unsupported = [&](bool on, const std::string& what) {
-    if (on) p.not_supported.push_back("not supported yet: " + what + " (modelled from Megatron's formulas)");
-  };
   if (l.ep > 1) p.notes.push_back("expert_model_parallel_size=" + std::to_string(l.ep) + ": the model is dense (no experts), so it changes nothing");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
     p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "

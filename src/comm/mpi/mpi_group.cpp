@@ -319,6 +319,19 @@ void MpiGroup::complete(MPI_Request& req, MPI_Status* st, const char* call) cons
   check(mpi::wait(&req, st, mpi::WaitSite{call, &name_, rank_, size_}), call);
 }
 
+std::vector<int> MpiGroup::shared_memory_leaders() const {
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+  // The node's lowest group rank (key = group rank: it is the node's rank 0).
+  int leader = rank_;
+  int rc = MPI_Bcast(&leader, 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+  check(rc, "MPI_Bcast");
+  std::vector<int> all(size_t(size_), 0);
+  check(MPI_Allgather(&leader, 1, MPI_INT, all.data(), 1, MPI_INT, comm_), "MPI_Allgather");
+  return all;
+}
+
 std::shared_ptr<MpiGroup> MpiGroup::split(int color, int key, std::string name) const {
   MPI_Comm c = MPI_COMM_NULL;
   check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &c), "MPI_Comm_split");

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 
@@ -58,6 +59,11 @@ class MpiGroup final : public ProcessGroup {
   // Collective over this group (MPI_Comm_split): ranks passing the same color
   // form a group ordered by key. color < 0 means "no group": returns nullptr.
   std::shared_ptr<MpiGroup> split(int color, int key, std::string name) const;
+
+  // Collective over this group: for every rank of it, the lowest group rank
+  // sharing its node (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED: the
+  // ranks that can share memory, i.e. one machine).
+  std::vector<int> shared_memory_leaders() const;
 
  private:
   void check(int rc, const char* call) const;

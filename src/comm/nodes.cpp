@@ -1,0 +1,50 @@
+#include "comm/nodes.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "core/status.h"
+
+#if defined(KESTREL_HAVE_MPI)
+#include "comm/mpi/mpi_group.h"
+#endif
+
+namespace kestrel::comm {
+
+std::vector<int> node_ids(const World& world) {
+  const int n = world.size();
+  std::vector<int> leader(size_t(n), 0);
+#if defined(KESTREL_HAVE_MPI)
+  if (auto* g = dynamic_cast<MpiGroup*>(world.group().get())) leader = g->shared_memory_leaders();
+#endif
+  if (const char* env = std::getenv("KESTREL_TEST_NODES"); env && *env) {  // TEST ONLY (see nodes.h)
+    std::vector<int> ids;
+    std::stringstream ss(env);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 0)
+        KS_FAIL("KESTREL_TEST_NODES='", env, "': '", item, "' is not a node id (comma-separated integers >= 0)");
+      ids.push_back(int(v));
+    }
+    if (int(ids.size()) != n)
+      KS_FAIL("KESTREL_TEST_NODES='", env, "' gives ", ids.size(), " node ids for ", n, " ranks; give one per rank");
+    leader = ids;
+  }
+  // Renumbered in the order of each node's first rank.
+  std::vector<int> out(size_t(n), 0), seen;
+  for (int r = 0; r < n; ++r) {
+    auto it = std::find(seen.begin(), seen.end(), leader[size_t(r)]);
+    if (it == seen.end()) {
+      seen.push_back(leader[size_t(r)]);
+      it = seen.end() - 1;
+    }
+    out[size_t(r)] = int(it - seen.begin());
+  }
+  return out;
+}
+
+}  // namespace kestrel::comm

@@ -1,0 +1,93 @@
+#include "parallel/ep_dispatch.h"
+
+#include <numeric>
+
+#include "ops/copy.h"
+
+namespace kestrel::parallel {
+
+int64_t EpLayout::received() const { return std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t(0)); }
+
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe) {
+  EpLayout L;
+  L.ep = ep.size();
+  L.rank = ep.rank();
+  const int64_t E = int64_t(tpe.size());
+  KS_CHECK(E > 0 && E % L.ep == 0, "expert parallelism: ", E, " experts do not split over expert_model_parallel_size ",
+           L.ep, "; choose a size dividing num_experts");
+  const int64_t k = E / L.ep;
+  L.experts_per_rank = k;
+  L.send_rows.assign(size_t(L.ep), 0);
+  for (int j = 0; j < L.ep; ++j)
+    for (int64_t e = 0; e < k; ++e) L.send_rows[size_t(j)] += tpe[size_t(j * k + e)];
+  // recv_counts[s * k + e]: rank s's rows for local expert e.
+  L.recv_counts.assign(size_t(E), 0);
+  ep.all_to_all(tpe.data(), L.recv_counts.data(), k, DType::I64);
+  L.recv_rows.assign(size_t(L.ep), 0);
+  L.local_group_sizes.assign(size_t(k), 0);
+  for (int s = 0; s < L.ep; ++s)
+    for (int64_t e = 0; e < k; ++e) {
+      L.recv_rows[size_t(s)] += L.recv_counts[size_t(s * k + e)];
+      L.local_group_sizes[size_t(e)] += L.recv_counts[size_t(s * k + e)];
+    }
+  // Received rows: source-major, then local expert. Sorted rows: local
+  // expert-major, then source.
+  const int64_t Nr = L.received();
+  std::vector<int64_t> src_start(size_t(E) + 1, 0);  // received row of (s, e)'s first row, s-major
+  for (int64_t i = 0; i < E; ++i) src_start[size_t(i) + 1] = src_start[size_t(i)] + L.recv_counts[size_t(i)];
+  std::vector<int32_t> sort(static_cast<size_t>(Nr)), unsort(static_cast<size_t>(Nr));
+  int64_t pos = 0;
+  for (int64_t e = 0; e < k; ++e)
+    for (int s = 0; s < L.ep; ++s) {
+      const int64_t first = src_start[size_t(s * k + e)], n = L.recv_counts[size_t(s * k + e)];
+      for (int64_t r = 0; r < n; ++r, ++pos) {
+        sort[size_t(pos)] = int32_t(first + r);
+        unsort[size_t(first + r)] = int32_t(pos);
+      }
+    }
+  L.sort_index = Tensor::from_host(sort, {Nr}, MemCategory::Activations);
+  L.unsort_index = Tensor::from_host(unsort, {Nr}, MemCategory::Activations);
+  return L;
+}
+
+namespace {
+
+void exchange(comm::ProcessGroup& ep, const HierarchicalA2a* hier, const Tensor& send,
+              const std::vector<int64_t>& send_rows, Tensor& recv, const std::vector<int64_t>& recv_rows,
+              int64_t width) {
+  std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
+  for (size_t j = 0; j < sc.size(); ++j) sc[j] = send_rows[j] * width;
+  for (size_t j = 0; j < rc.size(); ++j) rc[j] = recv_rows[j] * width;
+  if (hier) hier->all_to_allv(send.raw(), sc, recv.raw(), rc, send.dtype());
+  else ep.all_to_allv(send, sc, recv, rc);
+}
+
+}  // namespace
+
+Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, const HierarchicalA2a* hier,
+                   MemCategory cat) {
+  const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
+  KS_CHECK(xs.dim() == 2 && xs.size(0) == N, "ep_dispatch: ", xs.describe(), " is not the ", N,
+           " permuted rows the layout sends");
+  const int64_t D = xs.size(1);
+  Tensor recv = Tensor::empty({Nr, D}, xs.dtype(), cat);
+  exchange(ep, hier, xs, L.send_rows, recv, L.recv_rows, D);
+  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat);
+  ops::gather_rows(recv, L.sort_index, sorted);
+  return sorted;
+}
+
+Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, const HierarchicalA2a* hier,
+                  MemCategory cat) {
+  const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
+  KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_combine: ", yr.describe(), " is not the ", Nr,
+           " rows this rank's experts received");
+  const int64_t D = yr.size(1);
+  Tensor unsorted = Tensor::empty({Nr, D}, yr.dtype(), cat);
+  ops::gather_rows(yr, L.unsort_index, unsorted);
+  Tensor back = Tensor::empty({N, D}, yr.dtype(), cat);
+  exchange(ep, hier, unsorted, L.recv_rows, back, L.send_rows, D);
+  return back;
+}
+
+}  // namespace kestrel::parallel

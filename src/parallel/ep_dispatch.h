@@ -1,0 +1,56 @@
+// Expert parallelism's all-to-all token dispatcher (Megatron's
+// MoEAlltoAllTokenDispatcher), as data movement between ranks: the routed
+// experts are split over the ep group in consecutive blocks (rank j holds
+// experts j*E/ep .. (j+1)*E/ep - 1), and each rank's tokens, already permuted
+// into expert-major order over all E experts (ops::moe_permute_fwd), go to
+// the ranks holding their experts and come back.
+//
+//   layout   = ep_dispatch_layout(ep, tokens_per_expert)   one all-to-all of the counts
+//   xr       = ep_dispatch(ep, layout, xs)                 [N, D] -> [Nr, D] rows of this rank's
+//                                                          experts, sorted by local expert
+//   ... grouped GEMMs of the local experts on xr (layout.local_group_sizes) ...
+//   ys       = ep_combine(ep, layout, yr)                  [Nr, D] -> [N, D] back in xs's order
+//
+// Within a local expert the received rows keep their source ranks' order
+// (rank 0's rows first), so the local experts see their tokens in a fixed
+// order whatever the timing. Both calls only move rows: ep_combine is
+// ep_dispatch's adjoint (and inverse), so the backward of a dispatch is a
+// combine of the gradients and the other way round.
+//
+// With a HierarchicalA2a of the ep group the row exchange goes through its
+// three steps (moe_hierarchical_alltoallv); what arrives is the same.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "parallel/hierarchical_a2a.h"
+
+namespace kestrel::parallel {
+
+struct EpLayout {
+  int ep = 1, rank = 0;
+  int64_t experts_per_rank = 0;         // E / ep
+  std::vector<int64_t> send_rows;       // [ep] rows this rank sends each rank (its tokens for that rank's experts)
+  std::vector<int64_t> recv_rows;       // [ep] rows each rank sends this one
+  std::vector<int64_t> local_group_sizes;  // [E/ep] rows of each local expert after the sort
+  std::vector<int64_t> recv_counts;     // [ep * E/ep] rows rank s sends for local expert e (s-major)
+  Tensor sort_index;    // i32 [Nr]: received row of each sorted row (a gather_rows index)
+  Tensor unsort_index;  // i32 [Nr]: sorted row of each received row
+  int64_t received() const;  // Nr
+};
+
+// Collective over the ep group (one all-to-all of E/ep counts per rank).
+// tokens_per_expert: [E] rows of xs per expert (ops::MoeRouting::group_sizes);
+// E must divide by the group size.
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert);
+
+// xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert. Collective.
+Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs,
+                   const HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
+// yr [Nr, D] sorted by local expert -> [N, D] in xs's order. Collective.
+Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr,
+                  const HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
+
+}  // namespace kestrel::parallel

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Hierarchical all-to-all-v and expert parallelism's token dispatcher under
+# mpirun (tests/mpi/hier_a2a_test.cpp, ep_dispatch_test.cpp) with 2 and 4
+# ranks: several "nodes" on this machine through comm::World::node_ids' test
+# hook; the three-step exchange equals the flat all-to-all-v bit for bit and
+# sends one inter-node message per node pair ("[hier a2a]" lines: the
+# messages of each rank, flat against hierarchical); dispatch -> local
+# experts -> combine equals every expert applied locally, over the flat and
+# the hierarchical exchange, and combine is dispatch's adjoint. Checks that
+# the tests ran.
+# usage: bash tests/scripts/mpi_hier_a2a.sh <kestrel-binary> <build-dir>
+set -euo pipefail
+BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_hier_a2a "$BUILD"
+BIN="$BUILD/mpi_tests"
+[[ -x "$BIN" ]] || { echo "mpi_hier_a2a: $BIN not found; build the mpi_tests target" >&2; exit 1; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+for np in 2 4; do
+  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='HierA2a.*:EpDispatch.*' \
+       --gtest_color=no >"$W/log$np.txt" 2>&1; then
+    tail -40 "$W/log$np.txt" >&2
+    echo "mpi_hier_a2a: FAILED with $np ranks" >&2
+    exit 1
+  fi
+  for t in HierA2a.DeliversWhatTheFlatExchangeDelivers HierA2a.NodesComeFromMpiOrTheTestHook \
+           EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup; do
+    grep -q "^\[       OK \] $t " "$W/log$np.txt" \
+      || { tail -40 "$W/log$np.txt" >&2; echo "mpi_hier_a2a: $t did not run and pass with $np ranks" >&2; exit 1; }
+  done
+  grep '^\[hier a2a\]' "$W/log$np.txt" | sort
+done
+echo "mpi_hier_a2a: the hierarchical exchange equals the flat one with 2 and 4 ranks"
