@@ -25,9 +25,9 @@ int cmd_logprobs(const Args& argv) {
   // The help's defaults come from the logprobs key table (one source of truth).
   const auto table_default = [](const std::string& key) { return config::logprobs_schema().find(key)->default_yaml; };
   ParsedArgs args("logprobs",
-                  {{"model", "HF model folder (config.json + safetensors)"},
-                   {"input", "JSONL, one {\"input_ids\": [...]} per line"},
-                   {"output", "JSONL written atomically, one line per input line"},
+                  {{"model", "HF model folder (config.json + safetensors)", true, ""},
+                   {"input", "JSONL, one {\"input_ids\": [...]} per line", true, ""},
+                   {"output", "JSONL written atomically, one line per input line", true, ""},
                    {"dtype", "compute dtype f32 | bf16 (actor_rollout_ref.actor.megatron.dtype)", true, "f32"},
                    {"threads", "CPU threads (0 = all cores)", true, "0"},
                    {"max-batch-tokens", "tokens packed into one forward pass "

@@ -18,9 +18,9 @@ int cmd_tokenize(const Args& argv);
 
 int cmd_tokenize(const Args& argv) {
   ParsedArgs args("tokenize",
-                  {{"tokenizer", "folder with tokenizer.json (and tokenizer_config.json for --chat)"},
-                   {"input", "JSONL: {\"text\": ...} per line, or {\"messages\": [...]} with --chat"},
-                   {"output", "JSONL written atomically: {\"input_ids\": [...]} per input line"},
+                  {{"tokenizer", "folder with tokenizer.json (and tokenizer_config.json for --chat)", true, ""},
+                   {"input", "JSONL: {\"text\": ...} per line, or {\"messages\": [...]} with --chat", true, ""},
+                   {"output", "JSONL written atomically: {\"input_ids\": [...]} per input line", true, ""},
                    {"chat", "render \"messages\" with the tokenizer's chat template", false, ""},
                    {"add-generation-prompt", "with --chat: end with the assistant header", false, ""},
                    {"add-special-tokens", "plain text: apply the post-processor (e.g. a BOS)", false, ""}},

@@ -12,6 +12,7 @@
 
 namespace kestrel::parallel {
 struct CpAttentionSaved;  // parallel/cp_attention.h
+struct EpLayout;          // parallel/ep_dispatch.h
 }
 
 namespace kestrel::model {
@@ -32,6 +33,10 @@ struct MoeActivations {
   Tensor sh_gate, sh_up, sh_act;  // [T, Fs] the shared experts' SwiGLU
   Tensor sh_out;        // [T, D] shared experts' output (Qwen2-MoE: before its sigmoid gate)
   Tensor sh_gate_logit; // [T, 1] Qwen2-MoE shared_expert_gate(x)
+  // Expert parallelism: the dispatch of this forward (rows per rank and local
+  // expert); then xs, gate, up, act hold the rows this rank's experts
+  // received (sorted by local expert, [Nr, ...]) and ys the combined outputs [N, D].
+  std::shared_ptr<parallel::EpLayout> ep;
 };
 
 // An MLA attention's forward state (model/mla_attention.h): the query and

@@ -45,6 +45,10 @@
 #include "ops/rope.h"
 #include "parallel/sharding.h"
 
+namespace kestrel::comm {
+class ProcessGroup;  // comm/process_group.h
+}
+
 namespace kestrel::model {
 
 class TrainExec;
@@ -103,6 +107,10 @@ class BlockExec {
   bool apply_capacity = false;
   // The step's router statistics (training forwards only; null elsewhere and in recompute reruns).
   MoeStepStats* moe_stats = nullptr;
+  // Expert parallelism (BlockDims::ep > 1): the group the routed experts are
+  // split over; each MoE layer dispatches its rows to their experts' ranks
+  // through it (parallel/ep_dispatch.h). Null = every expert here.
+  comm::ProcessGroup* ep = nullptr;
 };
 
 // Sizes of one block on this tp rank.
@@ -114,6 +122,9 @@ struct BlockDims {
   float eps = 0;        // rms_norm_eps
   DType dtype = DType::F32;
   MoeTrainOptions moe;  // MoE layers' training knobs
+  // Expert parallelism: this rank holds routed experts ep_rank*E/ep ..
+  // (ep_rank+1)*E/ep - 1 of every MoE layer (BlockExec::ep at run time).
+  int64_t ep = 1, ep_rank = 0;
 };
 
 // Makes the Param of a full HF tensor (its shard on this tp rank).

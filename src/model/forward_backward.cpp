@@ -20,7 +20,9 @@ namespace {
 Tensor act_tensor(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
 
 TrainExec exec_for(const CausalLM& m, const PackedBatch& b) {
-  return TrainExec(m.tp(), m.sequence_parallel(), b, m.rope(), m.heads(), m.config().head_dim, m.cp_groups());
+  TrainExec ex(m.tp(), m.sequence_parallel(), b, m.rope(), m.heads(), m.config().head_dim, m.cp_groups());
+  if (m.ep().size() > 1) ex.ep = &m.ep();
+  return ex;
 }
 
 }  // namespace

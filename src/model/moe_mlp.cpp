@@ -6,6 +6,7 @@
 #include "ops/copy.h"
 #include "ops/moe.h"
 #include "ops/ops.h"
+#include "parallel/ep_dispatch.h"
 
 namespace kestrel::model {
 
@@ -63,6 +64,11 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
       router_fp32_(c.moe.router_fp32 || dims.moe.router_logits_fp32),
       sh_gated_(c.moe.shared_expert_gate) {
   KS_CHECK(!c.mlp_bias, "not supported yet: MLP biases (mlp_bias) in a mixture-of-experts model");
+  ep_ = std::max<int64_t>(1, dims.ep);
+  KS_CHECK(E_ % ep_ == 0, "expert parallelism: num_experts ", E_, " of layer ", layer, " does not divide by "
+           "expert_model_parallel_size ", ep_, "; choose a size dividing it");
+  n_local_ = E_ / ep_;
+  first_local_ = dims.ep_rank * n_local_;
   const int64_t D = c.hidden_size;
   // A frozen router (freeze_moe_router) gets no gradient and no weight decay: it stays as loaded.
   router = make(p + "mlp.gate.weight", {E_, D}, !dims.moe.freeze_router);
@@ -70,6 +76,12 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
   up.reserve(size_t(E_));
   down.reserve(size_t(E_));
   for (int64_t e = 0; e < E_; ++e) {
+    if (!local_expert(e)) {  // another expert-parallel rank's
+      gate.emplace_back();
+      up.emplace_back();
+      down.emplace_back();
+      continue;
+    }
     const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
     gate.push_back(make(ep + "gate_proj.weight", {Fe_, D}, true));
     up.push_back(make(ep + "up_proj.weight", {Fe_, D}, true));
@@ -99,7 +111,7 @@ int64_t MoeMlp::param_count(const io::ModelConfig& c) {
 
 void MoeMlp::append_params(std::vector<Param*>& out) {
   out.push_back(&router);
-  for (int64_t e = 0; e < E_; ++e)
+  for (int64_t e = first_local_; e < first_local_ + n_local_; ++e)
     for (Param* q : {&gate[size_t(e)], &up[size_t(e)], &down[size_t(e)]}) out.push_back(q);
   for (Param* q : {&sh_gate, &sh_up, &sh_down, &sh_gate_logit})
     if (!q->name.empty()) out.push_back(q);
@@ -111,9 +123,17 @@ void MoeMlp::append_buffers(std::vector<Param*>& out) {
 
 std::vector<const Tensor*> MoeMlp::expert_weights(const std::vector<Param>& ps) const {
   std::vector<const Tensor*> w;
-  w.reserve(ps.size());
-  for (const Param& q : ps) w.push_back(&q.weight);
+  w.reserve(size_t(n_local_));
+  for (int64_t e = first_local_; e < first_local_ + n_local_; ++e) w.push_back(&ps[size_t(e)].weight);
   return w;
+}
+
+Tensor MoeMlp::ep_dispatch(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const {
+  return parallel::ep_dispatch(*ex.ep, *A.moe.ep, rows);
+}
+
+Tensor MoeMlp::ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const {
+  return parallel::ep_combine(*ex.ep, *A.moe.ep, rows);
 }
 
 void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
@@ -198,18 +218,26 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   const DType dt = dims_.dtype;
   route(ex, x, A);
   MoeActivations& M = A.moe;
-  const std::vector<int64_t>& gs = M.routing.group_sizes;
   const int64_t N = M.routing.rows();
   M.xs = act({N, D}, dt);  // [N, D] tokens sorted by expert
   ops::moe_permute_fwd(x, M.routing, M.xs);
-  M.gate = act({N, Fe_}, dt);
-  M.up = act({N, Fe_}, dt);
+  if (ep_ > 1) {  // the rows go to their experts' ranks: [Nr, D] sorted by local expert
+    KS_CHECK(ex.ep && ex.ep->size() == ep_, "layer ", layer_, ": expert parallelism over ", ep_,
+             " ranks needs the execution's ep group (ModelParallel::ep)");
+    M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes));
+    M.xs = ep_dispatch(ex, A, M.xs);
+  }
+  const std::vector<int64_t>& gs = ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;
+  const int64_t Nr = M.xs.size(0);  // the rows this rank's experts run (N without expert parallelism)
+  M.gate = act({Nr, Fe_}, dt);
+  M.up = act({Nr, Fe_}, dt);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(gate), M.gate);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(up), M.up);
-  M.act = act({N, Fe_}, dt);
+  M.act = act({Nr, Fe_}, dt);
   ops::swiglu_fwd(M.gate, M.up, M.act);
-  M.ys = act({N, D}, dt);
+  M.ys = act({Nr, D}, dt);
   ops::grouped_linear_fwd(M.act, gs, expert_weights(down), M.ys);
+  if (ep_ > 1) M.ys = ep_combine(ex, A, M.ys);  // back to this rank's [N, D]
   Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, D}, dt);  // [T, D]
   ops::moe_unpermute_fwd(M.ys, M.topk_w, M.routing, out);
   if (Fs_ > 0) {
@@ -239,10 +267,12 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   MoeActivations& M = A.moe;
   const Tensor& x = A.norm2;  // [T, D] the MLP's input
   const int64_t T = ex.Tp, D = dims_.D, N = M.routing.rows(), k = rcfg_.top_k;
-  const std::vector<int64_t>& gs = M.routing.group_sizes;
+  // Under expert parallelism the experts' rows are the received ones: [Nr, ...].
+  const std::vector<int64_t>& gs = ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;
+  const int64_t Nr = M.xs.size(0);
   const DType dt = dims_.dtype;
   if (A.rc.act) {  // the forward's SwiGLU again, on the same gate/up
-    M.act = act({N, Fe_}, dt);
+    M.act = act({Nr, Fe_}, dt);
     ops::swiglu_fwd(M.gate, M.up, M.act);
     if (Fs_ > 0) {
       M.sh_act = act({T, Fs_}, dt);
@@ -253,21 +283,23 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   // projections and the permutation.
   Tensor dys = f32({N, D}), dw = f32({T, k});
   ops::moe_unpermute_bwd(M.ys, M.topk_w, dy, M.routing, dys, dw);
-  const auto grads = [](std::vector<Param>& ps) {
+  if (ep_ > 1) dys = ep_dispatch(ex, A, dys);  // the combine's adjoint: to the experts' ranks, [Nr, D]
+  const auto grads = [&](std::vector<Param>& ps) {
     std::vector<Tensor*> g;
-    for (Param& q : ps) g.push_back(&q.grad);
+    for (int64_t e = first_local_; e < first_local_ + n_local_; ++e) g.push_back(&ps[size_t(e)].grad);
     return g;
   };
-  Tensor dact = f32({N, Fe_});
+  Tensor dact = f32({Nr, Fe_});
   ops::grouped_linear_bwd(M.act, gs, expert_weights(down), dys, &dact, grads(down));
   dys = Tensor();
-  Tensor dg = f32({N, Fe_}), du = f32({N, Fe_});
+  Tensor dg = f32({Nr, Fe_}), du = f32({Nr, Fe_});
   ops::swiglu_bwd(M.gate, M.up, dact, dg, du);
   dact = Tensor();
-  Tensor dxs = f32({N, D}), tmp_s = f32({N, D});
+  Tensor dxs = f32({Nr, D}), tmp_s = f32({Nr, D});
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(gate), dg, &dxs, grads(gate));
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(up), du, &tmp_s, grads(up));
   ops::add_inplace(dxs, tmp_s);
+  if (ep_ > 1) dxs = ep_combine(ex, A, dxs);  // the dispatch's adjoint: back to this rank's [N, D]
   ops::moe_permute_bwd(dxs, M.routing, dx);  // written: dx starts here
   Tensor tmp = f32({T, D});
   // Shared experts.

@@ -53,7 +53,9 @@ class MoeMlp final : public MlpBlock {
   bool has_correction_bias() const { return bias_.weight.defined(); }
 
   Param router;                       // [E, D] mlp.gate.weight
-  std::vector<Param> gate, up, down;  // per expert: [Fe, D], [Fe, D], [D, Fe]
+  // Per routed expert: [Fe, D], [Fe, D], [D, Fe]; under expert parallelism
+  // only this rank's (first_local() ..) are made, the others have no name.
+  std::vector<Param> gate, up, down;
   Param sh_gate, sh_up, sh_down;      // shared experts: [Fs, D], [Fs, D], [D, Fs] (undefined without)
   Param sh_gate_logit;                // Qwen2-MoE shared_expert_gate.weight [1, D]
 
@@ -63,9 +65,15 @@ class MoeMlp final : public MlpBlock {
   void route(BlockExec& ex, const Tensor& x, LayerActivations& A) const;
   // The load-balancing and z losses' value of this forward (with coefficients).
   void router_losses(BlockExec& ex, const LayerActivations& A, double* aux, double* z) const;
+  // The weights of this rank's experts (all of them without expert parallelism), in expert order.
   std::vector<const Tensor*> expert_weights(const std::vector<Param>& ps) const;
+  bool local_expert(int64_t e) const { return e >= first_local_ && e < first_local_ + n_local_; }
+  // Expert parallelism's moves of permuted rows (parallel/ep_dispatch.h): to the experts' ranks and back.
+  Tensor ep_dispatch(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const;
+  Tensor ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const;
 
   int64_t layer_, ordinal_;  // global layer index, ordinal among MoE layers
+  int64_t ep_ = 1, first_local_ = 0, n_local_ = 0;  // expert parallelism: group size, this rank's experts
   BlockDims dims_;
   ops::MoeRouterConfig rcfg_;
   int64_t E_, Fe_, Fs_;

@@ -120,6 +120,10 @@ Status save_pipelined_model(const CausalLM& stage, const std::string& dir, DType
 
 Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const std::string& dir, DType disk_dtype,
                             size_t max_shard_bytes) {
+  for (const CausalLM* c : chunks)
+    if (c && c->ep().size() > 1)
+      return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
+                    c->ep().size(), "): the experts are not gathered into one folder yet");
   if (chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1 && max_shard_bytes == kHfShardBytes)
     return chunks[0]->save(dir, disk_dtype);
   KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));

@@ -113,6 +113,7 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   KS_CHECK(opts_.dtype == DType::F32 || opts_.dtype == DType::BF16, "model dtype must be f32 or bf16, got ",
            dtype_name(opts_.dtype));
   KS_CHECK(opts_.parallel.tp != nullptr, "ModelParallel.tp must be a process group (size 1 for no tp)");
+  KS_CHECK(opts_.parallel.ep != nullptr, "ModelParallel.ep must be a process group (size 1 for no ep)");
   KS_CHECK(opts_.value_head || !opts_.value_head_bias, "value_head_bias needs value_head");
   check_chunks();
   KS_CHECK(opts_.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by must be >= 1, got ",
@@ -194,6 +195,8 @@ void CausalLM::allocate_params() {
   dims.eps = float(c.rms_norm_eps);
   dims.dtype = dt;
   dims.moe = opts_.moe;
+  dims.ep = opts_.parallel.ep ? opts_.parallel.ep->size() : 1;
+  dims.ep_rank = opts_.parallel.ep ? opts_.parallel.ep->rank() : 0;
   const ParamFactory factory = [&](std::string name, Shape shape, bool decay) {
     return make_param(std::move(name), std::move(shape), dt, decay);
   };
@@ -293,6 +296,8 @@ void CausalLM::zero_grads() {
 std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, const ModelOptions& opts, uint64_t seed,
                                                 double init_std) {
   std::unique_ptr<CausalLM> m(new CausalLM(cfg, opts));
+  KS_CHECK(m->ep().size() == 1, "not supported yet: random initialisation under expert parallelism "
+           "(expert_model_parallel_size ", m->ep().size(), "): load the weights from a folder instead");
   // Each tensor draws from the Philox stream of its place in the whole
   // model's params() (embedding 1, then the layers, then the head), so a
   // slice holds exactly the values of the same tensors of the whole model.
@@ -372,6 +377,9 @@ std::string CausalLM::hf_config_json(DType disk_dtype, bool score_bias) const {
 
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
+  if (ep().size() > 1)
+    return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
+                  ep().size(), "): each rank holds its own experts and they are not gathered into one folder yet");
   std::vector<io::NamedTensor> tensors;
   for (Param* p : const_cast<CausalLM*>(this)->params())
     tensors.push_back({p->name, tp().size() == 1 ? p->weight : full_tensor(*p)});

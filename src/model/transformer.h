@@ -78,6 +78,11 @@ struct ModelParallel {
   // replicated over cp and their gradients summed over dp x cp (the engine's
   // EngineParallel::dp_cp).
   std::shared_ptr<const parallel::CpGroups> cp;
+  // Expert parallelism (size 1 = none): the routed experts of every MoE layer
+  // are split over this group in consecutive blocks (model/moe_mlp.h), the
+  // tokens dispatched to them (parallel/ep_dispatch.h). Each rank's params()
+  // hold its own experts only.
+  std::shared_ptr<comm::ProcessGroup> ep = comm::local_group("ep");
 };
 
 struct ModelOptions {
@@ -232,6 +237,7 @@ class CausalLM {
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
   comm::ProcessGroup& pp() const { return *opts_.parallel.pp; }
+  comm::ProcessGroup& ep() const { return *opts_.parallel.ep; }
   // The context-parallel groups, or nullptr without context parallelism (cp = 1).
   const parallel::CpGroups* cp_groups() const {
     return opts_.parallel.cp && opts_.parallel.cp->cp->size() > 1 ? opts_.parallel.cp.get() : nullptr;

@@ -91,6 +91,11 @@ std::string num(double v) {
 
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
+  if (model_.ep().size() > 1)
+    KS_FAIL(opt_.name, ": not supported yet: training under expert parallelism (expert_model_parallel_size ",
+            model_.ep().size(), "): the MoE layers dispatch their tokens to the experts' ranks (model/moe_mlp.h), "
+            "but the engine does not yet reduce expert gradients over the expert-data-parallel group nor shard "
+            "the optimizer by it");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
   model_.enable_grads();

@@ -200,7 +200,9 @@ TEST(RolloutTp, GreedyMatchesSingleProcess) {
       } else {
         EXPECT_GT(got.stats.prefix_cache_hits, 0) << what;
       }
-      if (std::string(cfg_name) == "swap") EXPECT_GT(got.stats.swapped_out_blocks, 0) << what;
+      if (std::string(cfg_name) == "swap") {
+        EXPECT_GT(got.stats.swapped_out_blocks, 0) << what;
+      }
     }
   }
 }

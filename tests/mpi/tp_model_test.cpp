@@ -198,7 +198,9 @@ void run_layout(const Layout& L) {
   const double per_param = double(state_bytes) / double(dp.numel());
   const double want_per_param = L.dist_opt ? 8.0 * double(hi - lo) / double(dp.numel()) : 8.0;
   EXPECT_DOUBLE_EQ(per_param, want_per_param);
-  if (L.dist_opt) EXPECT_NEAR(per_param, 8.0 / dpg.size(), 8.0 * dpg.size() / double(dp.numel()));
+  if (L.dist_opt) {
+    EXPECT_NEAR(per_param, 8.0 / dpg.size(), 8.0 * dpg.size() / double(dp.numel()));
+  }
   if (world.rank() == 0)
     std::printf("[ layout ] %s tp=%d dp=%d sp=%d dist_opt=%d: %.3f optimizer-state bytes/param (%lld params/rank)\n",
                 L.config.c_str(), tp.size(), dpg.size(), int(m.sequence_parallel()), int(L.dist_opt), per_param,

@@ -6,8 +6,10 @@
 # sends one inter-node message per node pair ("[hier a2a]" lines: the
 # messages of each rank, flat against hierarchical); dispatch -> local
 # experts -> combine equals every expert applied locally, over the flat and
-# the hierarchical exchange, and combine is dispatch's adjoint. Checks that
-# the tests ran.
+# the hierarchical exchange, and combine is dispatch's adjoint; the MoE layer
+# with its experts split over the ranks (tests/mpi/ep_model_test.cpp) gives
+# one process's loss, log-probs and gradients (an expert's: summed over the
+# ranks' tokens). Checks that the tests ran.
 # usage: bash tests/scripts/mpi_hier_a2a.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
@@ -18,14 +20,15 @@ BIN="$BUILD/mpi_tests"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
-  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='HierA2a.*:EpDispatch.*' \
+  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='HierA2a.*:EpDispatch.*:EpModel.*' \
        --gtest_color=no >"$W/log$np.txt" 2>&1; then
     tail -40 "$W/log$np.txt" >&2
     echo "mpi_hier_a2a: FAILED with $np ranks" >&2
     exit 1
   fi
   for t in HierA2a.DeliversWhatTheFlatExchangeDelivers HierA2a.NodesComeFromMpiOrTheTestHook \
-           EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup; do
+           EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup \
+           EpModel.ExpertsOverTheGroupEqualOneProcess EpModel.SavingRefusesUnderExpertParallelism; do
     grep -q "^\[       OK \] $t " "$W/log$np.txt" \
       || { tail -40 "$W/log$np.txt" >&2; echo "mpi_hier_a2a: $t did not run and pass with $np ranks" >&2; exit 1; }
   done
