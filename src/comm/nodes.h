@@ -1,5 +1,5 @@
 // Which machine each rank runs on, for communication that treats links
-// within a node and across nodes differently (parallel/hierarchical_a2a.h).
+// within a node and across nodes differently (comm/hierarchical_a2a.h).
 #pragma once
 #include <vector>
 

@@ -52,19 +52,19 @@ EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& 
 
 namespace {
 
-void exchange(comm::ProcessGroup& ep, const HierarchicalA2a* hier, const Tensor& send,
+void exchange(comm::ProcessGroup& ep, const comm::HierarchicalA2a* hier, const Tensor& send,
               const std::vector<int64_t>& send_rows, Tensor& recv, const std::vector<int64_t>& recv_rows,
               int64_t width) {
   std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t j = 0; j < sc.size(); ++j) sc[j] = send_rows[j] * width;
   for (size_t j = 0; j < rc.size(); ++j) rc[j] = recv_rows[j] * width;
-  if (hier) hier->all_to_allv(send.raw(), sc, recv.raw(), rc, send.dtype());
+  if (hier) hier->all_to_allv(send, sc, recv, rc);
   else ep.all_to_allv(send, sc, recv, rc);
 }
 
 }  // namespace
 
-Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, const HierarchicalA2a* hier,
+Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, const comm::HierarchicalA2a* hier,
                    MemCategory cat) {
   const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
   KS_CHECK(xs.dim() == 2 && xs.size(0) == N, "ep_dispatch: ", xs.describe(), " is not the ", N,
@@ -77,7 +77,7 @@ Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, 
   return sorted;
 }
 
-Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, const HierarchicalA2a* hier,
+Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, const comm::HierarchicalA2a* hier,
                   MemCategory cat) {
   const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
   KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_combine: ", yr.describe(), " is not the ", Nr,

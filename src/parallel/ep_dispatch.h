@@ -25,7 +25,7 @@
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
-#include "parallel/hierarchical_a2a.h"
+#include "comm/hierarchical_a2a.h"
 
 namespace kestrel::parallel {
 
@@ -48,9 +48,9 @@ EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& 
 
 // xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert. Collective.
 Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs,
-                   const HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
+                   const comm::HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
 // yr [Nr, D] sorted by local expert -> [N, D] in xs's order. Collective.
 Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr,
-                  const HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
+                  const comm::HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
 
 }  // namespace kestrel::parallel

@@ -69,13 +69,13 @@ TEST(EpDispatch, AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint) {
   const int n = g.size();
   if (n != 2 && n != 4) GTEST_SKIP() << "written for 2 and 4 ranks";
   setenv("KESTREL_TEST_NODES", n == 4 ? "0,0,1,1" : "0,1", 1);
-  const HierarchicalA2a hier(world, world.group());
+  const comm::HierarchicalA2a hier(world, world.group());
   unsetenv("KESTREL_TEST_NODES");
   const Local l = local_tokens(g.rank(), 5);
   // One process: every expert here.
   Tensor want = l.xs.clone();
   apply_groups(want, l.routing.group_sizes, 0);
-  for (const HierarchicalA2a* h : {static_cast<const HierarchicalA2a*>(nullptr), &hier}) {
+  for (const comm::HierarchicalA2a* h : {static_cast<const comm::HierarchicalA2a*>(nullptr), &hier}) {
     const EpLayout L = ep_dispatch_layout(g, l.routing.group_sizes);
     EXPECT_EQ(L.experts_per_rank, kExperts / n);
     Tensor xr = ep_dispatch(g, L, l.xs, h, MemCategory::Other);

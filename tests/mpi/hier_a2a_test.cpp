@@ -16,10 +16,10 @@
 #include "comm/world.h"
 #include "core/rng.h"
 #include "mpi_testing.h"
-#include "parallel/hierarchical_a2a.h"
+#include "comm/hierarchical_a2a.h"
 
 using namespace kestrel;
-using namespace kestrel::parallel;
+using namespace kestrel::comm;
 
 namespace {
 

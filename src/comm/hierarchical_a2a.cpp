@@ -1,4 +1,4 @@
-#include "parallel/hierarchical_a2a.h"
+#include "comm/hierarchical_a2a.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,12 +7,12 @@
 #include "comm/nodes.h"
 #include "core/status.h"
 
-namespace kestrel::parallel {
+namespace kestrel::comm {
 
-HierarchicalA2a::HierarchicalA2a(const comm::World& world, std::shared_ptr<comm::ProcessGroup> group)
+HierarchicalA2a::HierarchicalA2a(const World& world, std::shared_ptr<ProcessGroup> group)
     : group_(std::move(group)) {
-  const std::vector<int> world_node = comm::node_ids(world);  // collective over the world
-  int node_color = comm::World::kNoGroup, node_key = 0, leader_color = comm::World::kNoGroup, leader_key = 0;
+  const std::vector<int> world_node = node_ids(world);  // collective over the world
+  int node_color = World::kNoGroup, node_key = 0, leader_color = World::kNoGroup, leader_key = 0;
   if (group_) {
     const int n = group_->size(), me = group_->rank();
     std::vector<int32_t> wr(size_t(n), 0);  // world rank of each group rank
@@ -48,6 +48,16 @@ HierarchicalA2a::HierarchicalA2a(const comm::World& world, std::shared_ptr<comm:
   }
   node_ = world.split(node_color, node_key, "a2a_node");
   leaders_ = world.split(leader_color, leader_key, "a2a_leaders");
+}
+
+void HierarchicalA2a::all_to_allv(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                                  const std::vector<int64_t>& recv_counts, A2aTraffic* traffic) const {
+  int64_t ns = 0, nr = 0;
+  for (int64_t x : send_counts) ns += x;
+  for (int64_t x : recv_counts) nr += x;
+  KS_CHECK(send.dtype() == recv.dtype() && send.numel() >= ns && recv.numel() >= nr, "hierarchical all-to-all-v: ",
+           send.describe(), " -> ", recv.describe(), " for ", ns, " / ", nr, " elements");
+  all_to_allv(send.raw(), send_counts, recv.raw(), recv_counts, send.dtype(), traffic);
 }
 
 A2aTraffic flat_a2a_traffic(const std::vector<int>& node_of, int rank, const std::vector<int64_t>& send_counts,
@@ -183,4 +193,4 @@ void HierarchicalA2a::all_to_allv(const void* send, const std::vector<int64_t>& 
   if (traffic) *traffic = t;
 }
 
-}  // namespace kestrel::parallel
+}  // namespace kestrel::comm

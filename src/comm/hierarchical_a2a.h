@@ -14,7 +14,7 @@
 // reference. The element counts of every pair travel first, in one
 // all-gather of the counts matrix over the group (n^2 integers).
 //
-// Nodes come from comm::node_ids (MPI's shared-memory split; tests
+// Nodes come from node_ids (comm/nodes.h) (MPI's shared-memory split; tests
 // give several "nodes" on one machine with KESTREL_TEST_NODES). A group on
 // one node degenerates to gather + scatter through its leader; use the flat
 // call there (HierarchicalA2a::worth_it).
@@ -24,8 +24,9 @@
 
 #include "comm/process_group.h"
 #include "comm/world.h"
+#include "core/tensor.h"
 
-namespace kestrel::parallel {
+namespace kestrel::comm {
 
 // What one exchange sent, by this rank, for the measurements: messages and
 // bytes to ranks on other nodes (the leaders' step 2), and within the node.
@@ -40,7 +41,7 @@ class HierarchicalA2a {
  public:
   // Collective over the world (every world rank calls it, in the same order;
   // ranks outside `group` pass nullptr): the node structure of `group`.
-  HierarchicalA2a(const comm::World& world, std::shared_ptr<comm::ProcessGroup> group);
+  HierarchicalA2a(const World& world, std::shared_ptr<ProcessGroup> group);
 
   int nodes() const { return num_nodes_; }
   bool is_leader() const { return leaders_ != nullptr; }
@@ -54,11 +55,14 @@ class HierarchicalA2a {
   // (optional) receives this rank's messages.
   void all_to_allv(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                    const std::vector<int64_t>& recv_counts, DType dtype, A2aTraffic* traffic = nullptr) const;
+  // The same on tensors' buffers (counts in elements of their dtype; send and recv hold their sums).
+  void all_to_allv(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                   const std::vector<int64_t>& recv_counts, A2aTraffic* traffic = nullptr) const;
 
  private:
-  std::shared_ptr<comm::ProcessGroup> group_;
-  std::shared_ptr<comm::ProcessGroup> node_;     // this rank's node's ranks of the group, by group rank
-  std::shared_ptr<comm::ProcessGroup> leaders_;  // the nodes' leaders, by node; nullptr on other ranks
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> node_;     // this rank's node's ranks of the group, by group rank
+  std::shared_ptr<ProcessGroup> leaders_;  // the nodes' leaders, by node; nullptr on other ranks
   std::vector<int> node_of_;                     // [n] node of each group rank
   std::vector<std::vector<int>> members_;        // [nodes] group ranks of each node, ascending
   int num_nodes_ = 1;
@@ -70,4 +74,4 @@ class HierarchicalA2a {
 A2aTraffic flat_a2a_traffic(const std::vector<int>& node_of, int rank, const std::vector<int64_t>& send_counts,
                             DType dtype);
 
-}  // namespace kestrel::parallel
+}  // namespace kestrel::comm
