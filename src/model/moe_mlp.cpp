@@ -35,6 +35,8 @@ int64_t num_moe_layers(const io::ModelConfig& cfg) {
   return n;
 }
 
+bool is_routed_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
 ops::MoeRouterConfig moe_router_config(const io::ModelConfig& cfg) {
   const auto& m = cfg.moe;
   ops::MoeRouterConfig r;

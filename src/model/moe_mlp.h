@@ -33,6 +33,9 @@ namespace kestrel::model {
 // out by this ordinal.
 int64_t moe_layer_ordinal(const io::ModelConfig& cfg, int64_t layer);
 int64_t num_moe_layers(const io::ModelConfig& cfg);
+// Whether a parameter name is a routed expert's (model.layers.N.mlp.experts.E.*): the
+// tensors expert parallelism splits over ranks.
+bool is_routed_expert_param(const std::string& name);
 // The routing of a MoE config as the router op takes it.
 ops::MoeRouterConfig moe_router_config(const io::ModelConfig& cfg);
 

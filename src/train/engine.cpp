@@ -3,9 +3,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "model/cp_batch.h"
+#include "model/moe_mlp.h"
 #include "model/parallel_setup.h"
 #include "model/scoring.h"
 #include "optim/checkpoint_io.h"
@@ -81,6 +83,23 @@ double value_loss(const model::CausalLM& m, const model::PackedBatch& run, const
   return loss;
 }
 
+// The sum over the group of one double per rank, added in rank order (the
+// same bits on every rank); doubles travel as raw 8-byte patterns.
+double sum_in_rank_order(comm::ProcessGroup& g, double local) {
+  if (g.size() == 1) return local;
+  int64_t bits;
+  std::memcpy(&bits, &local, 8);
+  std::vector<int64_t> all(size_t(g.size()));
+  g.all_gather(&bits, all.data(), 1, DType::I64);
+  double s = 0;
+  for (int64_t b : all) {
+    double v;
+    std::memcpy(&v, &b, 8);
+    s += v;
+  }
+  return s;
+}
+
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -91,11 +110,13 @@ std::string num(double v) {
 
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
-  if (model_.ep().size() > 1)
-    KS_FAIL(opt_.name, ": not supported yet: training under expert parallelism (expert_model_parallel_size ",
-            model_.ep().size(), "): the MoE layers dispatch their tokens to the experts' ranks (model/moe_mlp.h), "
-            "but the engine does not yet reduce expert gradients over the expert-data-parallel group nor shard "
-            "the optimizer by it");
+  const bool ep = model_.ep().size() > 1;
+  if (ep && (opt_.parallel.distributed_optimizer || model_.pp().size() > 1 || model_.tp().size() > 1))
+    KS_FAIL(opt_.name, ": not supported yet: expert parallelism (expert_model_parallel_size ", model_.ep().size(),
+            ") with ", opt_.parallel.distributed_optimizer ? "the distributed optimizer" : "pipeline or tensor parallelism",
+            "; train it with data parallelism alone (the experts' optimizer is not sharded over the expert-data-parallel "
+            "group yet)");
+  if (ep) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
   model_.enable_grads();
@@ -106,15 +127,28 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
   std::vector<model::Param*> order = model_.params();
   int64_t lo = 0, hi = -1;
   bool held_masters = false;
-  if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1) {
+  if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1 || ep) {
     parallel::DpOptions dpo;
     dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
     dpo.average = opt_.parallel.average_grads;
-    dp_ = std::make_unique<parallel::DataParallel>(model::dp_params(model_), *dp_group_, dpo);
+    // Under expert parallelism the routed experts differ by rank: DataParallel
+    // takes the dense parameters (the same on every dp rank), the experts'
+    // gradients are summed over the expert-data-parallel group (reduce_and_clip).
+    std::vector<parallel::DpParam> dense;
+    for (const parallel::DpParam& d : model::dp_params(model_)) {
+      if (ep && model::is_routed_expert_param(d.name)) expert_params_.push_back(model_.find_param(d.name));
+      else dense.push_back(d);
+    }
+    dp_ = std::make_unique<parallel::DataParallel>(std::move(dense), *dp_group_, dpo);
     order.clear();
     for (const auto& d : dp_->flat_params()) order.push_back(model_.find_param(d.name));
     std::tie(lo, hi) = dp_->owned_range();
     held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
+    if (ep) {  // the experts step after the dense flat range, whole (no distributed optimizer under EP)
+      for (model::Param* p : expert_params_) order.push_back(p);
+      lo = 0;
+      hi = -1;
+    }
   }
   std::vector<optim::ParamSlot> slots;
   for (model::Param* p : order) {
@@ -142,6 +176,7 @@ double TrainingEngine::lr(int64_t step) const { return sched_->lr(step); }
 void TrainingEngine::zero_grads() {
   if (dp_) dp_->zero_grads();
   else model_.zero_grads();
+  for (model::Param* p : expert_params_) p->grad.zero_();
 }
 
 optim::ClipResult TrainingEngine::reduce_and_clip() {
@@ -152,8 +187,35 @@ optim::ClipResult TrainingEngine::reduce_and_clip() {
   comm::ProcessGroup* tp = model_.tp().size() > 1 ? &model_.tp() : nullptr;
   comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
   optim::ClipResult clip;
+  if (!expert_params_.empty()) return reduce_and_clip_experts();
   clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp, pp) : dp_->grad_norm(tp, pp);
   clip.finite = std::isfinite(clip.norm);  // global: every rank takes the same branch
+  return clip;
+}
+
+optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
+  // Every rank of the ep group holds other experts, each expert once per ep
+  // group; the expert-data-parallel ranks hold the same ones, so their
+  // gradients are summed there (each rank's loss carries the global
+  // denominators, as for the dense part).
+  if (edp_group_->size() > 1)
+    for (model::Param* p : expert_params_) edp_group_->all_reduce(p->grad, comm::ReduceOp::Sum);
+  // The global norm: the dense part as DataParallel reduces it, plus every
+  // expert once (the squares summed over the ep group), in double.
+  const double dense = dp_->grad_norm(nullptr, nullptr);
+  double sq = 0;
+  for (model::Param* p : expert_params_) sq += ops::sum_squares(p->grad);
+  const double experts = sum_in_rank_order(model_.ep(), sq);
+  optim::ClipResult clip;
+  clip.norm = std::sqrt(dense * dense + experts);
+  clip.finite = std::isfinite(clip.norm);
+  if (clip.finite && opt_.clip_grad > 0) {
+    const double coef = opt_.clip_grad / (clip.norm + 1e-6);  // torch's clip_grad_norm_, as DataParallel clips
+    if (coef < 1.0) {
+      dp_->scale_grads(float(coef));
+      for (model::Param* p : expert_params_) ops::scale_(p->grad, float(coef));
+    }
+  }
   return clip;
 }
 
@@ -364,6 +426,8 @@ Status TrainingEngine::check_finite() const {
 }
 
 Status TrainingEngine::save_optimizer(const std::string& path) const {
+  if (!expert_params_.empty())
+    return KS_ERR(path, ": not supported yet: optimizer checkpoints under expert parallelism");
   KS_TRY(check_finite());
   return optim::save_optimizer_state(path, *optim_,
                                      {{"skipped_steps", std::to_string(skipped_)},
@@ -371,6 +435,8 @@ Status TrainingEngine::save_optimizer(const std::string& path) const {
 }
 
 Status TrainingEngine::load_optimizer(const std::string& path) {
+  if (!expert_params_.empty())
+    return KS_ERR(path, ": not supported yet: optimizer checkpoints under expert parallelism");
   std::map<std::string, std::string> md;
   KS_TRY(optim::load_optimizer_state(path, *optim_, &md));
   if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
@@ -384,12 +450,17 @@ Status TrainingEngine::load_optimizer(const std::string& path) {
 }
 
 Status TrainingEngine::save_optimizer_dir(const std::string& dir) const {
+  if (!expert_params_.empty())
+    return KS_ERR(dir, ": not supported yet: optimizer checkpoints under expert parallelism (the experts' state "
+                  "is not gathered yet)");
   return save_optimizer_checkpoint(*this, dir,
                                    {{"skipped_steps", std::to_string(skipped_)},
                                     {"consecutive_skipped_steps", std::to_string(consecutive_skipped_)}});
 }
 
 Status TrainingEngine::load_optimizer_dir(const std::string& dir) {
+  if (!expert_params_.empty())
+    return KS_ERR(dir, ": not supported yet: optimizer checkpoints under expert parallelism");
   std::map<std::string, std::string> md;
   KS_TRY(load_optimizer_checkpoint(*this, dir, &md));  // re-gathers the distributed optimizer's parameters
   auto count = [&](const char* k) -> int64_t {

@@ -81,6 +81,11 @@ struct EngineParallel {
   std::shared_ptr<comm::ProcessGroup> dp;
   bool distributed_optimizer = false;  // megatron.use_distributed_optimizer (ZeRO-1 over dp)
   bool average_grads = false;          // DataParallel's 1/dp pre-scaling
+  // Expert parallelism (the model's ModelParallel::ep): Megatron's
+  // expert-data-parallel group, the ranks holding the same routed experts
+  // (world / (ep x pp) of them); the experts' gradients are summed over it,
+  // the dense ones over dp. nullptr = a size-1 group.
+  std::shared_ptr<comm::ProcessGroup> expert_dp;
 };
 
 class TrainingEngine;
@@ -233,6 +238,9 @@ class TrainingEngine {
   // this rank runs of each (its cp share under context parallelism, else micro).
   double train_sequential(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
                           const ObjectiveFn& objective);
+  // reduce_and_clip under expert parallelism: the experts' gradients summed
+  // over the expert-data-parallel group, the norm over dense and expert parts.
+  optim::ClipResult reduce_and_clip_experts();
   double train_pipelined(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
                          const ObjectiveFn& objective);
   bool loss_finite_everywhere(double loss) const;
@@ -243,6 +251,9 @@ class TrainingEngine {
   EngineOptions opt_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;
   std::unique_ptr<parallel::DataParallel> dp_;
+  // Expert parallelism: this rank's routed experts' params (outside dp_) and their group.
+  std::vector<model::Param*> expert_params_;
+  std::shared_ptr<comm::ProcessGroup> edp_group_;
   std::unique_ptr<optim::AdamW> optim_;
   std::unique_ptr<optim::LrSchedule> sched_;
   int64_t skipped_ = 0, consecutive_skipped_ = 0;
