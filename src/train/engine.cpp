@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 
 #include "model/cp_batch.h"
@@ -81,23 +80,6 @@ double value_loss(const model::CausalLM& m, const model::PackedBatch& run, const
   const double loss = objective(full, dv);
   dvalues_local = model::cp_rank_rows(run, dv, 0.f);
   return loss;
-}
-
-// The sum over the group of one double per rank, added in rank order (the
-// same bits on every rank); doubles travel as raw 8-byte patterns.
-double sum_in_rank_order(comm::ProcessGroup& g, double local) {
-  if (g.size() == 1) return local;
-  int64_t bits;
-  std::memcpy(&bits, &local, 8);
-  std::vector<int64_t> all(size_t(g.size()));
-  g.all_gather(&bits, all.data(), 1, DType::I64);
-  double s = 0;
-  for (int64_t b : all) {
-    double v;
-    std::memcpy(&v, &b, 8);
-    s += v;
-  }
-  return s;
 }
 
 std::string num(double v) {
@@ -205,7 +187,7 @@ optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
   const double dense = dp_->grad_norm(nullptr, nullptr);
   double sq = 0;
   for (model::Param* p : expert_params_) sq += ops::sum_squares(p->grad);
-  const double experts = sum_in_rank_order(model_.ep(), sq);
+  const double experts = parallel::sum_over(model_.ep(), sq);
   optim::ClipResult clip;
   clip.norm = std::sqrt(dense * dense + experts);
   clip.finite = std::isfinite(clip.norm);

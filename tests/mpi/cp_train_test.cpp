@@ -16,8 +16,7 @@
 #include "model/parallel_setup.h"
 #include "mpi_testing.h"
 #include "parallel/setup.h"
-#include "train/engine.h"
-#include "train/token_objective.h"
+#include "train_testing.h"
 
 using namespace kestrel;
 
@@ -80,15 +79,7 @@ CpRun train3(model::ModelOptions mo, train::EngineParallel par, const std::vecto
     for (const auto& s : mb) n += int64_t(s.size()) - 1;
   std::vector<train::MicroBatch> micro;
   for (int i : mine) micro.push_back({model::pack_sequences(all[size_t(i)]), {}, {}});
-  const float w = 1.f / float(n);
-  auto objective = [w](const train::MicroBatch& mb, size_t) {
-    std::vector<float> weights;
-    for (int32_t t : mb.batch.host.targets) weights.push_back(t >= 0 ? w : 0.f);
-    train::Objective ob;
-    ob.tokens = train::cross_entropy_objective(weights);
-    ob.need_entropy_grad = false;
-    return ob;
-  };
+  const train::ObjectiveFn objective = kestrel::testing::mean_token_objective(1.f / float(n));
   CpRun r;
   for (int step = 0; step < 3; ++step) {
     r.losses.push_back(e.train_mini_batch(micro, objective, e.lr(step)).loss);
@@ -100,18 +91,10 @@ CpRun train3(model::ModelOptions mo, train::EngineParallel par, const std::vecto
   return r;
 }
 
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  double scale = 1e-30, err = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    scale = std::max(scale, std::abs(b[i]));
-    err = std::max(err, std::abs(a[i] - b[i]));
-  }
-  return a.size() == b.size() ? err / scale : 1e30;
-}
+using kestrel::testing::rel_err;
 
 void run_layout(const Layout& L, const CpRun& one) {
   comm::World& world = *comm::World::current();
-  auto& wg = *world.group();
   parallel::ParallelDims dims = parallel::dims_for(L.tp, L.tp > 1);
   dims.cp = L.cp;
   auto g = parallel::make_process_grid(world, dims, model::model_facts(config()));
@@ -155,7 +138,6 @@ void run_layout(const Layout& L, const CpRun& one) {
     std::vector<double> a(r.logprobs[k].begin(), r.logprobs[k].end()), b(want.begin(), want.end());
     EXPECT_LE(rel_err(a, b), 1e-5) << L.name << ": log-probs of micro-batch " << mine[k];
   }
-  (void)wg;
 }
 
 const CpRun& one_process() {

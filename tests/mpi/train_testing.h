@@ -1,0 +1,101 @@
+// Helpers of the multi-rank training tests (moe_mpi_test, ep_model_test,
+// cp_train_test): the mean token loss as an engine objective, the relative
+// comparison, and 3 AdamW steps of a golden MoE model on four fixed
+// micro-batches, each rank training its share.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "train/engine.h"
+#include "train/token_objective.h"
+
+namespace kestrel::testing {
+
+// Relative to want's largest |value|; vectors of different sizes never agree (1e30).
+inline double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  return got.size() == want.size() ? rel_to_scale(got, want) : 1e30;
+}
+
+// Weight w on every packed row with a target: the mean token loss when w is 1 / (targets of the whole mini-batch).
+inline std::vector<float> token_weights(const model::PackedBatch& b, float w) {
+  std::vector<float> weights;
+  for (int32_t t : b.host.targets) weights.push_back(t >= 0 ? w : 0.f);
+  return weights;
+}
+inline train::ObjectiveFn mean_token_objective(float w) {
+  return [w](const train::MicroBatch& mb, size_t) {
+    train::Objective ob;
+    ob.tokens = train::cross_entropy_objective(token_weights(mb.batch, w));
+    ob.need_entropy_grad = false;
+    return ob;
+  };
+}
+
+inline std::string golden_model(const std::string& c) { return source_path("tests/golden/models/" + c); }
+
+// Four micro-batches of two sequences each (inside the goldens' vocabulary 96).
+inline std::vector<std::vector<std::vector<int32_t>>> golden_micro_sequences() {
+  std::vector<std::vector<std::vector<int32_t>>> out(4);
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> s;
+    for (int t = 0; t < 6 + (i * 5) % 9; ++t) s.push_back(int32_t(1 + (i * 37 + t * 11) % 95));
+    out[size_t(i / 2)].push_back(std::move(s));
+  }
+  return out;
+}
+
+struct TrainResult {
+  std::vector<double> losses;                          // this rank's share of each step's loss
+  std::map<std::string, std::vector<double>> tensors;  // this rank's params and buffers by name
+};
+
+// 3 AdamW steps of golden model `c` on micro-batches `mine` of the four (the
+// others belong to other dp ranks) with the mean token loss over all of them.
+inline TrainResult train_golden3(const std::string& c, model::ModelOptions o, train::EngineParallel par,
+                                 const std::vector<int>& mine, double lr) {
+  auto m = model::CausalLM::load(golden_model(c), o);
+  EXPECT_TRUE(m.is_ok()) << m.status().message();
+  auto& model = *m.value();
+  train::EngineOptions eo;
+  eo.lr.lr = lr;
+  eo.lr.total_steps = 10;
+  eo.parallel = std::move(par);
+  train::TrainingEngine e(model, eo);
+  const auto all = golden_micro_sequences();
+  int64_t n = 0;
+  for (const auto& mb : all)
+    for (const auto& s : mb) n += int64_t(s.size()) - 1;
+  std::vector<train::MicroBatch> micro;
+  for (int i : mine) micro.push_back({model::pack_sequences(all[size_t(i)]), {}, {}});
+  const train::ObjectiveFn objective = mean_token_objective(1.f / float(n));
+  TrainResult r;
+  for (int step = 0; step < 3; ++step) r.losses.push_back(e.train_mini_batch(micro, objective, e.lr(step)).loss);
+  for (model::Param* p : model.state_tensors()) r.tensors[p->name] = to_double(p->weight);
+  return r;
+}
+
+// Every tensor this rank holds equals one process's (f32 1e-5 of its scale);
+// the correction biases bit for bit. Returns the largest relative difference.
+inline double expect_equal_to_one_process(const TrainResult& r, const TrainResult& one, const std::string& what) {
+  EXPECT_FALSE(r.tensors.empty());
+  double worst = 0;
+  for (const auto& [name, v] : r.tensors) {
+    auto it = one.tensors.find(name);
+    EXPECT_TRUE(it != one.tensors.end()) << what << ": " << name;
+    if (it == one.tensors.end()) continue;
+    if (name.find("e_score_correction_bias") != std::string::npos) {
+      EXPECT_EQ(v, it->second) << what << ": " << name;
+      continue;
+    }
+    const double e = rel_err(v, it->second);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-5) << what << ": " << name;
+  }
+  return worst;
+}
+
+}  // namespace kestrel::testing
