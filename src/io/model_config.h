@@ -14,6 +14,9 @@ namespace kestrel::io {
 
 enum class Arch { Llama, Qwen2, Qwen3, Mistral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
 const char* arch_name(Arch a);  // the HF class name, e.g. "Qwen2ForCausalLM", "DeepseekV3ForCausalLM"
+const char* default_model_type(Arch a);  // transformers' model_type, e.g. "qwen2", "deepseek_v3"
+bool is_qwen_moe(Arch a);                // Qwen2-MoE or Qwen3-MoE
+bool is_deepseek(Arch a);                // DeepSeek-V2 or V3
 
 // Routed experts (num_experts == 0: a dense model).
 struct MoeConfig {

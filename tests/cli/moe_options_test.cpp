@@ -5,6 +5,7 @@
 // refusals and statuses: tests/config/moe_keys_test.cpp.)
 #include <gtest/gtest.h>
 
+#include "cli/cli_testing.h"
 #include "cli/options.h"
 #include "config/config.h"
 #include "train/builtin_model.h"
@@ -12,18 +13,8 @@
 namespace kestrel::cli {
 namespace {
 
-Result<config::Config> load(const config::Schema& s, const std::vector<std::string>& ov) {
-  config::LoadOptions lo;
-  lo.schema = &s;
-  lo.overrides = ov;
-  return config::load(lo);
-}
-
-config::Config ok(const config::Schema& s, const std::vector<std::string>& ov) {
-  auto c = load(s, ov);
-  EXPECT_TRUE(c.is_ok()) << c.status().message();
-  return std::move(c).value();
-}
+using testing::load;
+using testing::ok;
 
 std::string error_of(const std::function<void()>& f) {
   try {

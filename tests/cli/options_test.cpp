@@ -2,24 +2,15 @@
 // every command's tree refuses what it does not know.
 #include <gtest/gtest.h>
 
+#include "cli/cli_testing.h"
 #include "cli/options.h"
 #include "config/config.h"
 
 namespace kestrel::cli {
 namespace {
 
-Result<config::Config> load(const config::Schema& s, const std::vector<std::string>& ov) {
-  config::LoadOptions lo;
-  lo.schema = &s;
-  lo.overrides = ov;
-  return config::load(lo);
-}
-
-config::Config ok(const config::Schema& s, const std::vector<std::string>& ov) {
-  auto c = load(s, ov);
-  EXPECT_TRUE(c.is_ok()) << c.status().message();
-  return std::move(c).value();
-}
+using testing::load;
+using testing::ok;
 
 const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
 
