@@ -34,6 +34,10 @@ of model.safetensors, by its saved name; <l> = a decoder layer index, for every 
   gradtotal.<name>     f32, d total / d tensor (autograd through the HF model and the router logits)
   fp32 cases only:
   adamw_loss f32 [3], adamw_final.<name>   3 AdamW steps on `loss` (ADAMW of make_golden.py); buffers unchanged
+  adamw_step1.<name>                       the parameters after the first step: a normalised softmax router has
+                                           an exactly-zero gradient into unchosen experts' logits that autograd
+                                           leaves as rounding noise, which AdamW turns into +-lr steps, so from
+                                           step 2 on another implementation may route a token differently
 
 bf16 cases: the f32 draw rounded to bf16 and run in bf16 as transformers loads it (the DeepSeek routers'
 gate.weight and e_score_correction_bias are kept f32 by _keep_in_fp32_modules_strict, so their logits are f32
@@ -407,6 +411,9 @@ def make_case(case, base, dtype):
             l.backward()
             losses.append(float(l.detach()))
             opt.step()
+            if step == 0:  # after one step every side still routes as the golden (see adamw_step1 above)
+                for n, t in saved_tensors(model, lambda p, b: (p if p is not None else b).detach().float()).items():
+                    golden["adamw_step1." + n] = t.clone()  # the live parameters move on
         golden["adamw_loss"] = torch.tensor(losses, dtype=torch.float32)
         for n, t in saved_tensors(model, lambda p, b: (p if p is not None else b).detach().float()).items():
             golden["adamw_final." + n] = t
