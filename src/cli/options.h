@@ -76,6 +76,18 @@ struct CpSettings {
 CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
                                  const std::vector<std::string>& fsdp_keys = {});
 
+// Expert parallelism of kestrel train: actor_rollout_ref.actor.megatron.expert_model_parallel_size (the reference's
+// and the critic's, when on, must equal it: they run on the actor's grid); expert_tensor_parallel_size null or equal
+// to the model's tensor_model_parallel_size (anything else is refused "not supported yet").
+struct EpSettings {
+  int64_t ep = 1;
+  std::string size_key;  // the key that set ep, for messages
+};
+EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, bool critic);
+// Fails naming the key when ep > 1 with a dense model or a count of routed experts it does not divide.
+void check_expert_parallel_model(const config::Config& c, const EpSettings& s, const io::ModelConfig& cfg,
+                                 const std::string& model);
+
 // ---- kestrel train (ppo_trainer) ------------------------------------------
 
 // What is read before the data and the model are loaded.
@@ -120,6 +132,7 @@ struct TrainInputs {
   MoeKeys actor_moe, ref_moe, critic_moe;
   // Context parallelism of the actor (the reference and the critic run on its grid: theirs must equal it).
   CpSettings cp;
+  EpSettings ep;  // expert parallelism of the actor (likewise)
 };
 // Fails with "not supported yet: ..." for settings the config layer accepts
 // but the trainer does not build.

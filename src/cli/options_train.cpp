@@ -263,6 +263,8 @@ TrainInputs train_inputs(const config::Config& c) {
   in.ref_moe = read_moe_keys(c, "actor_rollout_ref.ref" + OT, "", false);
   in.critic_moe = read_moe_keys(c, "critic" + OT, "", true);
   read_grid_cp(c, in);
+  in.ep = read_expert_parallel(c, in.tp, c.get_bool(A + "use_kl_loss") || c.get_bool("algorithm.use_kl_in_reward"),
+                               in.critic);
   if (in.critic) {
     check_pipeline(c, "critic.megatron", in.critic_pipeline);
     const std::string cpp = "critic.megatron.pipeline_model_parallel_size";
@@ -328,6 +330,9 @@ void check_layout_divides(const config::Config& c, const TrainInputs& in, int wo
   check(A + "megatron", in.tp, in.actor_pipeline.pp);
   if (in.critic)
     check("critic.megatron", c.get_int("critic.megatron.tensor_model_parallel_size"), in.critic_pipeline.pp);
+  if (in.ep.ep > 1 && world_size % in.ep.ep != 0)  // the expert grid (etp = tp = 1, pp = 1 under EP) spans ep ranks
+    KS_FAIL(c.origin(in.ep.size_key), ": ", in.ep.size_key, "=", in.ep.ep, " must divide the number of processes (",
+            world_size, "); launch with mpirun -np <a multiple of ", in.ep.ep, "> kestrel train ...");
   const std::string rk = R + "tensor_model_parallel_size";
   if (in.rollout_tp < 1 || world_size % in.rollout_tp != 0)
     KS_FAIL(c.origin(rk), ": ", rk, "=", in.rollout_tp, " must divide the number of processes (", world_size,

@@ -291,6 +291,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   parallel::ParallelDims dims = parallel::dims_for(int(in.tp), in.sequence_parallel);
   dims.pp = in.actor_pipeline.pp;
   dims.cp = int(in.cp.cp);
+  dims.ep = int(in.ep.ep);
   auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
   if (!g) KS_FAIL("kestrel train: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
@@ -305,6 +306,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   par.world = world.group();
   par.dp = grid->group(parallel::GroupKind::Dp);
   if (dims.cp > 1) par.dp_cp = grid->group(parallel::GroupKind::DpCp);
+  if (dims.ep > 1) par.expert_dp = grid->group(parallel::GroupKind::Edp);
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)
     par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
@@ -392,6 +394,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     auto mc = io::load_model_config(model_dir);
     if (!mc) KS_FAIL(mc.status().message());
     check_num_layers(c, in, mc->num_hidden_layers);
+    check_expert_parallel_model(c, in.ep, *mc, model_dir);
     actor_cfg = *mc;
   }
   // MoE router options of the actor and the reference model against config.json (the critic's: make_critic).
@@ -440,7 +443,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // Under pipeline parallelism the rollout holds a whole-model copy
   // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
   const int64_t rollout_weight_bytes =
-      actor.is_whole_model()
+      actor.is_whole_model() && actor.ep().size() == 1  // under EP the rollout copy holds every expert
           ? rollout::weight_bytes(actor)
           : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
                 rollout::buffer_bytes(actor.config());

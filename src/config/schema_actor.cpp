@@ -257,10 +257,17 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   };
   b.k("tensor_model_parallel_size", I, grid_default("tensor_model_parallel_size"), own,
       "Tensor-parallel size (TP)." + (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
-  b.k("expert_model_parallel_size", I, d("expert_model_parallel_size", "1"), NO, "Expert-parallel size (EP).");
-  b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), NO,
-      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size. 1 is accepted too: Kestrel "
-      "keeps each expert whole (MoE models refuse tensor_model_parallel_size > 1).").as_default = {"1"};
+  b.k("expert_model_parallel_size", I, grid_default("expert_model_parallel_size"), own,
+      "Expert-parallel size (EP) of a mixture-of-experts model: each MoE layer's routed experts are split over this "
+      "many ranks in consecutive blocks and every token goes to its experts' ranks and back (the alltoall "
+      "dispatcher); the router and the shared experts are replicated. The expert grid is etp x ep x edp over the "
+      "same ranks, the experts' gradients summed over edp = world / ep. Runs with data parallelism only "
+      "(tensor, pipeline and context parallel sizes 1, no distributed optimizer): the world size must divide by it "
+      "and it must divide num_experts; the rollout holds every expert (gathered after each update)." +
+          (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
+  b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), own,
+      "Tensor-parallel size inside experts (ETP); null = tensor_model_parallel_size (Megatron's default). A value "
+      "equal to tensor_model_parallel_size is the same layout; another is refused (not supported yet).").at_least(1);
   b.k("pipeline_model_parallel_size", I, grid_default("pipeline_model_parallel_size"), own,
       "Pipeline-parallel size (PP): the decoder layers are split over this many stages (Megatron's rules; uneven "
       "splits: override_transformer_config.num_layers_in_{first,last}_pipeline_stage, noop_layers); the processes "

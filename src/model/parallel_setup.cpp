@@ -7,6 +7,7 @@ ModelParallel model_parallel_for(const parallel::ProcessGrid& grid) {
   p.tp = grid.group(parallel::GroupKind::Tp);
   p.sequence_parallel = grid.layout().dims().sequence_parallel && p.tp->size() > 1;
   p.pp = grid.group(parallel::GroupKind::Pp);
+  p.ep = grid.group(parallel::GroupKind::Ep);
   return p;
 }
 

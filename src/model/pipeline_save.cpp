@@ -120,12 +120,12 @@ Status save_pipelined_model(const CausalLM& stage, const std::string& dir, DType
 
 Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const std::string& dir, DType disk_dtype,
                             size_t max_shard_bytes) {
+  const bool whole = chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1;
   for (const CausalLM* c : chunks)
-    if (c && c->ep().size() > 1)
+    if (c && c->ep().size() > 1 && (!whole || max_shard_bytes != kHfShardBytes))
       return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
-                    c->ep().size(), "): the experts are not gathered into one folder yet");
-  if (chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1 && max_shard_bytes == kHfShardBytes)
-    return chunks[0]->save(dir, disk_dtype);
+                    c->ep().size(), ") with pipeline stages or a shard limit other than ", kHfShardBytes, " bytes");
+  if (whole && max_shard_bytes == kHfShardBytes) return chunks[0]->save(dir, disk_dtype);
   KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));
   const CausalLM& any = *chunks[0];
   comm::ProcessGroup& pp = any.pp();

@@ -8,6 +8,7 @@
 #include "core/files.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/ep_state.h"
 #include "model/moe_mlp.h"
 
 namespace kestrel::model {
@@ -377,15 +378,24 @@ std::string CausalLM::hf_config_json(DType disk_dtype, bool score_bias) const {
 
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
-  if (ep().size() > 1)
+  if (ep().size() > 1 && tp().size() > 1)
     return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
-                  ep().size(), "): each rank holds its own experts and they are not gathered into one folder yet");
+                  ep().size(), ") with tensor parallelism (tp ", tp().size(), ")");
   std::vector<io::NamedTensor> tensors;
   for (Param* p : const_cast<CausalLM*>(this)->params())
     tensors.push_back({p->name, tp().size() == 1 ? p->weight : full_tensor(*p)});
   for (Param* p : const_cast<CausalLM*>(this)->buffers())  // f32 on disk in every precision, as HF keeps them
     tensors.push_back({p->name, p->weight, /*own_dtype=*/true});
-  if (tp().rank() != 0) return Status::ok();  // tp rank 0 writes the gathered model
+  // Under expert parallelism the other ranks' experts come to ep rank 0 (collective over the ep group),
+  // in the disk dtype when smaller, as a pipeline stage sends its tensors.
+  if (ep().size() > 1) {
+    const DType wire = dtype_size(disk_dtype) < dtype_size(dtype()) ? disk_dtype : dtype();
+    for (const RoutedExpertTensor& t : routed_expert_tensors(*this)) {
+      Tensor full = broadcast_expert_tensor(*this, t, t.local ? t.local->weight : Tensor(), wire);
+      if (!t.local && ep().rank() == 0) tensors.push_back({t.name, std::move(full)});
+    }
+  }
+  if (tp().rank() != 0 || ep().rank() != 0) return Status::ok();  // tp (and ep) rank 0 writes the gathered model
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return KS_ERR("cannot create model folder ", dir, ": ", ec.message());

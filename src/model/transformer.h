@@ -170,7 +170,8 @@ class CausalLM {
   // atomically, HF-shaped (a value model as <Arch>ForTokenClassification with
   // num_labels 1 and classifier_dropout 0, as verl's critic). Under tp > 1 it is collective over the tp group:
   // every rank calls it, the full tensors are gathered, and only tp rank 0
-  // writes (the others return ok without touching dir).
+  // writes (the others return ok without touching dir). Under expert
+  // parallelism (tp 1) likewise over the ep group: ep rank 0 writes every expert.
   Status save(const std::string& dir, DType disk_dtype) const;
   // The config.json text save() writes for disk dtype `disk_dtype` (a value
   // model as <Arch>ForTokenClassification with num_labels 1). score_bias: the

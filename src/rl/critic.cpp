@@ -10,6 +10,7 @@
 #include "ops/copy.h"
 #include "train/checkpoint.h"
 #include "train/logging.h"
+#include "train/micro_batch.h"
 #include "train/sft_trainer.h"
 
 namespace kestrel::rl {
@@ -95,8 +96,11 @@ namespace {
 // micro-batches of max_seqs sequences (> 0) or max_tokens tokens.
 void values_of(const model::CausalLM& critic, const RolloutBatch& b, const std::vector<int64_t>& seqs,
                int64_t max_tokens, int64_t max_seqs, bool share_prompts, std::vector<double>& out) {
+  std::vector<std::vector<int64_t>> groups = split_mini_batch(b, seqs, max_seqs > 0 ? 0 : max_tokens, max_seqs,
+                                                              share_prompts);
+  train::align_micro_batch_count(groups, critic.ep(), "critic-value");
   std::vector<train::MicroBatch> micro;
-  for (auto& grp : split_mini_batch(b, seqs, max_seqs > 0 ? 0 : max_tokens, max_seqs, share_prompts)) {
+  for (auto& grp : groups) {
     PackedSequences packed = pack_rollout_sequences(b, grp, share_prompts);
     micro.push_back({std::move(packed.batch), std::move(grp), std::move(packed.rows)});
   }
@@ -144,6 +148,7 @@ train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& pa
   eo.clip_grad = o.clip_grad;
   eo.parallel.dp = par.grad_group_ptr();
   eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
+  eo.parallel.expert_dp = par.expert_dp;  // nullptr without expert parallelism
   eo.reuse_fp32_param = o.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   eo.name = "critic";
@@ -219,10 +224,12 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
         scope.global_tokens = d[0], scope.global_seqs = d[1];
       }
       ValueLossTotals t;
+      std::vector<std::vector<int64_t>> groups =
+          split_mini_batch(b, mb, opt_.max_token_len,
+                           opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()), opt_.share_prompts);
+      train::align_micro_batch_count(groups, engine_->model().ep(), "critic-update");
       std::vector<train::MicroBatch> micro;
-      for (auto& g : split_mini_batch(b, mb, opt_.max_token_len,
-                                      opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(mb.size()),
-                                      opt_.share_prompts)) {
+      for (auto& g : groups) {
         PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts);
         micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
       }
@@ -270,7 +277,7 @@ Status Critic::save(const std::string& dir) const {
   // Under mpirun the weights are written as one HF folder (gathered over tp,
   // streamed from the pipeline stages), the optimizer state as one file per
   // stage (train/optimizer_checkpoint.h); every rank takes part in both.
-  if (parallel_.grad_group().rank() == 0) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
+  if (parallel_.writes_model(model_->ep())) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
   return engine_->save_optimizer_dir(dir);
 }
 

@@ -32,10 +32,22 @@ struct RlParallel {
   std::shared_ptr<comm::ProcessGroup> dp_cp;
   comm::ProcessGroup& grad_group() const { return dp_cp ? *dp_cp : *dp; }
   std::shared_ptr<comm::ProcessGroup> grad_group_ptr() const { return dp_cp ? dp_cp : dp; }
+  // Expert parallelism (model::ModelParallel::ep): Megatron's expert-data-parallel
+  // group, over which the routed experts' gradients are summed; nullptr = none.
+  std::shared_ptr<comm::ProcessGroup> expert_dp;
   bool distributed_optimizer = false;  // megatron.use_distributed_optimizer
   // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
   // the actor's own tp group, whose weights the engine then reads in place.
   std::shared_ptr<comm::ProcessGroup> rollout_tp;
+
+  // Whether this rank takes part in writing a model folder (model::save_pipelined_model): the ranks of
+  // grad_group() rank 0's tp and pp groups and, under expert parallelism, of its ep group, which gathers
+  // the experts. Collective over `ep` (the model's ep group).
+  bool writes_model(comm::ProcessGroup& ep) const {
+    int32_t w = grad_group().rank() == 0 ? 1 : 0;
+    if (ep.size() > 1) ep.all_reduce(&w, 1, DType::I32, comm::ReduceOp::Max);
+    return w != 0;
+  }
 };
 
 // This dp rank's sequences of b (ascending): with balance (trainer.balance_batch)

@@ -23,7 +23,7 @@ int64_t total_of(const CategoryBytes& b) {
   return t;
 }
 
-int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp) {
+int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp, int64_t ep) {
   const int n = int(std::max<int64_t>(1, tp));
   const int64_t D = c.hidden_size;
   int64_t p = 2 * D;  // input_layernorm, post_attention_layernorm
@@ -42,9 +42,9 @@ int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp) {
     if (c.o_proj_bias) p += D;
     if (c.qk_norm) p += 2 * c.head_dim;
   }
-  if (c.is_moe_layer(layer)) {  // model/moe_mlp.cpp (tp = 1): router, E experts, shared experts, shared gate
+  if (c.is_moe_layer(layer)) {  // model/moe_mlp.cpp (tp = 1): router, E (/ ep) experts, shared experts, shared gate
     const io::MoeConfig& m = c.moe;
-    p += m.num_experts * D + m.num_experts * 3 * D * m.moe_intermediate_size;
+    p += m.num_experts * D + m.num_experts / std::max<int64_t>(1, ep) * 3 * D * m.moe_intermediate_size;
     if (m.shared_intermediate_size > 0) p += 3 * D * m.shared_intermediate_size + (m.shared_expert_gate ? D : 0);
   } else {
     const int64_t F = c.intermediate_size / n;
@@ -53,7 +53,7 @@ int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp) {
   return p;
 }
 
-PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head) {
+PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head, int64_t ep) {
   const io::ModelConfig& c = in.model;
   PlanShapes s;
   const int n = int(std::max<int64_t>(1, tp));
@@ -94,7 +94,7 @@ PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_
   for (size_t r = 0; r < ranks.size(); ++r) {
     const bool first = r == 0, last = r + 1 == ranks.size();
     int64_t params = (first || (last && tied_head) ? embed : 0) + (last ? head : 0);
-    for (int64_t i : ranks[r]) params += layer_params(c, i, n);
+    for (int64_t i : ranks[r]) params += layer_params(c, i, n, ep);
     if (params > best) {
       best = params;
       s.pp_rank = int64_t(r);

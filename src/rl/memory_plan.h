@@ -166,10 +166,11 @@ struct PlanShapes {
   int64_t pp_rank = 0;          // the pipeline rank planned (the one holding the most parameters)
 };
 // The shapes of the pipeline rank holding the most parameters (all layers at pp = 1).
-PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false);
+// ep: expert parallelism (each rank holds E / ep routed experts of every MoE layer).
+PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false, int64_t ep = 1);
 // Parameters of decoder layer `layer` on a tp rank: norms, attention (dense or
 // MLA), MLP (dense or router + E experts + shared experts + shared gate).
-int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp = 1);
+int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp = 1, int64_t ep = 1);
 
 // Forward FLOPs of one decoder layer: per token (its GEMMs; a MoE layer the
 // router, the k routed experts and the shared experts a token uses, not all

@@ -260,6 +260,9 @@ Status validate_plan_inputs(const PlanInputs& in) {
                         {l.vpp, M + "virtual_pipeline_model_parallel_size"}})
     if (v < 1) return KS_ERR(key, " must be >= 1, got ", v);
   const bool moe = c.moe.num_experts > 0, mla = c.mla.enabled;
+  if (!moe && l.ep > 1)
+    return KS_ERR(M, "expert_model_parallel_size=", l.ep, " splits the routed experts of a mixture-of-experts model, "
+                  "but ", io::arch_name(c.arch), " is dense; set it to 1");
   if (moe || mla) {
     // model/transformer.cpp refuses tp > 1 for MoE and MLA layers; expert parallelism is not built.
     const std::string what = std::string(io::arch_name(c.arch)) + " (" +
@@ -270,9 +273,12 @@ Status validate_plan_inputs(const PlanInputs& in) {
     if (in.rollout.tp > 1)
       return KS_ERR("not supported yet: actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp, " for ",
                     what, "; use 1");
-    if (moe && l.ep > 1)
-      return KS_ERR("not supported yet: ", M, "expert_model_parallel_size=", l.ep, " (expert parallelism) for ", what,
-                    "; use expert_model_parallel_size=1 (every rank holds all experts)");
+    if (moe && l.ep > 1 && (l.pp > 1 || l.cp > 1 || l.distributed_optimizer))
+      return KS_ERR("not supported yet: ", M, "expert_model_parallel_size=", l.ep, " with pipeline_model_parallel_size=",
+                    l.pp, ", context_parallel_size=", l.cp, " or use_distributed_optimizer (expert parallelism runs "
+                    "with data parallelism only)");
+    if (moe && c.moe.num_experts % l.ep != 0)
+      return KS_ERR(M, "expert_model_parallel_size=", l.ep, " must divide num_experts ", c.moe.num_experts);
     if (moe && c.mlp_bias)
       return KS_ERR("not supported yet: MLP biases (mlp_bias in config.json) in a mixture-of-experts model");
     if (l.cp > 1)
@@ -324,7 +330,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan p;
   p.inputs = in;
   const PlanLayout& l = in.layout;
-  p.shapes = plan_shapes(in, l.tp, l.pp);
+  p.shapes = plan_shapes(in, l.tp, l.pp, false, l.ep);
   const PlanShapes& s = p.shapes;
   const DType dt = in.dtype;
   const int64_t a = int64_t(dtype_size(dt));
@@ -340,7 +346,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (in.ref) resident[cat(MemCategory::Params)] += a * s.params + rope_bytes(s) + s.buffers;  // the frozen copy
   PlanShapes cs;
   if (in.critic) {
-    cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true);
+    cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true, l.ep);
     const ModelStates c = trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param);
     resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs) + cs.buffers;
     resident[cat(MemCategory::Grads)] += c.grads;
@@ -353,7 +359,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // ---- the rollout's weights and KV cache (rollout/engine.cpp kv_cache_bytes_for) ----
   // A copy when the rollout's tp or dtype differs, and under pp (the rollout
   // runs the whole model: rollout/reshard.h RolloutWeights).
-  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt || l.pp > 1;
+  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt || l.pp > 1 || l.ep > 1;
   const PlanShapes rs = plan_shapes(in, in.rollout.tp, 1);
   const int64_t ra = int64_t(dtype_size(in.rollout.dtype));
   const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) + rs.buffers : 0;
@@ -434,7 +440,6 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
-  if (l.ep > 1) p.notes.push_back("expert_model_parallel_size=" + std::to_string(l.ep) + ": the model is dense (no experts), so it changes nothing");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
     p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
                               "device memory); modelled as the state leaving the device outside its update");

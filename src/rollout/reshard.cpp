@@ -1,6 +1,7 @@
 #include "rollout/reshard.h"
 
 #include <chrono>
+#include <map>
 
 #include "parallel/reshard.h"
 
@@ -36,6 +37,10 @@ RolloutWeights::RolloutWeights(const model::CausalLM& train, std::unique_ptr<mod
   dst_ = state_of(*copy_);
   for (model::Param* p : dst_) dst_dtype_.push_back(p->weight.dtype());
   if (pipelined) return;  // create() lists pipe_
+  if (train_.ep().size() > 1) {
+    list_expert_parallel_sources();
+    return;
+  }
   src_ = state_of(train_);
   KS_CHECK(src_.size() == dst_.size(), "reshard: the rollout model has ", dst_.size(), " state tensors, training ",
            src_.size());
@@ -53,7 +58,9 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   const DType dt = opts.dtype.value_or(train.dtype());
   const bool same_group = !opts.tp || opts.tp.get() == &ttp;
   int32_t in_place = same_group || (opts.tp->size() == ttp.size() && opts.tp->rank() == ttp.rank());
-  in_place = in_place && dt == train.dtype();
+  // Under expert parallelism the rollout holds every expert (a copy; the
+  // ep group has one size on all its ranks, so they all take this branch).
+  in_place = in_place && dt == train.dtype() && train.ep().size() == 1;
   // Every rank of a training tp group must take the same path: the copy
   // gathers over that group.
   ttp.all_reduce(&in_place, 1, DType::I32, comm::ReduceOp::Min);
@@ -140,13 +147,64 @@ void RolloutWeights::refresh_pipelined() {
   last_.bytes_received += last_.bytes_received_pp;
 }
 
+void RolloutWeights::list_expert_parallel_sources() {
+  KS_CHECK(train_.tp().size() == 1, "RolloutWeights: expert parallelism with training tp ", train_.tp().size(),
+           " > 1 is not built");
+  std::map<std::string, model::Param*> mine;
+  for (model::Param* p : state_of(train_)) mine[p->name] = p;
+  std::map<std::string, model::RoutedExpertTensor> experts;
+  for (model::RoutedExpertTensor& t : model::routed_expert_tensors(train_)) experts[t.name] = std::move(t);
+  src_.assign(dst_.size(), nullptr);
+  experts_.assign(dst_.size(), model::RoutedExpertTensor{});
+  for (size_t i = 0; i < dst_.size(); ++i) {
+    const std::string& name = dst_[i]->name;
+    if (auto e = experts.find(name); e != experts.end()) {
+      experts_[i] = e->second;
+      src_[i] = const_cast<model::Param*>(e->second.local);
+      experts.erase(e);
+      continue;
+    }
+    experts_[i].owner = -1;
+    auto m = mine.find(name);
+    KS_CHECK(m != mine.end(), "reshard: the rollout model's '", name, "' is neither this rank's nor a routed expert");
+    KS_CHECK(m->second->full_shape == dst_[i]->full_shape, "reshard: '", name, "' is ",
+             shape_str(m->second->full_shape), " in training, ", shape_str(dst_[i]->full_shape), " in the rollout");
+    src_[i] = m->second;
+  }
+  KS_CHECK(experts.empty(), "reshard: ", experts.size(), " routed expert tensors of the ep group (e.g. '",
+           experts.empty() ? "" : experts.begin()->first, "') are not in the rollout model");
+}
+
+void RolloutWeights::refresh_expert_parallel() {
+  comm::ProcessGroup& rtp = copy_->tp();
+  // The smaller dtype on the wire, as refresh_pipelined.
+  const DType wire = dtype_size(copy_->dtype()) < dtype_size(train_.dtype()) ? copy_->dtype() : train_.dtype();
+  for (size_t i = 0; i < dst_.size(); ++i) {
+    model::Param& d = *dst_[i];
+    if (!d.weight.defined())  // after release()
+      d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
+                               MemCategory::Params);
+    const model::RoutedExpertTensor& e = experts_[i];
+    if (e.owner < 0) {  // every ep rank holds it (tp 1: the full tensor)
+      parallel::cut_shard_into(src_[i]->weight, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
+    } else {  // collective over the ep group, in dst_'s order on every rank
+      const Tensor buf = model::broadcast_expert_tensor(train_, e, src_[i] ? src_[i]->weight : Tensor(), wire);
+      if (e.owner != train_.ep().rank()) last_.bytes_received += int64_t(buf.nbytes());
+      parallel::cut_shard_into(buf, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
+    }
+    last_.bytes_copied += int64_t(d.weight.nbytes());
+    ++last_.tensors;
+  }
+}
+
 const ReshardStats& RolloutWeights::refresh() {
   const auto t0 = std::chrono::steady_clock::now();
   last_ = ReshardStats{};
   last_.in_place = in_place();
   if (in_place()) return last_;
-  if (!pipe_.empty()) {
-    refresh_pipelined();
+  if (!pipe_.empty() || !experts_.empty()) {
+    if (pipe_.empty()) refresh_expert_parallel();
+    else refresh_pipelined();
     released_ = false;
     last_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return last_;

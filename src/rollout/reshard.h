@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "model/ep_state.h"
 #include "model/pipeline_params.h"
 #include "model/transformer.h"
 
@@ -98,6 +99,8 @@ class RolloutWeights {
  private:
   RolloutWeights(const model::CausalLM& train, std::unique_ptr<model::CausalLM> copy, bool pipelined = false);
   void refresh_pipelined();
+  void list_expert_parallel_sources();
+  void refresh_expert_parallel();
 
   const model::CausalLM& train_;
   std::unique_ptr<model::CausalLM> copy_;  // nullptr in place
@@ -109,6 +112,11 @@ class RolloutWeights {
   std::vector<model::Param*> src_, dst_;
   std::vector<DType> dst_dtype_;
   std::vector<model::PipelineParam> pipe_;
+  // Under expert parallelism (train.ep() size > 1; tp and pp 1) the copy holds
+  // every expert: src_[i] is this rank's tensor of dst_[i] (nullptr for
+  // another rank's expert) and experts_[i] the routed expert dst_[i] is
+  // (owner -1: not an expert), broadcast over the ep group from its owner.
+  std::vector<model::RoutedExpertTensor> experts_;
   bool released_ = false;
   ReshardStats last_;
 };

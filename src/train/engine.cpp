@@ -409,7 +409,8 @@ Status TrainingEngine::check_finite() const {
 
 Status TrainingEngine::save_optimizer(const std::string& path) const {
   if (!expert_params_.empty())
-    return KS_ERR(path, ": not supported yet: optimizer checkpoints under expert parallelism");
+    return KS_ERR(path, ": not supported yet: per-rank optimizer files under expert parallelism (save with "
+                  "save_optimizer_dir, the layout-independent checkpoint)");
   KS_TRY(check_finite());
   return optim::save_optimizer_state(path, *optim_,
                                      {{"skipped_steps", std::to_string(skipped_)},
@@ -418,7 +419,8 @@ Status TrainingEngine::save_optimizer(const std::string& path) const {
 
 Status TrainingEngine::load_optimizer(const std::string& path) {
   if (!expert_params_.empty())
-    return KS_ERR(path, ": not supported yet: optimizer checkpoints under expert parallelism");
+    return KS_ERR(path, ": not supported yet: per-rank optimizer files under expert parallelism (save with "
+                  "save_optimizer_dir, the layout-independent checkpoint)");
   std::map<std::string, std::string> md;
   KS_TRY(optim::load_optimizer_state(path, *optim_, &md));
   if (dp_) dp_->gather_params();  // the distributed optimizer refreshed only the owned slice
@@ -432,17 +434,13 @@ Status TrainingEngine::load_optimizer(const std::string& path) {
 }
 
 Status TrainingEngine::save_optimizer_dir(const std::string& dir) const {
-  if (!expert_params_.empty())
-    return KS_ERR(dir, ": not supported yet: optimizer checkpoints under expert parallelism (the experts' state "
-                  "is not gathered yet)");
+  // Under expert parallelism collective over the ep group too: the experts' state is gathered to the writer.
   return save_optimizer_checkpoint(*this, dir,
                                    {{"skipped_steps", std::to_string(skipped_)},
                                     {"consecutive_skipped_steps", std::to_string(consecutive_skipped_)}});
 }
 
 Status TrainingEngine::load_optimizer_dir(const std::string& dir) {
-  if (!expert_params_.empty())
-    return KS_ERR(dir, ": not supported yet: optimizer checkpoints under expert parallelism");
   std::map<std::string, std::string> md;
   KS_TRY(load_optimizer_checkpoint(*this, dir, &md));  // re-gathers the distributed optimizer's parameters
   auto count = [&](const char* k) -> int64_t {

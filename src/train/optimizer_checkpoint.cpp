@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "model/ep_state.h"
 #include "optim/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/sharding.h"
@@ -92,6 +93,43 @@ Tensor gather_on_dp0(comm::ProcessGroup& dp, const std::vector<std::pair<int64_t
 
 std::string optimizer_stage_file_name(int64_t stage) { return "optimizer_pp" + std::to_string(stage) + ".safetensors"; }
 
+namespace {
+
+// Expert parallelism (tp 1, no distributed optimizer): every routed expert's
+// state, broadcast over the ep group from the rank that steps it, onto the
+// writer's list in routed_expert_tensors' order. Collective over the ep group.
+void append_expert_states(const TrainingEngine& engine, const Tensor& v_clean, bool writer,
+                          std::vector<io::NamedTensor>& out) {
+  const model::CausalLM& model = engine.model();
+  const optim::AdamW& opt = engine.optimizer();
+  KS_CHECK(model.tp().size() == 1, "optimizer checkpoint under expert parallelism: tp 1 expected");
+  std::map<std::string, size_t> slot_of;
+  for (size_t i = 0; i < opt.params().size(); ++i) slot_of[opt.params()[i].name] = i;
+  for (const model::RoutedExpertTensor& t : model::routed_expert_tensors(model)) {
+    Tensor m, v, w;
+    // Every expert has the model's dtype: bf16/f16 weights have f32 masters on every rank alike.
+    const bool has_master = model.dtype() != DType::F32;
+    if (t.local) {
+      const size_t i = slot_of.at(t.name);
+      const int64_t b = opt.offsets()[i] - opt.state_begin(), e = opt.offsets()[i + 1] - opt.state_begin();
+      m = opt.exp_avg().slice_rows(b, e).view(t.full_shape);
+      v = v_clean.slice_rows(b, e).view(t.full_shape);
+      KS_CHECK(has_master == opt.params()[i].model_copy.defined(), "optimizer checkpoint: expert '", t.name,
+               "' has ", has_master ? "no" : "an", " f32 master in a ", dtype_name(model.dtype()), " model");
+      if (has_master) w = opt.master_view(i).view(t.full_shape);
+    }
+    const Tensor fm = model::broadcast_expert_tensor(model, t, m, DType::F32);
+    const Tensor fv = model::broadcast_expert_tensor(model, t, v, DType::F32);
+    const Tensor fw = has_master ? model::broadcast_expert_tensor(model, t, w, DType::F32) : Tensor();
+    if (!writer) continue;
+    out.push_back({kExpAvg + t.name, fm});
+    out.push_back({kExpAvgSq + t.name, fv});
+    if (has_master) out.push_back({kMaster + t.name, fw});
+  }
+}
+
+}  // namespace
+
 Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string& dir,
                                  const std::map<std::string, std::string>& extra_metadata) {
   const model::CausalLM& model = engine.model();
@@ -114,10 +152,12 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
   });
   const Tensor v_clean = opt.exp_avg_sq_clean();  // f32 [owned]: v without reuse_fp32_param's flags
   std::vector<io::NamedTensor> out;
+  const bool ep = model.ep().size() > 1;
   for (size_t i = 0; i < opt.params().size(); ++i) {
     const optim::ParamSlot& slot = opt.params()[i];
     const model::Param* p = model.find_param(slot.name);
     KS_CHECK(p, "optimizer checkpoint: optimizer parameter '", slot.name, "' is not a parameter of the model");
+    if (ep && model::routed_expert_index(slot.name) >= 0) continue;  // gathered over the ep group below
     const int64_t off = opt.offsets()[i], n = opt.offsets()[i + 1] - off;
     const auto [lo, hi] = opt.owned_of(i);
     const bool has_master = slot.model_copy.defined();  // bf16/f16 weights; an f32 weight is its own master
@@ -144,6 +184,8 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
     out.push_back({kExpAvgSq + slot.name, fv});
     if (has_master) out.push_back({kMaster + slot.name, fw});
   }
+
+  if (ep) append_expert_states(engine, v_clean, writer, out);
 
   st = Status::ok();
   if (writer) {

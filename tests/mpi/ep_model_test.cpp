@@ -7,7 +7,7 @@
 // same micro-batch: the rank's loss and log-probs, and every gradient but the
 // routed experts', equal (1e-5 of scale); an expert's gradient on its rank
 // equals the sum over the ranks of one process's (every rank's tokens reach
-// it), 1e-5 of scale. Saving refuses under expert parallelism.
+// it), 1e-5 of scale. Saving gathers every expert into one folder.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -108,19 +108,35 @@ TEST(EpModel, ExpertsOverTheGroupEqualOneProcess) {
     }
 }
 
-TEST(EpModel, SavingRefusesUnderExpertParallelism) {
+// Saving under EP gathers every expert to ep rank 0, which writes one HF
+// folder: it holds every tensor of the loaded one, bit for bit (f32).
+TEST(EpModel, SavingGathersEveryExpert) {
   auto& w = kestrel::testing::world_group();
   if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  model::ModelOptions o;
-  o.parallel.ep = comm::World::current()->group();
-  auto m = model::CausalLM::load(golden_model("qwen3_moe"), o);
-  ASSERT_TRUE(m.is_ok()) << m.status().message();
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("kestrel_ep_save_" + std::to_string(w.rank()))).string();
-  const Status s = m.value()->save(dir, DType::F32);
-  EXPECT_FALSE(std::filesystem::exists(dir)) << "a refused save left " << dir;
-  EXPECT_NE(s.message().find("not supported yet: saving a model under expert parallelism"), std::string::npos)
-      << s.message();
+  for (const std::string c : {"qwen3_moe", "deepseek_v3"}) {
+    model::ModelOptions o;
+    o.parallel.ep = comm::World::current()->group();
+    auto m = model::CausalLM::load(golden_model(c), o);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    const std::string dir = (std::filesystem::temp_directory_path() / ("kestrel_ep_save_" + c)).string();
+    if (w.rank() == 0) std::filesystem::remove_all(dir);
+    w.barrier();
+    const Status s = m.value()->save(dir, DType::F32);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    w.barrier();  // rank 0 has written
+    EXPECT_TRUE(std::filesystem::exists(dir + "/config.json"));
+    auto saved = model::CausalLM::load(dir, model::ModelOptions{});
+    auto orig = model::CausalLM::load(golden_model(c), model::ModelOptions{});
+    ASSERT_TRUE(saved.is_ok() && orig.is_ok());
+    const auto a = saved.value()->state_tensors(), b = orig.value()->state_tensors();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i]->name, b[i]->name);
+      EXPECT_EQ(to_double(a[i]->weight), to_double(b[i]->weight)) << c << " " << a[i]->name;
+    }
+    w.barrier();
+    if (w.rank() == 0) std::filesystem::remove_all(dir);
+  }
 }
 
 // Under EP an expert's GEMMs run over every rank's rows at once (other row

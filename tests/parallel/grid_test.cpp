@@ -255,7 +255,7 @@ TEST(Validate, ReportsEveryProblemAtOnce) {
   EXPECT_HAS(s, "; intermediate_size=10");
 }
 
-TEST(CheckSupported, RejectsEpButNotTpCpDpPp) {
+TEST(CheckSupported, EpRunsWithDataParallelismOnly) {
   ParallelDims d;
   d.tp = 2;
   d.dp = 2;
@@ -265,7 +265,13 @@ TEST(CheckSupported, RejectsEpButNotTpCpDpPp) {
   EXPECT_TRUE(check_supported(d).is_ok());
   d.cp = 1;
   d.ep = 2;
-  EXPECT_HAS(check_supported(d), "not supported yet: expert_model_parallel_size > 1 (ep=2)");
+  EXPECT_HAS(check_supported(d), "not supported yet: expert_model_parallel_size=2 with tensor_model_parallel_size=2, "
+             "context_parallel_size=1 and pipeline_model_parallel_size=1 (expert parallelism runs with data "
+             "parallelism only: set those to 1)");
+  ParallelDims e;  // EP x DP (the experts over ep, everything else data parallel)
+  e.ep = 2;
+  e.dp = 2;
+  EXPECT_TRUE(check_supported(e).is_ok());
   d.ep = 1;
   d.pp = 2;  // pipeline parallelism runs (train/pipeline.h)
   EXPECT_TRUE(check_supported(d).is_ok());

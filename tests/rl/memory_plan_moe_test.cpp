@@ -456,10 +456,24 @@ TEST(MemoryPlanMoe, RefusesWhatKestrelCannotRun) {
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("not supported yet: " + M + "tensor_model_parallel_size=2"), std::string::npos) << s.message();
   in = inputs_for(golden("deepseek_v3"));
+  in.layout.ep = 2;  // expert parallelism runs with data parallelism: each rank plans half the experts
+  in.layout.dp = 2;
+  EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
+  const PlanShapes full = plan_shapes(in, 1, 1), half = plan_shapes(in, 1, 1, false, 2);
+  int64_t experts = 0;
+  for (int64_t i = 0; i < in.model.num_hidden_layers; ++i)
+    if (in.model.is_moe_layer(i)) experts += in.model.moe.num_experts * 3 * in.model.hidden_size * in.model.moe.moe_intermediate_size;
+  EXPECT_EQ(full.params - half.params, experts / 2);
+  in.layout.pp = 2;
+  s = validate_plan_inputs(in);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2 with pipeline_model_parallel_size=2"),
+            std::string::npos) << s.message();
+  in = inputs_for(golden("qwen2"));  // dense
   in.layout.ep = 2;
   s = validate_plan_inputs(in);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(M + "expert_model_parallel_size=2 splits the routed experts"), std::string::npos) << s.message();
   in = inputs_for(golden("deepseek_v2"));
   in.rollout.tp = 2;
   s = validate_plan_inputs(in);

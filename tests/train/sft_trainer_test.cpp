@@ -102,6 +102,25 @@ TEST(MicroBatch, SplitByTokensOrCountAndWeights) {
   EXPECT_EQ(sft_token_weights({&a, &b}, 0.5f), (std::vector<float>{0, 0.5f, 0.5f, 0, 0.5f, 0.5f, 0}));
 }
 
+// Expert parallelism evens the ranks' micro-batch counts by cutting the
+// largest group (the first of equals) in two, keeping the order.
+TEST(MicroBatch, SplitToCountCutsTheLargestGroup) {
+  std::vector<std::vector<int64_t>> g = {{0, 1}, {2, 3, 4}, {5}};
+  split_to_count(g, 3);
+  EXPECT_EQ(g, (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3, 4}, {5}}));
+  split_to_count(g, 5);
+  EXPECT_EQ(g, (std::vector<std::vector<int64_t>>{{0}, {1}, {2, 3}, {4}, {5}}));
+  split_to_count(g, 6);
+  EXPECT_EQ(g, (std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {3}, {4}, {5}}));
+  EXPECT_THROW(split_to_count(g, 7), Error);  // six sequences cannot fill seven micro-batches
+  std::vector<std::vector<int64_t>> none;
+  split_to_count(none, 0);
+  EXPECT_TRUE(none.empty());
+  auto one = split_micro_batches({5, 4}, 0, 2);
+  align_micro_batch_count(one, *comm::local_group("ep"), "test");  // size 1: unchanged
+  EXPECT_EQ(one, (std::vector<std::vector<int64_t>>{{0, 1}}));
+}
+
 // The step loss is the token-mean NLL over the response tokens of the whole
 // mini-batch, whatever the micro-batch split: it equals the validation loss of
 // the same rows before the update.

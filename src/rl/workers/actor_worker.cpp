@@ -38,6 +38,7 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.clip_grad = opt_.clip_grad;
   eo.parallel.dp = parallel_.grad_group_ptr();
   eo.parallel.distributed_optimizer = parallel_.distributed_optimizer;
+  eo.parallel.expert_dp = parallel_.expert_dp;  // nullptr without expert parallelism
   eo.reuse_fp32_param = opt_.reuse_fp32_param;
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
   eo.name = "actor";
@@ -105,14 +106,17 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
       LossTotals t;
       const std::vector<int64_t> active = every_sequence ? mb : sequences_with_gradient(b, mb, cfg);
       zero_adv_seqs += double(mb.size() - active.size());
-      std::vector<train::MicroBatch> micro;
+      std::vector<std::vector<int64_t>> groups;
       if (!active.empty())
-        for (auto& g : split_mini_batch(b, active, opt_.max_token_len,
-                                        opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
-                                        opt_.share_prompts)) {
-          PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts, replay);
-          micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
-        }
+        groups = split_mini_batch(b, active, opt_.max_token_len,
+                                  opt_.micro_batch_size > 0 ? opt_.micro_batch_size : int64_t(active.size()),
+                                  opt_.share_prompts);
+      if (moe) train::align_micro_batch_count(groups, model_.ep(), "actor-update");
+      std::vector<train::MicroBatch> micro;
+      for (auto& g : groups) {
+        PackedSequences packed = pack_rollout_sequences(b, g, opt_.share_prompts, replay);
+        micro.push_back({std::move(packed.batch), std::move(g), std::move(packed.rows)});
+      }
       std::vector<Tensor> recorded;  // tests: the routing of each micro-batch's training forward
       if (record_update_ && moe) {
         recorded.reserve(micro.size());  // the batches point into it
@@ -180,7 +184,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
 
 Status ActorWorker::save(const std::string& dir) const {
   // One HF folder of the whole model: under pp the stages stream their tensors to pp rank 0.
-  if (parallel_.grad_group().rank() == 0) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
+  if (parallel_.writes_model(model_.ep())) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   return engine_->save_optimizer_dir(dir);  // one file per pipeline stage, any layout can resume it

@@ -2,6 +2,7 @@
 
 #include "rl/distributed.h"
 #include "train/engine.h"
+#include "train/micro_batch.h"
 
 namespace kestrel::rl {
 
@@ -34,8 +35,10 @@ void score_log_probs(const model::CausalLM& model, const RolloutBatch& b, const 
   const bool replay = moe && opt.router_replay == RouterReplay::R3;
   if (!moe) record = nullptr;
   out.assign(size_t(b.layout.num_tokens()), 0.0);
+  std::vector<std::vector<int64_t>> groups = split_mini_batch(b, all, budget, count, opt.share_prompts);
+  if (moe) train::align_micro_batch_count(groups, model.ep(), "scoring");
   std::vector<train::MicroBatch> micro;
-  for (auto& grp : split_mini_batch(b, all, budget, count, opt.share_prompts)) {
+  for (auto& grp : groups) {
     PackedSequences packed = pack_rollout_sequences(b, grp, opt.share_prompts, replay);
     micro.push_back({std::move(packed.batch), std::move(grp), std::move(packed.rows)});
   }

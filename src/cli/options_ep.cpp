@@ -1,0 +1,62 @@
+// Expert parallelism's keys of kestrel train (options.h's read_expert_parallel):
+// Megatron's <owner>.megatron.expert_model_parallel_size and
+// expert_tensor_parallel_size for the actor, the reference model and the
+// critic, which all run on the actor's process grid.
+#include "cli/options.h"
+
+namespace kestrel::cli {
+
+namespace {
+
+struct EpKeys {
+  int64_t ep = 1;
+  std::string ep_key, etp_key;
+};
+
+EpKeys read_one(const config::Config& c, const std::string& meg, int64_t tp) {
+  EpKeys k;
+  k.ep_key = meg + ".expert_model_parallel_size";
+  k.etp_key = meg + ".expert_tensor_parallel_size";
+  k.ep = c.get_int(k.ep_key);
+  if (k.ep < 1) KS_FAIL(c.origin(k.ep_key), ": ", k.ep_key, "=", k.ep, " must be >= 1");
+  // Megatron's default (null) is the attention's tensor-parallel size; any equal value is the same layout.
+  if (!c.is_null(k.etp_key) && c.get_int(k.etp_key) != tp)
+    KS_FAIL(c.origin(k.etp_key), ": not supported yet: ", k.etp_key, "=", c.get_int(k.etp_key),
+            " different from tensor_model_parallel_size=", tp,
+            " (expert tensor parallelism: each expert is split like the attention; leave it null)");
+  return k;
+}
+
+}  // namespace
+
+EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, bool critic) {
+  const EpKeys actor = read_one(c, "actor_rollout_ref.actor.megatron", tp);
+  // Read whether or not each model is on, so a setting is checked (never silently ignored) either way.
+  const EpKeys r = read_one(c, "actor_rollout_ref.ref.megatron", tp);
+  const EpKeys cr = read_one(c, "critic.megatron", c.get_int("critic.megatron.tensor_model_parallel_size"));
+  auto same = [&](bool on, const EpKeys& o, const char* who) {
+    if (on && o.ep != actor.ep)
+      KS_FAIL("not supported yet: ", o.ep_key, "=", o.ep, " (from ", c.origin(o.ep_key), ") differs from ",
+              actor.ep_key, "=", actor.ep, " (from ", c.origin(actor.ep_key), "): the ", who,
+              " runs on the actor's process grid; set both alike");
+  };
+  same(ref, r, "reference model");
+  same(critic, cr, "critic");
+  EpSettings s;
+  s.ep = actor.ep;
+  s.size_key = actor.ep_key;
+  return s;
+}
+
+void check_expert_parallel_model(const config::Config& c, const EpSettings& s, const io::ModelConfig& cfg,
+                                 const std::string& model) {
+  if (s.ep == 1) return;
+  if (cfg.moe.num_experts <= 0)
+    KS_FAIL(c.origin(s.size_key), ": ", s.size_key, "=", s.ep, " splits the routed experts of a mixture-of-"
+            "experts model over ranks, but ", model, " is dense (no num_experts in its config.json); set it to 1");
+  if (cfg.moe.num_experts % s.ep != 0)
+    KS_FAIL(c.origin(s.size_key), ": ", s.size_key, "=", s.ep, " must divide the model's ", cfg.moe.num_experts,
+            " routed experts (", model, "); choose a divisor of ", cfg.moe.num_experts);
+}
+
+}  // namespace kestrel::cli

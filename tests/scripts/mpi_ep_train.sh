@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# kestrel train under expert parallelism (actor_rollout_ref.actor.megatron.expert_model_parallel_size) equals one
+# process: a short GRPO run with the KL loss (the reference model under EP too) on the tiny Qwen3-MoE and
+# DeepSeek-V3 models, no router losses (with them each dp rank's micro-batches would differ from one process's,
+# as in Megatron):
+#  - EP2 (mpirun -np 2), EP4 and EP2 x DP2 (-np 4: the experts' gradients summed over the expert-data-parallel
+#    group), EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
+#    dispatch is collective), and GAE with a mixture-of-experts critic under EP2: every step's losses, grad norm,
+#    KL, entropy and rewards within 1e-4 relative of one process's;
+#  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
+#  - a checkpoint saved under EP2 resumes under EP1 (weights and the optimizer's experts) and its next step equals
+#    the uninterrupted EP2 run's;
+#  - refusals name the key: EP with a dense model, with pipeline stages, with the distributed optimizer (not
+#    built yet; tensor and context parallelism of MoE models are refused on their own), an expert_tensor_parallel_size other
+#    than the tensor-parallel size, and a reference model on another expert layout.
+# usage: bash tests/scripts/mpi_ep_train.sh <kestrel-binary> <build-dir>
+set -euo pipefail
+KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
+BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_ep_train "$BUILD"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export KESTREL_CACHE="$W/cache" KESTREL_NO_PROGRESS=1
+fail() { echo "mpi_ep_train: FAILED: $*" >&2; [[ -f "$W/log.txt" ]] && tail -30 "$W/log.txt" >&2; exit 1; }
+
+A=actor_rollout_ref.actor.megatron
+EP=$A.expert_model_parallel_size
+# The reward program scores a response by the length of its request line (without the "id") mod 5, so groups
+# differ and the policy gradient is not zero; Adam's eps 1e-5 keeps summation-order noise in near-zero
+# gradients from becoming lr-sized steps (as tests/scripts/mpi_train.sh).
+COMMON=(data.train_batch_size=4 actor_rollout_ref.rollout.n=2
+        data.max_response_length=8 data.val_max_samples=4 data.train_max_samples=64
+        actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.use_kl_loss=true
+        actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-5
+        trainer.test_freq=-1 trainer.val_before_train=false "trainer.logger=[]" trainer.total_training_steps=3
+        trainer.save_freq=2
+        'reward_model.reward_command=while read -r l; do expr length "$(echo "$l" | cut -d, -f2-)" % 5; done')
+run() {  # run <np> <dir> <overrides...>
+  local np=$1 dir=$2
+  shift 2
+  if [[ $np == 1 ]]; then
+    "$KESTREL" train "${COMMON[@]}" trainer.default_local_dir="$W/$dir" "$@" >"$W/log.txt" 2>&1 || fail "one process: $dir"
+  else
+    timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$KESTREL" train "${COMMON[@]}" \
+      trainer.default_local_dir="$W/$dir" "$@" >"$W/log.txt" 2>&1 || fail "mpirun -np $np: $dir"
+  fi
+}
+KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean
+      critic/vf_loss critic/grad_norm'
+metric_at() {  # metric_at <run-dir> <line> <key>
+  sed -n "${2}p" "$1/metrics.jsonl" | tr ',{}' '\n\n\n' | grep "\"$3\":" | sed -E 's/.*: *//' || true
+}
+same_metrics() {  # same_metrics <run-a> <run-b> <what> [first-line]: within 1e-4 relative (of 0.01 below it)
+  local n first=${4:-1}
+  n=$(wc -l <"$1/metrics.jsonl")
+  [[ $n == $(wc -l <"$2/metrics.jsonl") ]] || fail "$3: $n vs $(wc -l <"$2/metrics.jsonl") metric lines"
+  for ((line = first; line <= n; line++)); do
+    for k in $KEYS; do
+      local a b
+      a=$(metric_at "$1" "$line" "$k"); b=$(metric_at "$2" "$line" "$k")
+      [[ -z "$a" && -z "$b" ]] && continue
+      [[ -n "$a" && -n "$b" ]] || fail "$3: line $line $k: '$a' vs '$b'"
+      awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a; t = b < 0 ? -b : b;
+        if (t > s) s = t; if (s < 1e-2) s = 1e-2; exit !(d <= 1e-4 * s) }' || fail "$3: line $line $k: $a vs $b"
+    done
+  done
+}
+cat >"$W/ids.jsonl" <<'JSONL'
+{"input_ids": [1, 5, 9, 33, 70, 2, 95, 200, 311, 17]}
+{"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
+JSONL
+nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
+same_weights() {  # same_weights <model-a> <model-b> <what>: their log-probs within 1e-4 of each line's scale
+  "$KESTREL" logprobs --model "$1" --input "$W/ids.jsonl" --output "$W/a.jsonl" >"$W/log.txt" 2>&1 || fail "$3: logprobs $1"
+  "$KESTREL" logprobs --model "$2" --input "$W/ids.jsonl" --output "$W/b.jsonl" >"$W/log.txt" 2>&1 || fail "$3: logprobs $2"
+  paste -d '|' <(nums "$W/a.jsonl") <(nums "$W/b.jsonl") | awk -F'|' -v what="$3" '
+    { na = split($1, a, " "); nb = split($2, b, " ");
+      if (na != nb) { printf "%s: line %d: %d vs %d numbers\n", what, NR, na, nb; bad = 1; next }
+      scale = 1e-30; err = 0;
+      for (i = 1; i <= na; i++) { v = a[i] + 0; if (v < 0) v = -v; if (v > scale) scale = v;
+                                  d = a[i] - b[i]; if (d < 0) d = -d; if (d > err) err = d }
+      if (err > 1e-4 * scale) { printf "%s: line %d: max error %g, scale %g\n", what, NR, err, scale; bad = 1 } }
+    END { exit bad }' || fail "$3: the saved weights differ"
+}
+
+for model in tiny-qwen3-moe tiny-deepseek-v3; do
+  M=(actor_rollout_ref.model.path=builtin:$model trainer.resume_mode=disable)
+  run 1 "$model/one" "${M[@]}"
+  run 2 "$model/ep2" "${M[@]}" $EP=2
+  same_metrics "$W/$model/one" "$W/$model/ep2" "$model EP2"
+  same_weights "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2/global_step_3/actor/model" "$model EP2"
+done
+
+M=(actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=disable)
+ONE="$W/tiny-qwen3-moe/one"
+# Four ranks (dp 4 for the dense part): 8 prompts in one mini-batch (with two, each dp rank's half of its share
+# would make another mini-batch than one process's first four prompts).
+B8=(data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=8)
+run 1 one_b8 "${M[@]}" "${B8[@]}"
+run 4 ep4 "${M[@]}" "${B8[@]}" $EP=4
+same_metrics "$W/one_b8" "$W/ep4" "EP4"
+run 4 ep2_dp2 "${M[@]}" "${B8[@]}" $EP=2
+same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
+# Dynamic micro-batches of at most 40 tokens: the two ranks may form different counts, evened out.
+DYN=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40
+     actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=40
+     actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40)
+run 2 ep2_dyn "${M[@]}" $EP=2 "${DYN[@]}"
+same_metrics "$ONE" "$W/ep2_dyn" "EP2 with dynamic micro-batches"
+GAE=(algorithm.adv_estimator=gae critic.optim.lr=1e-3 critic.optim.eps=1e-5)
+run 1 gae_one "${M[@]}" "${GAE[@]}"
+run 2 gae_ep2 "${M[@]}" "${GAE[@]}" $EP=2
+same_metrics "$W/gae_one" "$W/gae_ep2" "GAE EP2"
+
+# A checkpoint of EP2's step 2 resumes in one process (EP1): step 3 equals the uninterrupted EP2 run's.
+mkdir -p "$W/resume"
+cp -r "$W/tiny-qwen3-moe/ep2/global_step_2" "$W/resume/"
+echo 2 >"$W/resume/latest_checkpointed_iteration.txt"
+head -n 2 "$W/tiny-qwen3-moe/ep2/metrics.jsonl" >"$W/resume/metrics.jsonl"
+run 1 resume actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=auto
+grep -q "resum" "$W/log.txt" || fail "EP1 did not say it resumed"
+same_metrics "$W/tiny-qwen3-moe/ep2" "$W/resume" "EP2 checkpoint resumed under EP1" 3
+
+# Refusals naming the key.
+refuse() {  # refuse <np> <expected message part> <overrides...>
+  local np=$1 want=$2
+  shift 2
+  if timeout -k 5 120 mpirun -np "$np" --oversubscribe --bind-to none "$KESTREL" train "${COMMON[@]}" \
+       trainer.resume_mode=disable trainer.default_local_dir="$W/refused" "$@" >"$W/log.txt" 2>&1; then
+    fail "accepted: $*"
+  fi
+  grep -qF -- "$want" "$W/log.txt" || fail "refusal of '$*' does not say: $want"
+}
+"$KESTREL" train "${COMMON[@]}" actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 \
+  trainer.default_local_dir="$W/refused1" >"$W/log.txt" 2>&1 && fail "one process accepted $EP=2"
+grep -qF "$EP=2 must divide the number of processes (1)" "$W/log.txt" || fail "one process with $EP=2: no reason"
+refuse 2 "$EP=2 splits the routed experts of a mixture-of-experts model" actor_rollout_ref.model.path=builtin:tiny $EP=2
+refuse 2 "not supported yet: $EP=2 with pipeline_model_parallel_size=2" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.pipeline_model_parallel_size=2
+refuse 2 "not supported yet: $EP=2 with pipeline_model_parallel_size=1, context_parallel_size=1 or use_distributed_optimizer" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.use_distributed_optimizer=true
+refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_size=1" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.expert_tensor_parallel_size=2
+refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
+echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+     "DeepSeek-V3; the EP2 folders score alike; an EP2 checkpoint resumes under EP1; refusals name the keys)"
