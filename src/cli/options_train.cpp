@@ -376,6 +376,35 @@ optim::LrScheduleConfig lr_schedule_config(const config::Config& c, const std::s
   return lr;
 }
 
+// algorithm.rollout_correction.* (verl's RolloutCorrectionConfig) and rollout.calculate_log_probs, which
+// decides whether the batch carries the rollout's log-probs (verl's rollout_log_probs) at all.
+static rl::RolloutCorrectionConfig rollout_correction_config(const config::Config& c) {
+  const std::string P = "algorithm.rollout_correction.";
+  rl::RolloutCorrectionConfig rc;
+  rc.active = c.get_bool(R + "calculate_log_probs");
+  auto check = [&](const auto& r, const std::string& key) {
+    if (!r.is_ok()) KS_FAIL(c.origin(key), ": ", r.status().message());
+  };
+  const auto is = rl::parse_rollout_is(c.get_string_or(P + "rollout_is", ""));
+  check(is, P + "rollout_is");
+  rc.rollout_is = is.value();
+  rc.rollout_is_threshold = c.get_float(P + "rollout_is_threshold");
+  rc.rollout_is_batch_normalize = c.get_bool(P + "rollout_is_batch_normalize");
+  const auto rs = rl::parse_rollout_rs(c.get_string_or(P + "rollout_rs", ""), c.get_string_or(P + "rollout_rs_threshold", ""));
+  check(rs, P + "rollout_rs");
+  rc.rollout_rs = rs.value();
+  rc.bypass_mode = c.get_bool(P + "bypass_mode");
+  const auto lt = rl::parse_bypass_loss(c.get_string(P + "loss_type"));
+  check(lt, P + "loss_type");
+  rc.loss_type = lt.value();
+  // verl silently does nothing without rollout log-probs (bypass mode raises); Kestrel refuses the request.
+  const bool asks = rc.rollout_is != rl::IsLevel::None || rc.rejects() || rc.bypass_mode;
+  if (asks && !rc.active)
+    KS_FAIL(c.origin(R + "calculate_log_probs"), ": ", P, "rollout_is/rollout_rs/bypass_mode need the rollout's "
+            "log-probs: set ", R, "calculate_log_probs=true (it is false)");
+  return rc;
+}
+
 rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   rl::RlOptions o;
   o.train_batch_size = c.get_int("data.train_batch_size");
@@ -469,6 +498,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.kl_ctrl.value = c.get_float("algorithm.kl_ctrl.kl_coef");
   o.kl_ctrl.horizon = c.get_int("algorithm.kl_ctrl.horizon");
   o.kl_ctrl.target_kl = c.get_float("algorithm.kl_ctrl.target_kl");
+  o.rollout_corr = rollout_correction_config(c);
   o.critic_warmup = c.get_int("trainer.critic_warmup");
   o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");

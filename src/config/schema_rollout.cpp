@@ -75,8 +75,10 @@ void declare_rollout(Builder& b) {
       {"recompute", "swap"});
   b.k("logprobs_mode", S, "processed_logprobs", YES, "Which log-probs the engine reports.",
       {"raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"}, {"processed_logprobs"});
-  b.k("calculate_log_probs", B, "false", NOP,
-      "Return rollout log-probs (needed by rollout correction); Kestrel's engine always returns them.");
+  b.k("calculate_log_probs", B, "false", YES,
+      "Put the rollout's log-probs of the sampled tokens in the batch (verl's rollout_log_probs): the "
+      "rollout_corr/ metrics every step (decoupled mode recomputes the old log-probs for them) and "
+      "algorithm.rollout_correction.*. The engine records them either way (training/rollout_probs_diff_* uses them).");
   b.k("disable_log_stats", B, "true", NOP,
       "Do not print vLLM's periodic engine statistics; Kestrel's engine prints none (rollout metrics are logged).");
   b.k("log_prob_micro_batch_size", I, "null", NO, "Deprecated global micro-batch; use log_prob_micro_batch_size_per_gpu.");

@@ -108,13 +108,26 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "Per-response metric whose std over a group must be > 0: acc, score (a reward_extra_info key), seq_reward "
       "(the score), seq_final_reward (after the in-reward KL), or another reward_extra_info key.");
   b.k("filter_groups.max_num_gen_batches", I, "0", YES, "Generation batches tried per step; <= 0 = unlimited.").any_value("<= 0 means unlimited");
-  b.k("rollout_correction.rollout_is", S, "null", NO, "Importance weights for rollout/train mismatch.", {"token", "sequence"});
-  b.k("rollout_correction.rollout_is_threshold", F, "2.0", NO, "Importance weight cap.");
-  b.k("rollout_correction.rollout_rs", S, "null", NO, "Rejection sampling for mismatch.", {"token", "sequence", "geometric"});
-  b.k("rollout_correction.rollout_rs_threshold", F, "null", NO, "Rejection threshold.");
-  b.k("rollout_correction.bypass_mode", B, "false", NO, "Use rollout log-probs as old log-probs (skip recompute).");
-  b.k("rollout_correction.loss_type", S, "ppo_clip", NO, "Loss used in bypass mode.", {"ppo_clip", "reinforce"});
-  b.k("rollout_correction.rollout_is_batch_normalize", B, "false", NO, "Normalize importance weights over the batch.");
+  // verl's RolloutCorrectionConfig (rl/rollout_correction.h); all of it needs
+  // actor_rollout_ref.rollout.calculate_log_probs=true (the rollout's log-probs in the batch).
+  b.k("rollout_correction.rollout_is", S, "null", YES,
+      "Truncated importance weights pi_old/pi_rollout on the policy loss: token (per token) or sequence (product "
+      "over the response); null = none (metrics only).", {"token", "sequence"});
+  b.k("rollout_correction.rollout_is_threshold", F, "2.0", YES, "Upper cap of the importance weights.").above(0);
+  b.k("rollout_correction.rollout_rs", S, "null", YES,
+      "Rejection sampling: comma list of token_k1/k2/k3, seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3 "
+      "(k1 = -log r, k2 = (log r)^2/2, k3 = r - 1 - log r); a rejected token leaves the loss. null = none.");
+  b.k("rollout_correction.rollout_rs_threshold", S, "null", YES,
+      "Rejection thresholds, one for all options or one per option (comma list): lower_upper ratio bounds (or "
+      "upper alone, lower = 1/upper) for k1 options, an upper bound for k2/k3.");
+  b.k("rollout_correction.bypass_mode", B, "false", YES,
+      "Use the rollout's log-probs as the old log-probs (no recompute); weights and rejection then come from the "
+      "current policy inside the loss.");
+  b.k("rollout_correction.loss_type", S, "ppo_clip", YES,
+      "Policy loss in bypass mode: ppo_clip (clipped ratio to the rollout policy, no extra weights) or reinforce "
+      "(-A * logp times the IS weights).", {"ppo_clip", "reinforce"});
+  b.k("rollout_correction.rollout_is_batch_normalize", B, "false", YES,
+      "Normalise the truncated importance weights to mean 1 over the batch (per sequence at sequence level).");
 
   b.scope("trainer");
   b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");

@@ -257,10 +257,14 @@ void declare_verl_extra(Builder& b) {
   b.scope("data");
   b.k("trust_remote_code", B, "false", NO, "Run Python code of the tokenizer/processor repository.");
 
-  // In verl's docs (examples/config.rst) though not in its generated tree.
+  // verl's keys before its rollout-correction refactor (volcengine/verl#4511, #4544), still in recipes; the
+  // current verl has neither: its k1 options take "lower_upper" in rollout_rs_threshold, and seq_max_k2/k3
+  // reject a response for its worst token.
   b.scope("algorithm.rollout_correction");
-  b.k("rollout_rs_threshold_lower", F, "null", NO, "Lower rejection-sampling threshold (null = 1 / upper).");
-  b.k("rollout_token_veto_threshold", F, "null", NO, "Per-token veto of catastrophic importance ratios (null = off).");
+  b.k("rollout_rs_threshold_lower", F, "null", NO,
+      "Removed from verl: give the lower bound in rollout_rs_threshold as lower_upper with a *_k1 rollout_rs option.");
+  b.k("rollout_token_veto_threshold", F, "null", NO,
+      "Removed from verl: reject responses by their worst token with rollout_rs=seq_max_k2 or seq_max_k3.");
 
   b.scope("reward_manager");
   const std::string rm = "verl's newer spelling of reward_model.reward_manager (reward_manager.yaml); ";

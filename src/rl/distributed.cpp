@@ -173,7 +173,13 @@ void all_reduce_totals(comm::ProcessGroup& dp, LossTotals& t) {
   if (dp.size() == 1) return;
   std::vector<double> sums = {t.loss, t.pg_loss, t.kl_loss, t.clipfrac_tokens, t.clipfrac_lower_tokens,
                               t.ppo_kl_tokens, t.entropy_tokens, t.tokens, t.rollout_diff_sum, t.rollout_diff_tokens};
+  // The rollout-correction sums follow, in key order (the same keys on every rank).
+  for (const auto& [k, v] : t.corr) sums.push_back(v);
+  sums.push_back(t.corr_batches);
   combine_doubles(dp, sums, false);
+  size_t j = 10;
+  for (auto& [k, v] : t.corr) v = sums[j++];
+  t.corr_batches = sums[j];
   std::vector<double> mxv = {t.rollout_diff_max};
   combine_doubles(dp, mxv, true);
   const double mx = mxv[0];
@@ -191,7 +197,12 @@ void broadcast_from_last_stage(comm::ProcessGroup& pp, LossTotals& t) {
   std::vector<double> v = {t.loss, t.pg_loss, t.kl_loss, t.clipfrac_tokens, t.clipfrac_lower_tokens,
                            t.ppo_kl_tokens, t.entropy_tokens, t.tokens, t.rollout_diff_sum, t.rollout_diff_tokens,
                            t.rollout_diff_max};
+  for (const auto& [k, x] : t.corr) v.push_back(x);
+  v.push_back(t.corr_batches);
   broadcast_from_last_stage(pp, v);
+  size_t j = 11;
+  for (auto& [k, x] : t.corr) x = v[j++];
+  t.corr_batches = v[j];
   t.loss = v[0], t.pg_loss = v[1], t.kl_loss = v[2], t.clipfrac_tokens = v[3], t.clipfrac_lower_tokens = v[4];
   t.ppo_kl_tokens = v[5], t.entropy_tokens = v[6], t.tokens = v[7], t.rollout_diff_sum = v[8];
   t.rollout_diff_tokens = v[9], t.rollout_diff_max = v[10];

@@ -176,7 +176,10 @@ bool RlTrainer::generate_filtered(RolloutBatch& out, std::map<std::string, doubl
     t_reward += secs(t0);
     if (opt_.use_kl_in_reward) {  // verl: the KL-related log-probs before filtering, when the reward needs them
       t0 = Clock::now();
-      compute_log_probs(b, true, false);
+      if (opt_.rollout_corr.active && opt_.rollout_corr.bypass_mode)
+        b.old_logp = b.rollout_logp;  // bypass mode: the rollout's log-probs are the old ones
+      else
+        compute_log_probs(b, true, false);
       t_old += secs(t0);
       t0 = Clock::now();
       compute_log_probs(b, false, true);

@@ -112,6 +112,10 @@ PolicyLossOutput policy_loss_vanilla(const PolicyLossConfig& cfg, const PolicyLo
   KS_CHECK(cfg.clip_ratio_c > 1.0, "clip_ratio_c must be > 1, got ", cfg.clip_ratio_c);
   const std::vector<double> m = in.mask ? *in.mask : std::vector<double>(T, 1.0);
   const std::vector<double> w = agg_weights(L, m, cfg.agg);
+  KS_CHECK(!in.is_weights || in.is_weights->size() == T, "policy loss: is_weights must have ", T, " values");
+  KS_CHECK(!in.pg_mask || in.pg_mask->size() == T, "policy loss: pg_mask must have ", T, " values");
+  const std::vector<double>& pm = in.pg_mask ? *in.pg_mask : m;
+  const std::vector<double> wpg = in.pg_mask ? agg_weights(L, pm, cfg.agg) : w;
 
   PolicyLossOutput out;
   out.dloss_dlogp.assign(T, 0.0);
@@ -135,7 +139,7 @@ PolicyLossOutput policy_loss_vanilla(const PolicyLossConfig& cfg, const PolicyLo
       loss_t = L1;
       grad_t = -A * dratio;
     }
-    const bool is_clipped = L2 > L1;
+    bool is_clipped = L2 > L1;
     bool lower = false;
     if (A < 0) {
       const double L3 = -A * cfg.clip_ratio_c;
@@ -145,12 +149,21 @@ PolicyLossOutput policy_loss_vanilla(const PolicyLossConfig& cfg, const PolicyLo
         grad_t = 0.0;
       }
     }
-    out.pg_loss += w[t] * loss_t;
-    out.dloss_dlogp[t] += w[t] * grad_t;
-    msum += m[t];
-    clipped += is_clipped ? m[t] : 0;
-    clipped_lower += lower ? m[t] : 0;
-    kl_sum += -delta * m[t];
+    if (cfg.reinforce) {  // -A * logp: d/dlogp = -A
+      loss_t = -A * (*in.logp)[t];
+      grad_t = -A;
+      is_clipped = lower = false;
+    }
+    if (in.is_weights) {  // detached weights scale the token's loss and its gradient
+      loss_t *= (*in.is_weights)[t];
+      grad_t *= (*in.is_weights)[t];
+    }
+    out.pg_loss += wpg[t] * loss_t;
+    out.dloss_dlogp[t] += wpg[t] * grad_t;
+    msum += pm[t];
+    clipped += is_clipped ? pm[t] : 0;
+    clipped_lower += lower ? pm[t] : 0;
+    kl_sum += (cfg.reinforce ? -raw : -delta) * pm[t];
     if (cfg.entropy_coeff != 0) {
       KS_CHECK(in.entropy && in.entropy->size() == T, "entropy_coeff != 0 needs per-token entropy");
       out.entropy += w[t] * (*in.entropy)[t];

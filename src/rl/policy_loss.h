@@ -42,6 +42,10 @@ struct PolicyLossConfig {
   bool use_kl_loss = false;
   double kl_loss_coef = 0.001;
   std::string kl_loss_type = "low_var_kl";
+  // verl's compute_policy_loss_reinforce (rollout_correction.bypass_mode with
+  // loss_type=reinforce): pg_t = -A_t * logp_t * w_t, no ratio, no clipping
+  // (pg_clipfrac{,_lower} stay 0); old_logp is the rollout's, for ppo_kl only.
+  bool reinforce = false;
   AggScope agg;
 };
 
@@ -53,6 +57,13 @@ struct PolicyLossInput {
   const std::vector<double>* mask = nullptr;      // nullptr: all ones
   const std::vector<double>* entropy = nullptr;   // needed when entropy_coeff != 0
   const std::vector<double>* ref_logp = nullptr;  // needed when use_kl_loss
+  // Rollout correction (rl/rollout_correction.h): [tokens] truncated IS weights
+  // multiplying each token's policy-gradient loss (verl's pg_losses *
+  // rollout_is_weights; nullptr = none), and the mask of the policy-gradient
+  // term alone (bypass mode's rejection mask, which verl applies inside the
+  // policy loss while entropy and KL keep the response mask; nullptr = mask).
+  const std::vector<double>* is_weights = nullptr;
+  const std::vector<double>* pg_mask = nullptr;
 };
 
 struct PolicyLossOutput {

@@ -197,8 +197,13 @@ AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seq
                           double scale_factor) {
   AggScope s;
   s.mode = mode;
-  for (int64_t i : seqs) s.global_tokens += double(b.layout.length(i));
-  s.global_seqs = double(seqs.size());
+  for (int64_t i : seqs) {
+    double kept = 0;
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) kept += b.mask_at(t);
+    s.global_tokens += kept;
+    // verl counts the sequences with a valid token; every sequence when no mask is set (as before).
+    s.global_seqs += b.response_mask.empty() || kept > 0 ? 1.0 : 0.0;
+  }
   s.scale_factor = scale_factor;
   return s;
 }
@@ -246,18 +251,23 @@ std::map<std::string, double> LossTotals::metrics() const {
 
 train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
                                             std::vector<int64_t> rows, const PolicyLossConfig& cfg,
-                                            LossTotals* totals) {
-  return [&b, seqs, rows = std::move(rows), cfg, totals](const train::TokenView& v, float* dlogprob,
-                                                         float* dentropy) -> double {
+                                            LossTotals* totals, const RolloutCorrectionConfig* corr) {
+  const bool correct = corr && corr->active && !b.rollout_logp.empty();
+  return [&b, seqs, rows = std::move(rows), cfg, totals, correct, corr](const train::TokenView& v, float* dlogprob,
+                                                                        float* dentropy) -> double {
     std::vector<int64_t> lens;
-    std::vector<double> logp, old, adv, ent, ref;
+    // [micro-batch response tokens] each, in seqs order.
+    std::vector<double> logp, old, adv, ent, ref, mask, isw, rollout;
     logp.reserve(rows.size());
     for (int64_t i : seqs) {
       lens.push_back(b.layout.length(i));
       for (int64_t t = b.layout.begin(i); t < b.layout.end(i); ++t) {
         adv.push_back(b.advantages[size_t(t)]);
+        mask.push_back(b.mask_at(t));
         if (!b.old_logp.empty()) old.push_back(b.old_logp[size_t(t)]);
         if (!b.ref_logp.empty()) ref.push_back(b.ref_logp[size_t(t)]);
+        if (!b.rollout_is_weights.empty()) isw.push_back(b.rollout_is_weights[size_t(t)]);
+        if (correct) rollout.push_back(b.rollout_logp[size_t(t)]);
       }
     }
     for (int64_t r : rows) {
@@ -268,6 +278,7 @@ train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::ve
     // On-policy: the ratio is exactly 1 but its gradient is d logp (old is detached).
     if (b.old_logp.empty()) old = logp;
     const Ragged L = Ragged::from_lengths(lens);
+    PolicyLossConfig c = cfg;
     PolicyLossInput in;
     in.layout = &L;
     in.logp = &logp;
@@ -275,19 +286,38 @@ train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::ve
     in.advantages = &adv;
     in.entropy = &ent;
     in.ref_logp = ref.empty() ? nullptr : &ref;
-    const PolicyLossOutput out = policy_loss_vanilla(cfg, in);
+    in.mask = b.response_mask.empty() ? nullptr : &mask;
+    in.is_weights = isw.empty() ? nullptr : &isw;
+    RolloutCorrectionResult rc;
+    std::map<std::string, double> corr_metrics;
+    if (correct && corr->bypass_mode) {
+      // verl's compute_policy_loss_bypass_mode: weights and rejection from the current policy vs the rollout's.
+      rc = compute_rollout_correction(*corr, L, logp, rollout, &mask);
+      in.pg_mask = &rc.mask;
+      c.reinforce = corr->loss_type == BypassLoss::Reinforce;
+      in.is_weights = c.reinforce && !rc.is_weights.empty() ? &rc.is_weights : nullptr;
+      corr_metrics = std::move(rc.metrics);
+    } else if (correct) {
+      corr_metrics = offpolicy_metrics(L, logp, rollout, mask);  // verl's actor: current policy vs rollout
+    }
+    const PolicyLossOutput out = policy_loss_vanilla(c, in);
     for (size_t k = 0; k < rows.size(); ++k) {
       dlogprob[rows[k]] = float(out.dloss_dlogp[k]);
       dentropy[rows[k]] = float(out.dloss_dentropy[k]);
     }
-    const double n = double(rows.size());
+    double n = 0, ent_sum = 0;  // valid tokens (the loss's masked means weigh by them)
+    for (size_t k = 0; k < mask.size(); ++k) n += mask[k], ent_sum += ent[k] * mask[k];
     totals->loss += out.loss;
     totals->pg_loss += out.pg_loss;
     totals->kl_loss += out.kl_loss;
     totals->clipfrac_tokens += out.pg_clipfrac * n;
     totals->clipfrac_lower_tokens += out.pg_clipfrac_lower * n;
     totals->ppo_kl_tokens += out.ppo_kl * n;
-    for (double e : ent) totals->entropy_tokens += e;
+    totals->entropy_tokens += ent_sum;
+    if (!corr_metrics.empty()) {
+      for (const auto& [k, x] : corr_metrics) totals->corr[k] += x;
+      totals->corr_batches += 1;
+    }
     if (!b.rollout_logp.empty()) {
       size_t k = 0;
       for (int64_t i : seqs)
@@ -309,7 +339,8 @@ std::vector<int64_t> sequences_with_gradient(const RolloutBatch& b, const std::v
   std::vector<int64_t> out;
   for (int64_t i : seqs) {
     bool any = false;
-    for (int64_t t = b.layout.begin(i); t < b.layout.end(i) && !any; ++t) any = b.advantages[size_t(t)] != 0.0;
+    for (int64_t t = b.layout.begin(i); t < b.layout.end(i) && !any; ++t)
+      any = b.advantages[size_t(t)] != 0.0 && b.mask_at(t) > 0;  // a rejected token has no gradient
     if (any) out.push_back(i);
   }
   return out;

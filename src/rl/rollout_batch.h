@@ -14,6 +14,7 @@
 #include "model/batch.h"
 #include "rl/policy_loss.h"
 #include "rl/ragged.h"
+#include "rl/rollout_correction.h"
 #include "train/token_objective.h"
 
 namespace kestrel::rl {
@@ -36,6 +37,11 @@ struct RolloutBatch {
   std::vector<double> old_logp;  // [N] empty = on-policy (old = current, detached)
   std::vector<double> ref_logp;  // [N] empty = no reference model
   std::vector<double> advantages, returns, token_rewards;  // [N]
+  // Rollout correction in decoupled mode (rl/rollout_correction.h, verl's
+  // response_mask and rollout_is_weights): [N] 1 = trained, 0 = rejected by
+  // rollout_rs (empty = every token); [N] truncated IS weights (empty = none).
+  std::vector<double> response_mask;
+  std::vector<double> rollout_is_weights;
   // The actor weight version (train::TrainingEngine::weight_version) that
   // generated the responses; -1 = unknown (built by hand). The actor's old
   // log-probs must be recomputed when it differs from the actor's version.
@@ -50,6 +56,8 @@ struct RolloutBatch {
   RouterReplay routing_source = RouterReplay::Disabled;  // R3: the rollout recorded it; R2: the old-log-prob pass
 
   int64_t size() const { return int64_t(responses.size()); }
+  // response_mask at token t (1 when no mask is set).
+  double mask_at(int64_t t) const { return response_mask.empty() ? 1.0 : response_mask[size_t(t)]; }
   bool has_routing() const { return !routed_experts.empty(); }
   // Checks routed_experts against the sequences and the sizes; `what` names the record in messages.
   void check_routing(const std::string& what) const;
@@ -98,7 +106,9 @@ void unpack_routing(const RolloutBatch& b, const std::vector<int64_t>& seqs, boo
 
 // Denominators of one mini-batch (verl's global_batch_info): every
 // micro-batch's loss is a share of the mini-batch's loss, so the sum over
-// micro-batches, and hence the gradient, does not depend on the split.
+// micro-batches, and hence the gradient, does not depend on the split. Tokens
+// and sequences count under b.response_mask (rejected tokens, and sequences
+// with no token left, are not counted).
 AggScope mini_batch_scope(const RolloutBatch& b, const std::vector<int64_t>& seqs, AggMode mode,
                           double scale_factor);
 
@@ -134,6 +144,10 @@ struct LossTotals {
   // |p_actor - p_rollout| of the sampled tokens (when b.rollout_logp is set):
   // the sampler and the trainer must see one policy; a gap means off-policy data.
   double rollout_diff_sum = 0, rollout_diff_max = 0, rollout_diff_tokens = 0;
+  // Rollout-correction metrics of each micro-batch summed (verl averages them
+  // over micro-batches): keys preset by the caller, identical on every rank.
+  std::map<std::string, double> corr;
+  double corr_batches = 0;
   std::map<std::string, double> metrics() const;  // actor/pg_loss, actor/pg_clipfrac, ...
 };
 
@@ -141,9 +155,16 @@ struct LossTotals {
 // tokens at `rows` (pack_rollout_sequences, or response_rows): the vanilla PPO
 // loss on its response tokens with `cfg` (whose agg scope carries the
 // mini-batch denominators); adds its outputs to *totals.
+// corr (active, b.rollout_logp set): decoupled mode weights the loss by
+// b.rollout_is_weights under b.response_mask and adds verl's actor-side
+// rollout_corr/ off-policy metrics of the current policy; bypass mode
+// (old = rollout log-probs) computes IS weights, rejection and metrics of this
+// micro-batch from the current log-probs (verl's compute_policy_loss_bypass_mode):
+// ppo_clip masks the rejected tokens out of the clipped loss, reinforce also
+// weights -A * logp by the IS weights.
 train::TokenObjective micro_batch_objective(const RolloutBatch& b, const std::vector<int64_t>& seqs,
                                             std::vector<int64_t> rows, const PolicyLossConfig& cfg,
-                                            LossTotals* totals);
+                                            LossTotals* totals, const RolloutCorrectionConfig* corr = nullptr);
 
 // min/mean/max of x into m["<prefix>/mean"] etc.; nothing when x is empty.
 void add_stats(std::map<std::string, double>& m, const std::string& prefix, const std::vector<double>& x);

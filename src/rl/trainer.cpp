@@ -48,6 +48,7 @@ RlWorkerOptions split_options(const RlOptions& o) {
   a.reuse_fp32_param = o.reuse_fp32_param;
   a.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   a.log_prob = lp;
+  a.rollout_corr = o.rollout_corr;
   // R3: the old-log-prob pass replays the rollout's routing; R2: it records its own (ActorWorker).
   a.router_replay = o.actor_router_replay;
   a.log_prob.router_replay = o.actor_router_replay == RouterReplay::R3 ? RouterReplay::R3 : RouterReplay::Disabled;
@@ -97,6 +98,20 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
            "seq_final_reward, or a reward_extra_info key)");
   KS_CHECK(opt_.ppo_mini_batch_size % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size=", opt_.ppo_mini_batch_size,
            " must divide by the data-parallel size ", dp);
+  const RolloutCorrectionConfig& rc = opt_.rollout_corr;
+  const std::string RC = "algorithm.rollout_correction.";
+  // Decoupled rejection changes verl's response_mask before the advantages: GRPO and RLOO only zero the
+  // rejected tokens' advantages, the others (and a critic's values and update) depend on the mask.
+  KS_CHECK(!rc.active || rc.bypass_mode || !rc.rejects() ||
+               ((opt_.adv_estimator == AdvEstimator::GRPO || opt_.adv_estimator == AdvEstimator::RLOO) && !critic),
+           "not supported yet: ", RC, "rollout_rs with algorithm.adv_estimator=", adv_estimator_name(opt_.adv_estimator),
+           critic ? " and a critic" : "", " (the masked advantages/values of GAE and REINFORCE++ are not built); use "
+           "grpo or rloo, or ", RC, "bypass_mode=true");
+  // Bypass mode normalises per micro-batch across dp as verl's distributed_masked_mean does; Kestrel's dp
+  // ranks cut micro-batches independently, so that mean would not be verl's.
+  KS_CHECK(!rc.active || !rc.bypass_mode || !rc.rollout_is_batch_normalize || dp == 1,
+           "not supported yet: ", RC, "rollout_is_batch_normalize=true with ", RC,
+           "bypass_mode=true under data parallelism (", dp, " dp ranks); set one of them false or run one dp rank");
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
   RlWorkerOptions w = split_options(opt_);
   actor_ = std::make_unique<ActorWorker>(actor, std::move(w.actor), opt_.parallel);
@@ -175,6 +190,15 @@ void RlTrainer::compute_advantage(RolloutBatch& b, const std::vector<double>* va
   b.returns = std::move(out.returns);
 }
 
+void RlTrainer::apply_rollout_correction(RolloutBatch& b, std::map<std::string, double>& m) const {
+  KS_CHECK(b.old_logp.size() == b.rollout_logp.size(), "rollout correction: the old log-probs are missing");
+  RolloutCorrectionResult r =
+      compute_rollout_correction(opt_.rollout_corr, b.layout, b.old_logp, b.rollout_logp, nullptr);
+  if (opt_.rollout_corr.rejects()) b.response_mask = std::move(r.mask);
+  b.rollout_is_weights = std::move(r.is_weights);
+  for (const auto& [k, v] : r.metrics) m[k] = v;
+}
+
 std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
   rollout_->sleep(true);  // colocated: the KV cache (and a resharded copy) released while training
   return actor_->update(b, step_);
@@ -204,13 +228,20 @@ std::map<std::string, double> RlTrainer::train_step() {
     m["timing_s/reward"] = seconds_since(t0);
   }
   const bool kl_done = filtered && opt_.use_kl_in_reward;
+  const RolloutCorrectionConfig& rc = opt_.rollout_corr;
+  KS_CHECK(!rc.active || !b.rollout_logp.empty(), "actor_rollout_ref.rollout.calculate_log_probs=true: the rollout "
+           "engine returned no log-probs for this batch (rollout correction needs them)");
 
   // Old log-probs are needed when the policy moves before a sequence is
   // trained on (several epochs or mini-batches) and by the in-reward KL; else
   // old = current, detached.
   // Data of older weights than the actor's (weight_version) is off-policy too.
-  const bool need_old = opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
-                        opt_.use_kl_in_reward || b.weight_version != actor_weight_version();
+  // Decoupled rollout correction compares them with the rollout's every step
+  // (verl always recomputes them there); bypass mode takes the rollout's instead.
+  const bool bypass = rc.active && rc.bypass_mode;
+  const bool need_old = !bypass && (opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
+                                    opt_.use_kl_in_reward || b.weight_version != actor_weight_version() || rc.active);
+  if (bypass) b.old_logp = b.rollout_logp;
   if (!kl_done) {  // else computed per generation batch, before filtering
     t0 = Clock::now();
     set_progress(gstep, "old_log_prob");
@@ -234,7 +265,13 @@ std::map<std::string, double> RlTrainer::train_step() {
   t0 = Clock::now();
   set_progress(gstep, "adv");
   if (opt_.use_kl_in_reward && !kl_done) apply_kl_penalty(b, m);
+  if (rc.active && !bypass) apply_rollout_correction(b, m);  // verl: after the KL penalty, before the advantages
   compute_advantage(b, critic_ ? &values : nullptr);
+  if (!b.response_mask.empty())  // verl's GRPO/RLOO advantages are scores * response_mask
+    for (size_t t = 0; t < b.advantages.size(); ++t) {
+      b.advantages[t] *= b.response_mask[t];
+      b.returns[t] *= b.response_mask[t];
+    }
   m["timing_s/adv"] = seconds_since(t0);
 
   if (critic_) {
@@ -276,8 +313,13 @@ void RlTrainer::add_data_metrics(const RolloutBatch& b, double secs, std::map<st
     }
     add_stats(m, "critic/rewards", seq_rewards);
   }
-  add_stats(m, "critic/advantages", b.advantages);
-  add_stats(m, "critic/returns", b.returns);
+  {  // verl: over the tokens of response_mask (rejection sampling leaves some out)
+    std::vector<double> adv, ret;
+    for (size_t t = 0; t < b.advantages.size(); ++t)
+      if (b.mask_at(int64_t(t)) > 0) adv.push_back(b.advantages[t]), ret.push_back(b.returns[t]);
+    add_stats(m, "critic/advantages", adv);
+    add_stats(m, "critic/returns", ret);
+  }
   std::vector<double> rlen, plen;
   double rclip = 0, pclip = 0;
   int64_t tokens = 0;

@@ -45,6 +45,7 @@
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
 #include "rl/rollout_batch.h"
+#include "rl/rollout_correction.h"
 #include "rl/workers/actor_worker.h"
 #include "rl/workers/critic_worker.h"
 #include "rl/workers/ref_worker.h"
@@ -119,6 +120,12 @@ struct RlOptions {
   bool use_kl_in_reward = false;
   std::string kl_penalty = "kl";
   KlController kl_ctrl;
+  // algorithm.rollout_correction.* with rollout.calculate_log_probs (active):
+  // decoupled mode recomputes the old log-probs every step and, over the whole
+  // batch (every rank holds all of it), derives the IS weights, the rejection
+  // mask and the rollout_corr/ metrics before the advantages; bypass mode takes
+  // the rollout's log-probs as the old ones and corrects inside the loss.
+  RolloutCorrectionConfig rollout_corr;
   int64_t critic_warmup = 0;       // trainer.critic_warmup: steps before the actor is updated
   // trainer.balance_batch: under dp > 1 each rank trains a Karmarkar-Karp
   // partition of the sequences with balanced token counts (parallel/balance.h)
@@ -211,6 +218,9 @@ class RlTrainer {
   void apply_kl_penalty(RolloutBatch& b, std::map<std::string, double>& m);
   // values: critic values per response token (GAE), or nullptr.
   void compute_advantage(RolloutBatch& b, const std::vector<double>* values = nullptr);
+  // Decoupled rollout correction (verl's compute_rollout_correction_and_add_to_batch) on the whole batch:
+  // b.rollout_is_weights, b.response_mask (rejection), rollout_corr/ metrics into m. Needs b.old_logp.
+  void apply_rollout_correction(RolloutBatch& b, std::map<std::string, double>& m) const;
   std::map<std::string, double> update_actor(const RolloutBatch& b);
 
  private:

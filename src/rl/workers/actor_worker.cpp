@@ -23,6 +23,18 @@ void accumulate(LossTotals& sum, const LossTotals& t) {
   sum.ppo_kl_tokens += t.ppo_kl_tokens;
   sum.entropy_tokens += t.entropy_tokens;
   sum.tokens += t.tokens;
+  for (const auto& [k, v] : t.corr) sum.corr[k] += v;
+  sum.corr_batches += t.corr_batches;
+}
+
+// The rollout_corr/ metrics the loss reports (rollout_batch.h micro_batch_objective): the whole set of a
+// micro-batch in bypass mode, the off-policy ones of the current policy in decoupled mode.
+std::vector<std::string> actor_corr_keys(const RolloutCorrectionConfig& c) {
+  if (!c.active) return {};
+  if (c.bypass_mode) return rollout_correction_metric_keys(c);
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : offpolicy_metrics(Ragged::from_lengths({1}), {0.0}, {0.0}, {1.0})) keys.push_back(k);
+  return keys;
 }
 
 }  // namespace
@@ -85,8 +97,11 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
   // A MoE model's router losses, bias update and capacity dropping depend on every token of a micro-batch:
   // no sequence is left out for a zero policy gradient then.
   const model::MoeTrainOptions& mo = model_.options().moe;
-  const bool every_sequence = moe && ((mo.aux_loss_coeff > 0 && mo.load_balancing_type != "none") ||
-                                      mo.z_loss_coeff > 0 || mo.bias_update_rate > 0 || mo.capacity_factor > 0);
+  const bool every_sequence =
+      opt_.rollout_corr.active ||
+      (moe && ((mo.aux_loss_coeff > 0 && mo.load_balancing_type != "none") || mo.z_loss_coeff > 0 ||
+               mo.bias_update_rate > 0 || mo.capacity_factor > 0));
+  const std::vector<std::string> corr_keys = actor_corr_keys(opt_.rollout_corr);
   if (record_update_) update_routing_.assign(size_t(b.size()), {});
   for (int64_t e = 0; e < opt_.ppo_epochs; ++e) {
     std::vector<int64_t> order = local;
@@ -104,6 +119,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
         cfg.agg.global_tokens = d[0], cfg.agg.global_seqs = d[1];
       }
       LossTotals t;
+      for (const std::string& k : corr_keys) t.corr[k] = 0.0;  // the same keys on every rank and stage
       const std::vector<int64_t> active = every_sequence ? mb : sequences_with_gradient(b, mb, cfg);
       zero_adv_seqs += double(mb.size() - active.size());
       std::vector<std::vector<int64_t>> groups;
@@ -130,7 +146,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
           micro,
           [&](const train::MicroBatch& mbt, size_t) {
             train::Objective o;
-            o.tokens = micro_batch_objective(b, mbt.seqs, mbt.rows, cfg, &t);
+            o.tokens = micro_batch_objective(b, mbt.seqs, mbt.rows, cfg, &t, &opt_.rollout_corr);
             o.need_entropy_grad = cfg.entropy_coeff != 0;
             return o;
           },
@@ -174,6 +190,9 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
     moe_metrics.gather_stages(model_.pp());
     for (const auto& [k, v] : moe_metrics.metrics("actor")) m[k] = v;
   }
+  // verl's actor: rollout_corr/ metrics of each micro-batch, averaged (they replace the driver's same names).
+  if (sum.corr_batches > 0)
+    for (const auto& [k, v] : sum.corr) m[k] = v / sum.corr_batches;
   if (first.rollout_diff_tokens > 0) {
     // verl's rollout_probs_diff: the engine and the actor must agree on the policy.
     m["training/rollout_probs_diff_mean"] = first.rollout_diff_sum / first.rollout_diff_tokens;

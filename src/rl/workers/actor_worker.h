@@ -43,6 +43,12 @@ struct ActorOptions {
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   LogProbOptions log_prob;          // the old log-prob pass
+  // algorithm.rollout_correction.* (rl/rollout_correction.h). Active: the loss
+  // reads the batch's IS weights and rejection mask (decoupled) or computes
+  // them per micro-batch (bypass); rollout_corr/ metrics are averaged over the
+  // micro-batches of every rank, and every sequence is trained (no zero-advantage
+  // skipping), so the metrics cover the batch as verl's actor's do.
+  RolloutCorrectionConfig rollout_corr;
   // MoE router replay (actor.router_replay.mode): R2 records the old-log-prob pass's routing
   // (compute_log_probs) and replays it in the update; R3 replays the rollout's in both (log_prob.router_replay
   // R3 too). A dense model ignores it.
