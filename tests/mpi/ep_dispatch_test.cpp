@@ -172,7 +172,8 @@ TEST(EpDispatch, AllGatherDeliversWhatAllToAllDelivers) {
       EXPECT_EQ(kestrel::testing::global_sum(g, double(ag.received())),
                 kestrel::testing::global_sum(g, double(l.xs.size(0))))
           << what;
-      EXPECT_EQ(bits(ep_combine(g, ag, xg, nullptr, MemCategory::Other)), bits(l.xs)) << what << ": combine(dispatch(x)) is x";
+      EXPECT_EQ(bits(ep_combine(g, ag, xg, nullptr, MemCategory::Other)), bits(l.xs))
+          << what << ": combine(dispatch(x)) is x";
       // Combine of the experts' outputs: the same bits, equal to every expert applied here.
       if (dt == DType::F32) {
         Tensor want = l.xs.clone();
@@ -191,8 +192,9 @@ TEST(EpDispatch, AllGatherDeliversWhatAllToAllDelivers) {
       const Tensor xs32 = l.xs.to(DType::F32, MemCategory::Other);
       const Tensor dx = ep_dispatch(g, ag, xs32, nullptr, MemCategory::Other);
       const Tensor cy = ep_combine(g, ag, y, nullptr, MemCategory::Other);
-      const double lhs = kestrel::testing::global_sum(g, kestrel::testing::dot(dx.to_float_vector(), y.to_float_vector()));
-      const double rhs = kestrel::testing::global_sum(g, kestrel::testing::dot(xs32.to_float_vector(), cy.to_float_vector()));
+      using kestrel::testing::dot, kestrel::testing::global_sum;
+      const double lhs = global_sum(g, dot(dx.to_float_vector(), y.to_float_vector()));
+      const double rhs = global_sum(g, dot(xs32.to_float_vector(), cy.to_float_vector()));
       EXPECT_NEAR(lhs, rhs, 1e-12 * std::max(1.0, std::abs(lhs))) << what;
     }
 }
