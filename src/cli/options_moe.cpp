@@ -74,6 +74,19 @@ MoeKeys read_moe_keys(const config::Config& c, const std::string& prefix, const 
   const std::string policy = c.get_string(P + "moe_token_drop_policy");
   o.drop_policy = policy == "position" ? ops::MoeDropPolicy::Position : ops::MoeDropPolicy::Probs;
   o.router_logits_fp32 = c.get_string_or(P + "moe_router_dtype", "") == "fp32";
+  // Expert parallelism's dispatch (forwards too: the reference's scoring moves rows as the actor's does).
+  // flex is refused by the schema (not in the supported values). Trees without EP (kestrel logprobs)
+  // do not declare the keys.
+  if (c.schema().find(P + "moe_token_dispatcher_type")) {
+    o.dispatcher = c.get_string(P + "moe_token_dispatcher_type") == "alltoall" ? model::MoeDispatcher::AllToAll
+                                                                               : model::MoeDispatcher::AllGather;
+    o.hierarchical_alltoallv = c.get_bool(P + "moe_hierarchical_alltoallv");
+    if (o.hierarchical_alltoallv && o.dispatcher == model::MoeDispatcher::AllGather)
+      KS_FAIL(c.origin(P + "moe_hierarchical_alltoallv"), ": ", P, "moe_hierarchical_alltoallv=true exchanges the "
+              "alltoall dispatcher's rows through the nodes' leaders, and ", P, "moe_token_dispatcher_type=allgather ",
+              "(from ", c.origin(P + "moe_token_dispatcher_type"), ") has no all-to-all; set ", P,
+              "moe_token_dispatcher_type=alltoall or leave moe_hierarchical_alltoallv false");
+  }
   for (const RoutingFact& f : routing_facts(io::ModelConfig{})) {
     const std::string key = P + f.key;
     if (c.is_null(key)) continue;

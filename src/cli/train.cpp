@@ -423,7 +423,10 @@ int cmd_train(const std::vector<std::string>& argv) {
   mopt.moe = actor_moe;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
-  if (world_size > 1) grid = setup_parallel(*world, in, model_dir, mopt, par);
+  if (world_size > 1) {
+    grid = setup_parallel(*world, in, model_dir, mopt, par);
+    model::set_expert_dispatch(mopt.parallel, *world, actor_moe);  // the hierarchical all-to-all's node groups
+  }
   auto loaded = model::CausalLM::load(model_dir, mopt);
   if (!loaded) KS_FAIL(loaded.status().message());
   model::CausalLM& actor = **loaded;

@@ -1,8 +1,8 @@
 // Mixture-of-experts keys of one model's override_transformer_config
 // (Megatron's TransformerConfig names, which verl scripts pass with +): the
-// router training options (model::MoeTrainOptions), the performance and
-// expert-parallel switches that change nothing on one expert-parallel rank,
-// and the routing keys Megatron takes from its own arguments while Kestrel
+// router training options (model::MoeTrainOptions), expert parallelism's
+// token dispatcher, the performance switches that change nothing, and the
+// routing keys Megatron takes from its own arguments while Kestrel
 // takes them from config.json. Declared for the actor, the reference, the
 // critic (schema_actor.cpp) and the SFT model (schema_sft.cpp);
 // cli/options_moe.cpp reads them.
@@ -15,9 +15,9 @@ constexpr Support YES = Support::Supported;
 constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String;
 
-constexpr const char* kNoEp =
-    " Only expert parallelism (expert_model_parallel_size > 1, not built) moves tokens between ranks; with every "
-    "expert on its rank each value computes the same, so it changes nothing.";
+constexpr const char* kAtEp1 =
+    " Acts under expert parallelism (expert_model_parallel_size > 1) only: at 1 every expert is on its rank, no "
+    "token moves, and the value changes nothing.";
 constexpr const char* kFromJson =
     " Kestrel takes the routing from config.json: a value equal to config.json's is accepted, another is refused "
     "naming both; null = config.json's.";
@@ -94,16 +94,29 @@ void declare_moe_overrides(Builder& b, const std::string& scope, bool trained, c
          "Fused MoE token permutation: Kestrel always permutes and unpermutes tokens with its own fused ops.");
   always("fused_permute_and_unpermute",
          "MindSpeed: fused MoE token permute/unpermute; Kestrel's permutation is always fused.");
-  add("moe_token_dispatcher_type", S, "allgather", NOP, std::string("MoE token dispatcher.") + kNoEp,
-      {"allgather", "alltoall", "flex"})
-      .as_default = {"alltoall", "flex"};
-  always("moe_permutation_async_comm", std::string("MindSpeed: overlap the alltoall dispatch with the permutation.") +
-                                           kNoEp);
-  always("moe_enable_deepep", std::string("DeepEP all-to-all kernels of the flex dispatcher.") + kNoEp);
-  always("moe_shared_expert_overlap",
-         std::string("Overlap the shared experts' compute with the token dispatch, a schedule with the same "
-                     "values.") +
-             kNoEp);
+  add("moe_token_dispatcher_type", S, "allgather", YES,
+      std::string("How the routed rows reach their experts' ranks: alltoall (each rank sends every other rank the "
+                  "rows of its experts, counts first; parallel/ep_dispatch.h) or allgather (Megatron's default: "
+                  "every rank gathers all ranks' rows and keeps its experts', the combine reduce-scatters; "
+                  "parallel/ep_allgather.h). Both give the same bits; allgather moves (ep-1) x the largest rank's "
+                  "rows each way. flex (DeepEP) is not built.") +
+          kAtEp1,
+      {"allgather", "alltoall", "flex"}, {"allgather", "alltoall"});
+  add("moe_hierarchical_alltoallv", B, "false", YES,
+      std::string("MindSpeed: the alltoall dispatcher's row exchange in three steps (gather to each node's leader, "
+                  "one message per node pair between leaders, scatter within the node; comm/hierarchical_a2a.h), "
+                  "the same rows delivered. Needs moe_token_dispatcher_type=alltoall (refused with allgather); on "
+                  "one node the flat exchange is used, the same.") +
+          kAtEp1);
+  add("moe_permutation_async_comm", B, "false", NOP,
+      "MindSpeed: overlap the alltoall dispatch's communication with the permutation. Kestrel's dispatch is "
+      "synchronous (permute, then exchange); true would compute the same values, so it changes nothing.");
+  add("moe_enable_deepep", B, "false", NOP,
+      "DeepEP's all-to-all kernels, which serve the flex dispatcher (moe_token_dispatcher_type=flex, not built and "
+      "refused); with alltoall or allgather Kestrel's own exchange moves the same rows, so it changes nothing.");
+  add("moe_shared_expert_overlap", B, "false", NOP,
+      "Overlap the shared experts' compute with the token dispatch: a schedule with the same values. Kestrel "
+      "computes the shared experts after the combine, so it changes nothing.");
   always("multi_head_latent_attention",
          "MindSpeed: multi-head latent attention. Kestrel builds MLA exactly when config.json describes it "
          "(DeepSeek-V2/V3: kv_lora_rank, qk_rope_head_dim, ...), so the value changes nothing.");

@@ -47,6 +47,7 @@
 
 namespace kestrel::comm {
 class ProcessGroup;  // comm/process_group.h
+class HierarchicalA2a;  // comm/hierarchical_a2a.h
 }
 
 namespace kestrel::model {
@@ -111,6 +112,9 @@ class BlockExec {
   // split over; each MoE layer dispatches its rows to their experts' ranks
   // through it (parallel/ep_dispatch.h). Null = every expert here.
   comm::ProcessGroup* ep = nullptr;
+  // Its hierarchical all-to-all-v (ModelParallel::ep_hier; null = none built),
+  // used when MoeTrainOptions::hierarchical_alltoallv asks for it.
+  const comm::HierarchicalA2a* ep_hier = nullptr;
 };
 
 // Sizes of one block on this tp rank.

@@ -21,7 +21,10 @@ Tensor act_tensor(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, Me
 
 TrainExec exec_for(const CausalLM& m, const PackedBatch& b) {
   TrainExec ex(m.tp(), m.sequence_parallel(), b, m.rope(), m.heads(), m.config().head_dim, m.cp_groups());
-  if (m.ep().size() > 1) ex.ep = &m.ep();
+  if (m.ep().size() > 1) {
+    ex.ep = &m.ep();
+    ex.ep_hier = m.options().parallel.ep_hier.get();
+  }
   return ex;
 }
 

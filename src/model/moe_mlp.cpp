@@ -70,6 +70,10 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
   KS_CHECK(E_ % ep_ == 0, "expert parallelism: num_experts ", E_, " of layer ", layer, " does not divide by "
            "expert_model_parallel_size ", ep_, "; choose a size dividing it");
   n_local_ = E_ / ep_;
+  KS_CHECK(!(dims.moe.hierarchical_alltoallv && dims.moe.dispatcher == MoeDispatcher::AllGather),
+           "moe_hierarchical_alltoallv=true exchanges the alltoall dispatcher's rows and "
+           "moe_token_dispatcher_type=allgather has no all-to-all: set moe_token_dispatcher_type=alltoall or "
+           "moe_hierarchical_alltoallv=false");
   first_local_ = dims.ep_rank * n_local_;
   const int64_t D = c.hidden_size;
   // A frozen router (freeze_moe_router) gets no gradient and no weight decay: it stays as loaded.
@@ -130,12 +134,20 @@ std::vector<const Tensor*> MoeMlp::expert_weights(const std::vector<Param>& ps) 
   return w;
 }
 
+const comm::HierarchicalA2a* MoeMlp::ep_hier(const BlockExec& ex) const {
+  if (!dims_.moe.hierarchical_alltoallv) return nullptr;
+  KS_CHECK(ex.ep_hier, "layer ", layer_, ": moe_hierarchical_alltoallv=true needs the ep group's hierarchical "
+           "exchange (ModelParallel::ep_hier, built by model::set_expert_dispatch)");
+  // On one node the three steps would only route every row through the leader: the flat exchange is the same.
+  return ex.ep_hier->worth_it() ? ex.ep_hier : nullptr;
+}
+
 Tensor MoeMlp::ep_dispatch(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const {
-  return parallel::ep_dispatch(*ex.ep, *A.moe.ep, rows);
+  return parallel::ep_dispatch(*ex.ep, *A.moe.ep, rows, ep_hier(ex));
 }
 
 Tensor MoeMlp::ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const {
-  return parallel::ep_combine(*ex.ep, *A.moe.ep, rows);
+  return parallel::ep_combine(*ex.ep, *A.moe.ep, rows, ep_hier(ex));
 }
 
 void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
@@ -226,7 +238,9 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   if (ep_ > 1) {  // the rows go to their experts' ranks: [Nr, D] sorted by local expert
     KS_CHECK(ex.ep && ex.ep->size() == ep_, "layer ", layer_, ": expert parallelism over ", ep_,
              " ranks needs the execution's ep group (ModelParallel::ep)");
-    M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes));
+    const auto kind = dims_.moe.dispatcher == MoeDispatcher::AllGather ? parallel::EpDispatcher::AllGather
+                                                                        : parallel::EpDispatcher::AllToAll;
+    M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes, kind));
     M.xs = ep_dispatch(ex, A, M.xs);
   }
   const std::vector<int64_t>& gs = ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;

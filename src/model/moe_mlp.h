@@ -20,7 +20,10 @@
 // aux-loss-free bias update.
 //
 // Tensor parallelism of the experts is expert parallelism's (not built): the
-// model refuses tp > 1 for MoE layers.
+// model refuses tp > 1 for MoE layers. Under expert parallelism
+// (BlockDims::ep > 1) the permuted rows go to their experts' ranks and back
+// through MoeTrainOptions::dispatcher's exchange (all-to-all, optionally
+// hierarchical, or all-gather); every choice computes the same bits.
 #pragma once
 #include <vector>
 
@@ -74,6 +77,8 @@ class MoeMlp final : public MlpBlock {
   // Expert parallelism's moves of permuted rows (parallel/ep_dispatch.h): to the experts' ranks and back.
   Tensor ep_dispatch(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const;
   Tensor ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const;
+  // The hierarchical exchange when moe_hierarchical_alltoallv asks for it and the ep group spans nodes.
+  const comm::HierarchicalA2a* ep_hier(const BlockExec& ex) const;
 
   int64_t layer_, ordinal_;  // global layer index, ordinal among MoE layers
   int64_t ep_ = 1, first_local_ = 0, n_local_ = 0;  // expert parallelism: group size, this rank's experts

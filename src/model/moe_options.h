@@ -11,6 +11,11 @@
 
 namespace kestrel::model {
 
+// How expert parallelism moves the permuted rows to the experts' ranks
+// (Megatron's moe_token_dispatcher_type; parallel/ep_dispatch.h and
+// ep_allgather.h): the same bits either way. flex (DeepEP) is not built.
+enum class MoeDispatcher { AllToAll, AllGather };
+
 struct MoeTrainOptions {
   // Megatron's moe_router_load_balancing_type: "aux_loss" (over each
   // micro-batch's tokens), "seq_aux_loss" (per sequence, DeepSeek-V2/V3's
@@ -38,6 +43,15 @@ struct MoeTrainOptions {
   // take the model dtype, as HF's do). Applies to every forward, the rollout's
   // included, so the rollout routes as training does.
   bool router_logits_fp32 = false;
+  // Under expert parallelism (ModelParallel::ep > 1; no effect without):
+  // the token dispatcher. The library's default is the all-to-all; the config
+  // key's is Megatron's allgather (cli/options_moe.cpp sets it).
+  MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
+  // MindSpeed's moe_hierarchical_alltoallv: the all-to-all's row exchange in
+  // three steps through the nodes' leaders (comm/hierarchical_a2a.h), built
+  // once by model::set_expert_dispatch into ModelParallel::ep_hier. Needs the
+  // all-to-all dispatcher.
+  bool hierarchical_alltoallv = false;
 };
 
 // What one MoE layer's router did over a step's training forwards (summed

@@ -1,5 +1,7 @@
 #include "model/parallel_setup.h"
 
+#include "comm/hierarchical_a2a.h"
+
 namespace kestrel::model {
 
 ModelParallel model_parallel_for(const parallel::ProcessGrid& grid) {
@@ -42,6 +44,16 @@ parallel::ModelFacts model_facts(const io::ModelConfig& c, bool pipelined) {
   f.vocab_padded = true;  // CausalLM pads it for tp (ModelOptions::make_vocab_size_divisible_by)
   f.ffn = c.intermediate_size;
   return f;
+}
+
+void set_expert_dispatch(ModelParallel& p, const comm::World& world, const MoeTrainOptions& moe) {
+  KS_CHECK(!(moe.hierarchical_alltoallv && moe.dispatcher == MoeDispatcher::AllGather),
+           "moe_hierarchical_alltoallv=true exchanges the alltoall dispatcher's rows and "
+           "moe_token_dispatcher_type=allgather has no all-to-all: set moe_token_dispatcher_type=alltoall or "
+           "moe_hierarchical_alltoallv=false");
+  p.ep_hier.reset();
+  if (!moe.hierarchical_alltoallv || !p.ep || p.ep->size() == 1) return;
+  p.ep_hier = std::make_shared<comm::HierarchicalA2a>(world, p.ep);
 }
 
 }  // namespace kestrel::model

@@ -33,4 +33,12 @@ void set_pipeline_stage(ModelOptions& o, const std::vector<parallel::StageChunk>
 // layers), so the plain "layers divide by pp" rule is left out.
 parallel::ModelFacts model_facts(const io::ModelConfig& cfg, bool pipelined = false);
 
+// Expert parallelism's token dispatch (moe_token_dispatcher_type,
+// moe_hierarchical_alltoallv), after p.ep is set: refuses the hierarchical
+// exchange with the allgather dispatcher, and with hierarchical_alltoallv
+// builds p.ep_hier over p.ep's nodes (comm::node_ids). Collective over the
+// world when p.ep has more than one rank (every rank calls it with the same
+// options); nothing to build at ep = 1, where the options change nothing.
+void set_expert_dispatch(ModelParallel& p, const comm::World& world, const MoeTrainOptions& moe);
+
 }  // namespace kestrel::model

@@ -83,6 +83,10 @@ struct ModelParallel {
   // tokens dispatched to them (parallel/ep_dispatch.h). Each rank's params()
   // hold its own experts only.
   std::shared_ptr<comm::ProcessGroup> ep = comm::local_group("ep");
+  // The ep group's hierarchical all-to-all-v (moe_hierarchical_alltoallv;
+  // nullptr = the flat exchange), built once, collectively, by
+  // model::set_expert_dispatch.
+  std::shared_ptr<const comm::HierarchicalA2a> ep_hier;
 };
 
 struct ModelOptions {

@@ -3,12 +3,14 @@
 #include <numeric>
 
 #include "ops/copy.h"
+#include "parallel/ep_allgather.h"
 
 namespace kestrel::parallel {
 
 int64_t EpLayout::received() const { return std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t(0)); }
 
-EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe) {
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, EpDispatcher dispatcher) {
+  if (dispatcher == EpDispatcher::AllGather) return ep_allgather_layout(ep, tpe);
   EpLayout L;
   L.ep = ep.size();
   L.rank = ep.rank();
@@ -55,6 +57,7 @@ namespace {
 void exchange(comm::ProcessGroup& ep, const comm::HierarchicalA2a* hier, const Tensor& send,
               const std::vector<int64_t>& send_rows, Tensor& recv, const std::vector<int64_t>& recv_rows,
               int64_t width) {
+  // [sum send_rows, width] -> [sum recv_rows, width]; counts in elements.
   std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t j = 0; j < sc.size(); ++j) sc[j] = send_rows[j] * width;
   for (size_t j = 0; j < rc.size(); ++j) rc[j] = recv_rows[j] * width;
@@ -66,6 +69,11 @@ void exchange(comm::ProcessGroup& ep, const comm::HierarchicalA2a* hier, const T
 
 Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, const comm::HierarchicalA2a* hier,
                    MemCategory cat) {
+  if (L.dispatcher == EpDispatcher::AllGather) {
+    KS_CHECK(!hier, "moe_hierarchical_alltoallv exchanges the alltoall dispatcher's rows; the allgather "
+             "dispatcher has no all-to-all: set moe_token_dispatcher_type=alltoall or the hierarchical exchange off");
+    return ep_allgather_dispatch(ep, L, xs, cat);
+  }
   const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
   KS_CHECK(xs.dim() == 2 && xs.size(0) == N, "ep_dispatch: ", xs.describe(), " is not the ", N,
            " permuted rows the layout sends");
@@ -79,6 +87,11 @@ Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, 
 
 Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, const comm::HierarchicalA2a* hier,
                   MemCategory cat) {
+  if (L.dispatcher == EpDispatcher::AllGather) {
+    KS_CHECK(!hier, "moe_hierarchical_alltoallv exchanges the alltoall dispatcher's rows; the allgather "
+             "dispatcher has no all-to-all: set moe_token_dispatcher_type=alltoall or the hierarchical exchange off");
+    return ep_allgather_combine(ep, L, yr, cat);
+  }
   const int64_t N = std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)), Nr = L.received();
   KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_combine: ", yr.describe(), " is not the ", Nr,
            " rows this rank's experts received");

@@ -19,6 +19,10 @@
 //
 // With a HierarchicalA2a of the ep group the row exchange goes through its
 // three steps (moe_hierarchical_alltoallv); what arrives is the same.
+//
+// A layout made for the all-gather dispatcher (parallel/ep_allgather.h,
+// moe_token_dispatcher_type=allgather) makes ep_dispatch / ep_combine
+// all-gather and reduce-scatter instead; the rows delivered are the same bits.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,7 +33,11 @@
 
 namespace kestrel::parallel {
 
+// Megatron's moe_token_dispatcher_type (flex, DeepEP's, is not built).
+enum class EpDispatcher { AllToAll, AllGather };
+
 struct EpLayout {
+  EpDispatcher dispatcher = EpDispatcher::AllToAll;
   int ep = 1, rank = 0;
   int64_t experts_per_rank = 0;         // E / ep
   std::vector<int64_t> send_rows;       // [ep] rows this rank sends each rank (its tokens for that rank's experts)
@@ -38,15 +46,21 @@ struct EpLayout {
   std::vector<int64_t> recv_counts;     // [ep * E/ep] rows rank s sends for local expert e (s-major)
   Tensor sort_index;    // i32 [Nr]: received row of each sorted row (a gather_rows index)
   Tensor unsort_index;  // i32 [Nr]: sorted row of each received row
+  // All-gather dispatcher only (sort_index / unsort_index undefined):
+  int64_t block_rows = 0;  // Nb: each rank's block in the gathered buffer (the largest rank's N)
+  Tensor keep_index;       // i32 [Nr]: row of the gathered [ep * Nb, D] buffer of each sorted row
   int64_t received() const;  // Nr
 };
 
-// Collective over the ep group (one all-to-all of E/ep counts per rank).
+// Collective over the ep group (AllToAll: one all-to-all of E/ep counts per
+// rank; AllGather: one all-gather of E counts, ep_allgather_layout).
 // tokens_per_expert: [E] rows of xs per expert (ops::MoeRouting::group_sizes);
 // E must divide by the group size.
-EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert);
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert,
+                            EpDispatcher dispatcher = EpDispatcher::AllToAll);
 
-// xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert. Collective.
+// xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert.
+// Collective. hier: the all-to-all's exchange only (an all-gather layout refuses one).
 Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs,
                    const comm::HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
 // yr [Nr, D] sorted by local expert -> [N, D] in xs's order. Collective.

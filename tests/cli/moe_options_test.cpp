@@ -73,6 +73,8 @@ TEST(MoeOptions, DefaultsAreMegatronsDropless) {
   EXPECT_EQ(o.bias_update_rate, 0.0);
   EXPECT_FALSE(o.router_logits_fp32);
   EXPECT_FALSE(o.freeze_router);
+  EXPECT_EQ(o.dispatcher, model::MoeDispatcher::AllGather);  // Megatron's moe_token_dispatcher_type
+  EXPECT_FALSE(o.hierarchical_alltoallv);
   // A dense model takes them too (nothing to act on).
   EXPECT_NO_THROW(moe_train_options(in.actor_moe, builtin("tiny"), "m"));
 }
@@ -119,6 +121,25 @@ TEST(MoeOptions, ExpertBiasNeedsACorrectionBias) {
   const TrainInputs off = train_inputs(
       ok(config::ppo_schema(), {"algorithm.adv_estimator=grpo", AO + "moe_router_bias_update_rate=0.01"}));
   EXPECT_EQ(moe_train_options(off.actor_moe, builtin("tiny-qwen3-moe"), "m").bias_update_rate, 0.0);
+}
+
+// moe_token_dispatcher_type and moe_hierarchical_alltoallv reach the actor and the reference (both
+// forwards move rows under EP); the hierarchical exchange with the allgather dispatcher is refused
+// naming both keys and the fix.
+TEST(MoeOptions, DispatcherKeysReachTheOptions) {
+  const TrainInputs in = train_inputs(ok(config::ppo_schema(), {"algorithm.adv_estimator=grpo",
+                                                                AO + "moe_token_dispatcher_type=alltoall",
+                                                                AO + "moe_hierarchical_alltoallv=true"}));
+  for (const MoeKeys* k : {&in.actor_moe, &in.ref_moe}) {
+    const model::MoeTrainOptions o = moe_train_options(*k, builtin("tiny-qwen3-moe"), "m");
+    EXPECT_EQ(o.dispatcher, model::MoeDispatcher::AllToAll) << k->prefix;
+    EXPECT_TRUE(o.hierarchical_alltoallv) << k->prefix;
+  }
+  const std::string e = error_of([&] {
+    train_inputs(ok(config::ppo_schema(), {"algorithm.adv_estimator=grpo", AO + "moe_hierarchical_alltoallv=true"}));
+  });
+  EXPECT_NE(e.find(AK + "moe_hierarchical_alltoallv=true"), std::string::npos) << e;
+  EXPECT_NE(e.find(AK + "moe_token_dispatcher_type=alltoall"), std::string::npos) << e;
 }
 
 TEST(MoeOptions, PaddingNeedsACapacity) {

@@ -7,14 +7,20 @@
 // same micro-batch: the rank's loss and log-probs, and every gradient but the
 // routed experts', equal (1e-5 of scale); an expert's gradient on its rank
 // equals the sum over the ranks of one process's (every rank's tokens reach
-// it), 1e-5 of scale. Saving gathers every expert into one folder.
+// it), 1e-5 of scale. Saving gathers every expert into one folder. The allgather
+// dispatcher and the hierarchical all-to-all-v (two "nodes") give the
+// all-to-all's bits in forward and backward, and train 3 AdamW steps equal to
+// one process.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
+#include "comm/hierarchical_a2a.h"
 #include "comm/world.h"
 #include "common/testing.h"
+#include "model/parallel_setup.h"
 #include "mpi_testing.h"
 #include "train_testing.h"
 
@@ -180,6 +186,80 @@ TEST(EpModel, TrainingEqualsOneProcess) {
         EXPECT_NEAR(total, one.losses[s], 1e-5 * std::abs(one.losses[s])) << what << " step " << s;
       }
       const double worst = expect_equal_to_one_process(got, one, what);
+      if (w.rank() == 0) std::printf("[ measured ] %s: largest parameter difference %.3g of scale\n", what.c_str(), worst);
+    }
+  }
+}
+
+// Megatron's moe_token_dispatcher_type=allgather and MindSpeed's moe_hierarchical_alltoallv (two test
+// "nodes" through KESTREL_TEST_NODES) under EP over the whole world: one forward/backward gives the
+// all-to-all dispatcher's loss, log-probs and gradients bit for bit (the same rows reach the same
+// experts in the same order; the allgather combine adds exact zeros), so one process's within 1e-5; and
+// 3 AdamW steps (router losses, DeepSeek's bias update) equal one process training all four
+// micro-batches (losses, every parameter 1e-5 of scale, the correction biases bit for bit).
+TEST(EpModel, AllGatherAndHierarchicalDispatchEqualOneProcess) {
+  comm::World& world = *comm::World::current();
+  auto& w = *world.group();
+  const int n = w.size();
+  if (n != 2 && n != 4) GTEST_SKIP() << "written for 2 and 4 ranks";
+  const model::PackedBatch b = model::pack_sequences({tokens(w.rank(), 0), tokens(w.rank(), 1)});
+  int64_t total = 0;
+  for (int32_t t : b.host.targets) total += t >= 0;
+  w.all_reduce(&total, 1, DType::I64, comm::ReduceOp::Sum);
+  const float wt = 1.f / float(total);
+  auto edp_group = world.split(w.rank(), 0, "edp");  // ep = the world: each expert on one rank
+  std::vector<int> mine;
+  for (int i = 0; i < 4; ++i)
+    if (i % n == w.rank()) mine.push_back(i);
+  for (const char* c : {"qwen3_moe", "deepseek_v3"}) {
+    model::ModelOptions o = options(c, false);
+    if (std::string(c) == "deepseek_v3") o.moe.bias_update_rate = 1e-3;
+    const Pass one = run(c, o, b, wt);
+    const TrainResult one_train = train_golden3(c, o, {}, {0, 1, 2, 3}, kEpLr);
+    o.parallel.ep = world.group();
+    const Pass a2a = run(c, o, b, wt);
+    for (const char* variant : {"allgather", "hierarchical alltoallv"}) {
+      const std::string what = std::string(c) + " ep" + std::to_string(n) + " " + variant;
+      model::ModelOptions v = o;
+      if (std::string(variant) == "allgather") {
+        v.moe.dispatcher = model::MoeDispatcher::AllGather;
+      } else {
+        v.moe.dispatcher = model::MoeDispatcher::AllToAll;
+        v.moe.hierarchical_alltoallv = true;
+        setenv("KESTREL_TEST_NODES", n == 4 ? "0,0,1,1" : "0,1", 1);
+        model::set_expert_dispatch(v.parallel, world, v.moe);
+        unsetenv("KESTREL_TEST_NODES");
+        ASSERT_TRUE(v.parallel.ep_hier && v.parallel.ep_hier->worth_it()) << what;
+      }
+      const Pass got = run(c, v, b, wt);
+      EXPECT_EQ(got.loss, a2a.loss) << what;
+      EXPECT_EQ(got.logprob, a2a.logprob) << what;
+      EXPECT_EQ(got.grads, a2a.grads) << what << ": gradients differ from the all-to-all's";
+      EXPECT_NEAR(got.loss, one.loss, 1e-5 * std::abs(one.loss)) << what;
+      std::vector<double> x(got.logprob.begin(), got.logprob.end()), r(one.logprob.begin(), one.logprob.end());
+      EXPECT_LE(rel_err(x, r), 1e-5) << what << ": log-probs";
+      // Over one process's names (the same on every rank: the expert sums are collective).
+      for (const auto& [name, g] : one.grads) {
+        std::vector<double> want = g;
+        if (name.find(".mlp.experts.") != std::string::npos) {  // every rank's tokens reach the expert
+          std::vector<float> f(want.begin(), want.end());
+          w.all_reduce(f.data(), int64_t(f.size()), DType::F32, comm::ReduceOp::Sum);
+          want.assign(f.begin(), f.end());
+        }
+        auto it = got.grads.find(name);
+        if (it != got.grads.end()) {
+          EXPECT_LE(rel_err(it->second, want), 1e-5) << what << ": gradient of " << name;
+        }
+      }
+      train::EngineParallel par;
+      par.dp = world.group();
+      par.expert_dp = edp_group;
+      const TrainResult got_train = train_golden3(c, v, par, mine, kEpLr);
+      for (size_t s = 0; s < got_train.losses.size(); ++s) {
+        const double sum = kestrel::testing::global_sum(w, got_train.losses[s]);
+        EXPECT_NEAR(sum, one_train.losses[s], 1e-5 * std::abs(one_train.losses[s])) << what << " step " << s;
+      }
+      const double worst = expect_equal_to_one_process(got_train, one_train, what);
       if (w.rank() == 0) std::printf("[ measured ] %s: largest parameter difference %.3g of scale\n", what.c_str(), worst);
     }
   }

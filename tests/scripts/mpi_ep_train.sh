@@ -4,7 +4,7 @@
 # DeepSeek-V3 models, no router losses (with them each dp rank's micro-batches would differ from one process's,
 # as in Megatron):
 #  - EP2 (mpirun -np 2), EP4 and EP2 x DP2 (-np 4: the experts' gradients summed over the expert-data-parallel
-#    group), EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
+#    group), the allgather (default) and alltoall dispatchers, the hierarchical alltoallv over two test "nodes", EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
 #    dispatch is collective), and GAE with a mixture-of-experts critic under EP2: every step's losses, grad norm,
 #    KL, entropy and rewards within 1e-4 relative of one process's;
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
@@ -102,6 +102,14 @@ run 4 ep4 "${M[@]}" "${B8[@]}" $EP=4
 same_metrics "$W/one_b8" "$W/ep4" "EP4"
 run 4 ep2_dp2 "${M[@]}" "${B8[@]}" $EP=2
 same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
+# The token dispatchers: allgather (Megatron's default, the runs above), alltoall, and alltoall through the
+# hierarchical exchange over two test "nodes" of two ranks each.
+OT=actor_rollout_ref.actor.megatron.override_transformer_config
+run 4 ep4_a2a "${M[@]}" "${B8[@]}" $EP=4 "+$OT.moe_token_dispatcher_type=alltoall"
+same_metrics "$W/one_b8" "$W/ep4_a2a" "EP4 alltoall"
+KESTREL_TEST_NODES=0,0,1,1 run 4 ep4_hier "${M[@]}" "${B8[@]}" $EP=4 "+$OT.moe_token_dispatcher_type=alltoall" \
+  "+$OT.moe_hierarchical_alltoallv=true"
+same_metrics "$W/one_b8" "$W/ep4_hier" "EP4 hierarchical alltoallv"
 # Dynamic micro-batches of at most 40 tokens: the two ranks may form different counts, evened out.
 DYN=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40
      actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=40

@@ -9,7 +9,13 @@
 # the hierarchical exchange, and combine is dispatch's adjoint; the MoE layer
 # with its experts split over the ranks (tests/mpi/ep_model_test.cpp) gives
 # one process's loss, log-probs and gradients (an expert's: summed over the
-# ranks' tokens). Checks that the tests ran.
+# ranks' tokens). The allgather dispatcher delivers and combines the
+# all-to-all's bits (random routings, empty experts and ranks), every row
+# comes back once, each dispatcher's bytes equal the closed forms ("[ep bytes]"
+# lines: inter-node messages flat against hierarchical), and the EP model with
+# the allgather dispatcher or the hierarchical exchange (two "nodes") gives
+# the all-to-all's bits and trains 3 AdamW steps equal to one process.
+# Checks that the tests ran.
 # usage: bash tests/scripts/mpi_hier_a2a.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
@@ -29,10 +35,12 @@ for np in 2 4; do
   for t in HierA2a.DeliversWhatTheFlatExchangeDelivers HierA2a.NodesComeFromMpiOrTheTestHook \
            EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup \
            EpModel.ExpertsOverTheGroupEqualOneProcess EpModel.SavingGathersEveryExpert \
-           EpModel.TrainingEqualsOneProcess; do
+           EpModel.TrainingEqualsOneProcess EpDispatch.AllGatherDeliversWhatAllToAllDelivers \
+           EpDispatch.AllGatherRefusesTheHierarchicalExchange EpDispatch.BytesEqualTheFormulas \
+           EpModel.AllGatherAndHierarchicalDispatchEqualOneProcess; do
     grep -q "^\[       OK \] $t " "$W/log$np.txt" \
       || { tail -40 "$W/log$np.txt" >&2; echo "mpi_hier_a2a: $t did not run and pass with $np ranks" >&2; exit 1; }
   done
-  grep '^\[hier a2a\]' "$W/log$np.txt" | sort
+  grep '^\[hier a2a\]\|^\[ep bytes\]' "$W/log$np.txt" | sort
 done
 echo "mpi_hier_a2a: the hierarchical exchange equals the flat one with 2 and 4 ranks"

@@ -1,0 +1,96 @@
+#include "parallel/ep_allgather.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "ops/copy.h"
+
+namespace kestrel::parallel {
+
+EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe) {
+  EpLayout L;
+  L.dispatcher = EpDispatcher::AllGather;
+  L.ep = ep.size();
+  L.rank = ep.rank();
+  const int64_t E = int64_t(tpe.size());
+  KS_CHECK(E > 0 && E % L.ep == 0, "expert parallelism: ", E, " experts do not split over expert_model_parallel_size ",
+           L.ep, "; choose a size dividing num_experts");
+  const int64_t k = E / L.ep;
+  L.experts_per_rank = k;
+  // counts[s * E + g]: rank s's rows for expert g. [ep, E]
+  std::vector<int64_t> counts(size_t(L.ep * E), 0);
+  ep.all_gather(tpe.data(), counts.data(), E, DType::I64);
+  std::vector<int64_t> rows_of(size_t(L.ep), 0);  // [ep] N of each rank
+  for (int s = 0; s < L.ep; ++s)
+    for (int64_t g = 0; g < E; ++g) rows_of[size_t(s)] += counts[size_t(s * E + g)];
+  L.block_rows = *std::max_element(rows_of.begin(), rows_of.end());
+  // The all-to-all's fields from the same counts: what it would send and receive.
+  L.send_rows.assign(size_t(L.ep), 0);
+  for (int j = 0; j < L.ep; ++j)
+    for (int64_t e = 0; e < k; ++e) L.send_rows[size_t(j)] += tpe[size_t(j * k + e)];
+  L.recv_counts.assign(size_t(E), 0);
+  L.recv_rows.assign(size_t(L.ep), 0);
+  L.local_group_sizes.assign(size_t(k), 0);
+  for (int s = 0; s < L.ep; ++s)
+    for (int64_t e = 0; e < k; ++e) {
+      const int64_t n = counts[size_t(s * E + L.rank * k + e)];
+      L.recv_counts[size_t(s * k + e)] = n;
+      L.recv_rows[size_t(s)] += n;
+      L.local_group_sizes[size_t(e)] += n;
+    }
+  // keep[pos]: gathered row of sorted row pos (local expert-major, then source rank).
+  const int64_t Nr = L.received();
+  std::vector<int32_t> keep(static_cast<size_t>(Nr));
+  int64_t pos = 0;
+  for (int64_t e = 0; e < k; ++e) {
+    const int64_t g = L.rank * k + e;
+    for (int s = 0; s < L.ep; ++s) {
+      // Rank s's rows are expert-major: expert g's start after its rows of experts 0 .. g-1.
+      const int64_t* c = counts.data() + s * E;
+      const int64_t first = int64_t(s) * L.block_rows + std::accumulate(c, c + g, int64_t(0));
+      for (int64_t r = 0; r < c[g]; ++r) keep[size_t(pos++)] = int32_t(first + r);
+    }
+  }
+  KS_CHECK(int64_t(L.ep) * L.block_rows < (int64_t(1) << 31), "allgather dispatcher: ", L.ep, " x ", L.block_rows,
+           " gathered rows exceed an i32 row index; use moe_token_dispatcher_type=alltoall");
+  L.keep_index = Tensor::from_host(keep, {Nr}, MemCategory::Activations);
+  return L;
+}
+
+namespace {
+int64_t own_rows(const EpLayout& L) { return std::accumulate(L.send_rows.begin(), L.send_rows.end(), int64_t(0)); }
+}  // namespace
+
+Tensor ep_allgather_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, MemCategory cat) {
+  KS_CHECK(L.dispatcher == EpDispatcher::AllGather, "internal: ep_allgather_dispatch with an all-to-all layout");
+  const int64_t N = own_rows(L), Nb = L.block_rows, Nr = L.received();
+  KS_CHECK(xs.dim() == 2 && xs.size(0) == N, "ep_allgather_dispatch: ", xs.describe(), " is not the ", N,
+           " permuted rows of the layout");
+  const int64_t D = xs.size(1);
+  Tensor block = xs;  // [Nb, D]: xs, zero rows below
+  if (N < Nb) {
+    block = Tensor::empty({Nb, D}, xs.dtype(), cat);
+    ops::pad_rows(xs, block, 0.f);
+  }
+  Tensor gathered = Tensor::empty({int64_t(L.ep) * Nb, D}, xs.dtype(), cat);  // [ep * Nb, D]
+  ep.all_gather(block, gathered);
+  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat);  // [Nr, D]
+  ops::gather_rows(gathered, L.keep_index, sorted);
+  return sorted;
+}
+
+Tensor ep_allgather_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, MemCategory cat) {
+  KS_CHECK(L.dispatcher == EpDispatcher::AllGather, "internal: ep_allgather_combine with an all-to-all layout");
+  const int64_t N = own_rows(L), Nb = L.block_rows, Nr = L.received();
+  KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_allgather_combine: ", yr.describe(), " is not the ", Nr,
+           " rows this rank's experts received");
+  const int64_t D = yr.size(1);
+  Tensor full = Tensor::zeros({int64_t(L.ep) * Nb, D}, yr.dtype(), cat);  // [ep * Nb, D]
+  ops::scatter_rows(yr, L.keep_index, full);
+  Tensor block = Tensor::empty({Nb, D}, yr.dtype(), cat);  // [Nb, D] this rank's rows, then padding
+  ep.reduce_scatter(full, block, comm::ReduceOp::Sum);
+  // [N, D]: the rows, sharing the block's storage (the padding rows hold zeros and are not returned).
+  return N == Nb ? block : block.slice_rows(0, N);
+}
+
+}  // namespace kestrel::parallel
