@@ -82,6 +82,7 @@ CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
 struct EpSettings {
   int64_t ep = 1;
   std::string size_key;  // the key that set ep, for messages
+  int64_t rollout_ep = 1;  // actor_rollout_ref.rollout.expert_parallel_size: 1 or ep
 };
 EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, bool critic);
 // Fails naming the key when ep > 1 with a dense model or a count of routed experts it does not divide.

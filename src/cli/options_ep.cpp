@@ -45,6 +45,17 @@ EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, b
   EpSettings s;
   s.ep = actor.ep;
   s.size_key = actor.ep_key;
+  // The rollout's: every expert on each rank (1), or the actor's experts in place on its ep group.
+  const std::string rk = "actor_rollout_ref.rollout.expert_parallel_size";
+  s.rollout_ep = c.get_int(rk);
+  if (s.rollout_ep < 1) KS_FAIL(c.origin(rk), ": ", rk, "=", s.rollout_ep, " must be >= 1");
+  if (s.rollout_ep != 1 && s.rollout_ep != s.ep)
+    KS_FAIL(c.origin(rk), ": not supported yet: ", rk, "=", s.rollout_ep, " other than 1 (every expert on each rank) "
+            "or ", actor.ep_key, "=", s.ep, " (the actor's experts in place)");
+  const std::string rtk = "actor_rollout_ref.rollout.tensor_model_parallel_size";
+  if (s.rollout_ep > 1 && c.get_int(rtk) != tp)
+    KS_FAIL(c.origin(rk), ": not supported yet: ", rk, "=", s.rollout_ep, " with ", rtk, "=", c.get_int(rtk),
+            " other than the actor's ", tp, " (the expert-parallel rollout reads the actor's weights in place)");
   return s;
 }
 

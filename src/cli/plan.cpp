@@ -276,6 +276,7 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   p.critic = in.critic;
   p.critic_dtype = in.critic_dtype;
   p.rollout.tp = in.rollout_tp;
+  p.rollout.ep = in.ep.rollout_ep;
   p.rollout.dtype = in.dtype;  // train_inputs requires the rollout dtype to equal the actor's
   p.rollout.gpu_memory_utilization = in.gpu_memory_utilization;
   p.rollout.block_size = o.engine.block_size;

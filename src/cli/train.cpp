@@ -307,6 +307,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   par.dp = grid->group(parallel::GroupKind::Dp);
   if (dims.cp > 1) par.dp_cp = grid->group(parallel::GroupKind::DpCp);
   if (dims.ep > 1) par.expert_dp = grid->group(parallel::GroupKind::Edp);
+  par.rollout_ep = in.ep.rollout_ep;
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)
     par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
@@ -446,7 +447,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // Under pipeline parallelism the rollout holds a whole-model copy
   // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
   const int64_t rollout_weight_bytes =
-      actor.is_whole_model() && actor.ep().size() == 1  // under EP the rollout copy holds every expert
+      actor.is_whole_model() && actor.ep().size() == in.ep.rollout_ep  // else the rollout copy holds every expert
           ? rollout::weight_bytes(actor)
           : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
                 rollout::buffer_bytes(actor.config());

@@ -57,7 +57,12 @@ void declare_rollout(Builder& b) {
       {"dummy", "hf", "megatron", "dtensor", "safetensors", "auto"}, {"dummy", "safetensors", "auto", "hf"});
   b.k("tensor_model_parallel_size", I, "2", YES, "Tensor-parallel size of the rollout engine.").at_least(1);
   b.k("data_parallel_size", I, "1", YES, "Data-parallel replicas of the rollout engine.").at_least(1);
-  b.k("expert_parallel_size", I, "1", NO, "Expert-parallel size of the rollout engine.");
+  b.k("expert_parallel_size", I, "1", YES,
+      "Expert-parallel size of the rollout engine: 1 = every expert on each rank (under training expert parallelism "
+      "a copy, gathered after each update); the actor's megatron.expert_model_parallel_size = the actor's experts "
+      "read in place, each step's tokens dispatched to their experts' ranks and back, the ranks of an ep group "
+      "stepping in lockstep (a rank without work runs a one-token step on the null block). Other sizes: not "
+      "supported yet.").at_least(1);
   b.k("pipeline_model_parallel_size", I, "1", NO,
       "Pipeline-parallel size of the rollout engine; only 1: pipelined decode is not supported yet (the rollout runs "
       "the full or TP-sharded model, whatever the actor's pipeline_model_parallel_size).");

@@ -39,6 +39,9 @@ struct RlParallel {
   // The rollout's tensor-parallel group (consecutive world ranks); nullptr =
   // the actor's own tp group, whose weights the engine then reads in place.
   std::shared_ptr<comm::ProcessGroup> rollout_tp;
+  // rollout.expert_parallel_size: 1 = the rollout holds every expert (a copy
+  // under training EP); the actor's ep size = its experts read in place.
+  int64_t rollout_ep = 1;
 
   // Whether this rank takes part in writing a model folder (model::save_pipelined_model): the ranks of
   // grad_group() rank 0's tp and pp groups and, under expert parallelism, of its ep group, which gathers

@@ -118,6 +118,7 @@ struct PlanBatching {
 
 struct PlanRollout {
   int64_t tp = 1;                   // rollout.tensor_model_parallel_size
+  int64_t ep = 1;                   // rollout.expert_parallel_size (the actor's: its experts read in place)
   DType dtype = DType::F32;         // rollout weights dtype (a copy when it differs from the actor's)
   double gpu_memory_utilization = 0.5;
   int64_t block_size = 16;

@@ -359,8 +359,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // ---- the rollout's weights and KV cache (rollout/engine.cpp kv_cache_bytes_for) ----
   // A copy when the rollout's tp or dtype differs, and under pp (the rollout
   // runs the whole model: rollout/reshard.h RolloutWeights).
-  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt || l.pp > 1 || l.ep > 1;
-  const PlanShapes rs = plan_shapes(in, in.rollout.tp, 1);
+  const bool copy = in.rollout.tp != l.tp || in.rollout.dtype != dt || l.pp > 1 || l.ep != in.rollout.ep;
+  const PlanShapes rs = plan_shapes(in, in.rollout.tp, 1, false, in.rollout.ep);
   const int64_t ra = int64_t(dtype_size(in.rollout.dtype));
   const int64_t copy_bytes = copy ? ra * rs.params + rope_bytes(rs) + rs.buffers : 0;
   if (copy && in.offload.param) offloadable[cat(MemCategory::Params)] = actor.params;

@@ -77,6 +77,13 @@ class EngineImpl final : public Engine {
   Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& p) override;
   std::vector<RequestOutput> step() override;
   bool has_unfinished() const override { return sched_.has_unfinished(); }
+  // Expert parallelism (the model's ep group, size > 1): whether any rank of
+  // the group still has work. Collective over the group.
+  bool group_unfinished() const;
+  // A step of one token on the null block (its K/V land in slot 0, which no
+  // sequence reads; no logits): an ep rank without work still serves its
+  // experts to the others' tokens, as vLLM's dummy batch does.
+  void idle_step();
   std::vector<RequestOutput> run_to_completion() override;
   void update_weights_version() override;
   void sleep() override;
@@ -225,10 +232,32 @@ RequestOutput EngineImpl::make_output(Request& r) const {
   return o;
 }
 
+bool EngineImpl::group_unfinished() const {
+  int32_t any = sched_.has_unfinished() ? 1 : 0;
+  if (model_.ep().size() > 1) model_.ep().all_reduce(&any, 1, DType::I32, comm::ReduceOp::Max);
+  return any != 0;
+}
+
+void EngineImpl::idle_step() {
+  StepBatch b;
+  b.input_ids = {0};
+  b.positions = {0};
+  b.slot_mapping = {int32_t(BlockPool::kNullBlock) * int32_t(cfg_.block_size)};
+  b.cu_q = {0, 1};
+  b.seq_lens = {1};
+  b.block_tables = {int32_t(BlockPool::kNullBlock)};
+  b.max_blocks = 1;
+  ++stats_.idle_steps;
+  (void)runner_.execute(b);  // no sample rows: no logits
+}
+
 std::vector<RequestOutput> EngineImpl::step() {
   if (asleep_) KS_FAIL("rollout engine: step() while asleep; call wake_up() first");
   std::vector<RequestOutput> finished;
-  if (!sched_.has_unfinished()) return finished;
+  if (!sched_.has_unfinished()) {
+    if (model_.ep().size() > 1) idle_step();  // run_to_completion calls it only while another ep rank has work
+    return finished;
+  }
   SchedulerOutput so = sched_.schedule();
   KS_CHECK(!so.empty(), "the scheduler made no progress with ", sched_.running().size(), " running, ",
            sched_.waiting().size(), " waiting and ", sched_.swapped().size(), " swapped sequences");
@@ -340,7 +369,10 @@ std::vector<RequestOutput> EngineImpl::run_to_completion() {
   std::vector<std::pair<int64_t, RequestOutput>> all;
   std::map<std::string, int64_t> order;
   for (const auto& [id, r] : requests_) order[id] = r->order;
-  while (has_unfinished())
+  // Under expert parallelism every step is collective over the ep group: the
+  // ranks step together until the last one's requests finish.
+  const bool ep = model_.ep().size() > 1;
+  while (ep ? group_unfinished() : has_unfinished())
     for (auto& o : step()) all.emplace_back(order.count(o.request_id) ? order[o.request_id] : 0, std::move(o));
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<RequestOutput> out;

@@ -106,6 +106,7 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens
   int64_t preemptions = 0, swapped_out_blocks = 0, swapped_in_blocks = 0;
   int64_t steps = 0;
+  int64_t idle_steps = 0;             // expert parallelism: one-token steps while other ep ranks still work
   int64_t computed_tokens = 0;        // rows forwarded (prefill chunks, recomputes, decodes)
   int64_t num_blocks = 0, free_blocks = 0;  // KV blocks (null block included in num_blocks)
   int64_t weights_version = 0;
@@ -120,7 +121,10 @@ class Engine {
 
   virtual Status add_request(const std::string& request_id, std::vector<int32_t> prompt, const SamplingParams& params) = 0;
   // One scheduler iteration: schedule, one forward over the packed batch, sample.
-  // Returns the requests that finished during this step.
+  // Returns the requests that finished during this step. Under expert
+  // parallelism (the model's ep group) every step is collective over the
+  // group: call it on all its ranks alike (run_to_completion does; a rank
+  // without work then runs a one-token step on the null block).
   virtual std::vector<RequestOutput> step() = 0;
   virtual bool has_unfinished() const = 0;
   // Runs step() until every request has finished; outputs in request order of addition.

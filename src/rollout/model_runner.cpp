@@ -224,6 +224,10 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   // each GEMM, so one step costs one read of every weight.
   Tensor x = act({T, D}, dt);  // [T, D] residual stream, replicated over tp
   RolloutExec ex(m_.tp(), kv_, x);
+  if (m_.ep().size() > 1) {  // the MoE layers dispatch over the model's ep group (its experts in place)
+    ex.ep = &m_.ep();
+    ex.ep_hier = m_.options().parallel.ep_hier.get();
+  }
   ex.rope = &m_.rope();
   ex.positions = ints(b.positions, {T});
   ex.slots = ints(b.slot_mapping, {T});

@@ -58,12 +58,19 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   const DType dt = opts.dtype.value_or(train.dtype());
   const bool same_group = !opts.tp || opts.tp.get() == &ttp;
   int32_t in_place = same_group || (opts.tp->size() == ttp.size() && opts.tp->rank() == ttp.rank());
-  // Under expert parallelism the rollout holds every expert (a copy; the
-  // ep group has one size on all its ranks, so they all take this branch).
-  in_place = in_place && dt == train.dtype() && train.ep().size() == 1;
+  // Under expert parallelism the rollout holds every expert (a copy) unless
+  // it runs on the training ep group (the sizes are equal on all its ranks,
+  // so they all take one branch).
+  const int64_t tep = train.ep().size();
+  KS_CHECK(opts.ep == 1 || opts.ep == tep, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=",
+           opts.ep, " other than 1 or the actor's expert_model_parallel_size ", tep);
+  in_place = in_place && dt == train.dtype() && (tep == 1 || opts.ep == tep);
   // Every rank of a training tp group must take the same path: the copy
   // gathers over that group.
   ttp.all_reduce(&in_place, 1, DType::I32, comm::ReduceOp::Min);
+  KS_CHECK(in_place || opts.ep == 1, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=", opts.ep,
+           " with a rollout copy (another dtype or tensor-parallel size than the actor's): the expert-parallel "
+           "rollout reads the actor's experts in place");
   if (in_place) {
     std::unique_ptr<RolloutWeights> w(new RolloutWeights(train, nullptr));
     w->last_.in_place = true;

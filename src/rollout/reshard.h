@@ -64,6 +64,12 @@ struct RolloutWeightsOptions {
   // Storage dtype of the rollout weights; nullopt = the training model's.
   // A different dtype (f32 training, bf16 rollout) always copies.
   std::optional<DType> dtype;
+  // The rollout's expert-parallel size (rollout.expert_parallel_size): 1 =
+  // every expert on each rank (a copy, gathered from the training ep group);
+  // the training model's ep size = its experts in place, the rollout's MoE
+  // layers dispatching over the training ep group (rollout::Engine runs its
+  // steps in lockstep over that group).
+  int64_t ep = 1;
 };
 
 class RolloutWeights {

@@ -40,8 +40,6 @@ TEST(MoeKeys, RefusedValuesNameTheKey) {
   refused(AO + "moe_aux_loss_coeff=-0.1", AK + "moe_aux_loss_coeff");
   refused(AO + "moe_expert_capacity_factor=0", AK + "moe_expert_capacity_factor");
   refused(AO + "moe_router_score_function=relu", AK + "moe_router_score_function");
-  refused("actor_rollout_ref.rollout.expert_parallel_size=2",
-          "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2");
   refused(AO + "recompute_modules=[moe_act]", "not supported yet: " + AK + "recompute_modules");
   refused("actor_rollout_ref.ref.router_replay.mode=R2", "not supported yet: actor_rollout_ref.ref.router_replay.mode=R2");
 }

@@ -7,6 +7,8 @@
 #    group), the allgather (default) and alltoall dispatchers, the hierarchical alltoallv over two test "nodes", EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
 #    dispatch is collective), and GAE with a mixture-of-experts critic under EP2: every step's losses, grad norm,
 #    KL, entropy and rewards within 1e-4 relative of one process's;
+#  - the rollout on the actor's ep group (rollout.expert_parallel_size=2: the experts read in place, the ranks
+#    stepping in lockstep) gives the same run;
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
 #  - a checkpoint saved under EP2 resumes under EP1 (weights and the optimizer's experts) and its next step equals
 #    the uninterrupted EP2 run's;
@@ -89,6 +91,9 @@ for model in tiny-qwen3-moe tiny-deepseek-v3; do
   run 1 "$model/one" "${M[@]}"
   run 2 "$model/ep2" "${M[@]}" $EP=2
   same_metrics "$W/$model/one" "$W/$model/ep2" "$model EP2"
+  # The rollout on the actor's ep group (its experts in place, steps in lockstep) instead of a whole copy.
+  run 2 "$model/ep2_rollout_ep2" "${M[@]}" $EP=2 actor_rollout_ref.rollout.expert_parallel_size=2
+  same_metrics "$W/$model/one" "$W/$model/ep2_rollout_ep2" "$model EP2 with rollout EP2"
   same_weights "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2/global_step_3/actor/model" "$model EP2"
 done
 
@@ -152,5 +157,7 @@ refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.expert_tensor_parallel_size=2
 refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
+refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
 echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
      "DeepSeek-V3; the EP2 folders score alike; an EP2 checkpoint resumes under EP1; refusals name the keys)"

@@ -38,7 +38,7 @@ RolloutWorker::RolloutWorker(const model::CausalLM& actor, std::function<int64_t
                              RolloutOptions opt, const RlParallel& parallel)
     : opt_(std::move(opt)),
       parallel_(parallel),
-      view_(actor, rollout::RolloutWeightsOptions{parallel.rollout_tp, opt_.weights_dtype}, std::move(actor_version)) {
+      view_(actor, rollout::RolloutWeightsOptions{parallel.rollout_tp, opt_.weights_dtype, parallel.rollout_ep}, std::move(actor_version)) {
   const int world = parallel_.world->size();
   const int rtp = parallel_.rollout_tp ? parallel_.rollout_tp->size() : actor.tp().size();
   KS_CHECK(world % rtp == 0, "rollout tensor-parallel size ", rtp, " must divide the world size ", world);
