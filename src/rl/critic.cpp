@@ -259,7 +259,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
   }
   const double tokens = sum.tokens > 0 ? sum.tokens : 1.0;
   if (model_->num_moe_layers() > 0) moe.gather_stages(model_->pp());
-  std::map<std::string, double> m = moe.metrics("critic");
+  std::map<std::string, double> m = moe.metrics("critic", model_->ep().size());
   m.insert({{"critic/vf_loss", sum.loss / double(n_updates)},
             {"critic/vf_clipfrac", sum.clipfrac_tokens / tokens},
             {"critic/vpred_mean", sum.vpred_sum / tokens},

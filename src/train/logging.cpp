@@ -213,9 +213,10 @@ void MoeMetrics::gather_stages(comm::ProcessGroup& pp) {
   }
 }
 
-std::map<std::string, double> MoeMetrics::metrics(const std::string& prefix) const {
+std::map<std::string, double> MoeMetrics::metrics(const std::string& prefix, int64_t ep) const {
   if (layers_.empty()) return {};
   double aux = 0, z = 0, max_load = 0, min_load = INFINITY, dropped = 0, routed = 0;
+  double max_rank = 0, min_rank = INFINITY;
   for (const auto& [layer, l] : layers_) {
     if (l.micro_batches > 0) {
       aux += l.aux_loss / double(l.micro_batches);
@@ -230,6 +231,14 @@ std::map<std::string, double> MoeMetrics::metrics(const std::string& prefix) con
         max_load = std::max(max_load, load);
         min_load = std::min(min_load, load);
       }
+    const int64_t per_rank = ep > 1 ? int64_t(l.tokens_per_expert.size()) / ep : 0;
+    if (kept > 0 && per_rank > 0)
+      for (int64_t r = 0; r < ep; ++r) {
+        double c = 0;
+        for (int64_t e = r * per_rank; e < (r + 1) * per_rank; ++e) c += double(l.tokens_per_expert[size_t(e)]);
+        max_rank = std::max(max_rank, c / kept * double(ep));
+        min_rank = std::min(min_rank, c / kept * double(ep));
+      }
     dropped += double(l.dropped);
     routed += kept + double(l.dropped);
   }
@@ -239,6 +248,10 @@ std::map<std::string, double> MoeMetrics::metrics(const std::string& prefix) con
   if (std::isfinite(min_load)) {
     m[prefix + "/moe_max_load"] = max_load;
     m[prefix + "/moe_min_load"] = min_load;
+  }
+  if (std::isfinite(min_rank)) {
+    m[prefix + "/moe_ep_max_rank_load"] = max_rank;
+    m[prefix + "/moe_ep_min_rank_load"] = min_rank;
   }
   return m;
 }

@@ -62,7 +62,10 @@ class MoeMetrics {
   // its coefficient), summed over the layers; moe_max_load / moe_min_load: over layers and experts, an
   // expert's share of its layer's kept token slots times the number of experts (1 = balanced);
   // moe_dropped_tokens: slots dropped by the capacity / slots routed. Nothing for a dense model.
-  std::map<std::string, double> metrics(const std::string& prefix) const;
+  // Under expert parallelism (ep > 1: E/ep consecutive experts per rank) also moe_ep_max_rank_load /
+  // moe_ep_min_rank_load: over layers and ep ranks, a rank's share of its layer's kept slots times ep (the
+  // token counts the dispatcher sends each rank; 1 = balanced).
+  std::map<std::string, double> metrics(const std::string& prefix, int64_t ep = 1) const;
 
  private:
   std::map<int64_t, model::MoeLayerStats> layers_;  // by global layer index

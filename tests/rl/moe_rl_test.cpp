@@ -376,6 +376,12 @@ TEST(MoeRl, MetricsOfTheRouterStatistics) {
   EXPECT_DOUBLE_EQ(m.at("actor/moe_max_load"), 2.0);
   EXPECT_DOUBLE_EQ(m.at("actor/moe_min_load"), 0.0);
   EXPECT_DOUBLE_EQ(m.at("actor/moe_dropped_tokens"), 4.0 / 24.0);
+  EXPECT_EQ(m.count("actor/moe_ep_max_rank_load"), 0u);  // no expert parallelism
+  // EP2: rank 0 holds experts 0-1 (layer 1: 9 of 12 slots, load 1.5; layer 2: 4 of 8, 1.0), rank 1 experts 2-3
+  // (layer 1: 3 of 12, 0.5).
+  const auto m2 = mm.metrics("actor", 2);
+  EXPECT_DOUBLE_EQ(m2.at("actor/moe_ep_max_rank_load"), 1.5);
+  EXPECT_DOUBLE_EQ(m2.at("actor/moe_ep_min_rank_load"), 0.5);
   mm.add(s);  // a second mini-batch: the same means and shares
   EXPECT_EQ(mm.metrics("actor"), m);
   EXPECT_TRUE(train::MoeMetrics().metrics("actor").empty());

@@ -91,6 +91,7 @@ for model in tiny-qwen3-moe tiny-deepseek-v3; do
   run 1 "$model/one" "${M[@]}"
   run 2 "$model/ep2" "${M[@]}" $EP=2
   same_metrics "$W/$model/one" "$W/$model/ep2" "$model EP2"
+  grep -q '"actor/moe_ep_max_rank_load":' "$W/$model/ep2/metrics.jsonl" || fail "$model EP2: no per-rank load metric"
   # The rollout on the actor's ep group (its experts in place, steps in lockstep) instead of a whole copy.
   run 2 "$model/ep2_rollout_ep2" "${M[@]}" $EP=2 actor_rollout_ref.rollout.expert_parallel_size=2
   same_metrics "$W/$model/one" "$W/$model/ep2_rollout_ep2" "$model EP2 with rollout EP2"

@@ -188,7 +188,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
   }
   if (moe) {  // every stage's MoE layers, for world rank 0's log
     moe_metrics.gather_stages(model_.pp());
-    for (const auto& [k, v] : moe_metrics.metrics("actor")) m[k] = v;
+    for (const auto& [k, v] : moe_metrics.metrics("actor", model_.ep().size())) m[k] = v;
   }
   // verl's actor: rollout_corr/ metrics of each micro-batch, averaged (they replace the driver's same names).
   if (sum.corr_batches > 0)
