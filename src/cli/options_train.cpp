@@ -330,9 +330,12 @@ void check_layout_divides(const config::Config& c, const TrainInputs& in, int wo
   check(A + "megatron", in.tp, in.actor_pipeline.pp);
   if (in.critic)
     check("critic.megatron", c.get_int("critic.megatron.tensor_model_parallel_size"), in.critic_pipeline.pp);
-  if (in.ep.ep > 1 && world_size % in.ep.ep != 0)  // the expert grid (etp = tp = 1, pp = 1 under EP) spans ep ranks
-    KS_FAIL(c.origin(in.ep.size_key), ": ", in.ep.size_key, "=", in.ep.ep, " must divide the number of processes (",
-            world_size, "); launch with mpirun -np <a multiple of ", in.ep.ep, "> kestrel train ...");
+  // The expert grid (etp = tp = 1 under EP) spans ep x pp ranks.
+  const int64_t eranks = in.ep.ep * in.actor_pipeline.pp;
+  if (in.ep.ep > 1 && world_size % eranks != 0)
+    KS_FAIL(c.origin(in.ep.size_key), ": ", in.ep.size_key, "=", in.ep.ep, " x pipeline_model_parallel_size=",
+            in.actor_pipeline.pp, " = ", eranks, " must divide the number of processes (", world_size,
+            "); launch with mpirun -np <a multiple of ", eranks, "> kestrel train ...");
   const std::string rk = R + "tensor_model_parallel_size";
   if (in.rollout_tp < 1 || world_size % in.rollout_tp != 0)
     KS_FAIL(c.origin(rk), ": ", rk, "=", in.rollout_tp, " must divide the number of processes (", world_size,

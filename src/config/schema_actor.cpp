@@ -261,8 +261,9 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
       "Expert-parallel size (EP) of a mixture-of-experts model: each MoE layer's routed experts are split over this "
       "many ranks in consecutive blocks and every token goes to its experts' ranks and back (the alltoall "
       "dispatcher); the router and the shared experts are replicated. The expert grid is etp x ep x edp over the "
-      "same ranks, the experts' gradients summed over edp = world / ep. Runs with data parallelism only "
-      "(tensor, pipeline and context parallel sizes 1, no distributed optimizer): the world size must divide by it "
+      "same ranks, the experts' gradients summed over edp = world / (ep x pp). Runs with data and pipeline "
+      "parallelism (tensor and context parallel sizes 1, no virtual stages, no distributed optimizer): the world size "
+      "must divide by it "
       "and it must divide num_experts; the rollout holds every expert (gathered after each update)." +
           (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);
   b.k("expert_tensor_parallel_size", I, d("expert_tensor_parallel_size", "null"), own,

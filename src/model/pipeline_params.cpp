@@ -2,6 +2,9 @@
 
 #include <climits>
 #include <map>
+#include <set>
+
+#include "model/ep_state.h"
 
 namespace kestrel::model {
 
@@ -59,6 +62,13 @@ Result<std::vector<PipelineParam>> pipeline_params(const std::vector<const Causa
   o.value_head_bias = o.value_head;
   const std::vector<ParamInfo> all = whole_model_params(first.config(), o);
 
+  // Expert parallelism: a stage holds a routed expert of its layers on one of
+  // its ep ranks; the others hold the layer (its router) but not the expert.
+  const int64_t ep = first.ep().size(), E = first.config().moe.num_experts;
+  std::set<std::string> my_layers;  // "model.layers.<i>." prefixes this rank's chunks hold
+  if (ep > 1)
+    for (const auto& [name, held] : mine)
+      if (name.rfind("model.layers.", 0) == 0) my_layers.insert(name.substr(0, name.find('.', 13) + 1));
   std::vector<PipelineParam> out;
   out.reserve(all.size());
   int64_t bad = 0, found = 0;
@@ -68,6 +78,8 @@ Result<std::vector<PipelineParam>> pipeline_params(const std::vector<const Causa
     p.name = info.name;
     p.full_shape = info.full_shape;
     p.buffer = info.buffer;
+    const int64_t e = ep > 1 ? routed_expert_index(info.name) : -1;
+    if (e >= 0) p.ep_owner = int(e / (E / ep));
     auto it = mine.find(info.name);
     if (it != mine.end()) {
       ++found;
@@ -95,7 +107,11 @@ Result<std::vector<PipelineParam>> pipeline_params(const std::vector<const Causa
                   "; every stage must be a slice of the same model");
 
   std::vector<int32_t> owner(out.size());
-  for (size_t i = 0; i < out.size(); ++i) owner[i] = out[i].local ? pp.rank() : INT32_MAX;
+  auto holds = [&](const PipelineParam& p) {
+    if (p.local) return true;
+    return p.ep_owner >= 0 && my_layers.count(p.name.substr(0, p.name.find('.', 13) + 1)) > 0;
+  };
+  for (size_t i = 0; i < out.size(); ++i) owner[i] = holds(out[i]) ? pp.rank() : INT32_MAX;
   pp.all_reduce(owner.data(), int64_t(owner.size()), DType::I32, comm::ReduceOp::Min);
   std::vector<PipelineParam> held;
   held.reserve(out.size());

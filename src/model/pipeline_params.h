@@ -37,6 +37,10 @@ struct PipelineParam {
   Shape full_shape;
   bool buffer = false;              // a buffer (f32 in every precision, replicated), after every parameter
   int owner = -1;                   // the pp rank that provides it
+  // Under expert parallelism a routed expert of the owner stage's layers: the
+  // ep rank of that stage holding it (-1: not a routed expert, or ep = 1).
+  // Every ep rank of the owner stage lists it; `local` only on its holder.
+  int ep_owner = -1;
   const Param* local = nullptr;     // this rank's copy (any chunk), nullptr when it has none
   const CausalLM* chunk = nullptr;  // the chunk holding `local` (its full_tensor gathers over tp)
 };

@@ -1,5 +1,7 @@
 #include "model/pipeline_save.h"
 
+#include "model/ep_state.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 
 #include "core/files.h"
 #include "io/safetensors.h"
+#include "model/ep_state.h"
 #include "model/pipeline_params.h"
 
 namespace kestrel::model {
@@ -122,16 +125,22 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
                             size_t max_shard_bytes) {
   const bool whole = chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1;
   for (const CausalLM* c : chunks)
-    if (c && c->ep().size() > 1 && (!whole || max_shard_bytes != kHfShardBytes))
+    if (c && c->ep().size() > 1 && ((whole && max_shard_bytes != kHfShardBytes) || c->tp().size() > 1))
       return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
-                    c->ep().size(), ") with pipeline stages or a shard limit other than ", kHfShardBytes, " bytes");
+                    c->ep().size(), ") with tensor parallelism or, without pipeline stages, a shard limit other "
+                    "than ", kHfShardBytes, " bytes");
   if (whole && max_shard_bytes == kHfShardBytes) return chunks[0]->save(dir, disk_dtype);
   KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));
   const CausalLM& any = *chunks[0];
   comm::ProcessGroup& pp = any.pp();
   comm::ProcessGroup& tp = any.tp();
   const int me = pp.rank();
-  const bool writer = me == 0 && tp.rank() == 0;
+  // Under expert parallelism every ep rank of a stage calls (the experts come
+  // from their holders by an ep broadcast); the pp group of ep rank 0 moves
+  // the tensors to its first stage, which writes.
+  comm::ProcessGroup& ep = any.ep();
+  const bool mover = ep.rank() == 0;
+  const bool writer = me == 0 && tp.rank() == 0 && mover;
   // The dtype on the wire: the disk dtype when smaller (converted once, by
   // the sender, as the writer would), else the training dtype.
   const DType wire = dtype_size(disk_dtype) < dtype_size(any.dtype()) ? disk_dtype : any.dtype();
@@ -143,7 +152,14 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
     score_bias = score_bias || p.name == "score.bias";
     // A buffer travels and lands in f32, as it is kept and written.
     const DType on_wire = p.buffer ? DType::F32 : wire;
-    if (p.owner == me) {
+    if (p.owner == me && p.ep_owner >= 0) {  // a routed expert: from its ep rank to the stage's ep rank 0 (tp 1)
+      RoutedExpertTensor t{p.name, p.full_shape, p.ep_owner, p.local};
+      Tensor full = broadcast_expert_tensor(any, t, p.local ? p.local->weight : Tensor(), on_wire);
+      if (writer) out->add(i, std::move(full));
+      else if (mover) pp.send(full, 0, kSaveTag);
+    } else if (!mover) {
+      continue;  // another ep rank's pp group: its stage-0 rank does not write
+    } else if (p.owner == me) {
       // Every tp rank of the owner stage takes part in the gather; tp rank 0
       // holds the result (at tp 1 the weight itself, as CausalLM::save). A
       // buffer is whole on every tp rank.

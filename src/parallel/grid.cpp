@@ -165,10 +165,10 @@ Status validate(const ParallelDims& d, int world, const ModelFacts& m) {
 
 Status check_supported(const ParallelDims& d) {
   Problems p;
-  if (d.ep > 1 && (d.tp > 1 || d.cp > 1 || d.pp > 1))
+  if (d.ep > 1 && (d.tp > 1 || d.cp > 1))
     p.add("not supported yet: expert_model_parallel_size=", d.ep, " with tensor_model_parallel_size=", d.tp,
-          ", context_parallel_size=", d.cp, " and pipeline_model_parallel_size=", d.pp,
-          " (expert parallelism runs with data parallelism only: set those to 1)");
+          " and context_parallel_size=", d.cp, " (expert parallelism runs with data and pipeline parallelism: set "
+          "those to 1)");
   if (d.expert_tp() != d.tp)
     p.add("not supported yet: expert_tensor_parallel_size=", d.expert_tp(), " different from tensor_model_parallel_size=", d.tp);
   return p.status();

@@ -96,6 +96,8 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const std::vector<const m
   }
   KS_CHECK(!first.is_value_model(), "RolloutWeights: the training model is a value model (critic); the rollout "
            "generates with the actor's causal LM");
+  KS_CHECK(opts.ep == 1, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=", opts.ep,
+           " under pipeline parallelism (the rollout runs the whole model: its copy holds every expert)");
   // Collective over pp: every rank learns each parameter's owner stage.
   auto pipe = model::pipeline_params(chunks);
   KS_CHECK(pipe.is_ok(), "RolloutWeights (pipeline parallel): ", pipe.status().message());
@@ -133,7 +135,11 @@ void RolloutWeights::refresh_pipelined() {
     // A buffer is f32 on both sides: it travels in f32, never rounded.
     const DType on_wire = s.buffer ? DType::F32 : wire;
     Tensor buf;  // the full HF tensor [full_shape], in `on_wire`
-    if (s.owner == pp.rank()) {
+    if (s.owner == pp.rank() && s.ep_owner >= 0) {  // a routed expert: first to every ep rank of its stage (tp 1)
+      const model::RoutedExpertTensor t{s.name, s.full_shape, s.ep_owner, s.local};
+      buf = model::broadcast_expert_tensor(train_, t, s.local ? s.local->weight : Tensor(), on_wire);
+      if (s.ep_owner != train_.ep().rank()) last_.bytes_received += int64_t(buf.nbytes());
+    } else if (s.owner == pp.rank()) {
       Tensor full = s.local->weight;  // replicated tensors and tp 1 hold the full tensor already
       if (ttp.size() > 1 && s.local->shard.kind != parallel::ShardKind::Replicated) {
         full = s.chunk->full_tensor(*s.local);  // collective over this stage's training tp group

@@ -93,11 +93,11 @@ std::string num(double v) {
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
   const bool ep = model_.ep().size() > 1;
-  if (ep && (opt_.parallel.distributed_optimizer || model_.pp().size() > 1 || model_.tp().size() > 1))
+  if (ep && (opt_.parallel.distributed_optimizer || model_.tp().size() > 1))
     KS_FAIL(opt_.name, ": not supported yet: expert parallelism (expert_model_parallel_size ", model_.ep().size(),
-            ") with ", opt_.parallel.distributed_optimizer ? "the distributed optimizer" : "pipeline or tensor parallelism",
-            "; train it with data parallelism alone (the experts' optimizer is not sharded over the expert-data-parallel "
-            "group yet)");
+            ") with ", opt_.parallel.distributed_optimizer ? "the distributed optimizer" : "tensor parallelism",
+            "; train it with data and pipeline parallelism (the experts' optimizer is not sharded over the "
+            "expert-data-parallel group yet)");
   if (ep) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
@@ -182,12 +182,15 @@ optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
   // denominators, as for the dense part).
   if (edp_group_->size() > 1)
     for (model::Param* p : expert_params_) edp_group_->all_reduce(p->grad, comm::ReduceOp::Sum);
-  // The global norm: the dense part as DataParallel reduces it, plus every
-  // expert once (the squares summed over the ep group), in double.
-  const double dense = dp_->grad_norm(nullptr, nullptr);
+  // The global norm: the dense part as DataParallel reduces it (over the
+  // pipeline stages too), plus every expert once (the squares summed over the
+  // ep group, then over the stages, which hold other layers), in double.
+  comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
+  const double dense = dp_->grad_norm(nullptr, pp);
   double sq = 0;
   for (model::Param* p : expert_params_) sq += ops::sum_squares(p->grad);
-  const double experts = parallel::sum_over(model_.ep(), sq);
+  double experts = parallel::sum_over(model_.ep(), sq);
+  if (pp) experts = parallel::sum_over(*pp, experts);
   optim::ClipResult clip;
   clip.norm = std::sqrt(dense * dense + experts);
   clip.finite = std::isfinite(clip.norm);

@@ -265,12 +265,14 @@ TEST(CheckSupported, EpRunsWithDataParallelismOnly) {
   EXPECT_TRUE(check_supported(d).is_ok());
   d.cp = 1;
   d.ep = 2;
-  EXPECT_HAS(check_supported(d), "not supported yet: expert_model_parallel_size=2 with tensor_model_parallel_size=2, "
-             "context_parallel_size=1 and pipeline_model_parallel_size=1 (expert parallelism runs with data "
-             "parallelism only: set those to 1)");
-  ParallelDims e;  // EP x DP (the experts over ep, everything else data parallel)
+  EXPECT_HAS(check_supported(d), "not supported yet: expert_model_parallel_size=2 with tensor_model_parallel_size=2 "
+             "and context_parallel_size=1 (expert parallelism runs with data and pipeline parallelism: set those "
+             "to 1)");
+  ParallelDims e;  // EP x DP (the experts over ep, everything else data parallel), and with PP
   e.ep = 2;
   e.dp = 2;
+  EXPECT_TRUE(check_supported(e).is_ok());
+  e.pp = 2;
   EXPECT_TRUE(check_supported(e).is_ok());
   d.ep = 1;
   d.pp = 2;  // pipeline parallelism runs (train/pipeline.h)

@@ -464,10 +464,13 @@ TEST(MemoryPlanMoe, RefusesWhatKestrelCannotRun) {
   for (int64_t i = 0; i < in.model.num_hidden_layers; ++i)
     if (in.model.is_moe_layer(i)) experts += in.model.moe.num_experts * 3 * in.model.hidden_size * in.model.moe.moe_intermediate_size;
   EXPECT_EQ(full.params - half.params, experts / 2);
-  in.layout.pp = 2;
+  in.layout.pp = 3;  // EP x PP runs (a stage per layer of the 3)
+  EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
+  in.layout.vpp = 2;
   s = validate_plan_inputs(in);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2 with pipeline_model_parallel_size=2"),
+  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2 with context_parallel_size=1, "
+                             "virtual_pipeline_model_parallel_size=2"),
             std::string::npos) << s.message();
   in = inputs_for(golden("qwen2"));  // dense
   in.layout.ep = 2;

@@ -4,7 +4,7 @@
 # DeepSeek-V3 models, no router losses (with them each dp rank's micro-batches would differ from one process's,
 # as in Megatron):
 #  - EP2 (mpirun -np 2), EP4 and EP2 x DP2 (-np 4: the experts' gradients summed over the expert-data-parallel
-#    group), the allgather (default) and alltoall dispatchers, the hierarchical alltoallv over two test "nodes", EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
+#    group), EP2 x PP2 (its folder scoring as one process's too), the allgather (default) and alltoall dispatchers, the hierarchical alltoallv over two test "nodes", EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
 #    dispatch is collective), and GAE with a mixture-of-experts critic under EP2: every step's losses, grad norm,
 #    KL, entropy and rewards within 1e-4 relative of one process's;
 #  - the rollout on the actor's ep group (rollout.expert_parallel_size=2: the experts read in place, the ranks
@@ -12,7 +12,7 @@
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
 #  - a checkpoint saved under EP2 resumes under EP1 (weights and the optimizer's experts) and its next step equals
 #    the uninterrupted EP2 run's;
-#  - refusals name the key: EP with a dense model, with pipeline stages, with the distributed optimizer (not
+#  - refusals name the key: EP with a dense model, with virtual pipeline stages, with the distributed optimizer (not
 #    built yet; tensor and context parallelism of MoE models are refused on their own), an expert_tensor_parallel_size other
 #    than the tensor-parallel size, and a reference model on another expert layout.
 # usage: bash tests/scripts/mpi_ep_train.sh <kestrel-binary> <build-dir>
@@ -108,6 +108,11 @@ run 4 ep4 "${M[@]}" "${B8[@]}" $EP=4
 same_metrics "$W/one_b8" "$W/ep4" "EP4"
 run 4 ep2_dp2 "${M[@]}" "${B8[@]}" $EP=2
 same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
+# EP2 x PP2 (4 ranks: each stage's two ranks share its layers' experts; dp 2): the stages' experts
+# gathered for the rollout's copy and the saved folder.
+run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
+same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
+same_weights "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
 # The token dispatchers: allgather (Megatron's default, the runs above), alltoall, and alltoall through the
 # hierarchical exchange over two test "nodes" of two ranks each.
 OT=actor_rollout_ref.actor.megatron.override_transformer_config
@@ -148,11 +153,12 @@ refuse() {  # refuse <np> <expected message part> <overrides...>
 }
 "$KESTREL" train "${COMMON[@]}" actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 \
   trainer.default_local_dir="$W/refused1" >"$W/log.txt" 2>&1 && fail "one process accepted $EP=2"
-grep -qF "$EP=2 must divide the number of processes (1)" "$W/log.txt" || fail "one process with $EP=2: no reason"
+grep -qF "$EP=2 x pipeline_model_parallel_size=1 = 2 must divide the number of processes (1)" "$W/log.txt" || fail "one process with $EP=2: no reason"
 refuse 2 "$EP=2 splits the routed experts of a mixture-of-experts model" actor_rollout_ref.model.path=builtin:tiny $EP=2
-refuse 2 "not supported yet: $EP=2 with pipeline_model_parallel_size=2" \
-  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.pipeline_model_parallel_size=2
-refuse 2 "not supported yet: $EP=2 with pipeline_model_parallel_size=1, context_parallel_size=1 or use_distributed_optimizer" \
+refuse 4 "not supported yet: $EP=2 with context_parallel_size=1, virtual_pipeline_model_parallel_size=2" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.pipeline_model_parallel_size=2 \
+  $A.virtual_pipeline_model_parallel_size=2
+refuse 2 "not supported yet: $EP=2 with context_parallel_size=1, virtual_pipeline_model_parallel_size=1 or use_distributed_optimizer" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.use_distributed_optimizer=true
 refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.expert_tensor_parallel_size=2
@@ -160,5 +166,5 @@ refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
-echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x PP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
      "DeepSeek-V3; the EP2 folders score alike; an EP2 checkpoint resumes under EP1; refusals name the keys)"
