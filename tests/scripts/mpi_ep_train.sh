@@ -10,8 +10,8 @@
 #  - the rollout on the actor's ep group (rollout.expert_parallel_size=2: the experts read in place, the ranks
 #    stepping in lockstep) gives the same run;
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
-#  - a checkpoint saved under EP2 resumes under EP1 (weights and the optimizer's experts) and its next step equals
-#    the uninterrupted EP2 run's;
+#  - a checkpoint saved under EP2 (and under EP2 x PP2) resumes under EP1 (weights and the optimizer's experts)
+#    and its next step equals the uninterrupted run's;
 #  - refusals name the key: EP with a dense model, with virtual pipeline stages, with the distributed optimizer (not
 #    built yet; tensor and context parallelism of MoE models are refused on their own), an expert_tensor_parallel_size other
 #    than the tensor-parallel size, and a reference model on another expert layout.
@@ -140,6 +140,13 @@ head -n 2 "$W/tiny-qwen3-moe/ep2/metrics.jsonl" >"$W/resume/metrics.jsonl"
 run 1 resume actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=auto
 grep -q "resum" "$W/log.txt" || fail "EP1 did not say it resumed"
 same_metrics "$W/tiny-qwen3-moe/ep2" "$W/resume" "EP2 checkpoint resumed under EP1" 3
+# And an EP2 x PP2 checkpoint (one optimizer file per stage, each with its layers' experts) in one process.
+mkdir -p "$W/resume_pp"
+cp -r "$W/ep2_pp2/global_step_2" "$W/resume_pp/"
+echo 2 >"$W/resume_pp/latest_checkpointed_iteration.txt"
+head -n 2 "$W/ep2_pp2/metrics.jsonl" >"$W/resume_pp/metrics.jsonl"
+run 1 resume_pp actor_rollout_ref.model.path=builtin:tiny-qwen3-moe "${B8[@]}" trainer.resume_mode=auto
+same_metrics "$W/ep2_pp2" "$W/resume_pp" "EP2 x PP2 checkpoint resumed under EP1 PP1" 3
 
 # Refusals naming the key.
 refuse() {  # refuse <np> <expected message part> <overrides...>
@@ -167,4 +174,4 @@ refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
 echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x PP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
-     "DeepSeek-V3; the EP2 folders score alike; an EP2 checkpoint resumes under EP1; refusals name the keys)"
+     "DeepSeek-V3; the EP2 and EP2 x PP2 folders score alike; their checkpoints resume under EP1; refusals name the keys)"
