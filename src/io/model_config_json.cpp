@@ -10,12 +10,10 @@ using json = nlohmann::json;
 
 namespace {
 
-// transformers 5's rope_parameters: rope_theta and rope_type, then the keys of the type.
-json rope_parameters_json(const ops::RopeConfig& r) {
-  json s;
-  s["rope_theta"] = r.theta;
-  s["rope_type"] = r.scaling_type.empty() ? "default" : r.scaling_type;
-  if (r.scaling_type == "linear" || r.scaling_type == "llama3" || r.scaling_type == "yarn") s["factor"] = r.factor;
+// The keys of a llama3 or yarn scaling, in transformers' order (both the
+// rope_parameters of transformers 5 and the older rope_scaling carry them).
+template <class Json>
+void add_rope_type_keys(Json& s, const ops::RopeConfig& r) {
   if (r.scaling_type == "llama3") {
     s["low_freq_factor"] = r.low_freq_factor;
     s["high_freq_factor"] = r.high_freq_factor;
@@ -28,6 +26,15 @@ json rope_parameters_json(const ops::RopeConfig& r) {
     if (r.mscale != 0.0) s["mscale"] = r.mscale;
     if (r.mscale_all_dim != 0.0) s["mscale_all_dim"] = r.mscale_all_dim;
   }
+}
+
+// transformers 5's rope_parameters: rope_theta and rope_type, then the keys of the type.
+json rope_parameters_json(const ops::RopeConfig& r) {
+  json s;
+  s["rope_theta"] = r.theta;
+  s["rope_type"] = r.scaling_type.empty() ? "default" : r.scaling_type;
+  if (r.scaling_type == "linear" || r.scaling_type == "llama3" || r.scaling_type == "yarn") s["factor"] = r.factor;
+  add_rope_type_keys(s, r);
   return s;
 }
 
@@ -149,18 +156,7 @@ std::string model_config_to_json(const ModelConfig& cfg) {
     nlohmann::ordered_json s;
     s["rope_type"] = r.scaling_type;
     s["factor"] = r.factor;
-    if (r.scaling_type == "llama3") {
-      s["low_freq_factor"] = r.low_freq_factor;
-      s["high_freq_factor"] = r.high_freq_factor;
-      s["original_max_position_embeddings"] = r.original_max_position;
-    } else if (r.scaling_type == "yarn") {
-      s["original_max_position_embeddings"] = r.original_max_position;
-      s["beta_fast"] = r.beta_fast;
-      s["beta_slow"] = r.beta_slow;
-      if (r.attention_factor != 0.0) s["attention_factor"] = r.attention_factor;
-      if (r.mscale != 0.0) s["mscale"] = r.mscale;
-      if (r.mscale_all_dim != 0.0) s["mscale_all_dim"] = r.mscale_all_dim;
-    }
+    add_rope_type_keys(s, r);
     j["rope_scaling"] = s;
   }
   j["use_cache"] = true;

@@ -1,6 +1,5 @@
 #include "model/ep_state.h"
 
-#include "model/moe_mlp.h"
 
 namespace kestrel::model {
 

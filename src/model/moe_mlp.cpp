@@ -6,6 +6,7 @@
 #include "ops/copy.h"
 #include "ops/moe.h"
 #include "ops/ops.h"
+#include "model/ep_state.h"
 #include "parallel/ep_dispatch.h"
 
 namespace kestrel::model {
@@ -35,7 +36,7 @@ int64_t num_moe_layers(const io::ModelConfig& cfg) {
   return n;
 }
 
-bool is_routed_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+bool is_routed_expert_param(const std::string& name) { return routed_expert_index(name) >= 0; }
 
 ops::MoeRouterConfig moe_router_config(const io::ModelConfig& cfg) {
   const auto& m = cfg.moe;

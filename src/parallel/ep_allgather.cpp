@@ -8,36 +8,21 @@
 namespace kestrel::parallel {
 
 EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe) {
-  EpLayout L;
-  L.dispatcher = EpDispatcher::AllGather;
-  L.ep = ep.size();
-  L.rank = ep.rank();
-  const int64_t E = int64_t(tpe.size());
-  KS_CHECK(E > 0 && E % L.ep == 0, "expert parallelism: ", E, " experts do not split over expert_model_parallel_size ",
-           L.ep, "; choose a size dividing num_experts");
-  const int64_t k = E / L.ep;
-  L.experts_per_rank = k;
+  const int n = ep.size();
+  const int64_t E = int64_t(tpe.size()), k = experts_per_rank(E, n);
   // counts[s * E + g]: rank s's rows for expert g. [ep, E]
-  std::vector<int64_t> counts(size_t(L.ep * E), 0);
+  std::vector<int64_t> counts(size_t(n * E), 0);
   ep.all_gather(tpe.data(), counts.data(), E, DType::I64);
-  std::vector<int64_t> rows_of(size_t(L.ep), 0);  // [ep] N of each rank
-  for (int s = 0; s < L.ep; ++s)
+  // The all-to-all's fields from the same counts: what it would send and receive.
+  std::vector<int64_t> recv_counts(static_cast<size_t>(E), 0);  // [ep * k]: rank s's rows for local expert e
+  for (int s = 0; s < n; ++s)
+    for (int64_t e = 0; e < k; ++e) recv_counts[size_t(s * k + e)] = counts[size_t(s * E + ep.rank() * k + e)];
+  EpLayout L = ep_layout_from_counts(n, ep.rank(), tpe, std::move(recv_counts));
+  L.dispatcher = EpDispatcher::AllGather;
+  std::vector<int64_t> rows_of(size_t(n), 0);  // [ep] N of each rank
+  for (int s = 0; s < n; ++s)
     for (int64_t g = 0; g < E; ++g) rows_of[size_t(s)] += counts[size_t(s * E + g)];
   L.block_rows = *std::max_element(rows_of.begin(), rows_of.end());
-  // The all-to-all's fields from the same counts: what it would send and receive.
-  L.send_rows.assign(size_t(L.ep), 0);
-  for (int j = 0; j < L.ep; ++j)
-    for (int64_t e = 0; e < k; ++e) L.send_rows[size_t(j)] += tpe[size_t(j * k + e)];
-  L.recv_counts.assign(size_t(E), 0);
-  L.recv_rows.assign(size_t(L.ep), 0);
-  L.local_group_sizes.assign(size_t(k), 0);
-  for (int s = 0; s < L.ep; ++s)
-    for (int64_t e = 0; e < k; ++e) {
-      const int64_t n = counts[size_t(s * E + L.rank * k + e)];
-      L.recv_counts[size_t(s * k + e)] = n;
-      L.recv_rows[size_t(s)] += n;
-      L.local_group_sizes[size_t(e)] += n;
-    }
   // keep[pos]: gathered row of sorted row pos (local expert-major, then source rank).
   const int64_t Nr = L.received();
   std::vector<int32_t> keep(static_cast<size_t>(Nr));

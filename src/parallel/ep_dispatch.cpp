@@ -9,22 +9,25 @@ namespace kestrel::parallel {
 
 int64_t EpLayout::received() const { return std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t(0)); }
 
-EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, EpDispatcher dispatcher) {
-  if (dispatcher == EpDispatcher::AllGather) return ep_allgather_layout(ep, tpe);
+int64_t experts_per_rank(int64_t E, int ep) {
+  KS_CHECK(E > 0 && E % ep == 0, "expert parallelism: ", E, " experts do not split over expert_model_parallel_size ",
+           ep, "; choose a size dividing num_experts");
+  return E / ep;
+}
+
+EpLayout ep_layout_from_counts(int ep, int rank, const std::vector<int64_t>& tpe, std::vector<int64_t> recv_counts) {
   EpLayout L;
-  L.ep = ep.size();
-  L.rank = ep.rank();
+  L.ep = ep;
+  L.rank = rank;
   const int64_t E = int64_t(tpe.size());
-  KS_CHECK(E > 0 && E % L.ep == 0, "expert parallelism: ", E, " experts do not split over expert_model_parallel_size ",
-           L.ep, "; choose a size dividing num_experts");
-  const int64_t k = E / L.ep;
+  const int64_t k = experts_per_rank(E, ep);
+  KS_CHECK(int64_t(recv_counts.size()) == E, "ep_layout_from_counts: ", recv_counts.size(), " received counts for ", E,
+           " experts");
   L.experts_per_rank = k;
   L.send_rows.assign(size_t(L.ep), 0);
   for (int j = 0; j < L.ep; ++j)
     for (int64_t e = 0; e < k; ++e) L.send_rows[size_t(j)] += tpe[size_t(j * k + e)];
-  // recv_counts[s * k + e]: rank s's rows for local expert e.
-  L.recv_counts.assign(size_t(E), 0);
-  ep.all_to_all(tpe.data(), L.recv_counts.data(), k, DType::I64);
+  L.recv_counts = std::move(recv_counts);
   L.recv_rows.assign(size_t(L.ep), 0);
   L.local_group_sizes.assign(size_t(k), 0);
   for (int s = 0; s < L.ep; ++s)
@@ -32,6 +35,17 @@ EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& 
       L.recv_rows[size_t(s)] += L.recv_counts[size_t(s * k + e)];
       L.local_group_sizes[size_t(e)] += L.recv_counts[size_t(s * k + e)];
     }
+  return L;
+}
+
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, EpDispatcher dispatcher) {
+  if (dispatcher == EpDispatcher::AllGather) return ep_allgather_layout(ep, tpe);
+  const int64_t E = int64_t(tpe.size());
+  // recv_counts[s * k + e]: rank s's rows for local expert e, in one all-to-all of the counts.
+  std::vector<int64_t> recv_counts(size_t(E), 0);
+  ep.all_to_all(tpe.data(), recv_counts.data(), experts_per_rank(E, ep.size()), DType::I64);
+  EpLayout L = ep_layout_from_counts(ep.size(), ep.rank(), tpe, std::move(recv_counts));
+  const int64_t k = L.experts_per_rank;
   // Received rows: source-major, then local expert. Sorted rows: local
   // expert-major, then source.
   const int64_t Nr = L.received();

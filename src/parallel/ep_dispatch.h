@@ -56,6 +56,17 @@ struct EpLayout {
 // rank; AllGather: one all-gather of E counts, ep_allgather_layout).
 // tokens_per_expert: [E] rows of xs per expert (ops::MoeRouting::group_sizes);
 // E must divide by the group size.
+// E / ep, the routed experts each rank holds; fails naming both when E does not split over the group.
+int64_t experts_per_rank(int64_t num_experts, int ep);
+
+// The counts both dispatchers derive alike (no communication): ep, rank,
+// experts_per_rank, send_rows from this rank's tokens_per_expert [E], and
+// recv_counts [ep * E/ep] (rank s's rows for local expert e, s-major) with
+// recv_rows and local_group_sizes summed from them. Fails naming the sizes
+// when E does not split over the group.
+EpLayout ep_layout_from_counts(int ep, int rank, const std::vector<int64_t>& tokens_per_expert,
+                               std::vector<int64_t> recv_counts);
+
 EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert,
                             EpDispatcher dispatcher = EpDispatcher::AllToAll);
 

@@ -14,6 +14,7 @@
 
 #include "io/safetensors.h"
 #include "model/ep_state.h"
+#include "model/moe_mlp.h"
 #include "optim/checkpoint_io.h"
 #include "parallel/data_parallel.h"
 #include "parallel/sharding.h"
@@ -157,7 +158,7 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
     const optim::ParamSlot& slot = opt.params()[i];
     const model::Param* p = model.find_param(slot.name);
     KS_CHECK(p, "optimizer checkpoint: optimizer parameter '", slot.name, "' is not a parameter of the model");
-    if (ep && model::routed_expert_index(slot.name) >= 0) continue;  // gathered over the ep group below
+    if (ep && model::is_routed_expert_param(slot.name)) continue;  // gathered over the ep group below
     const int64_t off = opt.offsets()[i], n = opt.offsets()[i + 1] - off;
     const auto [lo, hi] = opt.owned_of(i);
     const bool has_master = slot.model_copy.defined();  // bf16/f16 weights; an f32 weight is its own master
