@@ -50,41 +50,7 @@ run() {  # run <np> <dir> <overrides...>
 }
 KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean
       critic/vf_loss critic/grad_norm'
-metric_at() {  # metric_at <run-dir> <line> <key>
-  sed -n "${2}p" "$1/metrics.jsonl" | tr ',{}' '\n\n\n' | grep "\"$3\":" | sed -E 's/.*: *//' || true
-}
-same_metrics() {  # same_metrics <run-a> <run-b> <what> [first-line]: within 1e-4 relative (of 0.01 below it)
-  local n first=${4:-1}
-  n=$(wc -l <"$1/metrics.jsonl")
-  [[ $n == $(wc -l <"$2/metrics.jsonl") ]] || fail "$3: $n vs $(wc -l <"$2/metrics.jsonl") metric lines"
-  for ((line = first; line <= n; line++)); do
-    for k in $KEYS; do
-      local a b
-      a=$(metric_at "$1" "$line" "$k"); b=$(metric_at "$2" "$line" "$k")
-      [[ -z "$a" && -z "$b" ]] && continue
-      [[ -n "$a" && -n "$b" ]] || fail "$3: line $line $k: '$a' vs '$b'"
-      awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a; t = b < 0 ? -b : b;
-        if (t > s) s = t; if (s < 1e-2) s = 1e-2; exit !(d <= 1e-4 * s) }' || fail "$3: line $line $k: $a vs $b"
-    done
-  done
-}
-cat >"$W/ids.jsonl" <<'JSONL'
-{"input_ids": [1, 5, 9, 33, 70, 2, 95, 200, 311, 17]}
-{"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
-JSONL
-nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
-same_weights() {  # same_weights <model-a> <model-b> <what>: their log-probs within 1e-4 of each line's scale
-  "$KESTREL" logprobs --model "$1" --input "$W/ids.jsonl" --output "$W/a.jsonl" >"$W/log.txt" 2>&1 || fail "$3: logprobs $1"
-  "$KESTREL" logprobs --model "$2" --input "$W/ids.jsonl" --output "$W/b.jsonl" >"$W/log.txt" 2>&1 || fail "$3: logprobs $2"
-  paste -d '|' <(nums "$W/a.jsonl") <(nums "$W/b.jsonl") | awk -F'|' -v what="$3" '
-    { na = split($1, a, " "); nb = split($2, b, " ");
-      if (na != nb) { printf "%s: line %d: %d vs %d numbers\n", what, NR, na, nb; bad = 1; next }
-      scale = 1e-30; err = 0;
-      for (i = 1; i <= na; i++) { v = a[i] + 0; if (v < 0) v = -v; if (v > scale) scale = v;
-                                  d = a[i] - b[i]; if (d < 0) d = -d; if (d > err) err = d }
-      if (err > 1e-4 * scale) { printf "%s: line %d: max error %g, scale %g\n", what, NR, err, scale; bad = 1 } }
-    END { exit bad }' || fail "$3: the saved weights differ"
-}
+source "$(dirname "$0")/lib/compare_runs.sh"
 
 for model in tiny-qwen3-moe tiny-deepseek-v3; do
   M=(actor_rollout_ref.model.path=builtin:$model trainer.resume_mode=disable)
@@ -95,7 +61,7 @@ for model in tiny-qwen3-moe tiny-deepseek-v3; do
   # The rollout on the actor's ep group (its experts in place, steps in lockstep) instead of a whole copy.
   run 2 "$model/ep2_rollout_ep2" "${M[@]}" $EP=2 actor_rollout_ref.rollout.expert_parallel_size=2
   same_metrics "$W/$model/one" "$W/$model/ep2_rollout_ep2" "$model EP2 with rollout EP2"
-  same_weights "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2/global_step_3/actor/model" "$model EP2"
+  same_logprobs "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2/global_step_3/actor/model" "$model EP2"
 done
 
 M=(actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=disable)
@@ -112,7 +78,7 @@ same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
 # gathered for the rollout's copy and the saved folder.
 run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
 same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
-same_weights "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
+same_logprobs "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
 # The token dispatchers: allgather (Megatron's default, the runs above), alltoall, and alltoall through the
 # hierarchical exchange over two test "nodes" of two ranks each.
 OT=actor_rollout_ref.actor.megatron.override_transformer_config

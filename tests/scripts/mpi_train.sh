@@ -43,42 +43,11 @@ multi() { timeout -k 5 300 mpirun -np 2 --oversubscribe --bind-to none "$KESTREL
 # Step 1's rollout (before any update): the same responses, so the same scores and lengths.
 step1() { head -n 2 "$1/metrics.jsonl" | tail -n 1 | tr ',' '\n' |
           grep -E '"(critic/score|response_length|prompt_length)/(mean|max|min)"'; }
-cat >"$W/ids.jsonl" <<'JSONL'
-{"input_ids": [1, 5, 9, 33, 70, 2, 95, 200, 311, 17]}
-{"input_ids": [4, 4, 4, 80, 12, 0, 61, 17, 90, 3, 3, 8, 44, 500]}
-JSONL
-nums() { sed -E 's/"[a-z_]+"//g' "$1" | tr -c '0-9eE.+\n-' ' '; }
-# Every step's training metrics (losses, grad norm, KL, entropy, rewards,
-# lengths) within 1e-4 relative of one process's (of 0.01 for values below it: a KL near 0).
 KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean'
-metric_at() {  # metric_at <run-dir> <line> <key>
-  sed -n "${2}p" "$1/metrics.jsonl" | tr ',{}' '\n\n\n' | grep "\"$3\":" | sed -E 's/.*: *//' || true
-}
-same_metrics() {  # same_metrics <run-a> <run-b> <what>
-  local n
-  n=$(wc -l <"$1/metrics.jsonl")
-  for ((line = 1; line <= n; line++)); do
-    for k in $KEYS; do
-      local a b
-      a=$(metric_at "$1" "$line" "$k"); b=$(metric_at "$2" "$line" "$k")
-      [[ -z "$a" && -z "$b" ]] && continue
-      awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; s = a < 0 ? -a : a; t = b < 0 ? -b : b;
-        if (t > s) s = t; if (s < 1e-2) s = 1e-2; exit !(d <= 1e-4 * s) }' || fail "$3: line $line $k: $a vs $b"
-    done
-  done
-}
-same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what> [step]
+source "$(dirname "$0")/lib/compare_runs.sh"
+same_weights() {  # same_weights <ckpt-a> <ckpt-b> <what> [step]: the actor folders of step (2) score alike
   local step=${4:-2}
-  "$KESTREL" logprobs --model "$1/global_step_$step/actor/model" --input "$W/ids.jsonl" --output "$W/a.jsonl" >/dev/null 2>&1
-  "$KESTREL" logprobs --model "$2/global_step_$step/actor/model" --input "$W/ids.jsonl" --output "$W/b.jsonl" >/dev/null 2>&1
-  paste -d '|' <(nums "$W/a.jsonl") <(nums "$W/b.jsonl") | awk -F'|' -v what="$3" '
-    { na = split($1, a, " "); nb = split($2, b, " ");
-      if (na != nb) { printf "%s: line %d: %d vs %d numbers\n", what, NR, na, nb; bad = 1; next }
-      scale = 1e-30; err = 0;
-      for (i = 1; i <= na; i++) { v = a[i] + 0; if (v < 0) v = -v; if (v > scale) scale = v;
-                                  d = a[i] - b[i]; if (d < 0) d = -d; if (d > err) err = d }
-      if (err > 1e-4 * scale) { printf "%s: line %d: max error %g, scale %g\n", what, NR, err, scale; bad = 1 } }
-    END { exit bad }' || fail "$3: final weights differ from one process"
+  same_logprobs "$1/global_step_$step/actor/model" "$2/global_step_$step/actor/model" "$3"
 }
 
 single trainer.total_training_steps=2 trainer.save_freq=2 trainer.default_local_dir="$W/one"
