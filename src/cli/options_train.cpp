@@ -502,6 +502,12 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.kl_ctrl.horizon = c.get_int("algorithm.kl_ctrl.horizon");
   o.kl_ctrl.target_kl = c.get_float("algorithm.kl_ctrl.target_kl");
   o.rollout_corr = rollout_correction_config(c);
+  o.staleness_threshold = c.get_float("async_training.staleness_threshold");
+  o.partial_max_split = c.get_int("algorithm.partial_rollout_max_split");
+  o.use_rollout_log_probs = c.get_bool("async_training.use_rollout_log_probs");
+  if (o.use_rollout_log_probs && !c.get_bool("actor_rollout_ref.rollout.calculate_log_probs"))
+    KS_FAIL(c.origin("actor_rollout_ref.rollout.calculate_log_probs"), ": async_training.use_rollout_log_probs=true "
+            "trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (it is false)");
   o.critic_warmup = c.get_int("trainer.critic_warmup");
   o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");

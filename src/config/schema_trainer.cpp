@@ -128,6 +128,44 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "(-A * logp times the IS weights).", {"ppo_clip", "reinforce"});
   b.k("rollout_correction.rollout_is_batch_normalize", B, "false", YES,
       "Normalise the truncated importance weights to mean 1 over the batch (per sequence at sequence level).");
+  b.k("partial_rollout_max_split", I, "1", YES,
+      "Partial rollout (MindSpeed's rl_config.partial_rollout_max_split, verl_npu's key): generation runs in rounds "
+      "of ceil(response_length / s) tokens per response; unfinished responses stay in the sample store and continue "
+      "next round (re-prefilled under the current weights); a step trains the oldest train_batch_size finished "
+      "groups. 1 = off.").at_least(1).addable = true;
+
+  // verl's fully-async trainer (verl/experimental/fully_async_policy): its
+  // yaml adds this section to ppo_trainer.yaml (or a script adds it with '+').
+  b.scope("async_training");
+  b.k("staleness_threshold", F, "0.0", YES,
+      "Bounded staleness: the rollout generates up to (1 + t) batches per parameter sync (verl's rollout_num), as a "
+      "fixed pipeline: a prompt trains at most ceil(t) versions after it was generated; 1 = one-step off-policy. "
+      "verl's fully-async yaml default: 0.1; Kestrel's: 0 (synchronous).").at_least(0).addable = true;
+  b.k("trigger_parameter_sync_step", I, "1", NO,
+      "Local updates between two parameter syncs; Kestrel syncs after every step (1). verl's fully-async default: 4.")
+      .at_least(1).addable = true;
+  b.k("require_batches", I, "1", NOP,
+      "Mini-batches per local update; a Kestrel step trains data.train_batch_size prompts in ppo_mini_batch_size "
+      "mini-batches, then syncs (verl's require_batches = train_batch_size / ppo_mini_batch_size).")
+      .at_least(1).addable = true;
+  b.k("partial_rollout", B, "false", NO,
+      "verl's partial rollout (responses interrupted at a parameter sync and continued after it); Kestrel's partial "
+      "rollout is algorithm.partial_rollout_max_split. verl's fully-async default: true.").addable = true;
+  b.k("use_rollout_log_probs", B, "false", YES,
+      "Train with the rollout's log-probs as the old log-probs (no recompute; needs "
+      "actor_rollout_ref.rollout.calculate_log_probs=true). verl's fully-async default: true.").addable = true;
+  b.k("compute_prox_log_prob", B, "false", NO, "Recompute a proximal policy's log-probs (AReaL's decoupled PPO).")
+      .addable = true;
+  b.k("use_trainer_do_validate", B, "false", NOP,
+      "Validate on the trainer's ranks; Kestrel validates on its rollout, as verl's rollouter does.").addable = true;
+  b.k("checkpoint_engine.enable", B, "true", NOP,
+      "Bucketed weight sync to disaggregated rollout ranks: Kestrel's always is (over MPI; bucket size "
+      "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes).").addable = true;
+  b.k("checkpoint_engine.device_buffer_size_M", I, "4096", NOP,
+      "Bucket size of verl's checkpoint engine; Kestrel's is actor_rollout_ref.rollout.checkpoint_engine."
+      "update_weights_bucket_megabytes.").at_least(1).addable = true;
+  b.k("checkpoint_engine.overlap_broadcast_and_consume", B, "false", NO,
+      "Overlap the weight broadcast with loading it into the rollout.").addable = true;
 
   b.scope("trainer");
   b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");

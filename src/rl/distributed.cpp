@@ -53,44 +53,46 @@ void combine_doubles(comm::ProcessGroup& g, std::vector<double>& v, bool max) {
 
 }  // namespace
 
-std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const std::vector<WireResponse>& mine,
-                                               bool leader) {
-  // [prompt, sample, n_tokens, has_logprobs, n_routed, tokens..., logprob bits..., routed...] per response.
+std::vector<int32_t> encode_responses(const std::vector<WireResponse>& rs) {
+  // [prompt, sample, n_tokens, flags, n_routed, tokens..., logprob bits..., routed...] per response;
+  // flags: bit 0 log-probs present, bit 1 finished.
   std::vector<int32_t> words;
-  if (leader)
-    for (const WireResponse& r : mine) {
-      words.push_back(int32_t(r.prompt));
-      words.push_back(int32_t(r.sample));
-      words.push_back(int32_t(r.tokens.size()));
-      const bool lp = !r.logprobs.empty();
-      KS_CHECK(!lp || r.logprobs.size() == r.tokens.size(), "response of prompt ", r.prompt, ": ",
-               r.logprobs.size(), " logprobs for ", r.tokens.size(), " tokens");
-      words.push_back(lp ? 1 : 0);
-      KS_CHECK(r.routed_experts.size() < size_t(INT32_MAX), "response of prompt ", r.prompt, ": ",
-               r.routed_experts.size(), " routing entries do not fit a message");
-      words.push_back(int32_t(r.routed_experts.size()));
-      words.insert(words.end(), r.tokens.begin(), r.tokens.end());
-      for (float f : r.logprobs) {
-        int32_t w;
-        std::memcpy(&w, &f, 4);
-        words.push_back(w);
-      }
-      words.insert(words.end(), r.routed_experts.begin(), r.routed_experts.end());
+  for (const WireResponse& r : rs) {
+    words.push_back(int32_t(r.prompt));
+    words.push_back(int32_t(r.sample));
+    words.push_back(int32_t(r.tokens.size()));
+    const bool lp = !r.logprobs.empty();
+    KS_CHECK(!lp || r.logprobs.size() == r.tokens.size(), "response of prompt ", r.prompt, ": ", r.logprobs.size(),
+             " logprobs for ", r.tokens.size(), " tokens");
+    words.push_back((lp ? 1 : 0) | (r.finished ? 2 : 0));
+    KS_CHECK(r.routed_experts.size() < size_t(INT32_MAX), "response of prompt ", r.prompt, ": ",
+             r.routed_experts.size(), " routing entries do not fit a message");
+    words.push_back(int32_t(r.routed_experts.size()));
+    words.insert(words.end(), r.tokens.begin(), r.tokens.end());
+    for (float f : r.logprobs) {
+      int32_t w;
+      std::memcpy(&w, &f, 4);
+      words.push_back(w);
     }
-  std::vector<int64_t> counts;
-  const std::vector<int32_t> all = all_gather_words(world, words, counts);
+    words.insert(words.end(), r.routed_experts.begin(), r.routed_experts.end());
+  }
+  return words;
+}
+
+std::vector<WireResponse> decode_responses(const std::vector<int32_t>& all) {
   std::vector<WireResponse> out;
   size_t i = 0;
   while (i < all.size()) {
-    KS_CHECK(i + 5 <= all.size(), "all_gather_responses: truncated record");
+    KS_CHECK(i + 5 <= all.size(), "decode_responses: truncated record");
     WireResponse r;
     r.prompt = all[i];
     r.sample = all[i + 1];
     const size_t len = size_t(all[i + 2]);
-    const bool lp = all[i + 3] != 0;
+    const bool lp = (all[i + 3] & 1) != 0;
+    r.finished = (all[i + 3] & 2) != 0;
     const size_t routed = size_t(all[i + 4]);
     i += 5;
-    KS_CHECK(i + len * (lp ? 2 : 1) + routed <= all.size(), "all_gather_responses: truncated record");
+    KS_CHECK(i + len * (lp ? 2 : 1) + routed <= all.size(), "decode_responses: truncated record");
     r.tokens.assign(all.begin() + int64_t(i), all.begin() + int64_t(i + len));
     i += len;
     if (lp) {
@@ -102,6 +104,15 @@ std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const 
     i += routed;
     out.push_back(std::move(r));
   }
+  return out;
+}
+
+std::vector<WireResponse> all_gather_responses(comm::ProcessGroup& world, const std::vector<WireResponse>& mine,
+                                               bool leader) {
+  std::vector<int64_t> counts;
+  const std::vector<int32_t> all =
+      all_gather_words(world, leader ? encode_responses(mine) : std::vector<int32_t>{}, counts);
+  std::vector<WireResponse> out = decode_responses(all);
   std::sort(out.begin(), out.end(), [](const WireResponse& a, const WireResponse& b) {
     return a.prompt != b.prompt ? a.prompt < b.prompt : a.sample < b.sample;
   });

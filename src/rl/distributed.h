@@ -73,7 +73,15 @@ struct WireResponse {
   // MoE routing replay R3: the experts of every prompt and response token (rollout::CompletionOutput::
   // routed_experts, [(P + R) x n_moe_layers x k] flattened); empty when not recorded.
   std::vector<int32_t> routed_experts;
+  // False when the engine stopped it at the request's max_tokens below the
+  // response length it may reach (a partial rollout round's budget).
+  bool finished = true;
 };
+
+// The wire form of responses (all_gather_responses, and what disaggregated
+// rollout ranks send the trainer): int32 words, decoded in the same order.
+std::vector<int32_t> encode_responses(const std::vector<WireResponse>& rs);
+std::vector<WireResponse> decode_responses(const std::vector<int32_t>& words);
 
 // Every rank's responses to every rank: `mine` is what this rank produced
 // (ranks of one rollout group hold the same responses: only its first rank,

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/progress.h"
+#include "model/moe_mlp.h"
 #include "rl/distributed.h"
 #include "train/checkpoint.h"
 #include "train/run_control.h"
@@ -112,6 +113,9 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   KS_CHECK(!rc.active || !rc.bypass_mode || !rc.rollout_is_batch_normalize || dp == 1,
            "not supported yet: ", RC, "rollout_is_batch_normalize=true with ", RC,
            "bypass_mode=true under data parallelism (", dp, " dp ranks); set one of them false or run one dp rank");
+  KS_CHECK(!opt_.use_rollout_log_probs || !rc.active || rc.bypass_mode, "async_training.use_rollout_log_probs=true "
+           "makes the old log-probs the rollout's, so ", RC, "'s decoupled mode would compare them with themselves; set ",
+           RC, "bypass_mode=true, or use_rollout_log_probs=false (verl pairs it with compute_prox_log_prob)");
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
   RlWorkerOptions w = split_options(opt_);
   actor_ = std::make_unique<ActorWorker>(actor, std::move(w.actor), opt_.parallel);
@@ -121,6 +125,33 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   reward_ = std::make_unique<RewardWorker>(rewards, opt_.parallel.world);
   rollout_ = std::make_unique<RolloutWorker>(
       actor_->model(), [a = actor_.get()] { return a->weight_version(); }, std::move(w.rollout), opt_.parallel);
+  const std::string AT = "async_training.staleness_threshold", PS = "algorithm.partial_rollout_max_split";
+  KS_CHECK(opt_.staleness_threshold >= 0, AT, "=", opt_.staleness_threshold, " must be >= 0");
+  KS_CHECK(opt_.partial_max_split >= 1, PS, "=", opt_.partial_max_split, " must be >= 1");
+  const bool asynchronous = opt_.staleness_threshold > 0 || opt_.partial_max_split > 1;
+  KS_CHECK(!asynchronous || !opt_.filter_groups.enable, "not supported yet: ", AT, " > 0 or ", PS,
+           " > 1 with algorithm.filter_groups.enable (dynamic sampling draws and filters its own batches)");
+  KS_CHECK(opt_.partial_max_split == 1 || opt_.staleness_threshold == 0, "not supported yet: ", PS, "=",
+           opt_.partial_max_split, " together with ", AT, "=", opt_.staleness_threshold, "; use one of them");
+  KS_CHECK(opt_.partial_max_split == 1 || !opt_.engine.record_routing, "not supported yet: ", PS,
+           " > 1 with actor_rollout_ref.rollout.enable_rollout_routing_replay (a continued response's routing is "
+           "not joined)");
+  if (!opt_.filter_groups.enable) {
+    AsyncRolloutOptions ao;
+    ao.batch_prompts = opt_.gen_batch_size > 0 ? opt_.gen_batch_size : opt_.train_batch_size;
+    ao.n = opt_.n;
+    ao.response_length = opt_.response_length;
+    ao.seed = opt_.rollout_seed;
+    ao.staleness_threshold = opt_.staleness_threshold;
+    ao.partial_max_split = opt_.partial_max_split;
+    ao.total_steps = opt_.total_steps;
+    ao.record_routing = opt_.engine.record_routing;
+    async_ = std::make_unique<AsyncRollout>(
+        ao, [this] { return source_->next_batch(); },
+        [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
+        [this](const std::vector<RoundRequest>& reqs) { return rollout_->generate_round(reqs); },
+        [this] { return rollout_->version(); });
+  }
 }
 
 RlTrainer::~RlTrainer() = default;
@@ -219,8 +250,15 @@ std::map<std::string, double> RlTrainer::train_step() {
       return {};
     }
   } else {
-    const std::vector<int64_t> idx = source_->next_batch();
-    b = generate(idx);
+    // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
+    const std::vector<StoredGroup> groups = async_->next_groups(step_, m);
+    std::vector<int64_t> idx;
+    for (const StoredGroup& g : groups) idx.push_back(g.prompt);
+    const io::ModelConfig& cfg = actor_->model().config();
+    const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
+    b = assemble_batch(
+        groups, [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
+        routing ? model::num_moe_layers(cfg) : 0, routing ? cfg.moe.top_k : 0);
     m["timing_s/gen"] = seconds_since(t0);
     t0 = Clock::now();
     set_progress(gstep, "reward");
@@ -238,7 +276,9 @@ std::map<std::string, double> RlTrainer::train_step() {
   // Data of older weights than the actor's (weight_version) is off-policy too.
   // Decoupled rollout correction compares them with the rollout's every step
   // (verl always recomputes them there); bypass mode takes the rollout's instead.
-  const bool bypass = rc.active && rc.bypass_mode;
+  const bool bypass = (rc.active && rc.bypass_mode) || opt_.use_rollout_log_probs;
+  KS_CHECK(!opt_.use_rollout_log_probs || !b.rollout_logp.empty(), "async_training.use_rollout_log_probs=true: the "
+           "rollout engine returned no log-probs for this batch");
   const bool need_old = !bypass && (opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size * opt_.n < b.size() ||
                                     opt_.use_kl_in_reward || b.weight_version != actor_weight_version() || rc.active);
   if (bypass) b.old_logp = b.rollout_logp;
@@ -265,7 +305,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   t0 = Clock::now();
   set_progress(gstep, "adv");
   if (opt_.use_kl_in_reward && !kl_done) apply_kl_penalty(b, m);
-  if (rc.active && !bypass) apply_rollout_correction(b, m);  // verl: after the KL penalty, before the advantages
+  if (rc.active && !rc.bypass_mode) apply_rollout_correction(b, m);  // verl: after the KL penalty, before the advantages
   compute_advantage(b, critic_ ? &values : nullptr);
   if (!b.response_mask.empty())  // verl's GRPO/RLOO advantages are scores * response_mask
     for (size_t t = 0; t < b.advantages.size(); ++t) {

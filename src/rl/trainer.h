@@ -39,6 +39,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "rl/advantages.h"
+#include "rl/async_rollout.h"
 #include "rl/critic.h"
 #include "rl/distributed.h"
 #include "rl/dynamic_sampling.h"
@@ -126,6 +127,14 @@ struct RlOptions {
   // mask and the rollout_corr/ metrics before the advantages; bypass mode takes
   // the rollout's log-probs as the old ones and corrects inside the loss.
   RolloutCorrectionConfig rollout_corr;
+  // Asynchronous rollout (rl/async_rollout.h): async_training.staleness_threshold
+  // (the rollout runs up to ceil(t) versions ahead; 0 = synchronous) and
+  // algorithm.partial_rollout_max_split (1 = off).
+  double staleness_threshold = 0;
+  int64_t partial_max_split = 1;
+  // async_training.use_rollout_log_probs: the rollout's log-probs are the old
+  // log-probs (no recompute), as verl's fully-async trainer by default.
+  bool use_rollout_log_probs = false;
   int64_t critic_warmup = 0;       // trainer.critic_warmup: steps before the actor is updated
   // trainer.balance_batch: under dp > 1 each rank trains a Karmarkar-Karp
   // partition of the sequences with balanced token counts (parallel/balance.h)
@@ -202,6 +211,8 @@ class RlTrainer {
   // tags its batch with the latter.
   int64_t actor_weight_version() const { return actor_->weight_version(); }
   int64_t rollout_weight_version() const { return rollout_->version(); }
+  // The sample store between the rollout and the trainer (null with dynamic sampling).
+  const SampleStore* sample_store() const { return async_ ? &async_->store() : nullptr; }
 
   // Pieces of a step, public for tests.
   RolloutBatch generate(const std::vector<int64_t>& prompt_idx);
@@ -243,6 +254,9 @@ class RlTrainer {
   std::unique_ptr<CriticWorker> critic_;
   std::unique_ptr<RewardWorker> reward_;
   std::unique_ptr<RolloutWorker> rollout_;
+  // The prompt stream, the sample store and the schedule of generation
+  // (null with dynamic sampling, which draws and filters its own batches).
+  std::unique_ptr<AsyncRollout> async_;
   int64_t step_ = 0;
   int64_t fit_start_step_ = 0;
   bool data_exhausted_ = false;  // dynamic sampling used up trainer.total_epochs

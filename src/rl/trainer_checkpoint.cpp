@@ -54,6 +54,8 @@ Status RlTrainer::save_checkpoint() {
                           {"dp", opt_.parallel.dp->size()},
                           {"distributed_optimizer", opt_.parallel.distributed_optimizer}};
         KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
+        // What the rollout generated ahead or in part (rl/sample_store.h): resumed, none is lost or trained twice.
+        if (async_) KS_TRY(write_file_atomic(dir + "/sample_store.json", async_->store().to_json().dump() + "\n"));
         return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
       },
       opt_.max_ckpt_to_keep, opt_.parallel.world.get());
@@ -75,6 +77,27 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
     opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
   if (critic_) KS_TRY(critic_->load(dir + "/critic"));
   KS_TRY(source_->restore(ts["data_loader"], tpath));
+  if (async_) {
+    // A checkpoint of a version without the store resumes synchronously only: nothing was generated ahead.
+    const std::string spath = dir + "/sample_store.json";
+    if (std::filesystem::exists(spath)) {
+      KS_ASSIGN(std::string stext, read_file(spath));
+      nlohmann::json sj;
+      try {
+        sj = nlohmann::json::parse(stext);
+      } catch (const nlohmann::json::exception& e) {
+        return KS_ERR(spath, ": ", e.what());
+      }
+      KS_ASSIGN(SampleStore st, SampleStore::from_json(sj, spath));
+      async_->store() = std::move(st);
+    } else if (opt_.staleness_threshold > 0 || opt_.partial_max_split > 1) {
+      return KS_ERR(spath, " is missing: this checkpoint holds no sample store, so the samples generated ahead "
+                    "of it are unknown; resume with async_training.staleness_threshold=0 and "
+                    "algorithm.partial_rollout_max_split=1");
+    } else {
+      async_->store().set_next_stream(step_ * async_->options().batch_prompts);  // the synchronous trainer's seeds
+    }
+  }
   rollout_->reload();  // the view to the loaded weights, the prefix cache reset
   return Status::ok();
 }

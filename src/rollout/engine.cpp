@@ -311,7 +311,7 @@ std::vector<RequestOutput> EngineImpl::step() {
     std::vector<std::pair<int32_t, float>> top;
     if (p.logprobs > 0) top = top_logprobs(z, V, lse_p[r], p.logprobs);
     for (int64_t k = 0; k < n_draw; ++k) {
-      const uint64_t sample = uint64_t(s->pending_fork ? k : s->sample);
+      const uint64_t sample = p.sample_offset + uint64_t(s->pending_fork ? k : s->sample);
       const int32_t tok = sample_token(z, V, p, sample, position, sc);
       draws[size_t(r)].push_back({tok, z[tok] - lse_p[r], top});
     }

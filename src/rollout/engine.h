@@ -23,6 +23,10 @@ struct SamplingParams {
   int64_t max_tokens = 512;  // rollout.response_length's default
   int64_t n = 1;             // samples per prompt, sharing the prompt's KV blocks
   uint64_t seed = 0;         // with (sample index, position): output independent of batching
+  // Added to each sample's index in the sampler's key (not in the output's
+  // index): a request that continues one sample of an earlier request (partial
+  // rollout: prompt + the tokens so far) draws as that sample would have.
+  uint64_t sample_offset = 0;
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
   std::vector<std::string> stop;        // stop strings (need a detokenizer, see EngineConfig)
   bool ignore_eos = false;

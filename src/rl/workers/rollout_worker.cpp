@@ -62,24 +62,65 @@ void RolloutWorker::reset_cache_if_moved() {
 std::vector<WireResponse> RolloutWorker::run(const std::vector<std::vector<int32_t>>& prompts,
                                              rollout::SamplingParams sp, const std::function<uint64_t(int64_t)>& seed,
                                              bool logprobs) {
+  return run_requests(
+      prompts,
+      [&](int64_t k) {
+        rollout::SamplingParams p = sp;
+        p.seed = seed(k);
+        return p;
+      },
+      logprobs, [](int64_t, const rollout::CompletionOutput&) { return true; });
+}
+
+std::vector<WireResponse> RolloutWorker::run_requests(
+    const std::vector<std::vector<int32_t>>& prompts, const std::function<rollout::SamplingParams(int64_t)>& params,
+    bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished) {
   KS_CHECK(!view_.released(), "rollout: its weight copy was released while the actor trained; sync() first");
   wake();
   reset_cache_if_moved();
   // This rollout group's share of the prompts; the seeds use the step-wide
   // index, so the samples do not depend on the layout.
   const auto [p0, p1] = share_range(int64_t(prompts.size()), group_, groups_);
-  for (int64_t k = p0; k < p1; ++k) {
-    sp.seed = seed(k);
-    engine_->add_request(std::to_string(k), prompts[size_t(k)], sp).throw_if_error();
-  }
+  for (int64_t k = p0; k < p1; ++k) engine_->add_request(std::to_string(k), prompts[size_t(k)], params(k)).throw_if_error();
   const auto outs = engine_->run_to_completion();
   KS_CHECK(int64_t(outs.size()) == p1 - p0, "rollout: ", outs.size(), " outputs for ", p1 - p0, " prompts");
   std::vector<WireResponse> mine;
   for (size_t k = 0; k < outs.size(); ++k)
     for (const auto& c : outs[k].outputs)
       mine.push_back({p0 + int64_t(k), c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{},
-                      logprobs ? c.routed_experts : std::vector<int32_t>{}});
+                      logprobs ? c.routed_experts : std::vector<int32_t>{}, finished(p0 + int64_t(k), c)});
   return parallel_.world->size() > 1 ? all_gather_responses(*parallel_.world, mine, leader_) : mine;
+}
+
+std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundRequest>& reqs) {
+  const bool record = opt_.engine.record_routing;
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.reserve(reqs.size());
+  for (const RoundRequest& r : reqs) {
+    KS_CHECK(!record || !r.may_continue, "not supported yet: partial rollout with MoE routing replay "
+             "(actor_rollout_ref.rollout.enable_rollout_routing_replay): a continued response's routing is not joined");
+    prompts.push_back(r.tokens);
+  }
+  return run_requests(
+      prompts,
+      [&](int64_t k) {
+        const RoundRequest& r = reqs[size_t(k)];
+        rollout::SamplingParams sp;
+        sp.temperature = opt_.temperature;
+        sp.top_k = opt_.top_k;
+        sp.top_p = opt_.top_p;
+        sp.max_tokens = r.max_tokens;
+        sp.n = r.n;
+        sp.seed = r.seed;
+        sp.sample_offset = r.sample_offset;
+        return sp;
+      },
+      true,
+      [&](int64_t k, const rollout::CompletionOutput& c) {
+        // Unfinished: stopped by this round's budget (not EOS, not the model's length limit).
+        const RoundRequest& r = reqs[size_t(k)];
+        return !(r.may_continue && c.finish_reason == "length" && int64_t(c.token_ids.size()) == r.max_tokens);
+      });
 }
 
 RolloutBatch RolloutWorker::generate(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {

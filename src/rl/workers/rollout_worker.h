@@ -58,6 +58,20 @@ class RolloutWeightView {
 // Sampling seed of prompt `index` of step `step` (its n samples differ by sample index).
 uint64_t rollout_request_seed(uint64_t seed, int64_t step, int64_t index);
 
+// One request of a partial-rollout round (rl/async_rollout.h): a prompt with
+// the tokens its sample generated so far appended, drawing as sample
+// sample_offset of the original request (rollout_request_seed's seed), at most
+// max_tokens new tokens. may_continue: max_tokens is this round's budget, below
+// what the response may still reach, so stopping there leaves it unfinished.
+struct RoundRequest {
+  std::vector<int32_t> tokens;
+  int64_t n = 1;
+  uint64_t seed = 0;
+  uint64_t sample_offset = 0;
+  int64_t max_tokens = 1;
+  bool may_continue = false;
+};
+
 struct RolloutOptions {
   int64_t n = 4;  // responses per prompt
   double temperature = 1.0;
@@ -96,6 +110,10 @@ class RolloutWorker {
   // val_n greedy/val_kwargs responses to every prompt (fixed seeds: comparable
   // across steps), sorted by (prompt, sample). Collective over the world.
   std::vector<WireResponse> generate_validation(const std::vector<std::vector<int32_t>>& prompts);
+  // A partial-rollout round: responses to reqs[k] (WireResponse::prompt = k,
+  // sample = the request's own sample index), with log-probs and `finished`.
+  // Collective over the world.
+  std::vector<WireResponse> generate_round(const std::vector<RoundRequest>& reqs);
 
   // Frees the KV cache (colocated: training runs meanwhile) and, with
   // release_weights, a copy's weights.
@@ -111,6 +129,11 @@ class RolloutWorker {
  private:
   std::vector<WireResponse> run(const std::vector<std::vector<int32_t>>& prompts, rollout::SamplingParams sp,
                                 const std::function<uint64_t(int64_t)>& seed, bool logprobs);
+  // Request k: prompts[k] with params(k). `finished(k, out)` says whether a
+  // response of request k is complete.
+  std::vector<WireResponse> run_requests(
+      const std::vector<std::vector<int32_t>>& prompts, const std::function<rollout::SamplingParams(int64_t)>& params,
+      bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished);
   void reset_cache_if_moved();
 
   RolloutOptions opt_;
