@@ -105,6 +105,10 @@ struct TrainInputs {
   int64_t vocab_divisible_by = 128;  // megatron.override_transformer_config.make_vocab_size_divisible_by
   bool sequence_parallel = false, distributed_optimizer = false;
   double gpu_memory_utilization = 0.5;
+  // Disaggregated placement: rollout.nnodes x rollout.n_gpus_per_node rollout
+  // ranks (0 = colocated), the weight sync's bucket in bytes.
+  int64_t rollout_ranks = 0;
+  int64_t weight_bucket_bytes = int64_t(2048) << 20;
   double collective_timeout_s = 600;  // actor_rollout_ref.nccl_timeout (comm/mpi/health.h)
   bool deterministic = false;  // megatron deterministic_mode / fsdp full_determinism (core/parallel_for.h)
   bool console_full = false;   // trainer.console_metrics=full

@@ -207,6 +207,18 @@ TrainInputs train_inputs(const config::Config& c) {
   // data.tokenizer (verl: the tokenizer of the data set) wins over the model's.
   if (!c.is_null("data.tokenizer")) in.tokenizer_path = c.get_string("data.tokenizer");
   in.train_files = c.get_string_list("data.train_files");
+  {
+    const int64_t nodes = c.get_int("rollout.nnodes"), per_node = c.get_int("rollout.n_gpus_per_node");
+    if ((nodes > 0) != (per_node > 0))
+      KS_FAIL(c.origin(nodes > 0 ? "rollout.nnodes" : "rollout.n_gpus_per_node"), ": rollout.nnodes=", nodes,
+              " and rollout.n_gpus_per_node=", per_node, ": set both (disaggregated rollout ranks) or neither");
+    in.rollout_ranks = nodes * per_node;
+    if (!c.get_bool("actor_rollout_ref.hybrid_engine") && in.rollout_ranks == 0)
+      KS_FAIL(c.origin("actor_rollout_ref.hybrid_engine"), ": actor_rollout_ref.hybrid_engine=false puts the rollout "
+              "on its own processes: set rollout.nnodes and rollout.n_gpus_per_node (how many), or leave it true");
+    in.weight_bucket_bytes =
+        c.get_int("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes") << 20;
+  }
   in.val_files = list_or_empty(c, "data.val_files");
   auto td = data::rl_dataset_options(c, false);
   if (!td) KS_FAIL(td.status().message());

@@ -330,6 +330,30 @@ Result<std::unique_ptr<rl::RewardManager>> make_rewards(const TrainInputs& in, c
 
 }  // namespace
 
+// A disaggregated rollout rank (rl/disaggregated.h): generates for the
+// trainer on world rank 0 until it says stop; its model is a whole copy.
+int run_rollout_process(const rl::RlOptions& o, const rl::DisaggregatedLayout& layout, model::CausalLM& model,
+                        const comm::World& world, std::shared_ptr<comm::ProcessGroup> rollout_group,
+                        const std::vector<data::RlSample>& rows, std::unique_ptr<train::BatchSource> source) {
+  KS_CHECK(o.ref_router_replay != rl::RouterReplay::R3 && o.actor_router_replay != rl::RouterReplay::R3,
+           "not supported yet: router replay R3 with disaggregated rollout ranks");
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.reserve(rows.size());
+  for (const auto& r : rows) prompts.push_back(r.prompt_ids);
+  rl::RolloutRankInputs ri;
+  ri.world = world.group().get();
+  ri.layout = layout;
+  ri.model = &model;
+  ri.rollout = rl::split_options(o).rollout;
+  ri.parallel.world = std::move(rollout_group);
+  ri.async = rl::async_rollout_options(o);
+  ri.source = source.get();
+  ri.prompts = &prompts;
+  ri.total_steps = o.total_steps;
+  rl::run_rollout_rank(ri).throw_if_error();
+  return 0;
+}
+
 int cmd_train(const std::vector<std::string>& argv) {
   for (const auto& a : argv)
     if (a == "--help" || a == "-h") {
@@ -356,8 +380,23 @@ int cmd_train(const std::vector<std::string>& argv) {
   const comm::World* world = comm::World::current();
   const int world_size = world ? world->size() : 1, world_rank = world ? world->rank() : 0;
   const bool leader = world_rank == 0;
-  check_launch(c, world_size);
-  check_layout_divides(c, in, world_size);
+  // Disaggregated (rollout.nnodes x rollout.n_gpus_per_node): the last ranks only generate.
+  const bool disaggregated = in.rollout_ranks > 0;
+  const int train_ranks = world_size - int(std::min<int64_t>(in.rollout_ranks, world_size));
+  if (disaggregated && train_ranks < 1)
+    KS_FAIL(c.origin("rollout.nnodes"), ": rollout.nnodes x rollout.n_gpus_per_node = ", in.rollout_ranks,
+            " rollout processes leave no trainer among the ", world_size, " processes: launch with mpirun -np ",
+            in.rollout_ranks + 1, " or more");
+  if (disaggregated && train_ranks != 1)
+    KS_FAIL(c.origin("rollout.nnodes"), ": not supported yet: a disaggregated trainer of ", train_ranks,
+            " processes (one trainer process, the other ", in.rollout_ranks, " generate); launch with mpirun -np ",
+            in.rollout_ranks + 1);
+  const bool rollout_rank = disaggregated && world_rank >= train_ranks;
+  // Every rank joins its role's group (collective over the job).
+  std::shared_ptr<comm::ProcessGroup> role_group =
+      disaggregated ? world->split(rollout_rank ? 1 : 0, world_rank, rollout_rank ? "rollout" : "trainer") : nullptr;
+  check_launch(c, train_ranks);
+  check_layout_divides(c, in, train_ranks);
   // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
   // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
   comm::World::set_collective_timeout(in.collective_timeout_s);
@@ -405,7 +444,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h)
     auto mem = rollout::device_memory_bytes(local_ranks());
     if (!mem) KS_FAIL(mem.status().message());
-    check_layout_fits(c, model_dir, world_size, *mem).throw_if_error();
+    check_layout_fits(c, model_dir, train_ranks, *mem).throw_if_error();
   }
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
@@ -424,7 +463,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   mopt.moe = actor_moe;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
-  if (world_size > 1) {
+  if (world_size > 1 && !disaggregated) {
     grid = setup_parallel(*world, in, model_dir, mopt, par);
     model::set_expert_dispatch(mopt.parallel, *world, actor_moe);  // the hierarchical all-to-all's node groups
   }
@@ -456,6 +495,14 @@ int cmd_train(const std::vector<std::string>& argv) {
   o.engine.kv_cache_bytes = *kv;
   o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;
   o.parallel = par;
+  if (disaggregated) {
+    rl::DisaggregatedLayout layout;
+    for (int r = train_ranks; r < world_size; ++r) layout.rollout.push_back(r);
+    layout.bucket_bytes = in.weight_bucket_bytes;
+    if (rollout_rank) return run_rollout_process(o, layout, actor, *world, role_group, *train_rows, std::move(source));
+    o.disaggregated = layout;
+    o.job = world->group();
+  }
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"})
     if (fs::exists(tok_dir + "/" + f)) o.model_extra_files[f] = read_file(tok_dir + "/" + f).value();
 

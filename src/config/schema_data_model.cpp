@@ -64,7 +64,9 @@ void declare_data_and_model(Builder& b) {
       "Tool definitions for tool-calling prompts.");
 
   b.scope("actor_rollout_ref");
-  b.k("hybrid_engine", B, "true", NO, "Actor, rollout and reference share devices (Kestrel is always colocated).");
+  b.k("hybrid_engine", B, "true", YES,
+      "Actor, rollout and reference share devices (colocated); false (verl's one-step-off-policy scripts) needs "
+      "rollout.nnodes x rollout.n_gpus_per_node rollout processes, which disaggregated placement uses either way.");
   b.k("nccl_timeout", I, "600", YES,
       "Seconds any collective may wait (Kestrel's collectives run over MPI): past it the job aborts with the ranks "
       "that did not answer and the step; <= 0 waits forever.").any_value("seconds; <= 0 waits forever");

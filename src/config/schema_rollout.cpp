@@ -137,8 +137,9 @@ void declare_rollout(Builder& b) {
 
   b.k("checkpoint_engine.backend", S, "naive", YES, "Trainer -> rollout weight sync.", {"naive", "nccl", "nixl", "hccl"},
       {"naive"});
-  b.k("checkpoint_engine.update_weights_bucket_megabytes", I, "2048", NOP,
-      "Bucket size of the weight sync; Kestrel's rollout reads the trainer's weights in place (or one resharded copy).");
+  b.k("checkpoint_engine.update_weights_bucket_megabytes", I, "2048", YES,
+      "Bucket size of the weight sync to disaggregated rollout ranks (rollout.nnodes); colocated, Kestrel's rollout "
+      "reads the trainer's weights in place (or one resharded copy).").at_least(1);
   b.k("checkpoint_engine.engine_kwargs", M, "{}", NO, "Extra weight-sync arguments.");
   b.k("trace.backend", S, "null", NO, "Rollout tracing backend.", {"mlflow", "weave"});
   b.k("prometheus.enable", B, "false", NO, "Export engine metrics to Prometheus.");

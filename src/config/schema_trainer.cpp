@@ -167,6 +167,16 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("checkpoint_engine.overlap_broadcast_and_consume", B, "false", NO,
       "Overlap the weight broadcast with loading it into the rollout.").addable = true;
 
+  // verl's fully-async and one-step-off-policy entry points place the rollout
+  // on its own ranks; their yaml adds this section.
+  b.scope("rollout");
+  b.k("nnodes", I, "0", YES,
+      "Disaggregated rollout: with n_gpus_per_node, the last nnodes x n_gpus_per_node processes of the job only "
+      "generate (each a whole copy of the policy) and world rank 0 trains; weights reach them over MPI in buckets "
+      "after each step. 0 = colocated (verl's fully-async yaml default: 1).").at_least(0).addable = true;
+  b.k("n_gpus_per_node", I, "0", YES, "Rollout processes per node of the disaggregated rollout (see rollout.nnodes); "
+      "0 = colocated (verl's fully-async yaml default: 8).").at_least(0).addable = true;
+
   b.scope("trainer");
   b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");
   b.k("total_epochs", I, "30", YES, "Passes over the training set.").at_least(1);

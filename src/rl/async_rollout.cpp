@@ -126,7 +126,11 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
   }
 }
 
-std::vector<StoredGroup> AsyncRollout::next_groups(int64_t step, std::map<std::string, double>& m) {
+bool AsyncRollout::ready(int64_t step) const {
+  return opt_.partial_max_split <= 1 && store_.next_stream() >= (step + 1) * opt_.batch_prompts;
+}
+
+int64_t AsyncRollout::generate(int64_t step) {
   const int64_t B = opt_.batch_prompts;
   const int64_t finished_before = store_.num_finished();
   int64_t rounds = 0;
@@ -150,7 +154,13 @@ std::vector<StoredGroup> AsyncRollout::next_groups(int64_t step, std::map<std::s
       draw_groups(B);  // more prompts for the next round: training needs B finished groups
     }
   }
-  store_.counters().generated_groups += store_.num_finished() - finished_before;  // (drops and takes come after)
+  store_.counters().generated_groups += store_.num_finished() - finished_before;
+  store_.counters().rounds_since_take += rounds;
+  return rounds;
+}
+
+std::vector<StoredGroup> AsyncRollout::take(int64_t step, std::map<std::string, double>& m) {
+  const int64_t B = opt_.batch_prompts;
   store_.drop_stale(step, max_staleness());
   KS_CHECK(store_.num_finished() >= B, "async rollout: ", store_.num_finished(), " finished groups for a batch of ", B,
            " at step ", step, " (the pipeline's target ", pipeline_target(step), ")");
@@ -165,8 +175,22 @@ std::vector<StoredGroup> AsyncRollout::next_groups(int64_t step, std::map<std::s
              ")");
   }
   // The synchronous trainer logs none of them (verl's colocated trainer has no fully_async/ metrics).
-  if (opt_.staleness_threshold > 0 || opt_.partial_max_split > 1) add_metrics(groups, step, rounds, m);
+  if (opt_.staleness_threshold > 0 || opt_.partial_max_split > 1)
+    add_metrics(groups, step, store_.counters().rounds_since_take, m);
+  store_.counters().rounds_since_take = 0;
   return groups;
+}
+
+std::vector<StoredGroup> AsyncRollout::next_groups(int64_t step, std::map<std::string, double>& m) {
+  // A batch generated ahead is handed over first, as a disaggregated rollout
+  // does (the same groups either way; the metrics then say the same).
+  if (ready(step)) {
+    std::vector<StoredGroup> groups = take(step, m);
+    generate(step);
+    return groups;
+  }
+  generate(step);
+  return take(step, m);
 }
 
 void AsyncRollout::add_metrics(const std::vector<StoredGroup>& groups, int64_t step, int64_t rounds,

@@ -78,6 +78,50 @@ std::vector<float> bits_float(const std::vector<uint32_t>& v) {
 
 }  // namespace
 
+nlohmann::ordered_json group_to_json(const StoredGroup& g) {
+  nlohmann::ordered_json jg;
+  jg["stream"] = g.stream;
+  jg["prompt"] = g.prompt;
+  jg["seed"] = g.seed;
+  jg["weight_version"] = g.weight_version;
+  nlohmann::ordered_json ss = nlohmann::ordered_json::array();
+  for (const StoredSample& s : g.samples)
+    ss.push_back({{"tokens", s.tokens},
+                  {"logprob_bits", float_bits(s.logprobs)},
+                  {"versions", s.versions},
+                  {"routed_experts", s.routed_experts},
+                  {"finished", s.finished},
+                  {"rounds", s.rounds}});
+  jg["samples"] = std::move(ss);
+  return jg;
+}
+
+Result<StoredGroup> group_from_json(const nlohmann::json& jg, const std::string& where) {
+  StoredGroup g;
+  try {
+    g.stream = jg.at("stream").get<int64_t>();
+    g.prompt = jg.at("prompt").get<int64_t>();
+    g.seed = jg.at("seed").get<uint64_t>();
+    g.weight_version = jg.at("weight_version").get<int64_t>();
+    for (const auto& js : jg.at("samples")) {
+      StoredSample s;
+      s.tokens = js.at("tokens").get<std::vector<int32_t>>();
+      s.logprobs = bits_float(js.at("logprob_bits").get<std::vector<uint32_t>>());
+      s.versions = js.at("versions").get<std::vector<int32_t>>();
+      s.routed_experts = js.at("routed_experts").get<std::vector<int32_t>>();
+      s.finished = js.at("finished").get<bool>();
+      s.rounds = js.at("rounds").get<int32_t>();
+      if (s.versions.size() != s.tokens.size() || (!s.logprobs.empty() && s.logprobs.size() != s.tokens.size()))
+        return KS_ERR(where, ": group at stream position ", g.stream, ": a response has ", s.tokens.size(),
+                      " tokens but ", s.versions.size(), " versions and ", s.logprobs.size(), " log-probs");
+      g.samples.push_back(std::move(s));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return KS_ERR(where, ": ", e.what(), " (a sample-store group written by this version of Kestrel is expected)");
+  }
+  return g;
+}
+
 nlohmann::ordered_json SampleStore::to_json() const {
   nlohmann::ordered_json j;
   j["format"] = "kestrel-sample-store-1";
@@ -86,25 +130,10 @@ nlohmann::ordered_json SampleStore::to_json() const {
   j["counters"] = {{"generated_groups", counters_.generated_groups},
                    {"stale_groups_trained", counters_.stale_groups_trained},
                    {"stale_responses_trained", counters_.stale_responses_trained},
-                   {"dropped_groups", counters_.dropped_groups}};
+                   {"dropped_groups", counters_.dropped_groups},
+                   {"rounds_since_take", counters_.rounds_since_take}};
   nlohmann::ordered_json gs = nlohmann::ordered_json::array();
-  for (const StoredGroup& g : groups_) {
-    nlohmann::ordered_json jg;
-    jg["stream"] = g.stream;
-    jg["prompt"] = g.prompt;
-    jg["seed"] = g.seed;
-    jg["weight_version"] = g.weight_version;
-    nlohmann::ordered_json ss = nlohmann::ordered_json::array();
-    for (const StoredSample& s : g.samples)
-      ss.push_back({{"tokens", s.tokens},
-                    {"logprob_bits", float_bits(s.logprobs)},
-                    {"versions", s.versions},
-                    {"routed_experts", s.routed_experts},
-                    {"finished", s.finished},
-                    {"rounds", s.rounds}});
-    jg["samples"] = std::move(ss);
-    gs.push_back(std::move(jg));
-  }
+  for (const StoredGroup& g : groups_) gs.push_back(group_to_json(g));
   j["groups"] = std::move(gs);
   return j;
 }
@@ -121,25 +150,9 @@ Result<SampleStore> SampleStore::from_json(const nlohmann::json& j, const std::s
     st.counters_.stale_groups_trained = c.at("stale_groups_trained").get<int64_t>();
     st.counters_.stale_responses_trained = c.at("stale_responses_trained").get<int64_t>();
     st.counters_.dropped_groups = c.at("dropped_groups").get<int64_t>();
+    st.counters_.rounds_since_take = c.at("rounds_since_take").get<int64_t>();
     for (const auto& jg : j.at("groups")) {
-      StoredGroup g;
-      g.stream = jg.at("stream").get<int64_t>();
-      g.prompt = jg.at("prompt").get<int64_t>();
-      g.seed = jg.at("seed").get<uint64_t>();
-      g.weight_version = jg.at("weight_version").get<int64_t>();
-      for (const auto& js : jg.at("samples")) {
-        StoredSample s;
-        s.tokens = js.at("tokens").get<std::vector<int32_t>>();
-        s.logprobs = bits_float(js.at("logprob_bits").get<std::vector<uint32_t>>());
-        s.versions = js.at("versions").get<std::vector<int32_t>>();
-        s.routed_experts = js.at("routed_experts").get<std::vector<int32_t>>();
-        s.finished = js.at("finished").get<bool>();
-        s.rounds = js.at("rounds").get<int32_t>();
-        if (s.versions.size() != s.tokens.size() || (!s.logprobs.empty() && s.logprobs.size() != s.tokens.size()))
-          return KS_ERR(where, ": group at stream position ", g.stream, ": a response has ", s.tokens.size(),
-                        " tokens but ", s.versions.size(), " versions and ", s.logprobs.size(), " log-probs");
-        g.samples.push_back(std::move(s));
-      }
+      KS_ASSIGN(StoredGroup g, group_from_json(jg, where));
       st.groups_.push_back(std::move(g));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -50,12 +50,17 @@ struct StoredGroup {
   int32_t max_rounds() const;
 };
 
+// One group as JSON (log-probs as their float bits: restored exactly), and back; `where` names the source.
+nlohmann::ordered_json group_to_json(const StoredGroup& g);
+Result<StoredGroup> group_from_json(const nlohmann::json& j, const std::string& where);
+
 // Counters carried across steps (and checkpoints), verl's fully_async/count/*.
 struct StoreCounters {
   int64_t generated_groups = 0;        // groups whose generation finished
   int64_t stale_groups_trained = 0;    // trained with staleness > 0 (verl's stale_samples_processed)
   int64_t stale_responses_trained = 0; // their responses (stale_trajectory_processed)
   int64_t dropped_groups = 0;          // beyond the staleness bound, never trained
+  int64_t rounds_since_take = 0;       // generation rounds run since a batch was last taken
 };
 
 class SampleStore {

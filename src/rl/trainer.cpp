@@ -69,6 +69,19 @@ RlWorkerOptions split_options(const RlOptions& o) {
   return w;
 }
 
+AsyncRolloutOptions async_rollout_options(const RlOptions& o) {
+  AsyncRolloutOptions ao;
+  ao.batch_prompts = o.gen_batch_size > 0 ? o.gen_batch_size : o.train_batch_size;
+  ao.n = o.n;
+  ao.response_length = o.response_length;
+  ao.seed = o.rollout_seed;
+  ao.staleness_threshold = o.staleness_threshold;
+  ao.partial_max_split = o.partial_max_split;
+  ao.total_steps = o.total_steps;
+  ao.record_routing = o.engine.record_routing;
+  return ao;
+}
+
 RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> ref, std::vector<RlPrompt> train,
                      std::vector<RlPrompt> val, std::unique_ptr<train::BatchSource> source, RewardManager& rewards,
                      std::function<std::string(const std::vector<int32_t>&)> decode, RlOptions opt,
@@ -123,8 +136,19 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   if (critic)
     critic_ = std::make_unique<CriticWorker>(std::move(critic), opt_.parallel, opt_.balance_batch, actor.tp().size());
   reward_ = std::make_unique<RewardWorker>(rewards, opt_.parallel.world);
-  rollout_ = std::make_unique<RolloutWorker>(
-      actor_->model(), [a = actor_.get()] { return a->weight_version(); }, std::move(w.rollout), opt_.parallel);
+  if (opt_.disaggregated) {
+    KS_CHECK(opt_.job != nullptr, "RL: a disaggregated trainer needs the job's world group");
+    KS_CHECK(opt_.parallel.world->size() == 1, "not supported yet: a disaggregated trainer of ",
+             opt_.parallel.world->size(), " ranks (one trainer rank, the others rollout.nnodes x "
+             "rollout.n_gpus_per_node rollout ranks)");
+    KS_CHECK(opt_.test_freq <= 0 && !opt_.val_before_train, "not supported yet: validation with disaggregated rollout "
+             "ranks (the trainer has no rollout engine): set trainer.test_freq=-1 and trainer.val_before_train=false");
+    KS_CHECK(!opt_.filter_groups.enable, "not supported yet: algorithm.filter_groups with disaggregated rollout ranks");
+    remote_ = std::make_unique<RemoteRollout>(*opt_.job, *opt_.disaggregated);
+  } else {
+    rollout_ = std::make_unique<RolloutWorker>(
+        actor_->model(), [a = actor_.get()] { return a->weight_version(); }, std::move(w.rollout), opt_.parallel);
+  }
   const std::string AT = "async_training.staleness_threshold", PS = "algorithm.partial_rollout_max_split";
   KS_CHECK(opt_.staleness_threshold >= 0, AT, "=", opt_.staleness_threshold, " must be >= 0");
   KS_CHECK(opt_.partial_max_split >= 1, PS, "=", opt_.partial_max_split, " must be >= 1");
@@ -136,16 +160,8 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   KS_CHECK(opt_.partial_max_split == 1 || !opt_.engine.record_routing, "not supported yet: ", PS,
            " > 1 with actor_rollout_ref.rollout.enable_rollout_routing_replay (a continued response's routing is "
            "not joined)");
-  if (!opt_.filter_groups.enable) {
-    AsyncRolloutOptions ao;
-    ao.batch_prompts = opt_.gen_batch_size > 0 ? opt_.gen_batch_size : opt_.train_batch_size;
-    ao.n = opt_.n;
-    ao.response_length = opt_.response_length;
-    ao.seed = opt_.rollout_seed;
-    ao.staleness_threshold = opt_.staleness_threshold;
-    ao.partial_max_split = opt_.partial_max_split;
-    ao.total_steps = opt_.total_steps;
-    ao.record_routing = opt_.engine.record_routing;
+  if (!opt_.filter_groups.enable && rollout_) {
+    AsyncRolloutOptions ao = async_rollout_options(opt_);
     async_ = std::make_unique<AsyncRollout>(
         ao, [this] { return source_->next_batch(); },
         [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
@@ -164,6 +180,7 @@ std::vector<std::vector<int32_t>> RlTrainer::prompt_ids(const std::vector<int64_
 }
 
 RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
+  KS_CHECK(rollout_ != nullptr, "RL: generate() on a disaggregated trainer (its rollout ranks generate)");
   return rollout_->generate(prompt_ids(prompt_idx), step_);
 }
 
@@ -231,7 +248,7 @@ void RlTrainer::apply_rollout_correction(RolloutBatch& b, std::map<std::string, 
 }
 
 std::map<std::string, double> RlTrainer::update_actor(const RolloutBatch& b) {
-  rollout_->sleep(true);  // colocated: the KV cache (and a resharded copy) released while training
+  if (rollout_) rollout_->sleep(true);  // colocated: the KV cache (and a resharded copy) released while training
   return actor_->update(b, step_);
 }
 
@@ -251,7 +268,8 @@ std::map<std::string, double> RlTrainer::train_step() {
     }
   } else {
     // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
-    const std::vector<StoredGroup> groups = async_->next_groups(step_, m);
+    const std::vector<StoredGroup> groups = remote_ ? remote_->receive_batch(step_, m) : async_->next_groups(step_, m);
+    if (remote_) m["fully_async/trainer/wait_rollout_s"] = remote_->take_wait_seconds();
     std::vector<int64_t> idx;
     for (const StoredGroup& g : groups) idx.push_back(g.prompt);
     const io::ModelConfig& cfg = actor_->model().config();
@@ -295,7 +313,7 @@ std::map<std::string, double> RlTrainer::train_step() {
 
   std::vector<double> values;
   if (critic_) {
-    rollout_->sleep(false);  // colocated: the KV cache is released while the critic runs
+    if (rollout_) rollout_->sleep(false);  // colocated: the KV cache is released while the critic runs
     t0 = Clock::now();
     set_progress(gstep, "values");
     values = critic_->values(b);
@@ -333,11 +351,22 @@ std::map<std::string, double> RlTrainer::train_step() {
 
   t0 = Clock::now();
   set_progress(gstep, "update_weights");
-  const rollout::ReshardStats& rs = rollout_->sync();  // the view to the actor's new version
-  m["timing_s/update_weights"] = seconds_since(t0);
-  if (!rollout_->view().in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
+  if (remote_) {
+    // The rollout ranks' next weights, sent while the next step runs (none after the last step).
+    if (step_ < opt_.total_steps) {
+      remote_version_ = actor_weight_version();
+      m["perf/reshard_bytes"] = double(remote_->publish(actor_->model(), step_, remote_version_));
+    }
+    m["timing_s/update_weights"] = seconds_since(t0);
+  } else {
+    const rollout::ReshardStats& rs = rollout_->sync();  // the view to the actor's new version
+    m["timing_s/update_weights"] = seconds_since(t0);
+    if (!rollout_->view().in_place()) m["perf/reshard_bytes"] = double(rs.bytes_received);
+  }
 
   add_data_metrics(b, seconds_since(t_step), m);
+  if (remote_ && m["timing_s/step"] > 0)  // verl's trainer/idle_ratio: the share of the step spent waiting for data
+    m["trainer/idle_ratio"] = m["fully_async/trainer/wait_rollout_s"] / m["timing_s/step"];
   return m;
 }
 
@@ -416,6 +445,7 @@ Status RlTrainer::fit() {
       train::report_if_finished(step_, opt_.total_steps, resume_dir, "trainer.total_training_steps",
                                 "trainer.default_local_dir");
   }
+  if (remote_) start_remote_rollout();
   train::install_interrupt_handler();
   fit_start_step_ = step_;
   const auto t_fit = Clock::now();
@@ -474,7 +504,13 @@ Status RlTrainer::fit() {
     stop_if_interrupted(*opt_.parallel.world, step_, opt_.ckpt_root, is_world_leader());
   }
   if (opt_.progress) bar.finish();
+  if (remote_) remote_->stop();  // the rollout ranks end (after the last step, or early), nothing left in flight
   return Status::ok();
+}
+
+void RlTrainer::start_remote_rollout() {
+  remote_version_ = actor_weight_version();
+  remote_->start(step_, resume_state_, actor_->model(), remote_version_);
 }
 
 }  // namespace kestrel::rl

@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@
 #include "rl/advantages.h"
 #include "rl/async_rollout.h"
 #include "rl/critic.h"
+#include "rl/disaggregated.h"
 #include "rl/distributed.h"
 #include "rl/dynamic_sampling.h"
 #include "rl/policy_loss.h"
@@ -135,6 +137,10 @@ struct RlOptions {
   // async_training.use_rollout_log_probs: the rollout's log-probs are the old
   // log-probs (no recompute), as verl's fully-async trainer by default.
   bool use_rollout_log_probs = false;
+  // Disaggregated placement (rl/disaggregated.h): this process is the
+  // trainer (parallel.world its own ranks) and these world ranks of `job` generate.
+  std::optional<DisaggregatedLayout> disaggregated;
+  std::shared_ptr<comm::ProcessGroup> job;  // the whole mpirun job (disaggregated only)
   int64_t critic_warmup = 0;       // trainer.critic_warmup: steps before the actor is updated
   // trainer.balance_batch: under dp > 1 each rank trains a Karmarkar-Karp
   // partition of the sequences with balanced token counts (parallel/balance.h)
@@ -170,6 +176,8 @@ struct RlWorkerOptions {
 };
 // `opt.lr.total_steps` must be resolved (> 0).
 RlWorkerOptions split_options(const RlOptions& opt);
+// The rollout schedule's options (a colocated trainer's, and a disaggregated rollout rank's).
+AsyncRolloutOptions async_rollout_options(const RlOptions& opt);
 
 class RlTrainer {
  public:
@@ -210,7 +218,7 @@ class RlTrainer {
   // latest sync, behind between an update and the next sync). generate()
   // tags its batch with the latter.
   int64_t actor_weight_version() const { return actor_->weight_version(); }
-  int64_t rollout_weight_version() const { return rollout_->version(); }
+  int64_t rollout_weight_version() const { return rollout_ ? rollout_->version() : remote_version_; }
   // The sample store between the rollout and the trainer (null with dynamic sampling).
   const SampleStore* sample_store() const { return async_ ? &async_->store() : nullptr; }
 
@@ -257,6 +265,11 @@ class RlTrainer {
   // The prompt stream, the sample store and the schedule of generation
   // (null with dynamic sampling, which draws and filters its own batches).
   std::unique_ptr<AsyncRollout> async_;
+  // Disaggregated: the rollout ranks' end of the channel (rollout_ and async_ are then null).
+  std::unique_ptr<RemoteRollout> remote_;
+  int64_t remote_version_ = 0;  // the actor weight version last published to them
+  nlohmann::json resume_state_;  // the rollout's state from the checkpoint resumed (disaggregated)
+  void start_remote_rollout();
   int64_t step_ = 0;
   int64_t fit_start_step_ = 0;
   bool data_exhausted_ = false;  // dynamic sampling used up trainer.total_epochs

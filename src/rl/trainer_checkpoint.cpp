@@ -41,7 +41,9 @@ Status RlTrainer::save_checkpoint() {
         ts["global_step"] = step_;
         ts["total_steps"] = opt_.total_steps;
         ts["lr_scheduler"] = {{"last_step", step_}, {"base_lr", opt_.lr.lr}, {"total_steps", opt_.lr.total_steps}};
-        ts["data_loader"] = source_->state();
+        // Disaggregated: the prompt stream and the store live on the rollout ranks; their state after this step.
+        const nlohmann::ordered_json* remote = remote_ ? &remote_->state_after(step_ - 1) : nullptr;
+        ts["data_loader"] = remote ? remote->at("data_loader") : nlohmann::ordered_json(source_->state());
         // Sampling seeds and the mini-batch shuffle are functions of (seed, step):
         // these and global_step are the whole random state.
         ts["rng"] = {{"kind", "philox/splitmix64 by step"},
@@ -56,6 +58,7 @@ Status RlTrainer::save_checkpoint() {
         KS_TRY(write_file_atomic(dir + "/trainer_state.json", ts.dump(2) + "\n"));
         // What the rollout generated ahead or in part (rl/sample_store.h): resumed, none is lost or trained twice.
         if (async_) KS_TRY(write_file_atomic(dir + "/sample_store.json", async_->store().to_json().dump() + "\n"));
+        if (remote) KS_TRY(write_file_atomic(dir + "/sample_store.json", remote->at("store").dump() + "\n"));
         return write_file_atomic(dir + "/config.yaml", opt_.resolved_config_yaml);
       },
       opt_.max_ckpt_to_keep, opt_.parallel.world.get());
@@ -77,6 +80,17 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
     opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
   if (critic_) KS_TRY(critic_->load(dir + "/critic"));
   KS_TRY(source_->restore(ts["data_loader"], tpath));
+  if (remote_) {
+    // Handed to the rollout ranks when fit() starts them (rl/disaggregated.h).
+    const std::string spath = dir + "/sample_store.json";
+    KS_ASSIGN(std::string stext, read_file(spath));
+    try {
+      resume_state_ = {{"store", nlohmann::json::parse(stext)}, {"data_loader", ts["data_loader"]}};
+    } catch (const nlohmann::json::exception& e) {
+      return KS_ERR(spath, ": ", e.what());
+    }
+    KS_TRY(SampleStore::from_json(resume_state_["store"], spath).status());
+  }
   if (async_) {
     // A checkpoint of a version without the store resumes synchronously only: nothing was generated ahead.
     const std::string spath = dir + "/sample_store.json";
@@ -98,7 +112,7 @@ Status RlTrainer::load_checkpoint(const std::string& dir) {
       async_->store().set_next_stream(step_ * async_->options().batch_prompts);  // the synchronous trainer's seeds
     }
   }
-  rollout_->reload();  // the view to the loaded weights, the prefix cache reset
+  if (rollout_) rollout_->reload();  // the view to the loaded weights, the prefix cache reset
   return Status::ok();
 }
 

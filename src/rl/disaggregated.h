@@ -1,0 +1,105 @@
+// Disaggregated placement (verl's fully-async / one-step-off-policy layout,
+// rollout.nnodes x rollout.n_gpus_per_node rollout ranks): under mpirun the
+// last R world ranks only generate, world rank 0 only trains. The rollout
+// ranks run the same schedule as a colocated trainer (rl/async_rollout.h:
+// the pipeline with staleness t, or partial rollout) on their own copy of the
+// weights, so a disaggregated run trains on the batches a colocated run of
+// the same settings would; with t >= 1 the rollout of step k+1 runs while
+// the trainer trains step k.
+//
+// The channel, over the world's point-to-point messages (comm::ProcessGroup;
+// never files):
+//   trainer -> every rollout rank: a control word per step (the policy
+//     version that follows, and the actor's weight version; -1 = stop), then
+//     the weights in buckets (rollout/weight_sync.h, verl's
+//     checkpoint_engine.update_weights_bucket_megabytes), published without
+//     blocking the trainer;
+//   rollout leader -> trainer, in order: each step's batch (its groups and
+//     fully_async/ metrics), then the rollout's state after that step (the
+//     sample store and the prompt source's position: the trainer saves it
+//     with a checkpoint, and sends it back to the rollout when it resumes),
+//     and an end marker after a stop.
+// At start the trainer sends the step it starts from, the saved rollout
+// state (empty for a fresh run) and its weights: the rollout ranks never
+// read a checkpoint themselves.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/process_group.h"
+#include "model/transformer.h"
+#include "rl/async_rollout.h"
+#include "rollout/weight_sync.h"
+#include "train/sft_trainer.h"
+
+namespace kestrel::rl {
+
+// The world ranks of each role: trainer rank 0 (the only trainer rank so far), rollout ranks 1..R.
+struct DisaggregatedLayout {
+  int trainer = 0;
+  std::vector<int> rollout;  // world ranks; rollout[0] is the rollout leader
+  int64_t bucket_bytes = int64_t(2048) << 20;
+};
+
+// The trainer's end of the channel.
+class RemoteRollout {
+ public:
+  RemoteRollout(comm::ProcessGroup& world, DisaggregatedLayout layout);
+  ~RemoteRollout();
+
+  // Starts the rollout ranks at `step` with `state` (null: a fresh run) and the trainer's weights.
+  void start(int64_t step, const nlohmann::json& state, model::CausalLM& actor, int64_t actor_version);
+  // Step `step`'s groups and the rollout's metrics (blocks until they arrive).
+  std::vector<StoredGroup> receive_batch(int64_t step, std::map<std::string, double>& m);
+  // After the update that made policy version `version`: the weights to every rollout rank (the trainer
+  // goes on while they travel). Returns the bytes one rollout rank receives.
+  int64_t publish(model::CausalLM& actor, int64_t version, int64_t actor_version);
+  // The rollout's state after step `step` (blocks until it arrives); for the checkpoint.
+  const nlohmann::ordered_json& state_after(int64_t step);
+  // Tells the rollout ranks to stop and drains what they still send; idempotent.
+  void stop();
+  // Seconds receive_batch waited (the trainer idle, verl's trainer/idle_ratio) since the last call.
+  double take_wait_seconds();
+
+ private:
+  struct Message {
+    int64_t kind = 0, step = 0;
+    std::string payload;
+  };
+  Message receive();
+  void send_control(int64_t version, int64_t actor_version);
+
+  comm::ProcessGroup& world_;
+  DisaggregatedLayout layout_;
+  std::unique_ptr<rollout::WeightPublisher> publisher_;
+  std::deque<std::pair<std::vector<int64_t>, std::unique_ptr<comm::PendingTransfer>>> controls_;
+  std::map<int64_t, nlohmann::ordered_json> states_;
+  std::map<int64_t, Message> batches_;
+  bool stopped_ = false;
+  double wait_s_ = 0;
+  int64_t publishes_ = 0;
+};
+
+struct RolloutRankInputs {
+  comm::ProcessGroup* world = nullptr;     // the whole job
+  DisaggregatedLayout layout;
+  model::CausalLM* model = nullptr;        // this rank's whole copy of the policy (tp 1)
+  RolloutOptions rollout;                  // the engine over it
+  RlParallel parallel;                     // its world: the rollout ranks (each a whole copy, tp 1)
+  AsyncRolloutOptions async;
+  train::BatchSource* source = nullptr;    // the prompt stream
+  const std::vector<std::vector<int32_t>>* prompts = nullptr;  // token ids per dataset index
+  int64_t total_steps = 0;
+};
+
+// A rollout rank's whole life: waits for the start, then generates and hands
+// over each step's batch until total_steps or the trainer's stop.
+Status run_rollout_rank(const RolloutRankInputs& in);
+
+}  // namespace kestrel::rl
