@@ -334,12 +334,15 @@ Result<std::unique_ptr<rl::RewardManager>> make_rewards(const TrainInputs& in, c
 // trainer on world rank 0 until it says stop; its model is a whole copy.
 int run_rollout_process(const rl::RlOptions& o, const rl::DisaggregatedLayout& layout, model::CausalLM& model,
                         const comm::World& world, std::shared_ptr<comm::ProcessGroup> rollout_group,
-                        const std::vector<data::RlSample>& rows, std::unique_ptr<train::BatchSource> source) {
+                        const std::vector<data::RlSample>& rows, const std::vector<data::RlSample>& val_rows,
+                        std::unique_ptr<train::BatchSource> source) {
   KS_CHECK(o.ref_router_replay != rl::RouterReplay::R3 && o.actor_router_replay != rl::RouterReplay::R3,
            "not supported yet: router replay R3 with disaggregated rollout ranks");
   std::vector<std::vector<int32_t>> prompts;
   prompts.reserve(rows.size());
   for (const auto& r : rows) prompts.push_back(r.prompt_ids);
+  std::vector<std::vector<int32_t>> val_prompts;
+  for (const auto& r : val_rows) val_prompts.push_back(r.prompt_ids);
   rl::RolloutRankInputs ri;
   ri.world = world.group().get();
   ri.layout = layout;
@@ -349,6 +352,7 @@ int run_rollout_process(const rl::RlOptions& o, const rl::DisaggregatedLayout& l
   ri.async = rl::async_rollout_options(o);
   ri.source = source.get();
   ri.prompts = &prompts;
+  ri.val_prompts = &val_prompts;
   ri.total_steps = o.total_steps;
   rl::run_rollout_rank(ri).throw_if_error();
   return 0;
@@ -392,6 +396,9 @@ int cmd_train(const std::vector<std::string>& argv) {
             " processes (one trainer process, the other ", in.rollout_ranks, " generate); launch with mpirun -np ",
             in.rollout_ranks + 1);
   const bool rollout_rank = disaggregated && world_rank >= train_ranks;
+  if (disaggregated && in.val_only)
+    KS_FAIL(c.origin("trainer.val_only"), ": not supported yet: trainer.val_only with rollout.nnodes (disaggregated "
+            "rollout ranks); validate a checkpoint with the colocated layout");
   // Every rank joins its role's group (collective over the job).
   std::shared_ptr<comm::ProcessGroup> role_group =
       disaggregated ? world->split(rollout_rank ? 1 : 0, world_rank, rollout_rank ? "rollout" : "trainer") : nullptr;
@@ -499,7 +506,8 @@ int cmd_train(const std::vector<std::string>& argv) {
     rl::DisaggregatedLayout layout;
     for (int r = train_ranks; r < world_size; ++r) layout.rollout.push_back(r);
     layout.bucket_bytes = in.weight_bucket_bytes;
-    if (rollout_rank) return run_rollout_process(o, layout, actor, *world, role_group, *train_rows, std::move(source));
+    if (rollout_rank)
+      return run_rollout_process(o, layout, actor, *world, role_group, *train_rows, val_rows, std::move(source));
     o.disaggregated = layout;
     o.job = world->group();
   }

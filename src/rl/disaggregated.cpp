@@ -9,11 +9,13 @@ namespace kestrel::rl {
 namespace {
 
 // Tags of the channel (the weight buckets use rollout/weight_sync.h's 0x5750..).
-constexpr int kTagControl = 0x5760;   // trainer -> rollout ranks: int64[2] {version or -1, actor version}
+constexpr int kTagControl = 0x5760;   // trainer -> rollout ranks: int64[3] {ControlKind, version, actor version}
 constexpr int kTagStart = 0x5761;     // trainer -> rollout ranks: int64 bytes, then the start state (JSON)
 constexpr int kTagToTrainer = 0x5762; // rollout leader -> trainer: int64[3] {kind, step, bytes}, then the payload
 
-enum MessageKind : int64_t { kBatch = 1, kState = 2, kEnd = 3 };
+enum MessageKind : int64_t { kBatch = 1, kState = 2, kEnd = 3, kValidation = 4 };
+// What follows a control word.
+enum ControlKind : int64_t { kStop = -1, kWeights = 0, kWeightsThenValidate = 1, kValidateOnly = 2 };
 
 using Clock = std::chrono::steady_clock;
 
@@ -89,28 +91,33 @@ RemoteRollout::RemoteRollout(comm::ProcessGroup& world, DisaggregatedLayout layo
 
 RemoteRollout::~RemoteRollout() = default;
 
-void RemoteRollout::send_control(int64_t version, int64_t actor_version) {
+void RemoteRollout::send_control(int64_t kind, int64_t version, int64_t actor_version) {
   while (!controls_.empty() && controls_.front().second->test()) controls_.pop_front();
   for (int r : layout_.rollout) {
-    std::vector<int64_t> word = {version, actor_version};
-    auto p = world_.isend(word.data(), 2, DType::I64, r, kTagControl);
+    std::vector<int64_t> word = {kind, version, actor_version};
+    auto p = world_.isend(word.data(), 3, DType::I64, r, kTagControl);
     controls_.emplace_back(std::move(word), std::move(p));  // the vector's buffer moves with it
   }
 }
 
-void RemoteRollout::start(int64_t step, const nlohmann::json& state, model::CausalLM& actor, int64_t actor_version) {
+void RemoteRollout::start(int64_t step, const nlohmann::json& state, model::CausalLM& actor, int64_t actor_version,
+                          bool validate) {
   const std::string text = state.is_null() ? std::string() : state.dump();
   for (int r : layout_.rollout) {
     int64_t n = int64_t(text.size());
     world_.send(&n, 1, DType::I64, r, kTagStart);
     if (n > 0) world_.send(text.data(), n, DType::U8, r, kTagStart);
   }
-  publish(actor, step, actor_version);
+  publish(actor, step, actor_version, validate);
 }
 
-int64_t RemoteRollout::publish(model::CausalLM& actor, int64_t version, int64_t actor_version) {
+int64_t RemoteRollout::publish(model::CausalLM& actor, int64_t version, int64_t actor_version, bool validate) {
   KS_CHECK(!stopped_, "disaggregated rollout: weights published after stop()");
-  send_control(version, actor_version);
+  KS_CHECK(!validation_asked_, "disaggregated rollout: weights published before the asked validation was received");
+  send_control(validate ? kWeightsThenValidate : kWeights, version, actor_version);
+  validation_asked_ = validate;
+  version_ = version;
+  actor_version_ = actor_version;
   ++publishes_;
   return publisher_->publish(const_tensors(actor), version).bytes;
 }
@@ -133,6 +140,7 @@ std::vector<StoredGroup> RemoteRollout::receive_batch(int64_t step, std::map<std
   while (!batches_.count(step)) {
     Message msg = receive();
     KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before step ", step, "'s batch");
+    KS_CHECK(msg.kind != kValidation, "disaggregated rollout: validation responses nobody asked for");
     if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
     else batches_[msg.step] = std::move(msg);
   }
@@ -149,6 +157,7 @@ const nlohmann::ordered_json& RemoteRollout::state_after(int64_t step) {
   while (!states_.count(step)) {
     Message msg = receive();
     KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before their state of step ", step);
+    KS_CHECK(msg.kind != kValidation, "disaggregated rollout: validation responses nobody asked for");
     if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
     else batches_[msg.step] = std::move(msg);
   }
@@ -157,10 +166,28 @@ const nlohmann::ordered_json& RemoteRollout::state_after(int64_t step) {
   return states_.at(step);
 }
 
+std::vector<WireResponse> RemoteRollout::receive_validation() {
+  KS_CHECK(!stopped_, "disaggregated rollout: validation after stop()");
+  if (!validation_asked_) send_control(kValidateOnly, version_, actor_version_);
+  validation_asked_ = false;
+  for (;;) {
+    Message msg = receive();
+    KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before the validation");
+    if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
+    else if (msg.kind == kBatch) batches_[msg.step] = std::move(msg);
+    else {
+      std::vector<int32_t> words(msg.payload.size() / 4);
+      std::memcpy(words.data(), msg.payload.data(), words.size() * 4);
+      return decode_responses(words);
+    }
+  }
+}
+
 void RemoteRollout::stop() {
   if (stopped_) return;
   stopped_ = true;
-  send_control(-1, -1);
+  KS_CHECK(!validation_asked_, "disaggregated rollout: stopped with an asked validation not received");
+  send_control(kStop, -1, -1);
   // Drain: the rollout leader ends with an end marker; nothing it posted stays unreceived.
   Message end;
   for (;;) {
@@ -199,25 +226,46 @@ struct RolloutRank {
   uint64_t last_checksum = 0;               // rollout::weights_checksum after the latest
   bool leader() const { return in.world->rank() == in.layout.rollout[0]; }
 
-  // Blocks for the trainer's next control word; false on stop.
-  bool receive_weights_step() {
-    std::vector<int64_t> word(2);
-    in.world->recv(word.data(), 2, DType::I64, in.layout.trainer, kTagControl);
-    if (word[0] < 0) return false;
-    rollout::WeightSyncOptions wo;
-    wo.bucket_bytes = in.layout.bucket_bytes;
-    const rollout::WeightSyncStats st =
-        rollout::receive_weights(*in.world, in.layout.trainer, in.model->state_tensors(), wo);
-    KS_CHECK(st.version == word[0], "disaggregated rollout: weights of version ", st.version, " after the control word ",
-             word[0]);
-    version = word[0];
-    actor_version = word[1];
-    ++updates;
-    // The received bytes hash as the trainer's did (receive_weights checked every tensor's): kept for the end report.
-    last_checksum = rollout::weights_checksum(in.model->state_tensors());
-    KS_CHECK(last_checksum == st.checksum, "disaggregated rollout: weights of version ", version,
-             " hash differently after receipt");
-    return true;
+  // Blocks for the trainer's next weights, validating first or after when
+  // asked (the responses go to the trainer); false on stop.
+  bool receive_weights_step(RolloutWorker& worker, Outbox& out) {
+    for (;;) {
+      std::vector<int64_t> word(3);
+      in.world->recv(word.data(), 3, DType::I64, in.layout.trainer, kTagControl);
+      if (word[0] == kStop) return false;
+      if (word[0] == kValidateOnly) {
+        validate(worker, out);
+        continue;
+      }
+      KS_CHECK(word[0] == kWeights || word[0] == kWeightsThenValidate, "disaggregated rollout: control word ",
+               word[0]);
+      rollout::WeightSyncOptions wo;
+      wo.bucket_bytes = in.layout.bucket_bytes;
+      const rollout::WeightSyncStats st =
+          rollout::receive_weights(*in.world, in.layout.trainer, in.model->state_tensors(), wo);
+      KS_CHECK(st.version == word[1], "disaggregated rollout: weights of version ", st.version,
+               " after the control word for ", word[1]);
+      version = word[1];
+      actor_version = word[2];
+      ++updates;
+      // The received bytes hash as the trainer's did (receive_weights checked every tensor's): kept for the end report.
+      last_checksum = rollout::weights_checksum(in.model->state_tensors());
+      KS_CHECK(last_checksum == st.checksum, "disaggregated rollout: weights of version ", version,
+               " hash differently after receipt");
+      if (word[0] == kWeightsThenValidate) validate(worker, out);
+      return true;
+    }
+  }
+
+  // verl's validation on the rollouter: every rollout rank generates its share, the leader sends them all.
+  void validate(RolloutWorker& worker, Outbox& out) {
+    KS_CHECK(in.val_prompts != nullptr, "disaggregated rollout: asked to validate without validation prompts");
+    const std::vector<WireResponse> rs = worker.generate_validation(*in.val_prompts);
+    if (!leader()) return;
+    const std::vector<int32_t> words = encode_responses(rs);
+    std::string bytes(words.size() * 4, '\0');
+    std::memcpy(bytes.data(), words.data(), bytes.size());
+    out.send(kValidation, version, std::move(bytes));
   }
 };
 
@@ -238,12 +286,16 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
   // The engine's view is this rank's model in place; its version is the actor's the trainer last sent.
   RolloutWorker worker(*in.model, [&rank] { return rank.actor_version; }, in.rollout, in.parallel);
   const int trainer = in.layout.trainer;
+  Outbox out(*in.world, trainer);
   // The start: the step, the rollout's saved state (the store and the source), the weights.
   int64_t n = 0;
   in.world->recv(&n, 1, DType::I64, trainer, kTagStart);
   std::string text(size_t(n), '\0');
   if (n > 0) in.world->recv(text.data(), n, DType::U8, trainer, kTagStart);
-  if (!rank.receive_weights_step()) return Status::ok();  // stopped before it began
+  if (!rank.receive_weights_step(worker, out)) {  // stopped before it began
+    if (rank.leader()) out.send(kEnd, 0, R"({"updates":0,"checksum":"0"})");
+    return Status::ok();
+  }
   const int64_t start = rank.version;
 
   AsyncRollout ar(
@@ -260,7 +312,6 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
     ar.store().set_next_stream(start * in.async.batch_prompts);
   }
 
-  Outbox out(*in.world, trainer);
   bool stopped = false;
   for (int64_t j = start; j < in.total_steps && !stopped; ++j) {
     std::map<std::string, double> m;
@@ -270,7 +321,7 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
       if (rank.leader()) out.send(kBatch, j, batch_payload(groups, m));
       sent = true;
     }
-    if (j > start && !rank.receive_weights_step()) {
+    if (j > start && !rank.receive_weights_step(worker, out)) {
       stopped = true;
       break;
     }
@@ -287,12 +338,11 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
       out.send(kState, j, st.dump());
     }
   }
-  // The trainer always ends with a stop word (after the last step, or early).
-  if (!stopped) {
-    std::vector<int64_t> word(2);
-    in.world->recv(word.data(), 2, DType::I64, trainer, kTagControl);
-    KS_CHECK(word[0] < 0, "disaggregated rollout: weights of version ", word[0], " after the last step");
-  }
+  // The trainer always ends with a stop word (after the last step, or early); the final weights may come first
+  // for a last validation.
+  if (!stopped)
+    while (rank.receive_weights_step(worker, out)) {
+    }
   if (rank.leader()) {
     nlohmann::ordered_json end;
     end["updates"] = rank.updates;

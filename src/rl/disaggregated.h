@@ -9,16 +9,17 @@
 //
 // The channel, over the world's point-to-point messages (comm::ProcessGroup;
 // never files):
-//   trainer -> every rollout rank: a control word per step (the policy
-//     version that follows, and the actor's weight version; -1 = stop), then
-//     the weights in buckets (rollout/weight_sync.h, verl's
+//   trainer -> every rollout rank: a control word per step (what follows:
+//     weights, weights then a validation, a validation alone, or stop; the
+//     policy version and the actor's weight version), then the weights in buckets (rollout/weight_sync.h, verl's
 //     checkpoint_engine.update_weights_bucket_megabytes), published without
 //     blocking the trainer;
 //   rollout leader -> trainer, in order: each step's batch (its groups and
 //     fully_async/ metrics), then the rollout's state after that step (the
 //     sample store and the prompt source's position: the trainer saves it
 //     with a checkpoint, and sends it back to the rollout when it resumes),
-//     and an end marker after a stop.
+//     the validation responses when asked (generated between two steps, as a
+//     colocated trainer validates), and an end marker after a stop.
 // At start the trainer sends the step it starts from, the saved rollout
 // state (empty for a fresh run) and its weights: the rollout ranks never
 // read a checkpoint themselves.
@@ -53,13 +54,18 @@ class RemoteRollout {
   RemoteRollout(comm::ProcessGroup& world, DisaggregatedLayout layout);
   ~RemoteRollout();
 
-  // Starts the rollout ranks at `step` with `state` (null: a fresh run) and the trainer's weights.
-  void start(int64_t step, const nlohmann::json& state, model::CausalLM& actor, int64_t actor_version);
+  // Starts the rollout ranks at `step` with `state` (null: a fresh run) and the trainer's weights;
+  // `validate`: they validate with them first (val_before_train).
+  void start(int64_t step, const nlohmann::json& state, model::CausalLM& actor, int64_t actor_version, bool validate);
   // Step `step`'s groups and the rollout's metrics (blocks until they arrive).
   std::vector<StoredGroup> receive_batch(int64_t step, std::map<std::string, double>& m);
   // After the update that made policy version `version`: the weights to every rollout rank (the trainer
   // goes on while they travel). Returns the bytes one rollout rank receives.
-  int64_t publish(model::CausalLM& actor, int64_t version, int64_t actor_version);
+  // `validate`: they validate with these weights before generating on.
+  int64_t publish(model::CausalLM& actor, int64_t version, int64_t actor_version, bool validate);
+  // The validation responses (rl/distributed.h WireResponse, sorted by prompt and sample) generated with the
+  // latest weights sent; asks for them first unless a publish already did.
+  std::vector<WireResponse> receive_validation();
   // The rollout's state after step `step` (blocks until it arrives); for the checkpoint.
   const nlohmann::ordered_json& state_after(int64_t step);
   // Tells the rollout ranks to stop and drains what they still send; idempotent.
@@ -73,7 +79,7 @@ class RemoteRollout {
     std::string payload;
   };
   Message receive();
-  void send_control(int64_t version, int64_t actor_version);
+  void send_control(int64_t kind, int64_t version, int64_t actor_version);
 
   comm::ProcessGroup& world_;
   DisaggregatedLayout layout_;
@@ -84,6 +90,8 @@ class RemoteRollout {
   bool stopped_ = false;
   double wait_s_ = 0;
   int64_t publishes_ = 0;
+  bool validation_asked_ = false;  // a validation was asked for and its responses not yet received
+  int64_t version_ = 0, actor_version_ = 0;  // the latest weights sent
 };
 
 struct RolloutRankInputs {
@@ -95,6 +103,7 @@ struct RolloutRankInputs {
   AsyncRolloutOptions async;
   train::BatchSource* source = nullptr;    // the prompt stream
   const std::vector<std::vector<int32_t>>* prompts = nullptr;  // token ids per dataset index
+  const std::vector<std::vector<int32_t>>* val_prompts = nullptr;  // the validation set's, in order
   int64_t total_steps = 0;
 };
 

@@ -126,9 +126,11 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   KS_CHECK(!rc.active || !rc.bypass_mode || !rc.rollout_is_batch_normalize || dp == 1,
            "not supported yet: ", RC, "rollout_is_batch_normalize=true with ", RC,
            "bypass_mode=true under data parallelism (", dp, " dp ranks); set one of them false or run one dp rank");
-  KS_CHECK(!opt_.use_rollout_log_probs || !rc.active || rc.bypass_mode, "async_training.use_rollout_log_probs=true "
-           "makes the old log-probs the rollout's, so ", RC, "'s decoupled mode would compare them with themselves; set ",
-           RC, "bypass_mode=true, or use_rollout_log_probs=false (verl pairs it with compute_prox_log_prob)");
+  KS_CHECK(!opt_.use_rollout_log_probs || !rc.active || rc.bypass_mode ||
+               (rc.rollout_is == IsLevel::None && !rc.rejects()),
+           "async_training.use_rollout_log_probs=true makes the old log-probs the rollout's, so ", RC,
+           "rollout_is/rollout_rs in decoupled mode would compare them with themselves; set ", RC,
+           "bypass_mode=true, or use_rollout_log_probs=false (verl pairs it with compute_prox_log_prob)");
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
   RlWorkerOptions w = split_options(opt_);
   actor_ = std::make_unique<ActorWorker>(actor, std::move(w.actor), opt_.parallel);
@@ -141,8 +143,6 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
     KS_CHECK(opt_.parallel.world->size() == 1, "not supported yet: a disaggregated trainer of ",
              opt_.parallel.world->size(), " ranks (one trainer rank, the others rollout.nnodes x "
              "rollout.n_gpus_per_node rollout ranks)");
-    KS_CHECK(opt_.test_freq <= 0 && !opt_.val_before_train, "not supported yet: validation with disaggregated rollout "
-             "ranks (the trainer has no rollout engine): set trainer.test_freq=-1 and trainer.val_before_train=false");
     KS_CHECK(!opt_.filter_groups.enable, "not supported yet: algorithm.filter_groups with disaggregated rollout ranks");
     remote_ = std::make_unique<RemoteRollout>(*opt_.job, *opt_.disaggregated);
   } else {
@@ -353,9 +353,12 @@ std::map<std::string, double> RlTrainer::train_step() {
   set_progress(gstep, "update_weights");
   if (remote_) {
     // The rollout ranks' next weights, sent while the next step runs (none after the last step).
-    if (step_ < opt_.total_steps) {
+    // A validation due after this step runs on the rollout ranks with these weights (fit() receives it).
+    const bool validate = !val_.empty() && opt_.test_freq > 0 &&
+                          (step_ % opt_.test_freq == 0 || step_ == opt_.total_steps);
+    if (step_ < opt_.total_steps || validate) {
       remote_version_ = actor_weight_version();
-      m["perf/reshard_bytes"] = double(remote_->publish(actor_->model(), step_, remote_version_));
+      m["perf/reshard_bytes"] = double(remote_->publish(actor_->model(), step_, remote_version_, validate));
     }
     m["timing_s/update_weights"] = seconds_since(t0);
   } else {
@@ -510,7 +513,8 @@ Status RlTrainer::fit() {
 
 void RlTrainer::start_remote_rollout() {
   remote_version_ = actor_weight_version();
-  remote_->start(step_, resume_state_, actor_->model(), remote_version_);
+  remote_->start(step_, resume_state_, actor_->model(), remote_version_,
+                 step_ == 0 && opt_.val_before_train && !val_.empty());
 }
 
 }  // namespace kestrel::rl

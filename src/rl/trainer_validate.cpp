@@ -39,8 +39,9 @@ std::map<std::string, double> RlTrainer::validate() {
   for (const RlPrompt& v : val_) prompts.push_back(v.ids);
   // Each rollout group generates a share; world rank 0 scores everything
   // (the other ranks return no metrics: only rank 0 logs).
-  KS_CHECK(rollout_ != nullptr, "not supported yet: validation on a disaggregated trainer (its rollout ranks generate)");
-  const std::vector<WireResponse> all = rollout_->generate_validation(prompts);
+  // Disaggregated: the rollout ranks generate them with the weights last sent (rl/disaggregated.h).
+  const std::vector<WireResponse> all =
+      rollout_ ? rollout_->generate_validation(prompts) : remote_->receive_validation();
   if (!is_world_leader()) return out;
   std::vector<RewardRequest> reqs;
   std::vector<size_t> owner;

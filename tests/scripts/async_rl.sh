@@ -12,8 +12,9 @@
 #   - under mpirun, the disaggregated layout (rollout.nnodes x
 #     rollout.n_gpus_per_node rollout ranks, 1+1 and 1+2): every weight update
 #     reaches the rollout ranks (their checksums match the trainer's) and the
-#     run trains exactly the colocated run's batches (same metrics); killed and
-#     resumed under mpirun it ends as the uninterrupted run.
+#     run trains exactly the colocated run's batches (same metrics), validates
+#     on the rollout ranks as the colocated run does; killed and resumed under
+#     mpirun it ends as the uninterrupted run.
 # usage: bash tests/scripts/async_rl.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -69,6 +70,23 @@ awk -v p="$partial" 'BEGIN { exit !(p > 0) }' || fail "partial rollout: no respo
 [ "$(run "$W/split1" "" +algorithm.partial_rollout_max_split=1)" = 0 ] || fail "max_split 1"
 same_run "$W/sync" "$W/split1" "partial_rollout_max_split=1"
 echo "async_rl: staleness and partial-rollout bounds hold; max_split=1 is the synchronous trainer"
+# The rollout's log-probs as the old ones (verl's fully-async default): trains, no old-log-prob pass.
+[ "$(run "$W/rlogp" "" "${STALE[@]}" +async_training.use_rollout_log_probs=true \
+      actor_rollout_ref.rollout.calculate_log_probs=true)" = 0 ] || fail "use_rollout_log_probs"
+refuse() {  # refuse <message> <overrides...>: the run stops at start-up with the message
+  local msg=$1
+  shift
+  [ "$(run "$W/refused" "" "$@")" != 0 ] || fail "accepted: $*"
+  grep -qF "$msg" "$W/log.txt" || fail "refusal of '$*' lacks: $msg"
+}
+refuse "async_training.partial_rollout" +async_training.partial_rollout=true
+refuse "async_training.trigger_parameter_sync_step" +async_training.trigger_parameter_sync_step=4
+refuse "use_rollout_log_probs=true trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true" \
+  +async_training.use_rollout_log_probs=true
+refuse "together with async_training.staleness_threshold" "${STALE[@]}" "${PARTIAL[@]}"
+refuse "set both (disaggregated rollout ranks) or neither" +rollout.nnodes=1
+refuse "actor_rollout_ref.hybrid_engine=false puts the rollout on its own processes" actor_rollout_ref.hybrid_engine=false
+refuse "no trainer among the 1 processes" +rollout.nnodes=1 +rollout.n_gpus_per_node=1
 
 # 2. SIGKILL inside step 3, resumed: identical to the uninterrupted run.
 for mode in stale partial; do
@@ -113,9 +131,15 @@ rc=$(mrun 2 "$W/dis-k" train_step:3 "${STALE[@]}" "${DIS1[@]}")
 [ "$(mrun 2 "$W/dis-k" "" "${STALE[@]}" "${DIS1[@]}")" = 0 ] || fail "disaggregated: resumed run failed"
 grep -q 'resumed from .*global_step_2 ' "$W/log.txt" || fail "disaggregated: did not resume from step 2"
 same_run "$W/stale" "$W/dis-k" "disaggregated killed and resumed"
+# Validation on the rollout ranks (before training, every 2 steps): as the colocated run's.
+VAL=(trainer.test_freq=2 trainer.val_before_train=true data.val_max_samples=16)
+[ "$(run "$W/val" "" "${STALE[@]}" "${VAL[@]}")" = 0 ] || fail "colocated with validation"
+[ "$(mrun 2 "$W/dis-val" "" "${STALE[@]}" "${VAL[@]}" "${DIS1[@]}")" = 0 ] || fail "disaggregated with validation"
+grep -q '"val-core/' "$W/dis-val/metrics.jsonl" || fail "disaggregated: no validation metrics"
+same_run "$W/val" "$W/dis-val" "disaggregated 1+1 with validation"
 # Refusals name their keys.
-[ "$(mrun 2 "$W/bad" "" "${DIS1[@]}" trainer.test_freq=2)" != 0 ] || fail "validation with rollout ranks accepted"
-grep -q 'trainer.test_freq=-1' "$W/log.txt" || fail "the validation refusal does not say what to set"
+[ "$(mrun 2 "$W/bad" "" "${DIS1[@]}" trainer.val_only=true)" != 0 ] || fail "val_only with rollout ranks accepted"
+grep -q 'not supported yet: trainer.val_only with rollout.nnodes' "$W/log.txt" || fail "the val_only refusal"
 [ "$(mrun 3 "$W/bad2" "" +rollout.nnodes=1 +rollout.n_gpus_per_node=1)" != 0 ] || fail "a 2-rank trainer accepted"
 grep -q 'not supported yet: a disaggregated trainer of 2 processes' "$W/log.txt" || fail "the 2-trainer refusal"
 echo "async_rl: passed (colocated, killed and resumed, disaggregated 1+1 and 1+2 equal the colocated runs)"
