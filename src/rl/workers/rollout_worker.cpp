@@ -105,12 +105,7 @@ std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundR
       prompts,
       [&](int64_t k) {
         const RoundRequest& r = reqs[size_t(k)];
-        rollout::SamplingParams sp;
-        sp.temperature = opt_.temperature;
-        sp.top_k = opt_.top_k;
-        sp.top_p = opt_.top_p;
-        sp.max_tokens = r.max_tokens;
-        sp.n = r.n;
+        rollout::SamplingParams sp = training_sampling(r.max_tokens, r.n);
         sp.seed = r.seed;
         sp.sample_offset = r.sample_offset;
         return sp;
@@ -123,13 +118,18 @@ std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundR
       });
 }
 
-RolloutBatch RolloutWorker::generate(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
+rollout::SamplingParams RolloutWorker::training_sampling(int64_t max_tokens, int64_t n) const {
   rollout::SamplingParams sp;
   sp.temperature = opt_.temperature;
   sp.top_k = opt_.top_k;
   sp.top_p = opt_.top_p;
-  sp.max_tokens = opt_.response_length;
-  sp.n = opt_.n;
+  sp.max_tokens = max_tokens;
+  sp.n = n;
+  return sp;
+}
+
+RolloutBatch RolloutWorker::generate(const std::vector<std::vector<int32_t>>& prompts, int64_t step) {
+  const rollout::SamplingParams sp = training_sampling(opt_.response_length, opt_.n);
   const std::vector<WireResponse> all =
       run(prompts, sp, [&](int64_t k) { return rollout_request_seed(opt_.seed, step, k); }, true);
   KS_CHECK(int64_t(all.size()) == int64_t(prompts.size()) * opt_.n, "rollout: ", all.size(), " responses for ",

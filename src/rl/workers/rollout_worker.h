@@ -135,6 +135,8 @@ class RolloutWorker {
       const std::vector<std::vector<int32_t>>& prompts, const std::function<rollout::SamplingParams(int64_t)>& params,
       bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished);
   void reset_cache_if_moved();
+  // The training rollout's sampling (rollout.temperature/top_k/top_p) for max_tokens and n samples.
+  rollout::SamplingParams training_sampling(int64_t max_tokens, int64_t n) const;
 
   RolloutOptions opt_;
   RlParallel parallel_;
