@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/progress.h"
 #include "model/moe_mlp.h"
@@ -160,6 +161,12 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   KS_CHECK(opt_.partial_max_split == 1 || !opt_.engine.record_routing, "not supported yet: ", PS,
            " > 1 with actor_rollout_ref.rollout.enable_rollout_routing_replay (a continued response's routing is "
            "not joined)");
+  // TEST ONLY (tests/scripts/async_rl.sh): KESTREL_TEST_DIRECT_ROLLOUT=1 generates each step's batch as the
+  // trainer did before the sample store existed, so a test can show the store changes nothing.
+  if (const char* env = std::getenv("KESTREL_TEST_DIRECT_ROLLOUT"); env && std::string(env) == "1") {
+    KS_CHECK(!asynchronous && !opt_.disaggregated, "KESTREL_TEST_DIRECT_ROLLOUT=1 is for the synchronous trainer");
+    direct_rollout_ = true;
+  }
   if (!opt_.filter_groups.enable && rollout_) {
     AsyncRolloutOptions ao = async_rollout_options(opt_);
     async_ = std::make_unique<AsyncRollout>(
@@ -267,16 +274,22 @@ std::map<std::string, double> RlTrainer::train_step() {
       return {};
     }
   } else {
-    // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
-    const std::vector<StoredGroup> groups = remote_ ? remote_->receive_batch(step_, m) : async_->next_groups(step_, m);
-    if (remote_) m["fully_async/trainer/wait_rollout_s"] = remote_->take_wait_seconds();
     std::vector<int64_t> idx;
-    for (const StoredGroup& g : groups) idx.push_back(g.prompt);
-    const io::ModelConfig& cfg = actor_->model().config();
-    const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
-    b = assemble_batch(
-        groups, [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
-        routing ? model::num_moe_layers(cfg) : 0, routing ? cfg.moe.top_k : 0);
+    if (direct_rollout_) {  // TEST ONLY: the trainer before the sample store, for the equality test
+      idx = source_->next_batch();
+      b = generate(idx);
+    } else {
+      // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
+      const std::vector<StoredGroup> groups =
+          remote_ ? remote_->receive_batch(step_, m) : async_->next_groups(step_, m);
+      if (remote_) m["fully_async/trainer/wait_rollout_s"] = remote_->take_wait_seconds();
+      for (const StoredGroup& g : groups) idx.push_back(g.prompt);
+      const io::ModelConfig& cfg = actor_->model().config();
+      const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
+      b = assemble_batch(
+          groups, [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
+          routing ? model::num_moe_layers(cfg) : 0, routing ? cfg.moe.top_k : 0);
+    }
     m["timing_s/gen"] = seconds_since(t0);
     t0 = Clock::now();
     set_progress(gstep, "reward");

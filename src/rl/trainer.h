@@ -268,6 +268,7 @@ class RlTrainer {
   // Disaggregated: the rollout ranks' end of the channel (rollout_ and async_ are then null).
   std::unique_ptr<RemoteRollout> remote_;
   int64_t remote_version_ = 0;  // the actor weight version last published to them
+  bool direct_rollout_ = false;  // TEST ONLY: KESTREL_TEST_DIRECT_ROLLOUT (trainer.cpp)
   nlohmann::json resume_state_;  // the rollout's state from the checkpoint resumed (disaggregated)
   void start_remote_rollout();
   int64_t step_ = 0;

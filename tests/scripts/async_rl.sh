@@ -65,11 +65,27 @@ for s in $(metric_column "$W/partial" fully_async/staleness/max); do
 done
 partial=$(metric_column "$W/partial" fully_async/partial/total_partial_num | awk '{ for (i = 1; i <= NF; i++) t += $i; print t }')
 awk -v p="$partial" 'BEGIN { exit !(p > 0) }' || fail "partial rollout: no response spanned rounds"
+# The sample store changes nothing: the built-in job's first 3 steps (make demo's settings, with the tiny
+# model instead of its SFT warm start, which takes minutes to make) through the store and generated directly,
+# as the trainer did before the store (KESTREL_TEST_DIRECT_ROLLOUT, test only), are the same bits (metrics,
+# weights, optimizer).
+DEMO=(actor_rollout_ref.model.path=builtin:tiny trainer.total_training_steps=3 trainer.save_freq=3 trainer.test_freq=-1 trainer.val_before_train=false
+      data.train_batch_size=8 actor_rollout_ref.actor.ppo_mini_batch_size=4)
+demo() {  # demo <dir> <direct: 0|1>
+  KESTREL_TEST_DIRECT_ROLLOUT=$2 "$KESTREL" train "${DEMO[@]}" trainer.default_local_dir="$1" >"$W/log.txt" 2>&1 ||
+    fail "the built-in job (direct=$2)"
+}
+demo "$W/demo-store" 0
+demo "$W/demo-direct" 1
+for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors; do
+  cmp -s "$W/demo-store/global_step_3/$f" "$W/demo-direct/global_step_3/$f" || fail "built-in job: $f differs"
+done
+diff <(det "$W/demo-store") <(det "$W/demo-direct") >/dev/null || fail "built-in job: metrics differ with the store"
 # Partial rollout with max_split 1 is the synchronous trainer.
 [ "$(run "$W/sync" "")" = 0 ] || fail "synchronous"
 [ "$(run "$W/split1" "" +algorithm.partial_rollout_max_split=1)" = 0 ] || fail "max_split 1"
 same_run "$W/sync" "$W/split1" "partial_rollout_max_split=1"
-echo "async_rl: staleness and partial-rollout bounds hold; max_split=1 is the synchronous trainer"
+echo "async_rl: staleness and partial-rollout bounds hold; the store and max_split=1 are the synchronous trainer"
 # The rollout's log-probs as the old ones (verl's fully-async default): trains, no old-log-prob pass.
 [ "$(run "$W/rlogp" "" "${STALE[@]}" +async_training.use_rollout_log_probs=true \
       actor_rollout_ref.rollout.calculate_log_probs=true)" = 0 ] || fail "use_rollout_log_probs"
