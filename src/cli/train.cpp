@@ -391,10 +391,14 @@ int cmd_train(const std::vector<std::string>& argv) {
     KS_FAIL(c.origin("rollout.nnodes"), ": rollout.nnodes x rollout.n_gpus_per_node = ", in.rollout_ranks,
             " rollout processes leave no trainer among the ", world_size, " processes: launch with mpirun -np ",
             in.rollout_ranks + 1, " or more");
-  if (disaggregated && train_ranks != 1)
-    KS_FAIL(c.origin("rollout.nnodes"), ": not supported yet: a disaggregated trainer of ", train_ranks,
-            " processes (one trainer process, the other ", in.rollout_ranks, " generate); launch with mpirun -np ",
-            in.rollout_ranks + 1);
+  if (disaggregated && (in.tp > 1 || in.actor_pipeline.pp > 1 || in.cp.cp > 1 || in.ep.ep > 1))
+    KS_FAIL(c.origin("rollout.nnodes"), ": not supported yet: a disaggregated trainer with tensor, pipeline, "
+            "context or expert parallelism (its ranks train by data parallelism so far; each rollout rank holds a "
+            "whole copy)");
+  if (disaggregated && in.rollout_tp > 1)
+    KS_FAIL(c.origin("actor_rollout_ref.rollout.tensor_model_parallel_size"), ": not supported yet: "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout_tp, " on disaggregated rollout ranks "
+            "(each holds a whole copy of the policy); set it to 1");
   const bool rollout_rank = disaggregated && world_rank >= train_ranks;
   if (disaggregated && in.val_only)
     KS_FAIL(c.origin("trainer.val_only"), ": not supported yet: trainer.val_only with rollout.nnodes (disaggregated "
@@ -470,7 +474,11 @@ int cmd_train(const std::vector<std::string>& argv) {
   mopt.moe = actor_moe;
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
-  if (world_size > 1 && !disaggregated) {
+  if (disaggregated) {  // the trainer's ranks train by data parallelism among themselves
+    par.world = role_group;
+    par.dp = role_group;
+    par.distributed_optimizer = in.distributed_optimizer;
+  } else if (world_size > 1) {
     grid = setup_parallel(*world, in, model_dir, mopt, par);
     model::set_expert_dispatch(mopt.parallel, *world, actor_moe);  // the hierarchical all-to-all's node groups
   }

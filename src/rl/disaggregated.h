@@ -1,6 +1,8 @@
 // Disaggregated placement (verl's fully-async / one-step-off-policy layout,
 // rollout.nnodes x rollout.n_gpus_per_node rollout ranks): under mpirun the
-// last R world ranks only generate, world rank 0 only trains. The rollout
+// last R world ranks only generate, the others train (by data parallelism;
+// world rank 0, the trainer leader, talks to the rollout ranks and passes
+// each batch to the other trainer ranks). The rollout
 // ranks run the same schedule as a colocated trainer (rl/async_rollout.h:
 // the pipeline with staleness t, or partial rollout) on their own copy of the
 // weights, so a disaggregated run trains on the batches a colocated run of
@@ -41,7 +43,7 @@
 
 namespace kestrel::rl {
 
-// The world ranks of each role: trainer rank 0 (the only trainer rank so far), rollout ranks 1..R.
+// The world ranks the trainer leader talks to: itself (rank 0) and the rollout ranks (the last R).
 struct DisaggregatedLayout {
   int trainer = 0;
   std::vector<int> rollout;  // world ranks; rollout[0] is the rollout leader

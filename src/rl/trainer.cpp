@@ -141,11 +141,10 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   reward_ = std::make_unique<RewardWorker>(rewards, opt_.parallel.world);
   if (opt_.disaggregated) {
     KS_CHECK(opt_.job != nullptr, "RL: a disaggregated trainer needs the job's world group");
-    KS_CHECK(opt_.parallel.world->size() == 1, "not supported yet: a disaggregated trainer of ",
-             opt_.parallel.world->size(), " ranks (one trainer rank, the others rollout.nnodes x "
-             "rollout.n_gpus_per_node rollout ranks)");
     KS_CHECK(!opt_.filter_groups.enable, "not supported yet: algorithm.filter_groups with disaggregated rollout ranks");
-    remote_ = std::make_unique<RemoteRollout>(*opt_.job, *opt_.disaggregated);
+    disaggregated_ = true;
+    // The trainer's first rank talks to the rollout ranks; the others get each batch from it.
+    if (is_world_leader()) remote_ = std::make_unique<RemoteRollout>(*opt_.job, *opt_.disaggregated);
   } else {
     rollout_ = std::make_unique<RolloutWorker>(
         actor_->model(), [a = actor_.get()] { return a->weight_version(); }, std::move(w.rollout), opt_.parallel);
@@ -280,9 +279,7 @@ std::map<std::string, double> RlTrainer::train_step() {
       b = generate(idx);
     } else {
       // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
-      const std::vector<StoredGroup> groups =
-          remote_ ? remote_->receive_batch(step_, m) : async_->next_groups(step_, m);
-      if (remote_) m["fully_async/trainer/wait_rollout_s"] = remote_->take_wait_seconds();
+      const std::vector<StoredGroup> groups = disaggregated_ ? receive_remote_batch(m) : async_->next_groups(step_, m);
       for (const StoredGroup& g : groups) idx.push_back(g.prompt);
       const io::ModelConfig& cfg = actor_->model().config();
       const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
@@ -364,12 +361,13 @@ std::map<std::string, double> RlTrainer::train_step() {
 
   t0 = Clock::now();
   set_progress(gstep, "update_weights");
-  if (remote_) {
-    // The rollout ranks' next weights, sent while the next step runs (none after the last step).
-    // A validation due after this step runs on the rollout ranks with these weights (fit() receives it).
+  if (disaggregated_) {
+    // The rollout ranks' next weights, sent by the trainer leader while the next step runs (none after the
+    // last step). A validation due after this step runs on the rollout ranks with these weights (fit()
+    // receives it).
     const bool validate = !val_.empty() && opt_.test_freq > 0 &&
                           (step_ % opt_.test_freq == 0 || step_ == opt_.total_steps);
-    if (step_ < opt_.total_steps || validate) {
+    if (remote_ && (step_ < opt_.total_steps || validate)) {
       remote_version_ = actor_weight_version();
       m["perf/reshard_bytes"] = double(remote_->publish(actor_->model(), step_, remote_version_, validate));
     }
@@ -522,6 +520,31 @@ Status RlTrainer::fit() {
   if (opt_.progress) bar.finish();
   if (remote_) remote_->stop();  // the rollout ranks end (after the last step, or early), nothing left in flight
   return Status::ok();
+}
+
+std::vector<StoredGroup> RlTrainer::receive_remote_batch(std::map<std::string, double>& m) {
+  comm::ProcessGroup& world = *opt_.parallel.world;
+  std::vector<StoredGroup> groups;
+  std::string wire;  // the trainer leader's batch for the other trainer ranks: {groups, metrics} as JSON
+  if (remote_) {
+    groups = remote_->receive_batch(step_, m);
+    m["fully_async/trainer/wait_rollout_s"] = remote_->take_wait_seconds();
+    if (world.size() == 1) return groups;
+    nlohmann::ordered_json j;
+    j["groups"] = nlohmann::ordered_json::array();
+    for (const StoredGroup& g : groups) j["groups"].push_back(group_to_json(g));
+    j["metrics"] = m;
+    wire = j.dump();
+  }
+  int64_t n = int64_t(wire.size());
+  world.broadcast(&n, 1, DType::I64, 0);
+  wire.resize(size_t(n));
+  world.broadcast(wire.data(), n, DType::U8, 0);
+  if (remote_) return groups;
+  const nlohmann::json j = nlohmann::json::parse(wire);
+  for (const auto& jg : j.at("groups")) groups.push_back(group_from_json(jg, "the trainer leader's batch").value());
+  for (const auto& [k, v] : j.at("metrics").items()) m[k] = v.get<double>();
+  return groups;
 }
 
 void RlTrainer::start_remote_rollout() {

@@ -265,12 +265,15 @@ class RlTrainer {
   // The prompt stream, the sample store and the schedule of generation
   // (null with dynamic sampling, which draws and filters its own batches).
   std::unique_ptr<AsyncRollout> async_;
-  // Disaggregated: the rollout ranks' end of the channel (rollout_ and async_ are then null).
+  // Disaggregated: the rollout ranks' end of the channel, on the trainer leader (rollout_ and async_ are null).
   std::unique_ptr<RemoteRollout> remote_;
   int64_t remote_version_ = 0;  // the actor weight version last published to them
   bool direct_rollout_ = false;  // TEST ONLY: KESTREL_TEST_DIRECT_ROLLOUT (trainer.cpp)
   nlohmann::json resume_state_;  // the rollout's state from the checkpoint resumed (disaggregated)
   void start_remote_rollout();
+  // Disaggregated: step_'s groups, received by the trainer leader and passed to the other trainer ranks.
+  std::vector<StoredGroup> receive_remote_batch(std::map<std::string, double>& m);
+  bool disaggregated_ = false;  // rollout ranks generate (remote_ is set on the trainer leader only)
   int64_t step_ = 0;
   int64_t fit_start_step_ = 0;
   bool data_exhausted_ = false;  // dynamic sampling used up trainer.total_epochs

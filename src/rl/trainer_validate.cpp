@@ -40,8 +40,10 @@ std::map<std::string, double> RlTrainer::validate() {
   // Each rollout group generates a share; world rank 0 scores everything
   // (the other ranks return no metrics: only rank 0 logs).
   // Disaggregated: the rollout ranks generate them with the weights last sent (rl/disaggregated.h).
-  const std::vector<WireResponse> all =
-      rollout_ ? rollout_->generate_validation(prompts) : remote_->receive_validation();
+  // (only the trainer leader talks to them; the other trainer ranks return no metrics either way).
+  const std::vector<WireResponse> all = rollout_  ? rollout_->generate_validation(prompts)
+                                        : remote_ ? remote_->receive_validation()
+                                                  : std::vector<WireResponse>{};
   if (!is_world_leader()) return out;
   std::vector<RewardRequest> reqs;
   std::vector<size_t> owner;

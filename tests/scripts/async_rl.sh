@@ -14,7 +14,8 @@
 #     reaches the rollout ranks (their checksums match the trainer's) and the
 #     run trains exactly the colocated run's batches (same metrics), validates
 #     on the rollout ranks as the colocated run does; killed and resumed under
-#     mpirun it ends as the uninterrupted run.
+#     mpirun it ends as the uninterrupted run; a data-parallel trainer of 2
+#     ranks with 1 rollout rank matches the single-process run within 1e-4.
 # usage: bash tests/scripts/async_rl.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -153,9 +154,20 @@ VAL=(trainer.test_freq=2 trainer.val_before_train=true data.val_max_samples=16)
 [ "$(mrun 2 "$W/dis-val" "" "${STALE[@]}" "${VAL[@]}" "${DIS1[@]}")" = 0 ] || fail "disaggregated with validation"
 grep -q '"val-core/' "$W/dis-val/metrics.jsonl" || fail "disaggregated: no validation metrics"
 same_run "$W/val" "$W/dis-val" "disaggregated 1+1 with validation"
+# A data-parallel trainer of 2 ranks and 1 rollout rank: the colocated single-process run's metrics (dp sums
+# round differently: within compare_runs.sh's 1e-4), validation included.
+[ "$(mrun 3 "$W/dis-dp2" "" "${STALE[@]}" "${VAL[@]}" "${DIS1[@]}")" = 0 ] || fail "disaggregated 2+1"
+grep -q 'received by 1 rollout rank(s)' "$W/log.txt" || fail "disaggregated 2+1: the weight-update report is missing"
+source "$(dirname "$0")/lib/compare_runs.sh"
+KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm critic/score/mean response_length/mean val-core/arith/acc/mean@1'
+same_metrics "$W/val" "$W/dis-dp2" "disaggregated 2+1 (dp2 trainer)"
 # Refusals name their keys.
 [ "$(mrun 2 "$W/bad" "" "${DIS1[@]}" trainer.val_only=true)" != 0 ] || fail "val_only with rollout ranks accepted"
 grep -q 'not supported yet: trainer.val_only with rollout.nnodes' "$W/log.txt" || fail "the val_only refusal"
-[ "$(mrun 3 "$W/bad2" "" +rollout.nnodes=1 +rollout.n_gpus_per_node=1)" != 0 ] || fail "a 2-rank trainer accepted"
-grep -q 'not supported yet: a disaggregated trainer of 2 processes' "$W/log.txt" || fail "the 2-trainer refusal"
+[ "$(mrun 3 "$W/bad2" "" "${DIS1[@]}" actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2)" != 0 ] ||
+  fail "a tp2 trainer with rollout ranks accepted"
+grep -q 'not supported yet: a disaggregated trainer with tensor' "$W/log.txt" || fail "the tp2-trainer refusal"
+[ "$(mrun 2 "$W/bad3" "" "${DIS1[@]}" actor_rollout_ref.rollout.tensor_model_parallel_size=2)" != 0 ] ||
+  fail "rollout tp2 on rollout ranks accepted"
+grep -q 'tensor_model_parallel_size=2 on disaggregated rollout ranks' "$W/log.txt" || fail "the rollout-tp refusal"
 echo "async_rl: passed (colocated, killed and resumed, disaggregated 1+1 and 1+2 equal the colocated runs)"
