@@ -119,6 +119,12 @@ head -n 2 "$W/ep2_pp2/metrics.jsonl" >"$W/resume_pp/metrics.jsonl"
 run 1 resume_pp actor_rollout_ref.model.path=builtin:tiny-qwen3-moe "${B8[@]}" trainer.resume_mode=auto
 same_metrics "$W/ep2_pp2" "$W/resume_pp" "EP2 x PP2 checkpoint resumed under EP1 PP1" 3
 
+# The distributed optimizer under EP2 x DP2 at the engine level (tests/mpi/ep_distopt_test.cpp): the experts'
+# AdamW state sharded over the expert-data-parallel group, 3 steps equal to one process, and the optimizer
+# checkpoint moving between one process and EP2 x DP2 (gathered over edp and ep, scattered back) bit for bit.
+timeout -k 5 300 mpirun -np 4 --oversubscribe --bind-to none "$BUILD/mpi_tests" --gtest_filter='EpDistOpt.*' \
+  --gtest_color=no >"$W/log.txt" 2>&1 || fail "mpi_tests EpDistOpt.* under mpirun -np 4"
+
 # Refusals naming the key.
 refuse() {  # refuse <np> <expected message part> <overrides...>
   local np=$1 want=$2
