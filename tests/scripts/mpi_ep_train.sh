@@ -83,6 +83,9 @@ same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
 run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
 same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
 same_logprobs "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
+# And with the distributed optimizer: each stage's experts sharded over its edp group (dp 2 here, edp 1).
+run 4 ep2_pp2_do "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2 $A.use_distributed_optimizer=true
+same_metrics "$W/one_b8" "$W/ep2_pp2_do" "EP2 x PP2 distributed optimizer"
 # The token dispatchers: allgather (Megatron's default, the runs above), alltoall, and alltoall through the
 # hierarchical exchange over two test "nodes" of two ranks each.
 OT=actor_rollout_ref.actor.megatron.override_transformer_config
@@ -178,5 +181,5 @@ refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
-echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
      "DeepSeek-V3; the EP2, EP2 x PP2 and EP2 x DP2 distributed-optimizer folders score alike; their checkpoints resume under EP1; refusals name the keys)"
