@@ -262,7 +262,8 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
       "many ranks in consecutive blocks and every token goes to its experts' ranks and back (the alltoall "
       "dispatcher); the router and the shared experts are replicated. The expert grid is etp x ep x edp over the "
       "same ranks, the experts' gradients summed over edp = world / (ep x pp). Runs with data and pipeline "
-      "parallelism (tensor and context parallel sizes 1, no virtual stages, no distributed optimizer): the world size "
+      "parallelism and the distributed optimizer (the experts' optimizer state sharded over edp; tensor and context "
+      "parallel sizes 1, no virtual stages): the world size "
       "must divide by it "
       "and it must divide num_experts; the rollout holds every expert (gathered after each update)." +
           (is_ref ? as_actor : critic ? critic_grid : std::string())).at_least(1);

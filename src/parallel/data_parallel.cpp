@@ -142,6 +142,10 @@ void DataParallel::reduce_to_owners(int64_t b0, int64_t b1) {
 }
 
 double DataParallel::grad_norm(comm::ProcessGroup* tp, comm::ProcessGroup* pp) const {
+  return std::sqrt(grad_sq(tp, pp));
+}
+
+double DataParallel::grad_sq(comm::ProcessGroup* tp, comm::ProcessGroup* pp) const {
   auto [lo, hi] = owned_range();
   double sq = 0;
   for (size_t i = 0; i < flat_.size(); ++i) {
@@ -152,7 +156,7 @@ double DataParallel::grad_norm(comm::ProcessGroup* tp, comm::ProcessGroup* pp) c
   if (opts_.distributed_optimizer) sq = sum_over(*dp_, sq);
   if (tp) sq = sum_over(*tp, sq);
   if (pp) sq = sum_over(*pp, sq);  // each stage's parameters (a tied embedding's last-stage copy is not counted)
-  return std::sqrt(sq);
+  return sq;
 }
 
 void DataParallel::scale_grads(float coef) {

@@ -108,6 +108,9 @@ class DataParallel {
   // parameter segment, as optim::clip_grad_norm sums per tensor), combined in
   // rank order.
   double grad_norm(comm::ProcessGroup* tp, comm::ProcessGroup* pp = nullptr) const;
+  // grad_norm's sum of squares before the root (for callers that add other
+  // parts, e.g. the experts' under expert parallelism).
+  double grad_sq(comm::ProcessGroup* tp, comm::ProcessGroup* pp = nullptr) const;
   // grads *= coef over the owned range.
   void scale_grads(float coef);
   // Clips like torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6),

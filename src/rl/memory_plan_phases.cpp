@@ -273,10 +273,10 @@ Status validate_plan_inputs(const PlanInputs& in) {
     if (in.rollout.tp > 1)
       return KS_ERR("not supported yet: actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp, " for ",
                     what, "; use 1");
-    if (moe && l.ep > 1 && (l.cp > 1 || l.distributed_optimizer || l.vpp > 1))
+    if (moe && l.ep > 1 && (l.cp > 1 || l.vpp > 1))
       return KS_ERR("not supported yet: ", M, "expert_model_parallel_size=", l.ep, " with context_parallel_size=",
-                    l.cp, ", virtual_pipeline_model_parallel_size=", l.vpp, " or use_distributed_optimizer (expert "
-                    "parallelism runs with data and pipeline parallelism)");
+                    l.cp, ", virtual_pipeline_model_parallel_size=", l.vpp, " (expert parallelism runs with data "
+                    "and pipeline parallelism and the distributed optimizer)");
     if (moe && c.moe.num_experts % l.ep != 0)
       return KS_ERR(M, "expert_model_parallel_size=", l.ep, " must divide num_experts ", c.moe.num_experts);
     if (moe && c.mlp_bias)

@@ -93,11 +93,9 @@ std::string num(double v) {
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
   const bool ep = model_.ep().size() > 1;
-  if (ep && (opt_.parallel.distributed_optimizer || model_.tp().size() > 1))
+  if (ep && model_.tp().size() > 1)
     KS_FAIL(opt_.name, ": not supported yet: expert parallelism (expert_model_parallel_size ", model_.ep().size(),
-            ") with ", opt_.parallel.distributed_optimizer ? "the distributed optimizer" : "tensor parallelism",
-            "; train it with data and pipeline parallelism (the experts' optimizer is not sharded over the "
-            "expert-data-parallel group yet)");
+            ") with tensor parallelism; train it with data and pipeline parallelism");
   if (ep) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
@@ -114,24 +112,24 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
     dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
     dpo.average = opt_.parallel.average_grads;
     // Under expert parallelism the routed experts differ by rank: DataParallel
-    // takes the dense parameters (the same on every dp rank), the experts'
-    // gradients are summed over the expert-data-parallel group (reduce_and_clip).
-    std::vector<parallel::DpParam> dense;
-    for (const parallel::DpParam& d : model::dp_params(model_)) {
-      if (ep && model::is_routed_expert_param(d.name)) expert_params_.push_back(model_.find_param(d.name));
-      else dense.push_back(d);
-    }
+    // takes the dense parameters (the same on every dp rank), a second one
+    // the experts over the expert-data-parallel group (build_expert_optimizer).
+    std::vector<parallel::DpParam> dense, experts;
+    for (const parallel::DpParam& d : model::dp_params(model_))
+      (ep && model::is_routed_expert_param(d.name) ? experts : dense).push_back(d);
     dp_ = std::make_unique<parallel::DataParallel>(std::move(dense), *dp_group_, dpo);
     order.clear();
     for (const auto& d : dp_->flat_params()) order.push_back(model_.find_param(d.name));
     std::tie(lo, hi) = dp_->owned_range();
     held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
-    if (ep) {  // the experts step after the dense flat range, whole (no distributed optimizer under EP)
-      for (model::Param* p : expert_params_) order.push_back(p);
-      lo = 0;
-      hi = -1;
-    }
+    if (ep) build_expert_optimizer(std::move(experts));
   }
+  optim_ = std::make_unique<optim::AdamW>(make_slots(order, held_masters), opt_.adamw, lo, hi, opt_.reuse_fp32_param);
+  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+}
+
+std::vector<optim::ParamSlot> TrainingEngine::make_slots(const std::vector<model::Param*>& order,
+                                                         bool held_masters) const {
   std::vector<optim::ParamSlot> slots;
   for (model::Param* p : order) {
     optim::ParamSlot s;
@@ -147,8 +145,27 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
     }
     slots.push_back(std::move(s));
   }
-  optim_ = std::make_unique<optim::AdamW>(std::move(slots), opt_.adamw, lo, hi, opt_.reuse_fp32_param);
-  sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
+  return slots;
+}
+
+void TrainingEngine::build_expert_optimizer(std::vector<parallel::DpParam> experts) {
+  // Megatron's expert DDP: the routed experts' gradients are summed over the
+  // ranks holding the same experts (edp) and, with the distributed optimizer,
+  // their AdamW state and f32 masters are sharded over edp as the dense ones
+  // are over dp. Never averaged: each rank's loss carries the global
+  // denominators (the experts were summed whole over edp before). A stage
+  // without MoE layers holds no experts: no second optimizer, it only joins
+  // the norm's sums (reduce_and_clip_experts).
+  if (experts.empty()) return;
+  parallel::DpOptions eo;
+  eo.distributed_optimizer = opt_.parallel.distributed_optimizer;
+  eo.average = false;
+  edp_ = std::make_unique<parallel::DataParallel>(std::move(experts), *edp_group_, eo);
+  std::vector<model::Param*> order;
+  for (const auto& d : edp_->flat_params()) order.push_back(model_.find_param(d.name));
+  const auto [lo, hi] = edp_->owned_range();
+  expert_optim_ = std::make_unique<optim::AdamW>(make_slots(order, eo.distributed_optimizer), opt_.adamw, lo, hi,
+                                                 opt_.reuse_fp32_param);
 }
 
 TrainingEngine::~TrainingEngine() = default;
@@ -158,7 +175,7 @@ double TrainingEngine::lr(int64_t step) const { return sched_->lr(step); }
 void TrainingEngine::zero_grads() {
   if (dp_) dp_->zero_grads();
   else model_.zero_grads();
-  for (model::Param* p : expert_params_) p->grad.zero_();
+  if (edp_) edp_->zero_grads();
 }
 
 optim::ClipResult TrainingEngine::reduce_and_clip() {
@@ -169,7 +186,7 @@ optim::ClipResult TrainingEngine::reduce_and_clip() {
   comm::ProcessGroup* tp = model_.tp().size() > 1 ? &model_.tp() : nullptr;
   comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
   optim::ClipResult clip;
-  if (!expert_params_.empty()) return reduce_and_clip_experts();
+  if (edp_group_) return reduce_and_clip_experts();
   clip.norm = opt_.clip_grad > 0 ? dp_->clip_grad_norm(opt_.clip_grad, tp, pp) : dp_->grad_norm(tp, pp);
   clip.finite = std::isfinite(clip.norm);  // global: every rank takes the same branch
   return clip;
@@ -178,18 +195,19 @@ optim::ClipResult TrainingEngine::reduce_and_clip() {
 optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
   // Every rank of the ep group holds other experts, each expert once per ep
   // group; the expert-data-parallel ranks hold the same ones, so their
-  // gradients are summed there (each rank's loss carries the global
-  // denominators, as for the dense part).
-  if (edp_group_->size() > 1)
-    for (model::Param* p : expert_params_) edp_group_->all_reduce(p->grad, comm::ReduceOp::Sum);
-  // The global norm: the dense part as DataParallel reduces it (over the
-  // pipeline stages too), plus every expert once (the squares summed over the
-  // ep group, then over the stages, which hold other layers), in double.
+  // gradients are summed there (onto their owners with the distributed optimizer).
+  if (edp_) {
+    edp_->start_grad_sync();
+    edp_->finish_grad_sync();
+  }
+  // The global norm: the dense part as DataParallel reduces it (over dp with
+  // the distributed optimizer, then the pipeline stages), plus every expert
+  // element once: the squares of the edp-owned shards summed over edp (with
+  // the distributed optimizer; else each edp rank holds them all), then over
+  // the ep group (other experts), then the stages (other layers), in double.
   comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
   const double dense = dp_->grad_norm(nullptr, pp);
-  double sq = 0;
-  for (model::Param* p : expert_params_) sq += ops::sum_squares(p->grad);
-  double experts = parallel::sum_over(model_.ep(), sq);
+  double experts = parallel::sum_over(model_.ep(), edp_ ? edp_->grad_sq(nullptr) : 0.0);
   if (pp) experts = parallel::sum_over(*pp, experts);
   optim::ClipResult clip;
   clip.norm = std::sqrt(dense * dense + experts);
@@ -198,7 +216,7 @@ optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
     const double coef = opt_.clip_grad / (clip.norm + 1e-6);  // torch's clip_grad_norm_, as DataParallel clips
     if (coef < 1.0) {
       dp_->scale_grads(float(coef));
-      for (model::Param* p : expert_params_) ops::scale_(p->grad, float(coef));
+      if (edp_) edp_->scale_grads(float(coef));  // the owned range: the only part stepped
     }
   }
   return clip;
@@ -289,7 +307,9 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
     return r;
   }
   optim_->step(lr);
+  if (expert_optim_) expert_optim_->step(lr);  // same step count: the two step together
   if (dp_) dp_->gather_params();  // the distributed optimizer stepped the owned range only
+  if (edp_) edp_->gather_params();
   // Aux-loss-free balancing: after the step, from the loads of its forwards
   // (identical on every dp rank: the loads are summed over dp).
   const double rate = model_.options().moe.bias_update_rate;
@@ -404,14 +424,16 @@ Status TrainingEngine::check_finite() const {
       return KS_ERR(opt_.name, ": refusing to save: model weight '", p->name,
                     "' holds a NaN or Inf; nothing is written and the previous checkpoint and its pointer stay");
   }
-  if (const std::string t = optim_->first_non_finite(); !t.empty())
+  std::string t = optim_->first_non_finite();
+  if (t.empty() && expert_optim_) t = expert_optim_->first_non_finite();
+  if (!t.empty())
     return KS_ERR(opt_.name, ": refusing to save: optimizer state '", t,
                   "' holds a NaN or Inf; nothing is written and the previous checkpoint and its pointer stay");
   return Status::ok();
 }
 
 Status TrainingEngine::save_optimizer(const std::string& path) const {
-  if (!expert_params_.empty())
+  if (edp_group_)
     return KS_ERR(path, ": not supported yet: per-rank optimizer files under expert parallelism (save with "
                   "save_optimizer_dir, the layout-independent checkpoint)");
   KS_TRY(check_finite());
@@ -421,7 +443,7 @@ Status TrainingEngine::save_optimizer(const std::string& path) const {
 }
 
 Status TrainingEngine::load_optimizer(const std::string& path) {
-  if (!expert_params_.empty())
+  if (edp_group_)
     return KS_ERR(path, ": not supported yet: per-rank optimizer files under expert parallelism (save with "
                   "save_optimizer_dir, the layout-independent checkpoint)");
   std::map<std::string, std::string> md;

@@ -65,6 +65,7 @@
 
 namespace kestrel::parallel {
 class DataParallel;
+struct DpParam;
 }
 
 namespace kestrel::train {
@@ -84,7 +85,9 @@ struct EngineParallel {
   // Expert parallelism (the model's ModelParallel::ep): Megatron's
   // expert-data-parallel group, the ranks holding the same routed experts
   // (world / (ep x pp) of them); the experts' gradients are summed over it,
-  // the dense ones over dp. nullptr = a size-1 group.
+  // the dense ones over dp; with the distributed optimizer the experts'
+  // AdamW state (and f32 masters) is sharded over it as the dense state is
+  // over dp (Megatron's expert DDP). nullptr = a size-1 group.
   std::shared_ptr<comm::ProcessGroup> expert_dp;
 };
 
@@ -166,6 +169,15 @@ class TrainingEngine {
   optim::AdamW& optimizer() { return *optim_; }
   // nullptr on the single-process path.
   parallel::DataParallel* data_parallel() const { return dp_.get(); }
+  // Expert parallelism: the routed experts' DataParallel over the
+  // expert-data-parallel group and their AdamW (its owned range, stepped with
+  // optimizer() in the same step: equal step counts). optimizer() then holds
+  // the dense parameters only. nullptr without ep, or on a stage without MoE layers.
+  parallel::DataParallel* expert_data_parallel() const { return edp_.get(); }
+  const optim::AdamW* expert_optimizer() const { return expert_optim_.get(); }
+  optim::AdamW* expert_optimizer() { return expert_optim_.get(); }
+  // The expert-data-parallel group (nullptr without expert parallelism).
+  comm::ProcessGroup* expert_dp_group() const { return edp_group_.get(); }
   comm::ProcessGroup& dp_group() const { return *dp_group_; }
   // True when the engine runs with DataParallel (dp > 1 or tp > 1).
   bool distributed() const { return dp_ != nullptr; }
@@ -231,6 +243,9 @@ class TrainingEngine {
   // MoE models: the router losses' scale for this mini-batch and fresh statistics.
   void begin_moe_mini_batch(int64_t local_micro_batches);
   model::MoeStepStats reduced_moe_stats() const;
+  // AdamW slots over `order` (grads already in place); held_masters: no full f32 masters.
+  std::vector<optim::ParamSlot> make_slots(const std::vector<model::Param*>& order, bool held_masters) const;
+  void build_expert_optimizer(std::vector<parallel::DpParam> experts);
   void zero_grads();
   optim::ClipResult reduce_and_clip();
   void sum_tied_embedding_grads();
@@ -251,9 +266,12 @@ class TrainingEngine {
   EngineOptions opt_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;
   std::unique_ptr<parallel::DataParallel> dp_;
-  // Expert parallelism: this rank's routed experts' params (outside dp_) and their group.
-  std::vector<model::Param*> expert_params_;
+  // Expert parallelism: the expert-data-parallel group (set iff ep > 1), and
+  // this rank's routed experts (outside dp_) in their own DataParallel over
+  // it with their own AdamW (both unset on a stage without MoE layers).
   std::shared_ptr<comm::ProcessGroup> edp_group_;
+  std::unique_ptr<parallel::DataParallel> edp_;
+  std::unique_ptr<optim::AdamW> expert_optim_;
   std::unique_ptr<optim::AdamW> optim_;
   std::unique_ptr<optim::LrSchedule> sched_;
   int64_t skipped_ = 0, consecutive_skipped_ = 0;

@@ -54,6 +54,7 @@ std::string layout_string(const TrainingEngine& e) {
      << (e.distributed() && e.options().parallel.distributed_optimizer ? "true" : "false")
      << " reuse_fp32_param=" << (e.optimizer().reuses_fp32() ? "true" : "false")
      << " weights=" << dtype_name(m.dtype());
+  if (m.ep().size() > 1) os << " ep=" << m.ep().size() << " edp=" << (e.expert_dp_group() ? e.expert_dp_group()->size() : 1);
   return os.str();
 }
 
@@ -96,32 +97,69 @@ std::string optimizer_stage_file_name(int64_t stage) { return "optimizer_pp" + s
 
 namespace {
 
-// Expert parallelism (tp 1, no distributed optimizer): every routed expert's
-// state, broadcast over the ep group from the rank that steps it, onto the
-// writer's list in routed_expert_tensors' order. Collective over the ep group.
-void append_expert_states(const TrainingEngine& engine, const Tensor& v_clean, bool writer,
-                          std::vector<io::NamedTensor>& out) {
+// This rank's piece of slot i's state over its owned range: f32 [hi - lo]
+// each (undefined when it owns nothing); master only for bf16/f16 weights.
+struct OwnedPiece {
+  Tensor m, v, w;
+};
+OwnedPiece owned_piece(const optim::AdamW& opt, const Tensor& v_clean, size_t i) {
+  const auto [lo, hi] = opt.owned_of(i);
+  // (lo == hi: nothing owned here; owned_of then names the parameter's start, maybe outside the owned range.)
+  if (lo == hi) return {};
+  const int64_t b = lo - opt.state_begin(), e = hi - opt.state_begin();
+  OwnedPiece p{opt.exp_avg().slice_rows(b, e), v_clean.slice_rows(b, e), Tensor()};
+  if (opt.params()[i].model_copy.defined()) p.w = opt.master_view(i);
+  return p;
+}
+
+// Expert parallelism (tp 1): every routed expert's state onto the writer's
+// list in routed_expert_tensors' order. The experts' optimizer may be sharded
+// over the expert-data-parallel group (the distributed optimizer): each
+// expert is first assembled on edp rank 0 (collective over edp), then the
+// ranks of edp rank 0 (an ep group: every rank of an ep group has the same
+// edp rank, and the writer is among them) broadcast it over ep from the rank
+// holding it. Collective over edp, then over the ep group of edp rank 0.
+void append_expert_states(const TrainingEngine& engine, bool writer, std::vector<io::NamedTensor>& out) {
   const model::CausalLM& model = engine.model();
-  const optim::AdamW& opt = engine.optimizer();
   KS_CHECK(model.tp().size() == 1, "optimizer checkpoint under expert parallelism: tp 1 expected");
-  std::map<std::string, size_t> slot_of;
-  for (size_t i = 0; i < opt.params().size(); ++i) slot_of[opt.params()[i].name] = i;
-  for (const model::RoutedExpertTensor& t : model::routed_expert_tensors(model)) {
-    Tensor m, v, w;
-    // Every expert has the model's dtype: bf16/f16 weights have f32 masters on every rank alike.
-    const bool has_master = model.dtype() != DType::F32;
-    if (t.local) {
-      const size_t i = slot_of.at(t.name);
-      const int64_t b = opt.offsets()[i] - opt.state_begin(), e = opt.offsets()[i + 1] - opt.state_begin();
-      m = opt.exp_avg().slice_rows(b, e).view(t.full_shape);
-      v = v_clean.slice_rows(b, e).view(t.full_shape);
-      KS_CHECK(has_master == opt.params()[i].model_copy.defined(), "optimizer checkpoint: expert '", t.name,
-               "' has ", has_master ? "no" : "an", " f32 master in a ", dtype_name(model.dtype()), " model");
-      if (has_master) w = opt.master_view(i).view(t.full_shape);
+  const std::vector<model::RoutedExpertTensor> experts = model::routed_expert_tensors(model);
+  if (experts.empty()) return;  // a stage without MoE layers
+  const optim::AdamW* opt = engine.expert_optimizer();
+  comm::ProcessGroup* edp = engine.expert_dp_group();
+  KS_CHECK(opt && edp, "optimizer checkpoint: routed experts without the experts' optimizer");
+  const auto ranges = owned_ranges(*opt, *edp);
+  const bool sharded = std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) {
+    return r.first != 0 || r.second != opt->numel();
+  });
+  const Tensor v_clean = opt->exp_avg_sq_clean();  // f32 [owned]: v without reuse_fp32_param's flags
+  // Every expert has the model's dtype: bf16/f16 weights have f32 masters on every rank alike.
+  const bool has_master = model.dtype() != DType::F32;
+  std::map<std::string, OwnedPiece> whole;  // this rank's experts, whole on edp rank 0
+  for (size_t i = 0; i < opt->params().size(); ++i) {
+    KS_CHECK(has_master == opt->params()[i].model_copy.defined(), "optimizer checkpoint: expert '",
+             opt->params()[i].name, "' has ", has_master ? "no" : "an", " f32 master in a ",
+             dtype_name(model.dtype()), " model");
+    OwnedPiece p = owned_piece(*opt, v_clean, i);
+    if (sharded) {
+      const int64_t off = opt->offsets()[i], n = opt->offsets()[i + 1] - off;
+      p.m = gather_on_dp0(*edp, ranges, p.m, off, n);
+      p.v = gather_on_dp0(*edp, ranges, p.v, off, n);
+      if (has_master) p.w = gather_on_dp0(*edp, ranges, p.w, off, n);
     }
-    const Tensor fm = model::broadcast_expert_tensor(model, t, m, DType::F32);
-    const Tensor fv = model::broadcast_expert_tensor(model, t, v, DType::F32);
-    const Tensor fw = has_master ? model::broadcast_expert_tensor(model, t, w, DType::F32) : Tensor();
+    whole[opt->params()[i].name] = p;
+  }
+  if (edp->rank() != 0) return;
+  for (const model::RoutedExpertTensor& t : experts) {
+    OwnedPiece p;
+    if (t.local) {
+      p = whole.at(t.name);
+      p.m = p.m.view(t.full_shape);
+      p.v = p.v.view(t.full_shape);
+      if (has_master) p.w = p.w.view(t.full_shape);
+    }
+    const Tensor fm = model::broadcast_expert_tensor(model, t, p.m, DType::F32);
+    const Tensor fv = model::broadcast_expert_tensor(model, t, p.v, DType::F32);
+    const Tensor fw = has_master ? model::broadcast_expert_tensor(model, t, p.w, DType::F32) : Tensor();
     if (!writer) continue;
     out.push_back({kExpAvg + t.name, fm});
     out.push_back({kExpAvgSq + t.name, fv});
@@ -160,14 +198,8 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
     KS_CHECK(p, "optimizer checkpoint: optimizer parameter '", slot.name, "' is not a parameter of the model");
     if (ep && model::is_routed_expert_param(slot.name)) continue;  // gathered over the ep group below
     const int64_t off = opt.offsets()[i], n = opt.offsets()[i + 1] - off;
-    const auto [lo, hi] = opt.owned_of(i);
     const bool has_master = slot.model_copy.defined();  // bf16/f16 weights; an f32 weight is its own master
-    // This rank's owned piece of each state tensor: f32 [hi - lo].
-    // (lo == hi: nothing owned here; owned_of then names the parameter's start, maybe outside the owned range.)
-    const int64_t b = lo - opt.state_begin(), e = hi - opt.state_begin();
-    Tensor m = lo < hi ? opt.exp_avg().slice_rows(b, e) : Tensor();
-    Tensor v = lo < hi ? v_clean.slice_rows(b, e) : Tensor();
-    Tensor w = has_master && lo < hi ? opt.master_view(i) : Tensor();
+    auto [m, v, w] = owned_piece(opt, v_clean, i);
     if (dp_sharded) {  // the distributed optimizer: assemble this rank's tp shard on dp rank 0
       m = gather_on_dp0(dp, ranges, m, off, n);
       v = gather_on_dp0(dp, ranges, v, off, n);
@@ -186,7 +218,7 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
     if (has_master) out.push_back({kMaster + slot.name, fw});
   }
 
-  if (ep) append_expert_states(engine, v_clean, writer, out);
+  if (ep) append_expert_states(engine, writer, out);
 
   st = Status::ok();
   if (writer) {
@@ -335,6 +367,10 @@ Result<SlotSource> find_slot(const std::vector<StageFile>& files, const optim::P
 // The old per-rank format (optim/checkpoint_io.h), for checkpoints written before the stage files.
 Status load_legacy(TrainingEngine& engine, const std::string& dir, std::map<std::string, std::string>* metadata) {
   const std::string mine = dir + "/" + engine.optimizer_file_name();
+  if (fs::exists(mine) && engine.expert_dp_group())  // that format was never written under expert parallelism
+    return KS_ERR(mine, ": the old per-rank optimizer format has no routed experts' state; resume without "
+                  "expert_model_parallel_size, or from a checkpoint in the layout-independent format (",
+                  optimizer_stage_file_name(0), ", ...)");
   if (fs::exists(mine)) return optim::load_optimizer_state(mine, engine.optimizer(), metadata);
   std::string others;
   std::error_code ec;
@@ -351,33 +387,17 @@ Status load_legacy(TrainingEngine& engine, const std::string& dir, std::map<std:
                 engine.optimizer_file_name(), "); the checkpoint is incomplete or not a Kestrel checkpoint");
 }
 
-Status load_local(TrainingEngine& engine, const std::string& dir, std::map<std::string, std::string>* metadata) {
-  KS_ASSIGN(std::vector<StageFile> files, open_stage_files(dir));
-  if (files.empty()) return load_legacy(engine, dir, metadata);
-  model::CausalLM& model = engine.model();
-  optim::AdamW& opt = engine.optimizer();
-  // Validate everything first: a refused load changes nothing.
-  std::vector<SlotSource> src;
-  for (const optim::ParamSlot& slot : opt.params()) {
-    const model::Param* p = model.find_param(slot.name);
-    KS_CHECK(p, "optimizer checkpoint: optimizer parameter '", slot.name, "' is not a parameter of the model");
-    KS_ASSIGN(SlotSource s, find_slot(files, slot, *p));
-    src.push_back(std::move(s));
-  }
-  const auto& md0 = files.front().file->metadata();
-  const std::string step_s = md0.count("step_count") ? md0.at("step_count") : "";
-  char* end = nullptr;
-  const long long step = std::strtoll(step_s.c_str(), &end, 10);
-  if (step_s.empty() || *end != '\0' || step < 0)
-    return KS_ERR(files.front().path, ": metadata step_count '", step_s, "' is not a count; the file is damaged");
-
+// Writes every slot of `opt` from its validated sources: this rank's tp shard,
+// then its owned range of the flat space.
+void restore_slots(optim::AdamW& opt, const model::CausalLM& model, const std::vector<SlotSource>& src,
+                   int64_t step) {
   comm::ProcessGroup& tp = model.tp();
   for (size_t i = 0; i < opt.params().size(); ++i) {
     const optim::ParamSlot& slot = opt.params()[i];
     const model::Param& p = *model.find_param(slot.name);
     const int64_t off = opt.offsets()[i];
     const auto [lo, hi] = opt.owned_of(i);
-    // This rank's tp shard (vocabulary padding rows zero), then its owned range of the flat space.
+    // (vocabulary padding rows zero)
     auto shard = [&](const Tensor& full) {
       return parallel::shard_tensor(full, p.shard, tp.rank(), tp.size(), slot.name, MemCategory::Other).view({-1});
     };
@@ -386,6 +406,32 @@ Status load_local(TrainingEngine& engine, const std::string& dir, std::map<std::
     if (src[i].master.defined()) opt.set_master(i, shard(src[i].master));  // after the moments (reuse's flags in v)
   }
   opt.set_step_count(step);
+}
+
+Status load_local(TrainingEngine& engine, const std::string& dir, std::map<std::string, std::string>* metadata) {
+  KS_ASSIGN(std::vector<StageFile> files, open_stage_files(dir));
+  if (files.empty()) return load_legacy(engine, dir, metadata);
+  model::CausalLM& model = engine.model();
+  // The dense optimizer and, under expert parallelism, the experts' (each
+  // slot finds its whole tensors by name, so any layout wrote them).
+  std::vector<optim::AdamW*> opts = {&engine.optimizer()};
+  if (engine.expert_optimizer()) opts.push_back(engine.expert_optimizer());
+  // Validate everything first: a refused load changes nothing.
+  std::vector<std::vector<SlotSource>> src(opts.size());
+  for (size_t k = 0; k < opts.size(); ++k)
+    for (const optim::ParamSlot& slot : opts[k]->params()) {
+      const model::Param* p = model.find_param(slot.name);
+      KS_CHECK(p, "optimizer checkpoint: optimizer parameter '", slot.name, "' is not a parameter of the model");
+      KS_ASSIGN(SlotSource s, find_slot(files, slot, *p));
+      src[k].push_back(std::move(s));
+    }
+  const auto& md0 = files.front().file->metadata();
+  const std::string step_s = md0.count("step_count") ? md0.at("step_count") : "";
+  char* end = nullptr;
+  const long long step = std::strtoll(step_s.c_str(), &end, 10);
+  if (step_s.empty() || *end != '\0' || step < 0)
+    return KS_ERR(files.front().path, ": metadata step_count '", step_s, "' is not a count; the file is damaged");
+  for (size_t k = 0; k < opts.size(); ++k) restore_slots(*opts[k], model, src[k], step);
   if (metadata) *metadata = md0;
   return Status::ok();
 }
@@ -406,6 +452,7 @@ Status load_optimizer_checkpoint(TrainingEngine& engine, const std::string& dir,
     return st.is_ok() ? KS_ERR(dir, ": optimizer state not restored: another rank failed (its message is in its log)")
                       : st;
   if (engine.data_parallel()) engine.data_parallel()->gather_params();  // the owned slices were refreshed only
+  if (engine.expert_data_parallel()) engine.expert_data_parallel()->gather_params();
   return Status::ok();
 }
 

@@ -23,9 +23,15 @@
 // Save gathers each parameter's state over the dp group (the distributed
 // optimizer's owned ranges, onto dp rank 0) and over the tp group (the
 // parameter's ShardSpec), and tp rank 0 of dp rank 0 of each stage writes its
-// stage's file atomically (io::save_safetensors). Load: every rank reads
+// stage's file atomically (io::save_safetensors). Under expert parallelism
+// the routed experts have their own optimizer (TrainingEngine::
+// expert_optimizer()): each expert's state is gathered over the
+// expert-data-parallel group (the distributed optimizer's edp-owned ranges,
+// onto edp rank 0), then broadcast over the ep group to the writer; the file
+// keys them by their global HF names like any parameter. Load: every rank reads
 // every stage file of the folder (mmap), takes the parameters its model (slice)
-// holds by name, cuts its tp shard and its owned range, and fills AdamW
+// holds by name, cuts its tp shard and its owned range (dp's, or edp's for
+// an expert), and fills AdamW
 // (moments, masters, step count), then re-gathers the distributed optimizer's
 // parameters. Everything is validated before anything is written, so a
 // refused load leaves the engine as it was.

@@ -12,8 +12,12 @@
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
 #  - a checkpoint saved under EP2 (and under EP2 x PP2) resumes under EP1 (weights and the optimizer's experts)
 #    and its next step equals the uninterrupted run's;
-#  - refusals name the key: EP with a dense model, with virtual pipeline stages, with the distributed optimizer (not
-#    built yet; tensor and context parallelism of MoE models are refused on their own), an expert_tensor_parallel_size other
+#  - EP2 x DP2 with the distributed optimizer (the dense AdamW state sharded over dp, the experts' over the
+#    expert-data-parallel group) on both models equals one process, its folder scores alike, and its step-2
+#    checkpoint resumes in one process like the uninterrupted run; the engine-level EpDistOpt gtests (mpi_tests,
+#    4 ranks: sharding, 3 steps, the optimizer checkpoint between one process and EP2 x DP2 bit for bit);
+#  - refusals name the key: EP with a dense model, with virtual pipeline stages, with context parallelism (not
+#    built yet; tensor parallelism of MoE models is refused on its own), an expert_tensor_parallel_size other
 #    than the tensor-parallel size, and a reference model on another expert layout.
 # usage: bash tests/scripts/mpi_ep_train.sh <kestrel-binary> <build-dir>
 set -euo pipefail
@@ -79,6 +83,9 @@ same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
 run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
 same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
 same_logprobs "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
+# And with the distributed optimizer: each stage's experts sharded over its edp group (dp 2 here, edp 1).
+run 4 ep2_pp2_do "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2 $A.use_distributed_optimizer=true
+same_metrics "$W/one_b8" "$W/ep2_pp2_do" "EP2 x PP2 distributed optimizer"
 # The token dispatchers: allgather (Megatron's default, the runs above), alltoall, and alltoall through the
 # hierarchical exchange over two test "nodes" of two ranks each.
 OT=actor_rollout_ref.actor.megatron.override_transformer_config
@@ -103,6 +110,23 @@ run 1 gae_one "${M[@]}" "${GAE[@]}"
 run 2 gae_ep2 "${M[@]}" "${GAE[@]}" $EP=2
 same_metrics "$W/gae_one" "$W/gae_ep2" "GAE EP2"
 
+# EP2 x DP2 with the distributed optimizer on both models (the dense AdamW state sharded over dp, the experts'
+# over the expert-data-parallel group, gathered after each step): the same run as one process's, and the saved
+# folder scores as one process's.
+DO=$A.use_distributed_optimizer=true
+for model in tiny-qwen3-moe tiny-deepseek-v3; do
+  MB=(actor_rollout_ref.model.path=builtin:$model trainer.resume_mode=disable "${B8[@]}")
+  one="$W/one_b8"
+  if [[ $model != tiny-qwen3-moe ]]; then
+    one="$W/$model/one_b8"
+    run 1 "$model/one_b8" "${MB[@]}"
+  fi
+  run 4 "$model/ep2_dp2_do" "${MB[@]}" $EP=2 "$DO"
+  same_metrics "$one" "$W/$model/ep2_dp2_do" "$model EP2 x DP2 distributed optimizer"
+  same_logprobs "$one/global_step_3/actor/model" "$W/$model/ep2_dp2_do/global_step_3/actor/model" \
+    "$model EP2 x DP2 distributed optimizer"
+done
+
 # A checkpoint of EP2's step 2 resumes in one process (EP1): step 3 equals the uninterrupted EP2 run's.
 mkdir -p "$W/resume"
 cp -r "$W/tiny-qwen3-moe/ep2/global_step_2" "$W/resume/"
@@ -118,6 +142,19 @@ echo 2 >"$W/resume_pp/latest_checkpointed_iteration.txt"
 head -n 2 "$W/ep2_pp2/metrics.jsonl" >"$W/resume_pp/metrics.jsonl"
 run 1 resume_pp actor_rollout_ref.model.path=builtin:tiny-qwen3-moe "${B8[@]}" trainer.resume_mode=auto
 same_metrics "$W/ep2_pp2" "$W/resume_pp" "EP2 x PP2 checkpoint resumed under EP1 PP1" 3
+# And an EP2 x DP2 distributed-optimizer checkpoint (the experts' state gathered over edp, then ep) in one process.
+mkdir -p "$W/resume_do"
+cp -r "$W/tiny-qwen3-moe/ep2_dp2_do/global_step_2" "$W/resume_do/"
+echo 2 >"$W/resume_do/latest_checkpointed_iteration.txt"
+head -n 2 "$W/tiny-qwen3-moe/ep2_dp2_do/metrics.jsonl" >"$W/resume_do/metrics.jsonl"
+run 1 resume_do actor_rollout_ref.model.path=builtin:tiny-qwen3-moe "${B8[@]}" trainer.resume_mode=auto
+same_metrics "$W/tiny-qwen3-moe/ep2_dp2_do" "$W/resume_do" "EP2 x DP2 distributed-optimizer checkpoint resumed in one process" 3
+
+# The distributed optimizer under EP2 x DP2 at the engine level (tests/mpi/ep_distopt_test.cpp): the experts'
+# AdamW state sharded over the expert-data-parallel group, 3 steps equal to one process, and the optimizer
+# checkpoint moving between one process and EP2 x DP2 (gathered over edp and ep, scattered back) bit for bit.
+timeout -k 5 300 mpirun -np 4 --oversubscribe --bind-to none "$BUILD/mpi_tests" --gtest_filter='EpDistOpt.*' \
+  --gtest_color=no >"$W/log.txt" 2>&1 || fail "mpi_tests EpDistOpt.* under mpirun -np 4"
 
 # Refusals naming the key.
 refuse() {  # refuse <np> <expected message part> <overrides...>
@@ -136,13 +173,13 @@ refuse 2 "$EP=2 splits the routed experts of a mixture-of-experts model" actor_r
 refuse 4 "not supported yet: $EP=2 with context_parallel_size=1, virtual_pipeline_model_parallel_size=2" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.pipeline_model_parallel_size=2 \
   $A.virtual_pipeline_model_parallel_size=2
-refuse 2 "not supported yet: $EP=2 with context_parallel_size=1, virtual_pipeline_model_parallel_size=1 or use_distributed_optimizer" \
-  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.use_distributed_optimizer=true
+refuse 4 "not supported yet: $EP=2 with context_parallel_size=2" \
+  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.context_parallel_size=2
 refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.expert_tensor_parallel_size=2
 refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
-echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x PP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
-     "DeepSeek-V3; the EP2 and EP2 x PP2 folders score alike; their checkpoints resume under EP1; refusals name the keys)"
+echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+     "DeepSeek-V3; the EP2, EP2 x PP2 and EP2 x DP2 distributed-optimizer folders score alike; their checkpoints resume under EP1; refusals name the keys)"
