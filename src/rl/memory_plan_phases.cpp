@@ -22,15 +22,22 @@ size_t cat(MemCategory c) { return size_t(c); }
 struct ModelStates {
   int64_t params = 0, grads = 0, optimizer = 0;
 };
-ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse_fp32_param) {
+// expert_elems of the N are routed experts: under expert parallelism they
+// have their own DataParallel over the expert-data-parallel group (edp = dp /
+// ep ranks), whose distributed optimizer shards their state over edp, the
+// dense state over dp (train/engine.cpp).
+ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse_fp32_param, int64_t expert_elems) {
   const PlanLayout& l = in.layout;
   const int64_t a = int64_t(dtype_size(dt));
-  const bool distributed = l.dp > 1 || l.tp > 1;  // the engine runs with DataParallel
-  const int64_t padded = distributed ? ceil_div(N, l.dp) * l.dp : N;
+  const bool distributed = l.dp > 1 || l.tp > 1 || l.ep > 1;  // the engine runs with DataParallel
+  const int64_t dense = N - expert_elems, edp = std::max<int64_t>(1, l.dp / std::max<int64_t>(1, l.ep));
+  auto padded_to = [](int64_t n, int64_t g) { return n > 0 ? ceil_div(n, g) * g : 0; };
+  const int64_t padded = distributed ? padded_to(dense, l.dp) + padded_to(expert_elems, edp) : N;
   const bool distopt = l.distributed_optimizer && distributed;
-  const int64_t owned = distopt ? std::min(ceil_div(N, l.dp), N) : N;
+  const int64_t owned =
+      distopt ? std::min(ceil_div(dense, l.dp), dense) + std::min(ceil_div(expert_elems, edp), expert_elems) : N;
   ModelStates s;
-  s.params = a * (distopt ? padded : N);  // the distributed optimizer's flat parameter buffer
+  s.params = a * (distopt ? padded : N);  // the distributed optimizer's flat parameter buffers
   s.grads = 4 * padded;
   if (dt == DType::F32) {
     s.optimizer = 8 * owned;  // m, v; the weights are the masters
@@ -39,6 +46,13 @@ ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse
     s.optimizer = (8 + master) * owned;
   }
   return s;
+}
+
+// Elements of this rank's routed experts (gate, up, down of E / ep experts in each MoE layer of s).
+int64_t routed_expert_elems(const PlanInputs& in, const PlanShapes& s) {
+  const auto& m = in.model.moe;
+  if (m.num_experts <= 0 || in.layout.ep <= 1) return 0;
+  return s.moe_layers * (m.num_experts / in.layout.ep) * 3 * s.D * m.moe_intermediate_size;
 }
 
 int64_t rope_bytes(const PlanShapes& s) { return 4 * s.rope_rows * s.hd; }  // cos, sin f32 [rows, hd/2]
@@ -338,7 +352,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   // ---- residents of every phase ----
   CategoryBytes resident{};
-  const ModelStates actor = trained_states(in, s.params, dt, in.reuse_fp32_param);
+  const ModelStates actor = trained_states(in, s.params, dt, in.reuse_fp32_param, routed_expert_elems(in, s));
   // Buffers (e_score_correction_bias f32) sit beside the weights in Params: no gradient, no optimizer state.
   resident[cat(MemCategory::Params)] += actor.params + rope_bytes(s) + s.buffers;
   resident[cat(MemCategory::Grads)] += actor.grads;
@@ -347,7 +361,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   PlanShapes cs;
   if (in.critic) {
     cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true, l.ep);
-    const ModelStates c = trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param);
+    const ModelStates c =
+        trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param, routed_expert_elems(in, cs));
     resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs) + cs.buffers;
     resident[cat(MemCategory::Grads)] += c.grads;
     resident[cat(MemCategory::OptimizerState)] += c.optimizer;

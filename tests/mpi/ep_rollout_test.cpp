@@ -93,7 +93,11 @@ TEST(EpRollout, GreedyEqualsOneProcessWithIdleRanks) {
       int64_t steps = st.steps + st.idle_steps, most = steps;
       w.all_reduce(&most, 1, DType::I64, comm::ReduceOp::Max);
       EXPECT_EQ(steps, most) << "every ep rank runs every step";
-      if (w.rank() == 0) EXPECT_GT(st.idle_steps, 0);
-      if (n == 4 && w.rank() == 3) EXPECT_EQ(st.steps, 0);
+      if (w.rank() == 0) {
+        EXPECT_GT(st.idle_steps, 0);
+      }
+      if (n == 4 && w.rank() == 3) {
+        EXPECT_EQ(st.steps, 0);
+      }
     }
 }
