@@ -12,7 +12,8 @@
 #   - under mpirun, the disaggregated layout (rollout.nnodes x
 #     rollout.n_gpus_per_node rollout ranks, 1+1 and 1+2): every weight update
 #     reaches the rollout ranks (their checksums match the trainer's) and the
-#     run trains exactly the colocated run's batches (same metrics), validates
+#     run trains exactly the colocated run's batches (1+1: the same bits; 1+2:
+#     the rollout ranks split each round, so within 1e-4), validates
 #     on the rollout ranks as the colocated run does; killed and resumed under
 #     mpirun it ends as the uninterrupted run; a data-parallel trainer of 2
 #     ranks with 1 rollout rank matches the single-process run within 1e-4.
@@ -138,7 +139,11 @@ same_run "$W/stale" "$W/dis-stale" "disaggregated 1+1, staleness 1"
 grep -q '"trainer/idle_ratio"' "$W/dis-stale/metrics.jsonl" || fail "disaggregated: no trainer/idle_ratio"
 [ "$(mrun 3 "$W/dis2-partial" "" "${PARTIAL[@]}" "${DIS2[@]}")" = 0 ] || fail "disaggregated 1+2, partial rollout"
 grep -q 'received by 2 rollout rank(s)' "$W/log.txt" || fail "disaggregated 1+2: the weight-update report is missing"
-same_run "$W/partial" "$W/dis2-partial" "disaggregated 1+2, partial rollout"
+# Two rollout ranks each generate a share of a round's requests: other GEMM row counts, so the rollout
+# log-probs round differently (OpenBLAS's kernels): the metrics within 1e-4, not the same bits.
+source "$(dirname "$0")/lib/compare_runs.sh"
+KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm critic/score/mean response_length/mean val-core/arith/acc/mean@1 fully_async/partial/total_partial_num'
+same_metrics "$W/partial" "$W/dis2-partial" "disaggregated 1+2, partial rollout"
 [ "$(mrun 2 "$W/dis-sync" "" "${DIS1[@]}")" = 0 ] || fail "disaggregated 1+1, synchronous"
 same_run "$W/sync" "$W/dis-sync" "disaggregated 1+1, synchronous"
 # Killed under mpirun inside step 3 and resumed.
@@ -158,8 +163,6 @@ same_run "$W/val" "$W/dis-val" "disaggregated 1+1 with validation"
 # round differently: within compare_runs.sh's 1e-4), validation included.
 [ "$(mrun 3 "$W/dis-dp2" "" "${STALE[@]}" "${VAL[@]}" "${DIS1[@]}")" = 0 ] || fail "disaggregated 2+1"
 grep -q 'received by 1 rollout rank(s)' "$W/log.txt" || fail "disaggregated 2+1: the weight-update report is missing"
-source "$(dirname "$0")/lib/compare_runs.sh"
-KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm critic/score/mean response_length/mean val-core/arith/acc/mean@1'
 same_metrics "$W/val" "$W/dis-dp2" "disaggregated 2+1 (dp2 trainer)"
 # Refusals name their keys.
 [ "$(mrun 2 "$W/bad" "" "${DIS1[@]}" trainer.val_only=true)" != 0 ] || fail "val_only with rollout ranks accepted"
