@@ -57,6 +57,7 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
   struct Target {
     StoredGroup* group;
     int64_t sample;  // -1: the whole group (a new one, its n samples forked from one prompt)
+    int32_t rounds;  // the targeted samples' rounds before this one
   };
   std::vector<RoundRequest> reqs;
   std::vector<Target> targets;
@@ -74,7 +75,7 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
       r.max_tokens = std::min(budget, L);
       r.may_continue = L > budget;
       reqs.push_back(std::move(r));
-      targets.push_back({&g, -1});
+      targets.push_back({&g, -1, 0});
       continue;
     }
     for (int64_t k = 0; k < int64_t(g.samples.size()); ++k) {
@@ -91,7 +92,7 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
       r.max_tokens = std::min(budget, left);
       r.may_continue = left > budget;
       reqs.push_back(std::move(r));
-      targets.push_back({&g, k});
+      targets.push_back({&g, k, s.rounds});
     }
   }
   if (reqs.empty()) return;
@@ -105,25 +106,24 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
     StoredSample& s = t.group->samples[size_t(k)];
     KS_CHECK(!s.finished, "async rollout: two responses for sample ", k, " of stream position ", t.group->stream);
     KS_CHECK(o.logprobs.empty() || o.logprobs.size() == o.tokens.size(), "async rollout: log-probs do not match tokens");
-    if (s.tokens.empty() && s.rounds == 0) s.logprobs.clear();
     // Log-probs are kept only while every round returned them.
-    if (o.logprobs.empty() || (s.rounds > 0 && s.logprobs.size() != s.tokens.size())) s.logprobs.clear();
-    else s.logprobs.insert(s.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    if (!o.logprobs.empty() && s.logprobs.size() == s.tokens.size())
+      s.logprobs.insert(s.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    else
+      s.logprobs.clear();
     s.tokens.insert(s.tokens.end(), o.tokens.begin(), o.tokens.end());
     s.versions.insert(s.versions.end(), o.tokens.size(), int32_t(step));
     if (!o.routed_experts.empty()) s.routed_experts = o.routed_experts;
     s.finished = o.finished || int64_t(s.tokens.size()) >= L;
     ++s.rounds;
   }
-  // Every targeted response must have come back (a lost one would stall its group forever).
-  for (const Target& t : targets) {
-    const auto rounds = [&](int64_t k) { return t.group->samples[size_t(k)].rounds; };
-    const int32_t want = t.group->max_rounds();
+  // Every targeted response came back exactly once (a lost one would stall its group forever).
+  for (const Target& t : targets)
     for (int64_t k = 0; k < int64_t(t.group->samples.size()); ++k)
       if (t.sample < 0 || t.sample == k)
-        KS_CHECK(rounds(k) == want || t.group->samples[size_t(k)].finished,
-                 "async rollout: no response for sample ", k, " of stream position ", t.group->stream);
-  }
+        KS_CHECK(t.group->samples[size_t(k)].rounds == t.rounds + 1, "async rollout: ",
+                 t.group->samples[size_t(k)].rounds - t.rounds, " responses for sample ", k, " of stream position ",
+                 t.group->stream, " in one round");
 }
 
 bool AsyncRollout::ready(int64_t step) const {

@@ -50,7 +50,6 @@ struct AsyncRolloutOptions {
   // Steps the run trains (trainer.total_training_steps): the pipeline
   // generates no prompt past the last step's batch. 0 = no bound.
   int64_t total_steps = 0;
-  bool record_routing = false;  // router replay R3: keep the rollout's routing
 };
 
 // What generation runs on: the colocated rollout worker, or the

@@ -135,15 +135,23 @@ RemoteRollout::Message RemoteRollout::receive() {
   return m;
 }
 
+void RemoteRollout::receive_and_file(const std::string& awaited) {
+  Message msg = receive();
+  KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before ", awaited);
+  if (msg.kind == kState) {
+    states_[msg.step] = parse_payload(msg.payload, "state");
+  } else if (msg.kind == kBatch) {
+    batches_[msg.step] = std::move(msg);
+  } else {
+    KS_CHECK(msg.kind == kValidation && validation_asked_ && !validation_,
+             "disaggregated rollout: a message of kind ", msg.kind, " nobody asked for");
+    validation_ = std::move(msg);
+  }
+}
+
 std::vector<StoredGroup> RemoteRollout::receive_batch(int64_t step, std::map<std::string, double>& m) {
   const auto t0 = Clock::now();
-  while (!batches_.count(step)) {
-    Message msg = receive();
-    KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before step ", step, "'s batch");
-    KS_CHECK(msg.kind != kValidation, "disaggregated rollout: validation responses nobody asked for");
-    if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
-    else batches_[msg.step] = std::move(msg);
-  }
+  while (!batches_.count(step)) receive_and_file("step " + std::to_string(step) + "'s batch");
   wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   const nlohmann::ordered_json j = parse_payload(batches_[step].payload, "batch");
   batches_.erase(step);
@@ -154,13 +162,7 @@ std::vector<StoredGroup> RemoteRollout::receive_batch(int64_t step, std::map<std
 }
 
 const nlohmann::ordered_json& RemoteRollout::state_after(int64_t step) {
-  while (!states_.count(step)) {
-    Message msg = receive();
-    KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before their state of step ", step);
-    KS_CHECK(msg.kind != kValidation, "disaggregated rollout: validation responses nobody asked for");
-    if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
-    else batches_[msg.step] = std::move(msg);
-  }
+  while (!states_.count(step)) receive_and_file("their state of step " + std::to_string(step));
   // Older states are never asked for again.
   while (!states_.empty() && states_.begin()->first < step) states_.erase(states_.begin());
   return states_.at(step);
@@ -169,18 +171,14 @@ const nlohmann::ordered_json& RemoteRollout::state_after(int64_t step) {
 std::vector<WireResponse> RemoteRollout::receive_validation() {
   KS_CHECK(!stopped_, "disaggregated rollout: validation after stop()");
   if (!validation_asked_) send_control(kValidateOnly, version_, actor_version_);
+  validation_asked_ = true;
+  while (!validation_) receive_and_file("the validation");
+  const std::string& bytes = validation_->payload;
+  std::vector<int32_t> words(bytes.size() / 4);
+  std::memcpy(words.data(), bytes.data(), words.size() * 4);
+  validation_.reset();
   validation_asked_ = false;
-  for (;;) {
-    Message msg = receive();
-    KS_CHECK(msg.kind != kEnd, "disaggregated rollout: the rollout ranks ended before the validation");
-    if (msg.kind == kState) states_[msg.step] = parse_payload(msg.payload, "state");
-    else if (msg.kind == kBatch) batches_[msg.step] = std::move(msg);
-    else {
-      std::vector<int32_t> words(msg.payload.size() / 4);
-      std::memcpy(words.data(), msg.payload.data(), words.size() * 4);
-      return decode_responses(words);
-    }
-  }
+  return decode_responses(words);
 }
 
 void RemoteRollout::stop() {

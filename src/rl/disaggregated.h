@@ -30,6 +30,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,9 @@ class RemoteRollout {
     std::string payload;
   };
   Message receive();
+  // Receives the rollout leader's next message and files it (a batch, a state, the validation asked for);
+  // `awaited` names what the caller waits for, in the error when the rollout ranks ended first.
+  void receive_and_file(const std::string& awaited);
   void send_control(int64_t kind, int64_t version, int64_t actor_version);
 
   comm::ProcessGroup& world_;
@@ -93,6 +97,7 @@ class RemoteRollout {
   double wait_s_ = 0;
   int64_t publishes_ = 0;
   bool validation_asked_ = false;  // a validation was asked for and its responses not yet received
+  std::optional<Message> validation_;  // its responses, once received
   int64_t version_ = 0, actor_version_ = 0;  // the latest weights sent
 };
 

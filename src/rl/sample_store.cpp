@@ -17,13 +17,6 @@ int64_t StoredGroup::first_version() const {
   return v == std::numeric_limits<int64_t>::max() ? 0 : v;
 }
 
-int64_t StoredGroup::last_version() const {
-  int64_t v = 0;
-  for (const StoredSample& s : samples)
-    for (int32_t x : s.versions) v = std::max<int64_t>(v, x);
-  return v;
-}
-
 int32_t StoredGroup::max_rounds() const {
   int32_t r = 0;
   for (const StoredSample& s : samples) r = std::max(r, s.rounds);

@@ -46,7 +46,6 @@ struct StoredGroup {
   bool finished() const;
   // Policy version of its oldest token (that of its first round when no token was generated yet).
   int64_t first_version() const;
-  int64_t last_version() const;
   int32_t max_rounds() const;
 };
 

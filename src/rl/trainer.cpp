@@ -79,7 +79,6 @@ AsyncRolloutOptions async_rollout_options(const RlOptions& o) {
   ao.staleness_threshold = o.staleness_threshold;
   ao.partial_max_split = o.partial_max_split;
   ao.total_steps = o.total_steps;
-  ao.record_routing = o.engine.record_routing;
   return ao;
 }
 

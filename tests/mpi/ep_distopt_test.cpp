@@ -85,14 +85,9 @@ std::map<std::string, std::pair<Shape, std::vector<double>>> read_state(const st
 
 // Two steps on micro-batches `mine` of the four, then the optimizer state into `dir`.
 void train2_and_save(train::TrainingEngine& e, const std::vector<int>& mine, const std::string& dir) {
-  const auto all = golden_micro_sequences();
-  int64_t n = 0;
-  for (const auto& mb : all)
-    for (const auto& s : mb) n += int64_t(s.size()) - 1;
-  std::vector<train::MicroBatch> micro;
-  for (int i : mine) micro.push_back({model::pack_sequences(all[size_t(i)]), {}, {}});
+  const GoldenMicroBatches g = golden_micro_batches(mine);
   for (int step = 0; step < 2; ++step)
-    EXPECT_TRUE(e.train_mini_batch(micro, mean_token_objective(1.f / float(n)), e.lr(step), step + 1).finite);
+    EXPECT_TRUE(e.train_mini_batch(g.micro, g.objective, e.lr(step), step + 1).finite);
   const Status st = e.save_optimizer_dir(dir);
   EXPECT_TRUE(st.is_ok()) << st.message();
 }

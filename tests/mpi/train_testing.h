@@ -48,6 +48,23 @@ inline std::vector<std::vector<std::vector<int32_t>>> golden_micro_sequences() {
   return out;
 }
 
+// Micro-batches `mine` of the four packed for the engine, and the mean token loss over all four
+// (every dp rank's loss carries the global token count).
+struct GoldenMicroBatches {
+  std::vector<train::MicroBatch> micro;
+  train::ObjectiveFn objective;
+};
+inline GoldenMicroBatches golden_micro_batches(const std::vector<int>& mine) {
+  const auto all = golden_micro_sequences();
+  int64_t n = 0;
+  for (const auto& mb : all)
+    for (const auto& s : mb) n += int64_t(s.size()) - 1;
+  GoldenMicroBatches g;
+  for (int i : mine) g.micro.push_back({model::pack_sequences(all[size_t(i)]), {}, {}});
+  g.objective = mean_token_objective(1.f / float(n));
+  return g;
+}
+
 struct TrainResult {
   std::vector<double> losses;                          // this rank's share of each step's loss
   std::map<std::string, std::vector<double>> tensors;  // this rank's params and buffers by name
@@ -65,15 +82,9 @@ inline TrainResult train_golden3(const std::string& c, model::ModelOptions o, tr
   eo.lr.total_steps = 10;
   eo.parallel = std::move(par);
   train::TrainingEngine e(model, eo);
-  const auto all = golden_micro_sequences();
-  int64_t n = 0;
-  for (const auto& mb : all)
-    for (const auto& s : mb) n += int64_t(s.size()) - 1;
-  std::vector<train::MicroBatch> micro;
-  for (int i : mine) micro.push_back({model::pack_sequences(all[size_t(i)]), {}, {}});
-  const train::ObjectiveFn objective = mean_token_objective(1.f / float(n));
+  const GoldenMicroBatches g = golden_micro_batches(mine);
   TrainResult r;
-  for (int step = 0; step < 3; ++step) r.losses.push_back(e.train_mini_batch(micro, objective, e.lr(step)).loss);
+  for (int step = 0; step < 3; ++step) r.losses.push_back(e.train_mini_batch(g.micro, g.objective, e.lr(step)).loss);
   for (model::Param* p : model.state_tensors()) r.tensors[p->name] = to_double(p->weight);
   return r;
 }

@@ -27,10 +27,11 @@ struct FakeEngine {
   int64_t calls = 0;
   std::map<uint64_t, int64_t> lengths;  // per (seed, sample)
   int64_t prompt_len = 3;
+  int64_t long_len = 32;  // the long tail's length
 
   int64_t target(uint64_t seed, uint64_t sample) const {
     const uint64_t h = (seed * 0x9E3779B97F4A7C15ull) ^ (sample * 0xBF58476D1CE4E5B9ull);
-    return (h % 5 == 0) ? 32 : 4;
+    return (h % 5 == 0) ? long_len : 4;
   }
   std::vector<WireResponse> operator()(const std::vector<RoundRequest>& reqs) {
     ++calls;
@@ -193,20 +194,27 @@ TEST(AsyncRollout, PartialRolloutRoundsKeepVersionsAndFinishWithinMaxSplit) {
   EXPECT_EQ(h.ar->store().next_stream(), 12 * 4 + h.ar->store().size());
 }
 
-TEST(AsyncRollout, MaxSplitOneEqualsNoPartialRollout) {
-  Harness a(options(0, 1));
-  AsyncRolloutOptions o = options(0, 1);
-  o.partial_max_split = 1;
-  Harness b(o);
-  for (int64_t s = 0; s < 3; ++s) {
+TEST(AsyncRollout, RoundsThatFinishEverythingEqualThePipeline) {
+  // Responses of at most 8 tokens and rounds of 8 (max_split 4 of 32): the rounds loop, its drawing and its
+  // take give the pipeline's (max_split 1) groups, seeds, tokens and versions, one round a step.
+  Harness whole(options(0, 1)), rounds(options(0, 4));
+  whole.eng.long_len = rounds.eng.long_len = 8;
+  for (int64_t s = 0; s < 4; ++s) {
     std::map<std::string, double> ma, mb;
-    const auto ga = a.step(s, ma), gb = b.step(s, mb);
+    const auto ga = whole.step(s, ma), gb = rounds.step(s, mb);
     ASSERT_EQ(ga.size(), gb.size());
-    for (size_t k = 0; k < ga.size(); ++k)
+    for (size_t k = 0; k < ga.size(); ++k) {
+      EXPECT_EQ(ga[k].stream, gb[k].stream);
+      EXPECT_EQ(ga[k].seed, gb[k].seed);
       for (size_t j = 0; j < ga[k].samples.size(); ++j) {
         EXPECT_EQ(ga[k].samples[j].tokens, gb[k].samples[j].tokens);
-        EXPECT_EQ(ga[k].samples[j].rounds, 1);
+        EXPECT_EQ(ga[k].samples[j].versions, gb[k].samples[j].versions);
+        EXPECT_EQ(gb[k].samples[j].rounds, 1);
       }
+    }
+    EXPECT_EQ(mb["fully_async/rollout_rounds"], 1.0);
+    EXPECT_EQ(mb["fully_async/partial/total_partial_num"], 0.0);
+    EXPECT_EQ(rounds.ar->store().size(), 0) << "nothing carried when everything finished";
   }
 }
 

@@ -83,11 +83,8 @@ for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors; do
   cmp -s "$W/demo-store/global_step_3/$f" "$W/demo-direct/global_step_3/$f" || fail "built-in job: $f differs"
 done
 diff <(det "$W/demo-store") <(det "$W/demo-direct") >/dev/null || fail "built-in job: metrics differ with the store"
-# Partial rollout with max_split 1 is the synchronous trainer.
 [ "$(run "$W/sync" "")" = 0 ] || fail "synchronous"
-[ "$(run "$W/split1" "" +algorithm.partial_rollout_max_split=1)" = 0 ] || fail "max_split 1"
-same_run "$W/sync" "$W/split1" "partial_rollout_max_split=1"
-echo "async_rl: staleness and partial-rollout bounds hold; the store and max_split=1 are the synchronous trainer"
+echo "async_rl: staleness and partial-rollout bounds hold; the store is the synchronous trainer"
 # The rollout's log-probs as the old ones (verl's fully-async default): trains, no old-log-prob pass.
 [ "$(run "$W/rlogp" "" "${STALE[@]}" +async_training.use_rollout_log_probs=true \
       actor_rollout_ref.rollout.calculate_log_probs=true)" = 0 ] || fail "use_rollout_log_probs"
