@@ -1,5 +1,8 @@
 // The small-M linear of decode steps: cpu::skinny_linear against the BLAS
-// path (ops::linear_fwd) and a plain read of the same bytes, the skinny kernel
+// path (ops::linear_fwd), the weights packed once (cpu::packed_linear, where
+// oneDNN packs: the rollout's path past 32 rows), the same with q|k|v and
+// gate|up fused into one packed matrix each (the outputs copied apart), and
+// a plain read of the same bytes, the skinny kernel
 // at each kernel ISA level the machine has (avx2, avx512), on the weight
 // matrices of the "small" config (8 layers of q,k,v,o,gate,up,down + the
 // 8192 x 512 lm_head: 113 MB in f32), i.e. one decode step's worth of linears.
@@ -15,14 +18,19 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <utility>
+#include <memory>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/packed_linear.h"
 #include "backend/cpu/skinny_gemm.h"
 #include "core/cpu_features.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
+#include "bench_timing.h"
 #include "ops/linear.h"
 
 using namespace kestrel;
@@ -143,7 +151,32 @@ int main(int argc, char** argv) {
     bytes += int64_t(w.nbytes());
     params += w.numel();
   }
-  std::printf("# %s\n", cpu_summary().c_str());
+  bench::print_machine_header("# ");
+  // The packs, made once (as the rollout does per weight update), timed.
+  std::vector<std::shared_ptr<const cpu::PackedLinearWeight>> packs;
+  {
+    const double w0 = wall_now();
+    for (const Tensor& w : ws) packs.push_back(cpu::pack_linear_weight(w));
+    if (packs[0]) std::printf("# packing every weight once: %.1f ms\n", 1e3 * (wall_now() - w0));
+  }
+  // Fused q|k|v and gate|up weights of every layer, packed as one matrix
+  // each: the "packed fused" path multiplies them in one call and copies the
+  // result's column blocks out to the separate outputs, as a fused layer would.
+  std::vector<std::shared_ptr<const cpu::PackedLinearWeight>> fused;  // [layer * 2 + {0: qkv, 1: gate|up}]
+  if (packs[0])
+    for (int l = 0; l < 8; ++l)
+      for (auto [first, count] : {std::pair<int, int>{0, 3}, {4, 2}}) {
+        int64_t rows = 0;
+        for (int j = 0; j < count; ++j) rows += ws[size_t(l * 7 + first + j)].size(0);
+        Tensor cat = Tensor::empty({rows, 512}, dt, MemCategory::Other);
+        int64_t at = 0;
+        for (int j = 0; j < count; ++j) {
+          const Tensor& w = ws[size_t(l * 7 + first + j)];
+          std::memcpy(static_cast<char*>(cat.raw()) + at * 512 * dtype_size(dt), w.raw(), w.nbytes());
+          at += w.size(0);
+        }
+        fused.push_back(cpu::pack_linear_weight(cat));
+      }
   std::printf("# skinny linear: small-config weights (%.1f MB, %s), %d threads, median of %d\n", double(bytes) / 1e6,
               dtype_name(dt), threads, reps);
   std::printf("| M | path | wall ms | CPU ms | weight GB/s (wall) | GFLOP/s (wall) |\n|---|---|---|---|---|---|\n");
@@ -173,29 +206,59 @@ int main(int argc, char** argv) {
     const bool previous = M <= 8 && dt == DType::F32;
     // Paths 0 and 1: the skinny kernel at avx2 and at avx512 (where the
     // machine has it and the level takes M rows).
-    const char* names[4] = {"skinny avx2", "skinny avx512", "previous kernel", "blas (ops::linear_fwd)"};
+    const char* names[6] = {"skinny avx2", "skinny avx512", "previous kernel", "blas (ops::linear_fwd)",
+                            "packed (cpu::packed_linear)", "packed fused qkv, gate|up"};
+    // The fused outputs [M, q+k+v] and [M, gate+up] of the fused path.
+    Tensor y_qkv = Tensor::empty({M, 768}, dt, MemCategory::Activations);
+    Tensor y_gu = Tensor::empty({M, 3072}, dt, MemCategory::Activations);
+    auto split = [&](const Tensor& src, int64_t src_cols, std::initializer_list<Tensor*> outs) {
+      const size_t es = dtype_size(dt);
+      int64_t c0 = 0;
+      for (Tensor* o : outs) {
+        const int64_t n = o->size(1);
+        for (int64_t r = 0; r < M; ++r)
+          std::memcpy(static_cast<char*>(o->raw()) + size_t(r * n) * es,
+                      static_cast<const char*>(src.raw()) + size_t(r * src_cols + c0) * es, size_t(n) * es);
+        c0 += n;
+      }
+    };
+    auto fused_pass = [&] {
+      for (int l = 0; l < 8; ++l) {
+        const size_t b = size_t(l * 7);
+        cpu::packed_linear(*fused[size_t(2 * l)], xs[b], nullptr, y_qkv);
+        split(y_qkv, 768, {&ys[b], &ys[b + 1], &ys[b + 2]});
+        cpu::packed_linear(*packs[b + 3], xs[b + 3], nullptr, ys[b + 3]);
+        cpu::packed_linear(*fused[size_t(2 * l + 1)], xs[b + 4], nullptr, y_gu);
+        split(y_gu, 3072, {&ys[b + 4], &ys[b + 5]});
+        cpu::packed_linear(*packs[b + 6], xs[b + 6], nullptr, ys[b + 6]);
+      }
+      cpu::packed_linear(*packs.back(), xs.back(), nullptr, ys.back());
+    };
     const bool has512 = machine_isa() == IsaLevel::Avx512;
     auto takes = [&](IsaLevel isa) {
       set_kernel_isa(isa);
       return cpu::skinny_linear_applies(xs[0], ws[0], nullptr, ys[0]);
     };
-    const bool run[4] = {takes(IsaLevel::Avx2), has512 && takes(IsaLevel::Avx512), previous, true};
-    Stat stats[4];
+    const bool run[6] = {takes(IsaLevel::Avx2), has512 && takes(IsaLevel::Avx512), previous, true, packs[0] != nullptr,
+                         !fused.empty() && fused[0] != nullptr};
+    Stat stats[6];
     for (int r = 0; r < reps; ++r) {  // interleaved, so load changes hit every path alike
-      for (int path = 0; path < 4; ++path) {
+      for (int path = 0; path < 6; ++path) {
         if (!run[path]) continue;
         if (path <= 1) set_kernel_isa(path == 0 ? IsaLevel::Avx2 : IsaLevel::Avx512);
         const double w0 = wall_now(), c0 = cpu_now();
-        for (size_t i = 0; i < ws.size(); ++i) {
+        if (path == 5) fused_pass();
+        for (size_t i = 0; i < ws.size() && path != 5; ++i) {
           if (path <= 1) cpu::skinny_linear(xs[i], ws[i], nullptr, ys[i]);
           else if (path == 2) previous_kernel(xs[i], ws[i], ys[i]);
-          else ops::linear_fwd(xs[i], ws[i], nullptr, ys[i]);
+          else if (path == 3) ops::linear_fwd(xs[i], ws[i], nullptr, ys[i]);
+          else cpu::packed_linear(*packs[i], xs[i], nullptr, ys[i]);
         }
         stats[path].wall.push_back(wall_now() - w0);
         stats[path].cpu.push_back(cpu_now() - c0);
       }
     }
-    for (int path = 0; path < 4; ++path)
+    for (int path = 0; path < 6; ++path)
       if (!stats[path].wall.empty()) report(M, names[path], stats[path]);
   }
   return 0;

@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(cmake ninja-build ccache g++ pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev
-      libopenblas-dev libopenblas0-openmp libblis-dev libdnnl2
+      libopenblas-dev libopenblas0-openmp libblis-dev libdnnl2 libdnnl-dev
       libopenmpi-dev openmpi-bin
       libicu-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libomp-dev
       libsnappy-dev libzstd-dev zlib1g-dev

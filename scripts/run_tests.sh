@@ -7,9 +7,11 @@
 # more with OPENBLAS_CORETYPE=Haswell: OpenBLAS then uses its AVX2 kernel
 # family instead of the one it picked for this CPU (AVX-512 on Skylake-X and
 # later, Zen 4), and with KESTREL_ISA=avx2 Kestrel's own kernels run their
-# AVX2 variants, so every submission checks the tolerances against a second
-# set of roundings, an AVX2 machine's. The kernel and GEMM-library suites
-# (ops, backend_cpu) run in that pass too. KESTREL_SECOND_BLAS=0 skips it.
+# AVX2 variants, and with DNNL_MAX_CPU_ISA=AVX2 oneDNN (the rollout's packed
+# weights, backend/cpu/packed_linear.h) its AVX2 kernels, so every submission
+# checks the tolerances against a second set of roundings, an AVX2 machine's.
+# The kernel and GEMM-library suites (ops, backend_cpu) run in that pass
+# too. KESTREL_SECOND_BLAS=0 skips it.
 set -euo pipefail
 BUILD=${1:-build/dev}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -20,7 +22,7 @@ ctest --output-on-failure -j 2 --timeout 900
 if [[ "${KESTREL_SECOND_BLAS:-1}" != 0 ]]; then
   # backend_cpu and ops too: the GEMM-library tests hold claims (thread counts,
   # choice) that a machine running OpenBLAS's AVX2 kernels must also meet.
-  echo "== golden and kernel suites again with OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 (an AVX2 machine's kernels) =="
-  OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 ctest --output-on-failure -j 2 --timeout 900 \
+  echo "== golden and kernel suites again with OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 (an AVX2 machine's kernels) =="
+  OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 ctest --output-on-failure -j 2 --timeout 900 \
     -L '^(model|train|optim|rl|parallel|backend_cpu|ops)$'
 fi

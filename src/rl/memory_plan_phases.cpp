@@ -13,6 +13,39 @@ namespace kestrel::rl {
 
 namespace {
 
+// The rollout's weights packed for its GEMMs (rollout/decode_linear.h
+// WeightPacks; 0 when the GEMM library does not pack here): every linear a
+// step of more than kSkinnyRows rows multiplies by, each packed in the
+// library's layout (rollout::packed_weight_bytes asks it for the size).
+// Dense attention and MLP, MLA's q/kv_a/o projections, shared experts and
+// the lm_head; the routed experts run the grouped GEMM and are not packed,
+// and the MoE router and MLA's absorbed kv_b are not counted (small next to
+// the rest).
+int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DType dt) {
+  auto pk = [&](int64_t out, int64_t in) { return rollout::packed_weight_bytes(out, in, dt); };
+  if (pk(64, 64) == 0) return 0;
+  const int64_t D = rs.D;
+  int64_t b = pk(rs.V, D);  // lm_head
+  for (int64_t layer : rs.layers) {
+    if (c.mla.enabled) {
+      const io::MlaConfig& m = c.mla;
+      const int64_t H = c.num_attention_heads, qk = m.qk_head_dim(), ql = m.q_lora_rank;
+      b += ql > 0 ? pk(ql, D) + pk(H * qk, ql) : pk(H * qk, D);
+      b += pk(m.kv_lora_rank + m.qk_rope_head_dim, D) + pk(D, H * m.v_head_dim);
+    } else {
+      b += pk(rs.H * rs.hd, D) + 2 * pk(rs.Hkv * rs.hd, D) + pk(D, rs.H * rs.hd);
+    }
+    if (c.is_moe_layer(layer)) {
+      const int64_t Fs = c.moe.shared_intermediate_size;
+      if (Fs > 0) b += 2 * pk(Fs, D) + pk(D, Fs);
+    } else {
+      b += 2 * pk(rs.F, D) + pk(D, rs.F);
+    }
+  }
+  return b;
+}
+
+
 int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 size_t cat(MemCategory c) { return size_t(c); }
 
@@ -385,6 +418,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                       " of " + format_bytes(in.device_memory) + " does not hold the rollout weights and a KV cache: "
                       "kestrel train refuses it; raise it");
 
+  const int64_t packed = packed_weight_bytes(in.model, rs, in.rollout.dtype);
   auto phase = [&](std::string name, bool kv_awake, int64_t acts, int64_t other, std::string detail) {
     PhasePlan ph;
     ph.name = std::move(name);
@@ -394,7 +428,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       for (size_t i = 0; i < kNumMemCategories; ++i) ph.bytes[i] -= offloadable[i];
     if (kv_awake) {
       ph.bytes[cat(MemCategory::KVCache)] += p.kv_cache_bytes;
-      ph.bytes[cat(MemCategory::Params)] += copy_bytes;
+      ph.bytes[cat(MemCategory::Params)] += copy_bytes + packed;
     }
     ph.bytes[cat(MemCategory::Activations)] += acts;
     ph.bytes[cat(MemCategory::Other)] += other;
@@ -404,7 +438,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   phase("rollout", true, rollout_activations(rs, in.model, in.rollout), 0,
         "KV cache " + format_bytes(p.kv_cache_bytes) + " (" + std::to_string(p.kv_blocks) + " blocks, " +
             std::to_string(p.kv_tokens) + " tokens)" +
-            (copy ? ", rollout weight copy " + format_bytes(copy_bytes) : ""));
+            (copy ? ", rollout weight copy " + format_bytes(copy_bytes) : "") +
+            (packed ? ", packed weights " + format_bytes(packed) : ""));
   if (in.batch.old_log_prob || in.ref) {
     const MicroBatchPlan sm = plan_micro_batches(in.batch, l.dp, in.batch.log_prob_micro_batch_size > 0 ? 0 : in.batch.log_prob_max_token_len,
                                                  in.batch.log_prob_micro_batch_size, false);

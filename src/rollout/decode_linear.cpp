@@ -4,11 +4,18 @@
 
 namespace kestrel::rollout {
 
-void decode_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+int64_t packed_weight_bytes(int64_t out, int64_t in, DType dt) { return cpu::packed_linear_bytes(out, in, dt); }
+
+void decode_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y, WeightPacks* packs) {
   if (x.defined() && x.dim() == 2 && x.size(0) <= kSkinnyRows && cpu::skinny_linear_applies(x, w, b, y)) {
     cpu::skinny_linear(x, w, b, y);
     return;
   }
+  if (packs && x.defined() && x.dim() == 2 && x.size(0) > kSkinnyRows)
+    if (const cpu::PackedLinearWeight* p = packs->get(w); p && cpu::packed_linear_applies(*p, x, b, y)) {
+      cpu::packed_linear(*p, x, b, y);
+      return;
+    }
   ops::linear_fwd(x, w, b, y);  // also reports bad arguments
 }
 

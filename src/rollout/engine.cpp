@@ -386,10 +386,12 @@ void EngineImpl::update_weights_version() {
   // dropping the map also frees the memory of the index. In-flight sequences
   // keep their version (their K/V predates the update: a partial rollout).
   pool_.reset_prefix_cache();
+  runner_.packs().clear();  // packed from the old weights
 }
 
 void EngineImpl::sleep() {
   if (asleep_) return;
+  runner_.packs().clear();  // their memory goes back to training too
   // In-flight sequences lose their K/V and recompute after wake_up().
   sched_.preempt_all();
   KS_CHECK(pool_.reset_prefix_cache(), "blocks still referenced after preempting everything");
@@ -414,6 +416,9 @@ EngineStats EngineImpl::stats() const {
   s.num_blocks = pool_.num_blocks();
   s.free_blocks = pool_.num_free();
   s.weights_version = int64_t(weights_version_);
+  s.packed_weights = runner_.packs().count();
+  s.packed_weight_bytes = runner_.packs().bytes();
+  s.stale_weight_repacks = runner_.packs().stale_repacks();
   return s;
 }
 

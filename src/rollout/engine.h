@@ -114,6 +114,10 @@ struct EngineStats {
   int64_t computed_tokens = 0;        // rows forwarded (prefill chunks, recomputes, decodes)
   int64_t num_blocks = 0, free_blocks = 0;  // KV blocks (null block included in num_blocks)
   int64_t weights_version = 0;
+  // Weights packed for the GEMMs of steps past the skinny size (rollout/decode_linear.h):
+  // how many and their bytes now, and repacks forced by a weight that changed
+  // without update_weights_version (a caller's bug the fingerprint caught).
+  int64_t packed_weights = 0, packed_weight_bytes = 0, stale_weight_repacks = 0;
 };
 
 class Engine {

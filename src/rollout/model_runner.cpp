@@ -64,7 +64,8 @@ namespace {
 // off (BlockExec::apply_capacity): an inference engine never drops tokens.
 class RolloutExec final : public model::BlockExec {
  public:
-  RolloutExec(comm::ProcessGroup& tp, KVCache& kv, Tensor residual) : tp_(tp), kv_(kv), residual_(std::move(residual)) {
+  RolloutExec(comm::ProcessGroup& tp, KVCache& kv, Tensor residual, WeightPacks* packs)
+      : tp_(tp), kv_(kv), residual_(std::move(residual)), packs_(packs) {
     Tl = Tp = residual_.size(0);
   }
   Tensor slots, cu_q, seq_lens, tables;  // i32 [T], [B+1], [B], [B, max_blocks]
@@ -92,26 +93,28 @@ class RolloutExec final : public model::BlockExec {
     return t;
   }
   Tensor enter(const Tensor& x) override { return x; }  // replicated activations: nothing to gather
-  void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override { decode_linear(x, w, b, y); }
+  void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override {
+    decode_linear(x, w, b, y, packs_);
+  }
   // y[T, out] = x @ w^T + b for a row-parallel weight w [out, in/tp]: the
   // partial sums are all-reduced over tp, the bias added once.
   void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override {
     if (tp_.size() == 1) {
-      decode_linear(x, w, b, y);
+      decode_linear(x, w, b, y, packs_);
       return;
     }
     // The bias enters rank 0's partial sum only, so the reduction adds it once
     // (parallel::row_linear_fwd's rule).
     const Tensor* b0 = tp_.rank() == 0 ? b : nullptr;
     if (y.dtype() == DType::F32) {
-      decode_linear(x, w, b0, y);
+      decode_linear(x, w, b0, y, packs_);
       tp_.all_reduce(y, comm::ReduceOp::Sum);
       return;
     }
     // bf16: reduce the f32 partials and round once, as the single-process GEMM
     // and training's row_linear_fwd do.
     Tensor partial = act({x.size(0), w.size(0)}, DType::F32);  // [T, out]
-    decode_linear(x, w, b0, partial);
+    decode_linear(x, w, b0, partial, packs_);
     tp_.all_reduce(partial, comm::ReduceOp::Sum);
     y.copy_from(partial);
   }
@@ -148,6 +151,7 @@ class RolloutExec final : public model::BlockExec {
   comm::ProcessGroup& tp_;
   KVCache& kv_;
   Tensor residual_;  // [T, D]
+  WeightPacks* packs_;
   Tensor bufs_[size_t(model::BlockBuf::kCount)];
 };
 
@@ -223,7 +227,7 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   // Buffers reused by every layer: the decode rows of all sequences share
   // each GEMM, so one step costs one read of every weight.
   Tensor x = act({T, D}, dt);  // [T, D] residual stream, replicated over tp
-  RolloutExec ex(m_.tp(), kv_, x);
+  RolloutExec ex(m_.tp(), kv_, x, &packs_);
   if (m_.ep().size() > 1) {  // the MoE layers dispatch over the model's ep group (its experts in place)
     ex.ep = &m_.ep();
     ex.ep_hier = m_.options().parallel.ep_hier.get();
@@ -259,7 +263,7 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   Tensor normf = act({S, D}, dt), rstdf = act({S}, DType::F32);
   ops::rmsnorm_fwd(xs, m_.final_norm().weight, float(c.rms_norm_eps), normf, rstdf);
   Tensor logits = act({S, m_.local_vocab()}, dt);  // [S, V/tp]: this rank's vocab rows
-  decode_linear(normf, m_.lm_head().weight, nullptr, logits);
+  decode_linear(normf, m_.lm_head().weight, nullptr, logits, &packs_);
   return gather_vocab(logits);  // [S, V]
 }
 

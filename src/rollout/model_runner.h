@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "model/transformer.h"
+#include "rollout/decode_linear.h"
 #include "rollout/kv_cache.h"
 #include "rollout/scheduler.h"
 
@@ -75,6 +76,10 @@ class ModelRunner {
   // blocks asked for, however many layers ran (the MoE MLP's variable-size
   // expert buffers are its own and not counted).
   int64_t last_slot_buffers() const { return last_slot_buffers_; }
+  // The weights packed for this runner's GEMMs (rollout/decode_linear.h):
+  // the engine drops them when the weights change or it sleeps.
+  WeightPacks& packs() { return packs_; }
+  const WeightPacks& packs() const { return packs_; }
 
  private:
   // [S, V/tp] on every rank -> [S, V] on every rank (vocabulary padding dropped).
@@ -83,6 +88,7 @@ class ModelRunner {
   const model::CausalLM& m_;
   KVCache& kv_;
   int64_t last_slot_buffers_ = 0;
+  WeightPacks packs_;
 };
 
 }  // namespace kestrel::rollout

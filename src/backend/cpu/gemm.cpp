@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "backend/cpu/blas_select.h"
+#include "backend/cpu/packed_linear.h"
 #include "core/parallel_for.h"
 #include "core/status.h"
 
@@ -235,7 +236,12 @@ Status gemm_init() {
   return Status::ok();
 }
 
-std::string gemm_summary() { return active_plan()->summary; }
+std::string gemm_summary() {
+  std::string why;
+  const bool packed = packed_linear_enabled(&why);
+  return active_plan()->summary + (packed ? "; rollout weights packed once per update by " + why
+                                          : "; rollout weights not packed (" + why + ")");
+}
 
 std::array<GemmProvider, 3> gemm_choice() {
   static_assert(kNumGemmClasses == 3);

@@ -36,7 +36,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 Status gemm_init();
 
 // The GEMM line of logs and benchmark headers, e.g. "OpenBLAS 0.3.21
-// SkylakeX (openmp) for all GEMMs, 2 threads, 172 GFLOP/s measured (cached)".
+// SkylakeX (openmp) for all GEMMs, 2 threads, 172 GFLOP/s measured (cached);
+// rollout weights packed once per update by oneDNN matmul (gemm:jit)" (the
+// last part: backend/cpu/packed_linear.h).
 // Initialises like sgemm (throws on a bad KESTREL_BLAS).
 std::string gemm_summary();
 
