@@ -361,18 +361,17 @@ const PackedLinearWeight* WeightPacks::get(const Tensor& w) {
   int& dtype_packs = packable_[w.dtype() == DType::BF16 ? 1 : 0];
   if (dtype_packs < 0) dtype_packs = packed_linear_bytes(64, 64, w.dtype()) > 0 ? 1 : 0;
   if (!dtype_packs) return nullptr;
-  auto& slot = by_data_[w.raw()];
+  const Key key{w.raw(), w.size(0), w.size(1), int(w.dtype())};
+  auto& slot = by_data_[key];
   if (slot) {
-    const bool same_shape =
-        packed_rows(*slot) == w.size(0) && packed_cols(*slot) == w.size(1) && packed_dtype(*slot) == w.dtype();
-    if (same_shape && packed_fingerprint(*slot) == weight_fingerprint(w)) return slot.get();
-    if (same_shape) ++stale_repacks_;
+    if (packed_fingerprint(*slot) == weight_fingerprint(w)) return slot.get();
+    ++stale_repacks_;
     bytes_ -= packed_bytes(*slot);
     slot.reset();
   }
   slot = pack_linear_weight(w);
   if (!slot) {
-    by_data_.erase(w.raw());
+    by_data_.erase(key);
     return nullptr;
   }
   bytes_ += packed_bytes(*slot);

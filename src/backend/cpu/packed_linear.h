@@ -24,8 +24,9 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
-#include <unordered_map>
+#include <tuple>
 
 #include "core/tensor.h"
 
@@ -84,7 +85,9 @@ class WeightPacks {
   int64_t stale_repacks() const { return stale_repacks_; }
 
  private:
-  std::unordered_map<const void*, std::shared_ptr<const PackedLinearWeight>> by_data_;
+  // By (data, rows, cols, dtype): two views of one buffer never evict each other.
+  using Key = std::tuple<const void*, int64_t, int64_t, int>;
+  std::map<Key, std::shared_ptr<const PackedLinearWeight>> by_data_;
   int64_t bytes_ = 0, stale_repacks_ = 0;
   int enabled_ = -1;             // -1: not asked yet
   int packable_[2] = {-1, -1};  // f32, bf16; -1: not asked yet
