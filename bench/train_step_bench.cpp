@@ -6,12 +6,19 @@
 //
 //   build/release/bench_train_step_bench --config bench/configs/small.json \
 //       --threads 2 --seq 512 --batch-tokens 2048 --steps 5 [--dtype fp32|bf16]
+//
+// --scoring plain|packed times a forward-only scoring pass (model::score_tokens:
+// log-prob and entropy of every token) instead, the way the RL trainer
+// scores old and reference log-probs: "packed" multiplies by weights packed
+// once (model::ForwardPacksScope; the packing happens in the first, warm-up
+// call and is reported separately), "plain" by the GEMM library as chosen.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +27,7 @@
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "io/model_config.h"
+#include "model/scoring.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "train/token_objective.h"
@@ -76,7 +84,7 @@ static double model_flops_per_token(const io::ModelConfig& c, int64_t seq) {
 }
 
 int main(int argc, char** argv) {
-  std::string config = "bench/configs/small.json", dtype_s = "fp32";
+  std::string config = "bench/configs/small.json", dtype_s = "fp32", scoring;
   int threads = 2, steps = 5, warmup = 2;
   int64_t seq = 512, batch_tokens = 2048;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -88,6 +96,7 @@ int main(int argc, char** argv) {
     else if (k == "--steps") steps = std::atoi(v.c_str());
     else if (k == "--warmup") warmup = std::atoi(v.c_str());
     else if (k == "--dtype") dtype_s = v;
+    else if (k == "--scoring" && (v == "plain" || v == "packed")) scoring = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -134,6 +143,28 @@ int main(int argc, char** argv) {
   model::PackedBatch b = model::pack_sequences(rows);
   std::vector<float> w(size_t(b.num_tokens), 1.0f / float(b.num_tokens));
   auto objective = train::cross_entropy_objective(w);
+
+  if (!scoring.empty()) {
+    cpu::WeightPacks packs;
+    std::optional<model::ForwardPacksScope> scope;
+    if (scoring == "packed") scope.emplace(*m, &packs);
+    auto t0 = Clock::now();
+    model::score_tokens(*m, b);  // warm-up; packs every weight when packed
+    const double first_s = seconds_since(t0);
+    std::vector<double> times;
+    for (int s = 0; s < steps; ++s) {
+      t0 = Clock::now();
+      model::score_tokens(*m, b);
+      times.push_back(seconds_since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    const double pass_s = times[times.size() / 2];
+    std::printf("{\"engine\": \"kestrel\", \"mode\": \"scoring %s\", \"config\": \"%s\", \"threads\": %d, \"dtype\": "
+                "\"%s\", \"tokens_per_s\": %.1f, \"pass_s\": %.4f, \"first_pass_s\": %.4f, \"packed_bytes\": %lld, %s}\n",
+                scoring.c_str(), config.c_str(), threads, dtype_s.c_str(), double(b.num_tokens) / pass_s, pass_s, first_s,
+                (long long)packs.bytes(), bench::machine_json_fields().c_str());
+    return 0;
+  }
 
   // Wall time per step, and process CPU time per step / threads: on a shared
   // machine the second leaves out time the threads were descheduled.

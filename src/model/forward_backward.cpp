@@ -43,6 +43,7 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
   const DType dt = dtype();
   TrainExec ex = exec_for(*this, b);
   if (keep) ex.moe_stats = &moe_stats_;  // the training forward counts its routing (not scoring, not reruns)
+  if (!keep) ex.packs = forward_packs_;   // forward-only: packed weights when the caller keeps them
   const int64_t Tp = ex.Tp, Tl = ex.Tl, D = c.hidden_size;
   KS_CHECK(b.max_seqlen <= rope_.cos.size(0), "sequence of ", b.max_seqlen, " tokens is longer than the RoPE table (",
            rope_.cos.size(0), " positions)");
@@ -97,7 +98,7 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
   }
   // [Tp, V/tp]; padded vocabulary rows of lm_head are zero, so their columns are 0.
   Tensor logits = act_tensor({Tp, local_vocab()}, dt);
-  ops::linear_fwd(acts.normf, lm_head().weight, nullptr, logits);
+  ex.linear(acts.normf, lm_head().weight, nullptr, logits);  // ops::linear_fwd unless packed (forward-only)
   if (!keep) acts.clear();
   return ex.real_rows(logits);
 }

@@ -7,6 +7,7 @@
 // (SP only) carry id -1 (a zero embedding) and position 0 and never reach
 // attention, the logits or the gradients.
 #pragma once
+#include "backend/cpu/packed_linear.h"
 #include "comm/process_group.h"
 #include "model/batch.h"
 #include "model/block.h"
@@ -28,6 +29,7 @@ class TrainExec final : public BlockExec {
   Tensor enter(const Tensor& x) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  bool packed_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
   Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
                 LayerActivations& A) override;
   // The attention core's backward from what attend() kept in A: dattn
@@ -48,6 +50,11 @@ class TrainExec final : public BlockExec {
 
   // The router losses' gradient factor of this backward (CausalLM::set_moe_loss_scale).
   double moe_loss_scale = 1.0;
+
+  // Forward-only passes: weights packed for linear() and row_linear() at tp
+  // = 1, past the skinny size (CausalLM::set_forward_packs); nullptr: the
+  // plain GEMM.
+  cpu::WeightPacks* packs = nullptr;
 
   const Tensor* prefix_of() const { return batch.prefix_of.defined() ? &batch.prefix_of : nullptr; }
   // The first T rows (the real tokens) of a possibly padded buffer.

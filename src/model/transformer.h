@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/packed_linear.h"
 #include "comm/process_group.h"
 #include "io/model_config.h"
 #include "model/activations.h"
@@ -239,6 +240,16 @@ class CausalLM {
   void update_moe_correction_bias(const MoeStepStats& step, double rate);
   int64_t num_moe_layers() const;  // in the whole model (the routing replay layout)
 
+  // Weights packed for the GEMMs of forward-only passes (scoring:
+  // forward_inference, forward_hidden_inference), backend/cpu/packed_linear.h:
+  // at tp = 1 their linears and the lm_head multiply by packs from `packs`
+  // (nullptr: never). The packs' owner decides their lifetime (a scoring
+  // call's, or the rollout engine's when it reads these weights in place);
+  // the fingerprint guard repacks a weight that changed since. The training
+  // forward never uses them. See ForwardPacksScope.
+  void set_forward_packs(cpu::WeightPacks* packs) const { forward_packs_ = packs; }
+  cpu::WeightPacks* forward_packs() const { return forward_packs_; }
+
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
   comm::ProcessGroup& pp() const { return *opts_.parallel.pp; }
@@ -316,6 +327,22 @@ class CausalLM {
   std::function<void(int64_t)> grad_hook_;
   double moe_loss_scale_ = 1.0;
   mutable MoeStepStats moe_stats_;  // filled by the training forward (a router's running counts, as Megatron's)
+  mutable cpu::WeightPacks* forward_packs_ = nullptr;  // set_forward_packs
+};
+
+// Packs for a model's forward-only passes for a scope, then none again.
+class ForwardPacksScope {
+ public:
+  ForwardPacksScope(const CausalLM& m, cpu::WeightPacks* packs) : m_(m), prev_(m.forward_packs()) {
+    m.set_forward_packs(packs);
+  }
+  ~ForwardPacksScope() { m_.set_forward_packs(prev_); }
+  ForwardPacksScope(const ForwardPacksScope&) = delete;
+  ForwardPacksScope& operator=(const ForwardPacksScope&) = delete;
+
+ private:
+  const CausalLM& m_;
+  cpu::WeightPacks* prev_;
 };
 
 }  // namespace kestrel::model

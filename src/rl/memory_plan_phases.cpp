@@ -21,11 +21,11 @@ namespace {
 // the lm_head; the routed experts run the grouped GEMM and are not packed,
 // and the MoE router and MLA's absorbed kv_b are not counted (small next to
 // the rest).
-int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DType dt) {
+int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DType dt, bool with_head = true) {
   auto pk = [&](int64_t out, int64_t in) { return rollout::packed_weight_bytes(out, in, dt); };
   if (pk(64, 64) == 0) return 0;
   const int64_t D = rs.D;
-  int64_t b = pk(rs.V, D);  // lm_head
+  int64_t b = with_head ? pk(rs.V, D) : 0;  // lm_head
   for (int64_t layer : rs.layers) {
     if (c.mla.enabled) {
       const io::MlaConfig& m = c.mla;
@@ -419,6 +419,13 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                       "kestrel train refuses it; raise it");
 
   const int64_t packed = packed_weight_bytes(in.model, rs, in.rollout.dtype);
+  // Scoring's own packs (rl/trainer.cpp compute_log_probs, tp = 1 only): the
+  // actor's when the rollout runs a copy (in place it shares the rollout's),
+  // then the reference model's, one at a time.
+  const int64_t scoring_packed =
+      l.tp > 1 ? 0
+               : std::max(copy && in.batch.old_log_prob ? packed_weight_bytes(in.model, s, dt, l.pp == 1) : 0,
+                          in.ref ? packed_weight_bytes(in.model, s, dt, l.pp == 1) : 0);
   auto phase = [&](std::string name, bool kv_awake, int64_t acts, int64_t other, std::string detail) {
     PhasePlan ph;
     ph.name = std::move(name);
@@ -447,7 +454,9 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                          packed_batch_bytes(in.batch, sm.mini_batch_tokens, sm.mini_batch_seqs, sm.micro_batches, sm.mini_batch_prefixes);
     phase("scoring", true, acts, 0,
           std::string(in.batch.old_log_prob ? "old log-probs" : "") + (in.batch.old_log_prob && in.ref ? " + " : "") +
-              (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) + " tokens");
+              (in.ref ? "reference log-probs" : "") + ", micro-batches of " + std::to_string(sm.max_tokens) +
+              " tokens" + (scoring_packed ? ", its packed weights " + format_bytes(scoring_packed) : ""));
+    p.phases.back().bytes[cat(MemCategory::Params)] += scoring_packed;
   }
   if (in.critic) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);

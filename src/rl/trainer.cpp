@@ -200,10 +200,22 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
   reward_->score(b, reqs, m, extra);
 }
 
+// Scoring multiplies by packed weights (backend/cpu/packed_linear.h): the
+// actor by the rollout engine's when the engine reads the actor's weights in
+// place (packed during the rollout, same version), otherwise by packs made
+// for this call and freed after it; the reference model by packs made for
+// its call. kestrel plan counts them in the scoring phase.
 void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
-  if (old) actor_->compute_log_probs(b);
+  if (old) {
+    cpu::WeightPacks local;
+    cpu::WeightPacks* shared = rollout_ ? rollout_->actor_packs() : nullptr;
+    model::ForwardPacksScope scope(actor_->model(), shared ? shared : &local);
+    actor_->compute_log_probs(b);
+  }
   if (ref) {
     KS_CHECK(ref_ != nullptr, "RL: reference log-probs need a reference model");
+    cpu::WeightPacks local;
+    model::ForwardPacksScope scope(ref_->model(), &local);
     ref_->compute_log_probs(b);
   }
 }

@@ -86,6 +86,7 @@ class EngineImpl final : public Engine {
   void idle_step();
   std::vector<RequestOutput> run_to_completion() override;
   void update_weights_version() override;
+  WeightPacks& weight_packs() override { return runner_.packs(); }
   void sleep() override;
   void wake_up() override;
   EngineStats stats() const override;

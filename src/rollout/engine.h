@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/packed_linear.h"
 #include "core/status.h"
 #include "model/transformer.h"
 
@@ -138,8 +139,13 @@ class Engine {
   // Runs step() until every request has finished; outputs in request order of addition.
   virtual std::vector<RequestOutput> run_to_completion() = 0;
 
-  // The trainer changed the weights: bump the version (prefix cache reset).
+  // The trainer changed the weights: bump the version (prefix cache reset,
+  // packed weights dropped).
   virtual void update_weights_version() = 0;
+  // The weights this engine packed for its GEMMs (rollout/decode_linear.h),
+  // keyed by weight tensor: a scoring pass over the same weights (the actor
+  // the engine reads in place) may multiply by them too.
+  virtual cpu::WeightPacks& weight_packs() = 0;
   // Frees KV memory (colocated training runs meanwhile) / allocates it again.
   virtual void sleep() = 0;
   virtual void wake_up() = 0;

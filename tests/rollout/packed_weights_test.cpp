@@ -2,7 +2,9 @@
 // past the skinny size multiply by weights packed once per weight version.
 // Outputs equal the unpacked engine's (to f32 rounding: same tokens); a
 // weight update repacks, and so does a change nobody announced (the
-// fingerprint guard); sleep frees the packs.
+// fingerprint guard); sleep frees the packs. Scoring passes multiply by
+// packs too (model::ForwardPacksScope), the rollout's when they share the
+// weights.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "backend/cpu/packed_linear.h"
+#include "model/scoring.h"
 #include "rollout/engine.h"
 #include "tiny_model.h"
 
@@ -179,6 +182,57 @@ TEST_F(PackedWeights, SleepFreesThePacks) {
   EXPECT_EQ((*e)->stats().packed_weights, 0);
   EXPECT_EQ(cpu_allocator().stats().live_of(MemCategory::Params), params_before);
   (*e)->wake_up();
+}
+
+// Sequences of the tiny prompts with a few continuation tokens: 45-61 rows each.
+model::PackedBatch scoring_batch() {
+  std::vector<std::vector<int32_t>> seqs;
+  for (auto p : tiny_prompts()) {
+    for (int32_t t = 0; t < 11; ++t) p.push_back((t * 37 + 5) % 128);
+    seqs.push_back(p);
+  }
+  return model::pack_sequences(seqs);
+}
+
+TEST_F(PackedWeights, ScoringThroughPacksMatchesPlainScoring) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto m = tiny_model(/*qwen3=*/true, dt);
+    const model::PackedBatch b = scoring_batch();
+    const model::TokenScores plain = model::score_tokens(*m, b);
+    cpu::WeightPacks packs;
+    model::TokenScores packed;
+    {
+      model::ForwardPacksScope scope(*m, &packs);
+      packed = model::score_tokens(*m, b);
+    }
+    EXPECT_EQ(m->forward_packs(), nullptr);  // the scope ended
+    EXPECT_EQ(packs.count() > 0, cpu::packed_linear_bytes(64, 64, dt) > 0);
+    // The same tolerance argument as the engine's (f32: summation order; bf16:
+    // one bf16 rounding flip in a hidden state).
+    const double tol = dt == DType::F32 ? 2e-5 : 5e-2;
+    for (int64_t i = 0; i < b.num_tokens - 1; ++i)
+      ASSERT_NEAR(packed.logprob.get(i), plain.logprob.get(i), tol) << "token " << i;
+  }
+}
+
+// The actor's scoring after a rollout over the same weights multiplies by
+// the engine's packs: nothing is packed again.
+TEST_F(PackedWeights, ScoringSharesTheEnginesPacks) {
+  auto m = tiny_model();
+  auto e = Engine::create(*m, config());
+  ASSERT_TRUE(e.is_ok());
+  generate(**e, "a");
+  cpu::WeightPacks& packs = (*e)->weight_packs();
+  const int64_t count = packs.count(), bytes = packs.bytes();
+  ASSERT_GT(count, 0);
+  {
+    model::ForwardPacksScope scope(*m, &packs);
+    model::score_tokens(*m, scoring_batch());
+  }
+  EXPECT_EQ(packs.count(), count);
+  EXPECT_EQ(packs.bytes(), bytes);
+  EXPECT_EQ(packs.stale_repacks(), 0);
 }
 
 }  // namespace

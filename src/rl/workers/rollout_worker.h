@@ -99,6 +99,12 @@ class RolloutWorker {
 
   const RolloutWeightView& view() const { return view_; }
   rollout::Engine& engine() { return *engine_; }
+  // The engine's packed weights when they are the actor's (the rollout reads
+  // the actor's weights in place and is awake), for the actor's scoring
+  // passes; nullptr otherwise.
+  cpu::WeightPacks* actor_packs() {
+    return view_.in_place() && !engine_->is_sleeping() ? &engine_->weight_packs() : nullptr;
+  }
   const RolloutOptions& options() const { return opt_; }
   // The version the rollout generates with (the view's).
   int64_t version() const { return view_.version(); }
