@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backend/cpu/packed_linear.h"
+#include "common/testing.h"
 #include "model/scoring.h"
 #include "rollout/engine.h"
 #include "tiny_model.h"
@@ -23,26 +24,7 @@ using rollout::testing::tiny_prompts;
 
 namespace {
 
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~EnvScope() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using EnvScope = kestrel::testing::ScopedEnv;
 
 // An in-place update of a weight, as an optimizer step makes (every element moves).
 void scale(model::Param* p, float s) {
