@@ -1,7 +1,5 @@
 #include "model/train_exec.h"
 
-#include "backend/cpu/skinny_gemm.h"
-
 #include "ops/copy.h"
 #include "ops/ops.h"
 #include "parallel/tp_layers.h"
@@ -46,22 +44,14 @@ Tensor TrainExec::buffer(BlockBuf, Shape shape, DType dt) {
 
 Tensor TrainExec::enter(const Tensor& x) { return parallel::tp_enter_fwd(tp, sp, x); }
 
-// y = x @ w^T (+ b) through the packs when they take it (tp = 1, more rows
-// than the skinny kernel's, a dtype the library packs); false otherwise.
-bool TrainExec::packed_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  if (!packs || tp.size() != 1 || x.dim() != 2 || x.size(0) <= cpu::kSkinnyMaxRows) return false;
-  const cpu::PackedLinearWeight* p = packs->get(w);
-  if (!p || !cpu::packed_linear_applies(*p, x, b, y)) return false;
-  cpu::packed_linear(*p, x, b, y);
-  return true;
-}
-
+// The packs multiply only at tp = 1: under tp a row-parallel product is a
+// partial sum to reduce (parallel/tp_layers.h).
 void TrainExec::linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  if (!packed_linear(x, w, b, y)) ops::linear_fwd(x, w, b, y);
+  if (!(packs && tp.size() == 1 && packs->linear(x, w, b, y))) ops::linear_fwd(x, w, b, y);
 }
 
 void TrainExec::row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  if (!packed_linear(x, w, b, y)) parallel::row_linear_fwd(tp, sp, x, w, b, y);
+  if (!(packs && tp.size() == 1 && packs->linear(x, w, b, y))) parallel::row_linear_fwd(tp, sp, x, w, b, y);
 }
 
 Tensor TrainExec::attend(int64_t, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,

@@ -29,7 +29,6 @@ class TrainExec final : public BlockExec {
   Tensor enter(const Tensor& x) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void row_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
-  bool packed_linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
   Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionShape& shape,
                 LayerActivations& A) override;
   // The attention core's backward from what attend() kept in A: dattn

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "backend/cpu/packed_linear.h"
 #include "parallel/pipeline_layout.h"
 #include "rl/memory_plan.h"
 #include "rollout/model_runner.h"
@@ -16,13 +17,13 @@ namespace {
 // The rollout's weights packed for its GEMMs (rollout/decode_linear.h
 // WeightPacks; 0 when the GEMM library does not pack here): every linear a
 // step of more than kSkinnyRows rows multiplies by, each packed in the
-// library's layout (rollout::packed_weight_bytes asks it for the size).
+// library's layout (cpu::packed_linear_bytes asks it for the size).
 // Dense attention and MLP, MLA's q/kv_a/o projections, shared experts and
 // the lm_head; the routed experts run the grouped GEMM and are not packed,
 // and the MoE router and MLA's absorbed kv_b are not counted (small next to
 // the rest).
 int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DType dt, bool with_head = true) {
-  auto pk = [&](int64_t out, int64_t in) { return rollout::packed_weight_bytes(out, in, dt); };
+  auto pk = [&](int64_t out, int64_t in) { return cpu::packed_linear_bytes(out, in, dt); };
   if (pk(64, 64) == 0) return 0;
   const int64_t D = rs.D;
   int64_t b = with_head ? pk(rs.V, D) : 0;  // lm_head
@@ -422,10 +423,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // Scoring's own packs (rl/trainer.cpp compute_log_probs, tp = 1 only): the
   // actor's when the rollout runs a copy (in place it shares the rollout's),
   // then the reference model's, one at a time.
-  const int64_t scoring_packed =
-      l.tp > 1 ? 0
-               : std::max(copy && in.batch.old_log_prob ? packed_weight_bytes(in.model, s, dt, l.pp == 1) : 0,
-                          in.ref ? packed_weight_bytes(in.model, s, dt, l.pp == 1) : 0);
+  const bool scoring_packs = l.tp == 1 && ((copy && in.batch.old_log_prob) || in.ref);
+  const int64_t scoring_packed = scoring_packs ? packed_weight_bytes(in.model, s, dt, l.pp == 1) : 0;
   auto phase = [&](std::string name, bool kv_awake, int64_t acts, int64_t other, std::string detail) {
     PhasePlan ph;
     ph.name = std::move(name);

@@ -17,22 +17,13 @@
 
 namespace kestrel::rollout {
 
-// Steps with at most this many rows take the skinny kernel.
+// Steps with at most this many rows take the skinny kernel, unless the
+// weight packs and cpu::packed_linear_min_rows says the packed path is
+// faster there (bf16 on AMX past 16 rows).
 constexpr int64_t kSkinnyRows = cpu::kSkinnyMaxRows;
-// Except bf16 weights on a CPU with AMX, where the packed matmul (AMX tiles)
-// overtakes the skinny kernel past this many rows: 1.1x at 20 rows, 1.4x at
-// 28, 1.5x at 32 on the small config (bench_skinny_gemm_bench --dtype bf16,
-// docs/benchmarks.md "Packed rollout weights").
-constexpr int64_t kPackedBf16AmxMinRows = 16;
-// Steps of more than this many rows take the packed path (where the weight packs).
-int64_t packed_min_rows(DType weight_dtype);
 
 // The rollout's packed weights (backend/cpu/packed_linear.h WeightPacks).
 using WeightPacks = cpu::WeightPacks;
-
-// Bytes WeightPacks holds for an [out, in] weight of dtype dt (0 when
-// packing is off here): for memory plans.
-int64_t packed_weight_bytes(int64_t out, int64_t in, DType dt);
 
 // y[T, out] = x[T, in] @ w[out, in]^T (+ b[out]), same contract as ops::linear_fwd.
 // packs: the engine's packed weights (nullptr: never pack).

@@ -17,6 +17,8 @@
 #include "backend/cpu/blas_loader.h"
 #include "backend/cpu/blas_select.h"
 #include "backend/cpu/kernel_util.h"
+#include "backend/cpu/skinny_gemm.h"
+#include "core/cpu_features.h"
 #include "core/parallel_for.h"
 #include "core/status.h"
 
@@ -352,12 +354,16 @@ uint64_t weight_fingerprint(const Tensor& w) {
   return h;
 }
 
+int64_t packed_linear_min_rows(DType weight_dtype) {
+  return weight_dtype == DType::BF16 && cpu_features().has_amx() ? kPackedBf16AmxMinRows : kSkinnyMaxRows;
+}
+
 const PackedLinearWeight* WeightPacks::get(const Tensor& w) {
-  if (enabled_ < 0) enabled_ = packed_linear_enabled() ? 1 : 0;
-  if (!enabled_ || !w.defined() || w.device() != Device::CPU || w.dim() != 2 ||
+  if (!w.defined() || w.device() != Device::CPU || w.dim() != 2 ||
       (w.dtype() != DType::F32 && w.dtype() != DType::BF16))
     return nullptr;
-  // Whether this dtype packs here at all, asked once (bf16 needs AVX-512).
+  // Whether this dtype packs here at all (packing on, and bf16 only with
+  // AVX-512), asked once per set.
   int& dtype_packs = packable_[w.dtype() == DType::BF16 ? 1 : 0];
   if (dtype_packs < 0) dtype_packs = packed_linear_bytes(64, 64, w.dtype()) > 0 ? 1 : 0;
   if (!dtype_packs) return nullptr;
@@ -366,21 +372,30 @@ const PackedLinearWeight* WeightPacks::get(const Tensor& w) {
   if (slot) {
     if (packed_fingerprint(*slot) == weight_fingerprint(w)) return slot.get();
     ++stale_repacks_;
-    bytes_ -= packed_bytes(*slot);
-    slot.reset();
+    slot.reset();  // freed before its replacement is allocated
   }
   slot = pack_linear_weight(w);
   if (!slot) {
     by_data_.erase(key);
     return nullptr;
   }
-  bytes_ += packed_bytes(*slot);
   return slot.get();
 }
 
-void WeightPacks::clear() {
-  by_data_.clear();
-  bytes_ = 0;
+bool WeightPacks::linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  if (!x.defined() || x.dim() != 2 || !w.defined() || x.size(0) <= packed_linear_min_rows(w.dtype())) return false;
+  const PackedLinearWeight* p = get(w);
+  if (!p || !packed_linear_applies(*p, x, b, y)) return false;
+  packed_linear(*p, x, b, y);
+  return true;
 }
+
+int64_t WeightPacks::bytes() const {
+  int64_t b = 0;
+  for (const auto& [key, pack] : by_data_) b += packed_bytes(*pack);
+  return b;
+}
+
+void WeightPacks::clear() { by_data_.clear(); }
 
 }  // namespace kestrel::cpu

@@ -8,9 +8,10 @@
 // once by oneDNN's matmul for an unknown row count (its "gemm:jit"
 // implementation with runtime M, weights in its blocked format), and every
 // later call only packs the few activation rows. Measured on an Intel Xeon
-// (AVX-512, 2 threads, docs/benchmarks.md "Packed weights"): 1.1-2.2x
-// OpenBLAS's sgemm on the rollout's shapes; bf16 weights run on the CPU's
-// bf16 units (AMX, AVX512-BF16) with f32 accumulation.
+// (AVX-512, 2 threads, docs/benchmarks.md "Packed rollout weights"): f32
+// 1.2-1.5x OpenBLAS's sgemm at 33-256 rows; bf16 weights run on the CPU's
+// bf16 units (AMX, AVX512-BF16) with f32 accumulation, 2.5x the widening
+// path at 256 rows.
 //
 // Same contract as ops::linear_fwd: f32 math (bf16 products are exact in
 // f32, sums in f32), y rounded once. The summation order is the library's,
@@ -34,19 +35,32 @@ namespace kestrel::cpu {
 
 class PackedLinearWeight;
 
-// True when weights can be packed here (see above); decided once per process.
-// *why (when given) says why not, or which library packs.
+// True when weights can be packed here (see above): the library is probed
+// once per process, the switches are read at every call. *why (when given)
+// says why not, or which library packs.
 bool packed_linear_enabled(std::string* why = nullptr);
 
 // W[out, in] (f32 or bf16, CPU) packed for y = x @ W^T; nullptr when packing
 // is not enabled, or when only oneDNN's reference code multiplies this dtype
-// here (bf16 without AVX-512): the caller then multiplies unpacked. The pack is a copy: later changes to w are not seen (the
-// owner repacks after a weight update).
+// here (bf16 without AVX-512): the caller then multiplies unpacked. The pack
+// is a copy: later changes to w are not seen (the owner repacks after a
+// weight update).
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const Tensor& w);
 
-// Bytes a pack of an [out, in] weight of dtype dt takes (0 when packing is
-// not enabled): what pack_linear_weight allocates, for memory plans.
+// Bytes a pack of an [out, in] weight of dtype dt takes (0 when such a
+// weight is not packed here): what pack_linear_weight allocates, for memory
+// plans.
 int64_t packed_linear_bytes(int64_t out, int64_t in, DType dt);
+
+// bf16 weights on a CPU with AMX: the packed matmul (AMX tiles) overtakes the
+// skinny kernel (skinny_gemm.h) past this many rows: 1.1x at 20 rows, 1.4x
+// at 28, 1.5x at 32 on the small config (bench_skinny_gemm_bench --dtype
+// bf16, docs/benchmarks.md "Packed rollout weights").
+constexpr int64_t kPackedBf16AmxMinRows = 16;
+// Products of more than this many rows multiply by packed weights of this
+// dtype: kSkinnyMaxRows (below it the skinny kernel, which packs nothing, is
+// as fast or faster), kPackedBf16AmxMinRows for bf16 on AMX.
+int64_t packed_linear_min_rows(DType weight_dtype);
 
 // True when packed_linear takes these operands: x[M, in] of the weight's
 // dtype, y[M, out] f32 or the weight's dtype, b[out] f32 or bf16, M >= 1.
@@ -79,18 +93,21 @@ class WeightPacks {
  public:
   // w's pack, nullptr when it is not packed here (pack_linear_weight).
   const PackedLinearWeight* get(const Tensor& w);
+  // y = x @ w^T (+ b) by w's pack when x has more than
+  // packed_linear_min_rows(w) rows and the pack takes the operands
+  // (packed_linear_applies); false, with nothing done, otherwise.
+  bool linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
   void clear();
   int64_t count() const { return int64_t(by_data_.size()); }
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const;
   int64_t stale_repacks() const { return stale_repacks_; }
 
  private:
   // By (data, rows, cols, dtype): two views of one buffer never evict each other.
   using Key = std::tuple<const void*, int64_t, int64_t, int>;
   std::map<Key, std::shared_ptr<const PackedLinearWeight>> by_data_;
-  int64_t bytes_ = 0, stale_repacks_ = 0;
-  int enabled_ = -1;             // -1: not asked yet
-  int packable_[2] = {-1, -1};  // f32, bf16; -1: not asked yet
+  int64_t stale_repacks_ = 0;
+  int packable_[2] = {-1, -1};  // whether f32, bf16 weights pack here; -1: not asked yet
 };
 
 }  // namespace kestrel::cpu
