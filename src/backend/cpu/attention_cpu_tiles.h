@@ -28,6 +28,7 @@ inline vf exp2v(vf x) { return simd::exp2(x); }
 
 constexpr int64_t kBlock = 64;  // queries per query block == keys per key block
 constexpr int64_t kKeyTile = 2 * kVec;  // keys per score micro-tile (2 vectors)
+constexpr int64_t kTransposeRows = 16;  // rows per tile of the K/V transposes (one line of floats)
 
 // Causal key limits of one (query block, key block) pair in a sequence's
 // key coordinates: query row r sits at position q0 + r and sees keys up to
@@ -43,38 +44,54 @@ struct Limits {
   int64_t first_row(int64_t j, int64_t nr) const { return std::clamp<int64_t>(j + k0 - q0, 0, nr); }
 };
 
-// C[r][0:2kVec] = sum_{c < depth} A[r][c] * BT[c][0:2kVec] for 4 rows: a 4 x
-// kKeyTile tile of a score block, keys vectorized (BT is the key-major transpose of K
-// or V).
+// Rows of a score micro-tile: 4 x kKeyTile is 8 accumulators, what AVX2's
+// 16 registers hold beside the operands; AVX-512's 32 hold 8 rows (16
+// accumulators), so each key vector loaded feeds twice the FMAs. A score
+// block's A operand is padded to a multiple of kAbtRows rows.
+constexpr int64_t kAbtRows = kVec >= 16 ? 8 : 4;
+
+// C[r][0:2kVec] = sum_{c < depth} A[r][c] * BT[c][0:2kVec] for kAbtRows rows:
+// a kAbtRows x kKeyTile tile of a score block, keys vectorized (BT is the
+// key-major transpose of K or V).
 inline void tile_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, float* C) {
-  vf acc[4][2] = {};
+  constexpr int R = int(kAbtRows);
+  vf acc[R][2] = {};
   for (int64_t c = 0; c < depth; ++c) {
     const vf b0 = load(BT + c * ldbt), b1 = load(BT + c * ldbt + kVec);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
       const vf a = splat(A[r * lda + c]);
       acc[r][0] += a * b0;
       acc[r][1] += a * b1;
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
     store(C + r * kBlock, acc[r][0]);
     store(C + r * kBlock + kVec, acc[r][1]);
   }
 }
 
-// Score block rows [0, nr) (A must hold round_up(nr, 4) rows), each 4-row
-// tile only over the key tiles its last row can see. BT must hold
+// Score block rows [0, nr) (A must hold round_up(nr, kAbtRows) rows), each
+// row tile only over the key tiles its last row can see. BT must hold
 // round_up(lim(last row), kKeyTile) readable columns.
 template <class Lim>
 inline void block_abt(const float* A, int64_t lda, const float* BT, int64_t ldbt, int64_t depth, int64_t nr,
                       const Lim& lim, float* C) {
-  for (int64_t r = 0; r < nr; r += 4) {
-    const int64_t nk = lim(std::min(r + 3, nr - 1));
+  for (int64_t r = 0; r < nr; r += kAbtRows) {
+    const int64_t nk = lim(std::min(r + kAbtRows - 1, nr - 1));
     for (int64_t j = 0; j < nk; j += kKeyTile)
       tile_abt(A + r * lda, lda, BT + j, ldbt, depth, C + r * kBlock + j);
   }
+}
+
+// sum_c a[c] * b[c] over a padded row of dp floats (padding zero in either):
+// the backward's D = rowsum(dO * O), in kVec lanes rather than one serial
+// chain of dp adds.
+inline float row_dot(const float* a, const float* b, int64_t dp) {
+  vf acc{};
+  for (int64_t c = 0; c < dp; c += kVec) acc += load(a + c) * load(b + c);
+  return hsum(acc);
 }
 
 // Out[r][0:8NV] += sum_{j < n} W[r][j] * B[j][0:8NV] for r < R.
@@ -105,11 +122,13 @@ inline void tile_wb(const float* W, int64_t ldw, const float* B, int64_t ldb, in
 }
 
 // tile_wb over the full padded width dp: 4 rows in 2-vector chunks, 1 row in
-// 4-vector chunks (8 accumulators either way).
+// 4-vector chunks (8 accumulators either way) with AVX2's 16 registers; with
+// AVX-512's 32, 4 rows take 4-vector chunks (16 accumulators): each W
+// broadcast feeds twice the FMAs and a head of 64 floats is one pass.
 template <int R, bool TW>
 inline void rows_wb(const float* W, int64_t ldw, const float* B, int64_t dp, int64_t n, float* Out) {
   if (n <= 0) return;
-  constexpr int64_t kMaxNV = R == 4 ? 2 : 4;
+  constexpr int64_t kMaxNV = R == 4 ? (kVec >= 16 ? 4 : 2) : 4;
   for (int64_t v0 = 0; v0 < dp / kVec; v0 += kMaxNV) {
     const float* b = B + v0 * kVec;
     float* o = Out + v0 * kVec;
