@@ -42,23 +42,33 @@ namespace {
 struct BenchShape {
   GemmClass cls;
   int64_t M, N, K;
-  float beta;  // dW accumulates into the gradient (beta 1), as the training step does
+  float beta;    // dW accumulates into the gradient (beta 1), as the training step does
+  double count;  // how many GEMMs of this shape one step runs (a class's rate weighs shapes by it)
 };
-// The small model's step at T = 2048 tokens (a micro-batch as the benchmarks
-// and the built-in run pack them), plus rollout prefill / batched decode (M =
-// 64 and 256 rows against the MLP and lm_head). At T = 1024 the libraries
-// ranked differently from the step they then ran (at 2048 rows oneDNN is
-// faster on x@W^T and dY@W and OpenBLAS on the large dY^T@X, bench_gemm_bench;
-// at 1024 they tied: docs/benchmarks.md), so the shapes are the step's own:
-//   NT  y = x @ W^T : gate/up 512->1536, q/o 512->512, k/v 512->128, decode rows
-//   NN  dX = dY @ W : down-proj, q/o and k/v shapes
-//   TN  dW += dY^T X : gate/up, q/o and k/v weight gradients (K = T)
+// The small model's training step at T = 2048 tokens (a micro-batch as the
+// benchmarks and the built-in run pack them), each shape weighted by how
+// often a layer runs it; the lm_head at half the small model's vocabulary
+// (the same rate in half the time), a quarter per layer as an 8-layer model
+// runs it. At T = 1024 the libraries ranked differently from the step they
+// then ran (docs/benchmarks.md), so the shapes are the step's own. Rollout
+// decode shapes are not in the mix: the rollout's GEMMs of more than 32 rows
+// run on weights packed by oneDNN (packed_linear.h), not through this choice.
+//   NT  y = x @ W^T : gate/up 512->1536, q/o 512->512, k/v 512->128, lm_head
+//   NN  dX = dY @ W : gate/up/down, q/o, k/v and lm_head shapes
+//   TN  dW += dY^T X : gate/up/down, q/o, k/v and lm_head weight gradients (K = T)
 const BenchShape kShapes[] = {
-    {GemmClass::NT, 2048, 1536, 512, 0.f}, {GemmClass::NT, 2048, 512, 512, 0.f}, {GemmClass::NT, 2048, 128, 512, 0.f},
-    {GemmClass::NT, 256, 8192, 512, 0.f},  {GemmClass::NT, 64, 1536, 512, 0.f},  {GemmClass::NN, 2048, 512, 1536, 0.f},
-    {GemmClass::NN, 2048, 512, 512, 0.f},  {GemmClass::NN, 2048, 512, 128, 0.f},  {GemmClass::TN, 1536, 512, 2048, 1.f},
-    {GemmClass::TN, 512, 512, 2048, 1.f},  {GemmClass::TN, 128, 512, 2048, 1.f},
+    {GemmClass::NT, 2048, 1536, 512, 0.f, 2}, {GemmClass::NT, 2048, 512, 512, 0.f, 2},
+    {GemmClass::NT, 2048, 128, 512, 0.f, 2},  {GemmClass::NT, 2048, 512, 1536, 0.f, 1},
+    {GemmClass::NT, 2048, 4096, 512, 0.f, 0.25},  // lm_head, per layer of an 8-layer model: 2 / 8
+    {GemmClass::NN, 2048, 512, 1536, 0.f, 2}, {GemmClass::NN, 2048, 1536, 512, 0.f, 1},
+    {GemmClass::NN, 2048, 512, 512, 0.f, 2},  {GemmClass::NN, 2048, 512, 128, 0.f, 2},
+    {GemmClass::NN, 2048, 512, 4096, 0.f, 0.25},
+    {GemmClass::TN, 1536, 512, 2048, 1.f, 2}, {GemmClass::TN, 512, 1536, 2048, 1.f, 1},
+    {GemmClass::TN, 512, 512, 2048, 1.f, 2},  {GemmClass::TN, 128, 512, 2048, 1.f, 2},
+    {GemmClass::TN, 4096, 512, 2048, 1.f, 0.25},
 };
+// Part of the cache key: a cached choice made on another shape table is measured again.
+constexpr const char* kShapeTableVersion = "shapes 2";
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -126,8 +136,8 @@ GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) 
       double fl = 0, sec = 0;
       for (size_t si = 0; si < ns; ++si)
         if (int(kShapes[si].cls) == c) {
-          fl += 2.0 * double(kShapes[si].M * kShapes[si].N * kShapes[si].K);
-          sec += best[li][si];
+          fl += kShapes[si].count * 2.0 * double(kShapes[si].M * kShapes[si].N * kShapes[si].K);
+          sec += kShapes[si].count * best[li][si];
         }
       ps.gflops[c] = fl / sec * 1e-9;
     }
@@ -167,7 +177,7 @@ std::string gemm_cache_key(const CpuFeatures& f, const std::vector<const BlasLib
   std::string k = f.vendor + "|" + f.model_name + "|family " + std::to_string(f.family) + " model " +
                   std::to_string(f.model) + " stepping " + std::to_string(f.stepping);
   for (const BlasLib* l : libs) k += "|" + l->version;
-  return k + "|threads " + std::to_string(threads);
+  return k + "|threads " + std::to_string(threads) + "|" + kShapeTableVersion;
 }
 
 std::string gemm_cache_dir() {
