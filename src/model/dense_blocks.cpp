@@ -85,14 +85,14 @@ Tensor DenseAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, La
 // k/v weights of a kv head replicated over several tp ranks: each replica
 // holds the gradient of its own query heads only, so the replicas are summed.
 void DenseAttention::kv_linear_bwd(TrainExec& ex, const Tensor& x, Param& w, Param& bias, const Tensor& dy,
-                                   Tensor* dx) {
+                                   Tensor& dx) {
   if (dims_.heads.kv_replicas == 1) {
-    ops::linear_bwd(x, w.weight, dy, dx, &w.grad, grad_of(bias));
+    ops::linear_bwd(x, w.weight, dy, &dx, &w.grad, grad_of(bias), /*accumulate_dx=*/true);
     return;
   }
   Tensor sw = Tensor::zeros(w.grad.shape(), DType::F32, MemCategory::Activations);
   Tensor sb = bias.weight.defined() ? Tensor::zeros(bias.grad.shape(), DType::F32, MemCategory::Activations) : Tensor();
-  ops::linear_bwd(x, w.weight, dy, dx, &sw, bias.weight.defined() ? &sb : nullptr);
+  ops::linear_bwd(x, w.weight, dy, &dx, &sw, bias.weight.defined() ? &sb : nullptr, /*accumulate_dx=*/true);
   parallel::reduce_kv_replica_grad(ex.tp, dims_.heads, sw, w.grad);
   if (bias.weight.defined()) parallel::reduce_kv_replica_grad(ex.tp, dims_.heads, sb, bias.grad);
 }
@@ -105,7 +105,6 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
   Tensor dattn = ex.grad_buf(GradBuf::DAttn, {Tp, H * hd});
   Tensor dq = ex.grad_buf(GradBuf::DQ, {Tp, H * hd}), dk = ex.grad_buf(GradBuf::DK, {Tp, Hkv * hd});
   Tensor dv = ex.grad_buf(GradBuf::DV, {Tp, Hkv * hd});
-  Tensor tmp_d = ex.grad_buf(GradBuf::TmpD, {Tp, D});
   // Selective core_attn: the forward's attention core again (the training
   // core does not depend on the layer index: no KV cache). Same kernel, same
   // q/k/v: the same attn and lse bits.
@@ -139,11 +138,10 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
       parallel::reduce_replicated_grad(ex.tp, pk, k_norm.grad);
     }
   }
+  // dx = dq Wq + dk Wk + dv Wv, the k and v terms summed by their GEMMs (beta = 1).
   ops::linear_bwd(A.norm1, q.weight, dq_in, &dx, &q.grad, grad_of(q_bias));
-  kv_linear_bwd(ex, A.norm1, k, k_bias, dk_in, &tmp_d);
-  ops::add_inplace(dx, tmp_d);
-  kv_linear_bwd(ex, A.norm1, v, v_bias, dv, &tmp_d);
-  ops::add_inplace(dx, tmp_d);
+  kv_linear_bwd(ex, A.norm1, k, k_bias, dk_in, dx);
+  kv_linear_bwd(ex, A.norm1, v, v_bias, dv, dx);
 }
 
 // ---- MLP ---------------------------------------------------------------------
@@ -191,7 +189,6 @@ void DenseMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Te
   const int64_t Tp = ex.Tp, F = dims_.F;
   Tensor dF1 = ex.grad_buf(GradBuf::DF1, {Tp, F}), dF2 = ex.grad_buf(GradBuf::DF2, {Tp, F});
   Tensor dact = ex.grad_buf(GradBuf::DAct, {Tp, F});
-  Tensor tmp_d = ex.grad_buf(GradBuf::TmpD, {Tp, dims_.D});
   const DType dt = dims_.dtype;
   if (A.rc.mlp) {  // gate/up projections again, the forward's kernels on the same norm2
     A.gate = ex.buffer(BlockBuf::Gate, {Tp, F}, dt);
@@ -208,8 +205,7 @@ void DenseMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Te
   ops::swiglu_bwd(A.gate, A.up, dact, dF1, dF2);
   if (A.rc.mlp) A.gate = A.up = Tensor();
   ops::linear_bwd(A.norm2, gate.weight, dF1, &dx, &gate.grad, grad_of(gate_bias));
-  ops::linear_bwd(A.norm2, up.weight, dF2, &tmp_d, &up.grad, grad_of(up_bias));
-  ops::add_inplace(dx, tmp_d);
+  ops::linear_bwd(A.norm2, up.weight, dF2, &dx, &up.grad, grad_of(up_bias), /*accumulate_dx=*/true);
 }
 
 }  // namespace kestrel::model

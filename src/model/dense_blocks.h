@@ -23,7 +23,8 @@ class DenseAttention final : public AttentionBlock {
 
  private:
   // Backward of a k/v projection; sums the grads of kv heads replicated over tp ranks.
-  void kv_linear_bwd(TrainExec& ex, const Tensor& x, Param& w, Param& bias, const Tensor& dy, Tensor* dx);
+  // dx += x's gradient through w (the q projection wrote dx first).
+  void kv_linear_bwd(TrainExec& ex, const Tensor& x, Param& w, Param& bias, const Tensor& dy, Tensor& dx);
   BlockDims dims_;
   bool qk_norm_;
 };

@@ -88,7 +88,6 @@ void TrainExec::attend_bwd(const LayerActivations& A, const Tensor& dattn, const
 }
 
 Tensor TrainExec::grad_buf(GradBuf kind, Shape shape) {
-  if (kind == GradBuf::TmpL && Tl == Tp) return grad_buf(GradBuf::TmpD, std::move(shape));
   Tensor& t = grad_bufs_[size_t(kind)];
   if (t.defined()) {
     KS_CHECK(t.shape() == shape, "TrainExec::grad_buf: kind ", int(kind), " is ", t.describe(), ", asked for ",

@@ -16,7 +16,7 @@
 namespace kestrel::model {
 
 // Backward scratch buffers shared by every block of one backward.
-enum class GradBuf { DNorm, TmpD, TmpL, DF1, DF2, DAct, DAttn, DQ, DK, DV, kCount };
+enum class GradBuf { DNorm, TmpL, DF1, DF2, DAct, DAttn, DQ, DK, DV, kCount };
 
 class TrainExec final : public BlockExec {
  public:
@@ -59,8 +59,7 @@ class TrainExec final : public BlockExec {
   // The first T rows (the real tokens) of a possibly padded buffer.
   Tensor real_rows(const Tensor& t) const { return t.size(0) == T ? t : t.slice_rows(0, T); }
   // An f32 scratch buffer of `shape`, one per kind for the whole backward. DQ,
-  // DK, DV start zeroed when padded (their padding rows stay zero); TmpL is
-  // TmpD when Tl == Tp.
+  // DK, DV start zeroed when padded (their padding rows stay zero).
   Tensor grad_buf(GradBuf kind, Shape shape);
   // RMSNorm backward into w.grad; under SP the norm weight sees only this
   // rank's tokens, so its grad is summed over tp.

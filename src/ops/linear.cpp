@@ -33,7 +33,8 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   dispatch(op, kLinearFwd, {&x, &w, b, &y}, x, w, b, y);
 }
 
-void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                bool accumulate_dx) {
   const char* op = "linear_bwd";
   check_float(op, "dy", dy);
   check_float(op, "w", w);
@@ -45,6 +46,8 @@ void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, 
     check_float(op, "dx", *dx);
     check_shape(op, "dx", *dx, {T, in});
     if (same_buffer(*dx, dy)) KS_FAIL("ops::", op, ": dx must not alias dy");
+    if (accumulate_dx && dx->dtype() != DType::F32)
+      KS_FAIL("ops::", op, ": accumulate_dx needs an f32 dx (got ", dx->describe(), "): sums are kept in f32");
   }
   if (dw) {
     check_float(op, "x", x);
@@ -56,7 +59,7 @@ void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, 
     check_dtype(op, "db", *db, DType::F32);
     check_shape(op, "db", *db, {out});
   }
-  dispatch(op, kLinearBwd, {&x, &w, &dy, dx, dw, db}, x, w, dy, dx, dw, db);
+  dispatch(op, kLinearBwd, {&x, &w, &dy, dx, dw, db}, x, w, dy, dx, dw, db, accumulate_dx);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& y) {

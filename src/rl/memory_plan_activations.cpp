@@ -36,7 +36,7 @@ bool sp_on(const PlanInputs& in) { return in.layout.sequence_parallel && in.layo
 
 // The backward's f32 scratch buffers (model/train_exec.h GradBuf, one per kind
 // for the whole backward, made at first use). DNorm comes with the head.
-enum Buf : unsigned { kTmpD = 1, kTmpL = 2, kDF1 = 4, kDF2 = 8, kDAct = 16, kDAttn = 32, kDQ = 64, kDK = 128, kDV = 256 };
+enum Buf : unsigned { kTmpL = 2, kDF1 = 4, kDF2 = 8, kDAct = 16, kDAttn = 32, kDQ = 64, kDK = 128, kDV = 256 };
 
 // One moment of a block's backward or forward: the block's bytes beyond what
 // is alive around it, the transient part of them (workspace), the GradBufs
@@ -103,8 +103,7 @@ CpAttn cp_attn(const Ctx& x) {
 int64_t buf_bytes(const Ctx& x, unsigned mask) {
   const int64_t Tp = x.r.Tp, Tl = x.r.Tl, D = x.s.D, F = x.s.F, q = x.s.H * x.s.hd, kv = x.s.Hkv * x.s.hd;
   int64_t b = 0;
-  if (mask & kTmpD) b += 4 * Tp * D;
-  if ((mask & kTmpL) && Tl != Tp) b += 4 * Tl * D;  // TmpL is TmpD when Tl == Tp
+  if (mask & kTmpL) b += 4 * Tl * D;
   for (unsigned k : {kDF1, kDF2, kDAct})
     if (mask & k) b += 4 * Tp * F;
   if (mask & kDAttn) b += 4 * Tp * q;
@@ -247,7 +246,7 @@ Moment dense_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebu
   int64_t ws = w.mlp;
   if (k.mlp) ws = std::max(ws, w.fwd_gemm - a * Tp * F);  // gate/up GEMMs run before act exists
   *rebuilt = std::max(*rebuilt, n2 + again);
-  return {n2 + again + ws, ws, kTmpD | kTmpL | kDF1 | kDF2 | kDAct, " MLP"};
+  return {n2 + again + ws, ws, kTmpL | kDF1 | kDF2 | kDAct, " MLP"};
 }
 
 // The dense attention's backward: norm1 rebuilt, selective core_attn's attn
@@ -261,7 +260,7 @@ void dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuil
   const int64_t n1 = k.norm ? a * Tp * D : 0;
   const int64_t core = k.core_attn ? a * Tp * x.s.H * x.s.hd + 4 * x.s.H * T + cpa.work : 0;
   *rebuilt = std::max(*rebuilt, n1 + core);
-  const unsigned bufs = kTmpD | kTmpL | kDAttn | kDQ | kDK | kDV;
+  const unsigned bufs = kTmpL | kDAttn | kDQ | kDK | kDV;
   if (k.core_attn && x.cp > 1) out.push_back({n1 + core + cpa.fwd, cpa.fwd, bufs, " attention core rerun (context parallel)"});
   out.push_back({n1 + core + w.att_o, w.att_o, bufs, " attention"});
   if (x.cp > 1) out.push_back({n1 + core + cpa.bwd, cpa.bwd, bufs, " attention core (context parallel)"});
@@ -269,12 +268,12 @@ void dense_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuil
 }
 
 // The MoE MLP's backward (moe_mlp.cpp MoeMlp::backward, tp = 1): its locals
-// in allocation order; it uses no GradBuf of its own (TmpL = TmpD from Block::backward).
+// in allocation order; it uses no GradBuf of its own (TmpL is Block::backward's).
 void moe_mlp_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt, std::vector<Moment>& out) {
   const io::MoeConfig& m = x.c.moe;
   const int64_t a = x.a, T = x.r.Tp, D = x.s.D, N = x.N, G = x.G, E = m.num_experts, kk = m.top_k;
   const int64_t Fe = m.moe_intermediate_size, Fs = m.shared_intermediate_size;
-  const unsigned bufs = kTmpD | kTmpL;
+  const unsigned bufs = kTmpL;
   const int64_t n2 = k.norm ? a * T * D : 0;                                  // norm2 rebuilt (Block::norm_again)
   const int64_t again = k.act ? a * N * Fe + (Fs > 0 ? a * T * Fs : 0) : 0;  // act, sh_act rebuilt
   *rebuilt = std::max(*rebuilt, n2 + again);
@@ -313,7 +312,7 @@ void mla_att_bwd(const Ctx& x, const model::BlockRecompute& k, int64_t* rebuilt,
   const io::MlaConfig& m = x.c.mla;
   const int64_t a = x.a, T = x.r.T, D = x.s.D, H = x.c.num_attention_heads, nope = m.qk_nope_head_dim;
   const int64_t rope = m.qk_rope_head_dim, vd = m.v_head_dim, kvl = m.kv_lora_rank, ql = m.q_lora_rank, qk = nope + rope;
-  const unsigned bufs = kTmpD | kTmpL;
+  const unsigned bufs = kTmpL;
   const int64_t n1 = k.norm ? a * T * D : 0;
   const int64_t core = k.core_attn ? a * T * H * vd + 4 * H * T : 0;  // attn, lse rebuilt
   *rebuilt = std::max(*rebuilt, n1 + core);

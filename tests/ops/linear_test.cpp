@@ -134,6 +134,38 @@ TEST_P(Linear, BackwardMatchesReferenceAndAccumulates) {
   });
 }
 
+// accumulate_dx: dx += dy @ w on an f32 dx (the q/k/v and gate/up input
+// gradients summed in place), for every GEMM library and operand dtype;
+// a bf16 dx is refused.
+TEST_P(Linear, BackwardAccumulatesDxInPlace) {
+  for_each_gemm_provider([] {
+    for (Device dev : available_devices())
+      for (DType dt : float_dtypes())
+        for (const auto& c : kCases) {
+          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
+                       " out=" + std::to_string(c.out));
+          const auto d = linear_data(c, dt, 70);
+          const auto dy = round_to(randn(c.n * c.out, 71), dt);
+          const auto dx0 = round_to(randn(c.n * c.in, 72), DType::F32);  // the gradient summed so far
+          Tensor w = make_tensor(d.w, {c.out, c.in}, dt, dev), dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
+          Tensor dx = make_tensor(dx0, {c.n, c.in}, DType::F32, dev);
+          ops::linear_bwd(Tensor(), w, dyt, &dx, nullptr, nullptr, /*accumulate_dx=*/true);
+          std::vector<double> rdx(dx0.size());
+          ops::ref::linear_bwd<double>(nullptr, d.w.data(), dy.data(), rdx.data(), nullptr, nullptr, c.n, c.in, c.out);
+          for (size_t i = 0; i < rdx.size(); ++i) rdx[i] += dx0[i];
+          EXPECT_TRUE(close_for(DType::F32, values(dx), rdx, "dx (+=)"));
+        }
+  });
+  Tensor w = Tensor::zeros({6, 8}, DType::F32), dy = Tensor::zeros({4, 6}, DType::F32);
+  Tensor dx_bf16 = Tensor::zeros({4, 8}, DType::BF16);
+  try {
+    ops::linear_bwd(Tensor(), w, dy, &dx_bf16, nullptr, nullptr, /*accumulate_dx=*/true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("accumulate_dx needs an f32 dx"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(Linear, BackwardSkipsNullOutputs) {
   const LinearCase c{4, 9, 7};
   const auto d = linear_data(c, DType::F32, 50);

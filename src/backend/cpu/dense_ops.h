@@ -12,7 +12,8 @@
 namespace kestrel::cpu {
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
-void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db);
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                bool accumulate_dx);
 void add(const Tensor& a, const Tensor& b, Tensor& y);
 
 void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y, int64_t vocab_start);

@@ -44,14 +44,18 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   if (y.dtype() != DType::F32) store_from_f32(yp, y);
 }
 
-void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db) {
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                bool accumulate_dx) {
   const int64_t T = dy.size(0), out = dy.size(1), in = w.size(1);
   const Tensor dyf = f32_view(dy);
   const float* dyp = ptr<const float>(dyf);
   if (dx) {
     const Tensor wf = f32_view(w);
+    // accumulate_dx: an f32 dx (ops::linear_bwd checks), summed by the GEMM
+    // itself (beta = 1): no zeroing pass over dx and no separate add.
     Tensor dxf = dx->dtype() == DType::F32 ? *dx : Tensor::empty({T, in}, DType::F32, MemCategory::Activations);
-    sgemm(false, false, T, in, out, 1.f, dyp, out, ptr<const float>(wf), in, 0.f, ptr<float>(dxf), in);
+    sgemm(false, false, T, in, out, 1.f, dyp, out, ptr<const float>(wf), in, accumulate_dx ? 1.f : 0.f,
+          ptr<float>(dxf), in);
     if (dx->dtype() != DType::F32) store_from_f32(ptr<const float>(dxf), *dx);
   }
   if (dw) {

@@ -68,7 +68,7 @@ void grouped_linear_bwd(const Tensor& x, const std::vector<int64_t>& group_sizes
     if (dx) dxe = dx->slice_rows(r0, r0 + n);  // [n, in]
     // x is read only for dW (the ops layer checked it then).
     const Tensor xe = dwe ? x.slice_rows(r0, r0 + n) : Tensor();
-    if (dx || dwe) linear_bwd(xe, *w[e], dye, dx ? &dxe : nullptr, dwe, nullptr);
+    if (dx || dwe) linear_bwd(xe, *w[e], dye, dx ? &dxe : nullptr, dwe, nullptr, /*accumulate_dx=*/false);
     r0 += n;
   }
 }
