@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 21's targets in one run: the small training step against PyTorch and
+# the rollout against HF generate, each pair back to back, on this machine's
+# own ISA and under the AVX2 setting (OpenBLAS's Haswell kernels and
+# Kestrel's AVX2 kernel variants; the peer held to AVX2 as well).
+#   bash bench/run_targets.sh [pairs] [threads]
+# Needs the release build (make bench), torch + transformers from PyPI, and the
+# rollout model saved once: build/release/bench_rollout_bench --save-model /tmp/rb_model
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PAIRS=${1:-3}
+THREADS=${2:-2}
+MODEL=${RB_MODEL:-/tmp/rb_model}
+R=build/release
+[[ -x $R/bench_train_step_bench && -x $R/bench_rollout_bench ]] || { echo "build the release benchmarks first: make bench" >&2; exit 1; }
+[[ -f $MODEL/config.json ]] || { echo "save the rollout model first: $R/bench_rollout_bench --save-model $MODEL" >&2; exit 1; }
+export OMP_NUM_THREADS=$THREADS
+S=(--config bench/configs/small.json --threads "$THREADS" --seq 512 --batch-tokens 2048 --steps 5)
+A2K=(OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2)
+A2P=(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 DNNL_MAX_CPU_ISA=AVX2)
+RB=(--threads "$THREADS" --prompts 32 --n 8 --new 128 --only throughput)
+for i in $(seq "$PAIRS"); do
+  echo "== train pair $i, native ISA, $(date +%T), load $(cut -d' ' -f1 /proc/loadavg)"
+  $R/bench_train_step_bench "${S[@]}" | tail -1
+  python3 bench/peers/torch_train_step.py "${S[@]}" --dtype fp32 | tail -1
+  echo "== train pair $i, AVX2 setting, $(date +%T), load $(cut -d' ' -f1 /proc/loadavg)"
+  env "${A2K[@]}" $R/bench_train_step_bench "${S[@]}" | tail -1
+  env "${A2P[@]}" python3 bench/peers/torch_train_step.py "${S[@]}" --dtype fp32 | tail -1
+done
+echo "== rollout, native ISA, $(date +%T)"
+$R/bench_rollout_bench "${RB[@]}" | tail -3
+python3 bench/peers/hf_generate.py --model "$MODEL" "${RB[@]}" | tail -2
+echo "== rollout, AVX2 setting, $(date +%T)"
+env "${A2K[@]}" $R/bench_rollout_bench "${RB[@]}" | tail -3
+env "${A2P[@]}" python3 bench/peers/hf_generate.py --model "$MODEL" "${RB[@]}" | tail -2
