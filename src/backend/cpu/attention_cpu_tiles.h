@@ -1,8 +1,8 @@
 // Register-tiled building blocks of the flash-attention CPU kernels, on the
-// kVec-float vectors of simd_layer.inc (8 with AVX2, 16 with AVX-512). Every
-// micro-tile keeps at most 8 accumulators so that accumulators, loaded
-// operands and broadcasts fit the 16 registers of AVX2 without spilling (the
-// 32 of AVX-512 leave room to spare). Internal to attention_cpu_isa.inc and
+// kVec-float vectors of simd_layer.inc (8 with AVX2, 16 with AVX-512). Each
+// micro-tile is sized to its level's registers: accumulators, loaded operands
+// and broadcasts fit AVX2's 16 without spilling (at most 12 accumulators),
+// and AVX-512's 32 take 16 accumulators. Internal to attention_cpu_isa.inc and
 // attention_block_cpu_isa.inc (the CP block kernels), which include it inside
 // their ISA namespace: no include guard, no includes.
 //
