@@ -32,24 +32,34 @@ LinearData linear_data(const LinearCase& c, DType dt, uint64_t seed) {
 
 KS_ISA_SUITE(Linear);  // the conversions, bias sums and add run per ISA level
 
-TEST_P(Linear, ForwardMatchesReference) {
-  for_each_gemm_provider([] {
+// f(dev, dtype, case) under every GEMM library, device, float dtype and case,
+// each traced.
+template <class F>
+void for_each_linear_case(F&& f) {
+  for_each_gemm_provider([&] {
     for (Device dev : available_devices())
       for (DType dt : float_dtypes())
-        for (const auto& c : kCases)
-          for (bool bias : {false, true}) {
-            SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
-                         " out=" + std::to_string(c.out) + (bias ? " bias" : ""));
-            const auto d = linear_data(c, dt, 10);
-            Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
-            Tensor b = make_tensor(d.b, {c.out}, dt, dev);
-            Tensor y = nan_tensor({c.n, c.out}, dt, dev);  // written, not accumulated
-            ops::linear_fwd(x, w, bias ? &b : nullptr, y);
-            std::vector<double> want(size_t(c.n * c.out));
-            ops::ref::linear_fwd<double>(d.x.data(), d.w.data(), bias ? d.b.data() : nullptr, want.data(), c.n, c.in,
-                                         c.out);
-            EXPECT_TRUE(close_for(dt, values(y), want, "y"));
-          }
+        for (const auto& c : kCases) {
+          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
+                       " out=" + std::to_string(c.out));
+          f(dev, dt, c);
+        }
+  });
+}
+
+TEST_P(Linear, ForwardMatchesReference) {
+  for_each_linear_case([](Device dev, DType dt, const LinearCase& c) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(bias ? "bias" : "no bias");
+      const auto d = linear_data(c, dt, 10);
+      Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
+      Tensor b = make_tensor(d.b, {c.out}, dt, dev);
+      Tensor y = nan_tensor({c.n, c.out}, dt, dev);  // written, not accumulated
+      ops::linear_fwd(x, w, bias ? &b : nullptr, y);
+      std::vector<double> want(size_t(c.n * c.out));
+      ops::ref::linear_fwd<double>(d.x.data(), d.w.data(), bias ? d.b.data() : nullptr, want.data(), c.n, c.in, c.out);
+      EXPECT_TRUE(close_for(dt, values(y), want, "y"));
+    }
   });
 }
 
@@ -101,36 +111,30 @@ TEST_P(Linear, ReferenceBackwardMatchesFiniteDifferences) {
 }
 
 TEST_P(Linear, BackwardMatchesReferenceAndAccumulates) {
-  for_each_gemm_provider([] {
-    for (Device dev : available_devices())
-      for (DType dt : float_dtypes())
-        for (const auto& c : kCases) {
-          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
-                       " out=" + std::to_string(c.out));
-          const auto d = linear_data(c, dt, 40);
-          const auto dy = round_to(randn(c.n * c.out, 43), dt);
-          const auto dw0 = randn(c.out * c.in, 44), db0 = randn(c.out, 45);  // earlier micro-batches
-          Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
-          Tensor dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
-          Tensor dx = nan_tensor({c.n, c.in}, dt, dev);
-          Tensor dw = make_tensor(dw0, {c.out, c.in}, DType::F32, dev), db = make_tensor(db0, {c.out}, DType::F32, dev);
-          ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
+  for_each_linear_case([](Device dev, DType dt, const LinearCase& c) {
+    const auto d = linear_data(c, dt, 40);
+    const auto dy = round_to(randn(c.n * c.out, 43), dt);
+    const auto dw0 = randn(c.out * c.in, 44), db0 = randn(c.out, 45);  // earlier micro-batches
+    Tensor x = make_tensor(d.x, {c.n, c.in}, dt, dev), w = make_tensor(d.w, {c.out, c.in}, dt, dev);
+    Tensor dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
+    Tensor dx = nan_tensor({c.n, c.in}, dt, dev);
+    Tensor dw = make_tensor(dw0, {c.out, c.in}, DType::F32, dev), db = make_tensor(db0, {c.out}, DType::F32, dev);
+    ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
 
-          std::vector<double> rdx(d.x.size()), rdw = round_to(dw0, DType::F32), rdb = round_to(db0, DType::F32);
-          ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
-                                       c.out);
-          EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx"));
-          EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw (+=)"));
-          EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db (+=)"));
+    std::vector<double> rdx(d.x.size()), rdw = round_to(dw0, DType::F32), rdb = round_to(db0, DType::F32);
+    ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
+                                 c.out);
+    EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx"));
+    EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw (+=)"));
+    EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db (+=)"));
 
-          // A second micro-batch adds again; dx is overwritten, not summed.
-          ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
-          ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
-                                       c.out);
-          EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx after second call"));
-          EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw after second call"));
-          EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db after second call"));
-        }
+    // A second micro-batch adds again; dx is overwritten, not summed.
+    ops::linear_bwd(x, w, dyt, &dx, &dw, &db);
+    ops::ref::linear_bwd<double>(d.x.data(), d.w.data(), dy.data(), rdx.data(), rdw.data(), rdb.data(), c.n, c.in,
+                                 c.out);
+    EXPECT_TRUE(close_for(dt, values(dx), rdx, "dx after second call"));
+    EXPECT_TRUE(close_for(DType::F32, values(dw), rdw, "dw after second call"));
+    EXPECT_TRUE(close_for(DType::F32, values(db), rdb, "db after second call"));
   });
 }
 
@@ -138,23 +142,17 @@ TEST_P(Linear, BackwardMatchesReferenceAndAccumulates) {
 // gradients summed in place), for every GEMM library and operand dtype;
 // a bf16 dx is refused.
 TEST_P(Linear, BackwardAccumulatesDxInPlace) {
-  for_each_gemm_provider([] {
-    for (Device dev : available_devices())
-      for (DType dt : float_dtypes())
-        for (const auto& c : kCases) {
-          SCOPED_TRACE(case_name(dev, dt) + " n=" + std::to_string(c.n) + " in=" + std::to_string(c.in) +
-                       " out=" + std::to_string(c.out));
-          const auto d = linear_data(c, dt, 70);
-          const auto dy = round_to(randn(c.n * c.out, 71), dt);
-          const auto dx0 = round_to(randn(c.n * c.in, 72), DType::F32);  // the gradient summed so far
-          Tensor w = make_tensor(d.w, {c.out, c.in}, dt, dev), dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
-          Tensor dx = make_tensor(dx0, {c.n, c.in}, DType::F32, dev);
-          ops::linear_bwd(Tensor(), w, dyt, &dx, nullptr, nullptr, /*accumulate_dx=*/true);
-          std::vector<double> rdx(dx0.size());
-          ops::ref::linear_bwd<double>(nullptr, d.w.data(), dy.data(), rdx.data(), nullptr, nullptr, c.n, c.in, c.out);
-          for (size_t i = 0; i < rdx.size(); ++i) rdx[i] += dx0[i];
-          EXPECT_TRUE(close_for(DType::F32, values(dx), rdx, "dx (+=)"));
-        }
+  for_each_linear_case([](Device dev, DType dt, const LinearCase& c) {
+    const auto d = linear_data(c, dt, 70);
+    const auto dy = round_to(randn(c.n * c.out, 71), dt);
+    const auto dx0 = round_to(randn(c.n * c.in, 72), DType::F32);  // the gradient summed so far
+    Tensor w = make_tensor(d.w, {c.out, c.in}, dt, dev), dyt = make_tensor(dy, {c.n, c.out}, dt, dev);
+    Tensor dx = make_tensor(dx0, {c.n, c.in}, DType::F32, dev);
+    ops::linear_bwd(Tensor(), w, dyt, &dx, nullptr, nullptr, /*accumulate_dx=*/true);
+    std::vector<double> rdx(dx0.size());
+    ops::ref::linear_bwd<double>(nullptr, d.w.data(), dy.data(), rdx.data(), nullptr, nullptr, c.n, c.in, c.out);
+    for (size_t i = 0; i < rdx.size(); ++i) rdx[i] += dx0[i];
+    EXPECT_TRUE(close_for(DType::F32, values(dx), rdx, "dx (+=)"));
   });
   Tensor w = Tensor::zeros({6, 8}, DType::F32), dy = Tensor::zeros({4, 6}, DType::F32);
   Tensor dx_bf16 = Tensor::zeros({4, 8}, DType::BF16);
