@@ -29,6 +29,7 @@ double sampling_uniform(uint64_t seed, uint64_t sample, int64_t position);
 struct SamplerScratch {
   std::vector<float> w;        // unnormalised weights exp((z - max) / T), 0 where filtered
   std::vector<int32_t> order;  // indices, for the sorts of top-k / top-p
+  std::vector<double> block_sums;  // the inverse CDF's per-block weight sums
 };
 
 // logits: [V] f32 (one row). Returns the sampled token id.
