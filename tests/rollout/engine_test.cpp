@@ -10,6 +10,7 @@
 
 #include "model/scoring.h"
 #include "rollout/engine.h"
+#include "same_outputs.h"
 #include "tiny_model.h"
 
 using namespace kestrel;
@@ -70,19 +71,7 @@ SamplingParams sampled(int64_t n, uint64_t seed) {
 }
 
 void expect_same_outputs(const RunOut& a, const RunOut& b, const std::string& what) {
-  ASSERT_EQ(a.outs.size(), b.outs.size()) << what;
-  for (size_t i = 0; i < a.outs.size(); ++i) {
-    EXPECT_EQ(a.outs[i].request_id, b.outs[i].request_id) << what;
-    ASSERT_EQ(a.outs[i].outputs.size(), b.outs[i].outputs.size()) << what;
-    for (size_t k = 0; k < a.outs[i].outputs.size(); ++k) {
-      const auto& x = a.outs[i].outputs[k];
-      const auto& y = b.outs[i].outputs[k];
-      EXPECT_EQ(x.token_ids, y.token_ids) << what << ": request " << i << " sample " << k;
-      EXPECT_EQ(x.finish_reason, y.finish_reason) << what;
-      ASSERT_EQ(x.logprobs.size(), y.logprobs.size());
-      for (size_t t = 0; t < x.logprobs.size(); ++t) EXPECT_NEAR(x.logprobs[t], y.logprobs[t], 1e-5) << what;
-    }
-  }
+  rollout::testing::expect_same_outputs(a.outs, b.outs, 1e-5, what);
 }
 
 // Max |rollout logprob - trainer logprob| over every sampled token.

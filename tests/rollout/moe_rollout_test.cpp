@@ -17,6 +17,7 @@
 #include "model/scoring.h"
 #include "moe_models.h"
 #include "rollout/engine.h"
+#include "same_outputs.h"
 
 using namespace kestrel;
 using namespace kestrel::rollout;
@@ -76,17 +77,7 @@ SamplingParams sampled(int64_t n, uint64_t seed) {
 }
 
 void expect_same_tokens(const RunOut& a, const RunOut& b, const std::string& what, double logprob_tol = 1e-5) {
-  ASSERT_EQ(a.outs.size(), b.outs.size()) << what;
-  for (size_t i = 0; i < a.outs.size(); ++i) {
-    ASSERT_EQ(a.outs[i].outputs.size(), b.outs[i].outputs.size()) << what;
-    for (size_t k = 0; k < a.outs[i].outputs.size(); ++k) {
-      const auto& x = a.outs[i].outputs[k];
-      const auto& y = b.outs[i].outputs[k];
-      EXPECT_EQ(x.token_ids, y.token_ids) << what << ": request " << i << " sample " << k;
-      ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << what;
-      for (size_t t = 0; t < x.logprobs.size(); ++t) EXPECT_NEAR(x.logprobs[t], y.logprobs[t], logprob_tol) << what;
-    }
-  }
+  expect_same_outputs(a.outs, b.outs, logprob_tol, what);
 }
 
 // Max |rollout logprob - trainer logprob| over every sampled token; with

@@ -15,6 +15,7 @@
 #include "common/testing.h"
 #include "model/scoring.h"
 #include "rollout/engine.h"
+#include "same_outputs.h"
 #include "tiny_model.h"
 
 using namespace kestrel;
@@ -74,18 +75,7 @@ Generated generate(const model::CausalLM& m, const std::string& tag = "r") {
 }
 
 void expect_same(const Generated& a, const Generated& b, double logprob_tol, const std::string& what) {
-  ASSERT_EQ(a.outs.size(), b.outs.size()) << what;
-  for (size_t i = 0; i < a.outs.size(); ++i) {
-    ASSERT_EQ(a.outs[i].outputs.size(), b.outs[i].outputs.size()) << what;
-    for (size_t k = 0; k < a.outs[i].outputs.size(); ++k) {
-      const auto& x = a.outs[i].outputs[k];
-      const auto& y = b.outs[i].outputs[k];
-      EXPECT_EQ(x.token_ids, y.token_ids) << what << ": request " << i << " sample " << k;
-      ASSERT_EQ(x.logprobs.size(), y.logprobs.size()) << what;
-      for (size_t t = 0; t < x.logprobs.size(); ++t)
-        EXPECT_NEAR(x.logprobs[t], y.logprobs[t], logprob_tol) << what << ": request " << i << " token " << t;
-    }
-  }
+  rollout::testing::expect_same_outputs(a.outs, b.outs, logprob_tol, what);
 }
 
 class PackedWeights : public ::testing::Test {
