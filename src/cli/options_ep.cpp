@@ -23,7 +23,8 @@ EpKeys read_one(const config::Config& c, const std::string& meg, int64_t tp) {
   if (!c.is_null(k.etp_key) && c.get_int(k.etp_key) != tp)
     KS_FAIL(c.origin(k.etp_key), ": not supported yet: ", k.etp_key, "=", c.get_int(k.etp_key),
             " different from tensor_model_parallel_size=", tp,
-            " (expert tensor parallelism: each expert is split like the attention; leave it null)");
+            " in a run (the training engine splits the experts so, but saving, optimizer checkpoints and the "
+            "rollout's weights gather them over the tp group; leave it null)");
   return k;
 }
 

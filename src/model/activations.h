@@ -13,6 +13,7 @@
 namespace kestrel::parallel {
 struct CpAttentionSaved;  // parallel/cp_attention.h
 struct EpLayout;          // parallel/ep_dispatch.h
+struct EtpLayout;         // parallel/etp_dispatch.h
 }
 
 namespace kestrel::model {
@@ -37,6 +38,13 @@ struct MoeActivations {
   // expert); then xs, gate, up, act hold the rows this rank's experts
   // received (sorted by local expert, [Nr, ...]) and ys the combined outputs [N, D].
   std::shared_ptr<parallel::EpLayout> ep;
+  // Tensor parallelism (BlockExec::seq_tp): the real-token rows [row_lo,
+  // row_hi) this rank routes to the experts (routing, xs and ys are theirs;
+  // the router tensors above cover every real token on every rank), and the
+  // etp exchange of this forward: xs, gate, up, act then hold every rank's
+  // rows of this rank's experts ([Na, ...], parallel/etp_dispatch.h).
+  int64_t row_lo = 0, row_hi = 0;
+  std::shared_ptr<parallel::EtpLayout> etp;
 };
 
 // An MLA attention's forward state (model/mla_attention.h): the query and

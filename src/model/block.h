@@ -115,6 +115,19 @@ class BlockExec {
   // Its hierarchical all-to-all-v (ModelParallel::ep_hier; null = none built),
   // used when MoeTrainOptions::hierarchical_alltoallv asks for it.
   const comm::HierarchicalA2a* ep_hier = nullptr;
+  // Tensor parallelism as the MoE layer sees it (BlockDims::tp > 1, training
+  // only): the tp group the residual stream is split over by sequence
+  // parallelism, each rank's Tl rows its share of the routed tokens. Null:
+  // every row is this rank's.
+  comm::ProcessGroup* seq_tp = nullptr;
+  // The expert-tensor-parallel group (BlockDims::etp > 1; ModelParallel::etp):
+  // the rows of its ranks' experts are gathered to every shard and the
+  // partial outputs reduce-scattered back (parallel/etp_dispatch.h). Null = size 1.
+  comm::ProcessGroup* etp = nullptr;
+  // The real tokens among the Tp rows (sequence parallelism pads Tp up to a
+  // multiple of tp); 0 = all of them. The router sees only these.
+  int64_t Tr = 0;
+  int64_t real_tokens() const { return Tr > 0 ? Tr : Tp; }
 };
 
 // Sizes of one block on this tp rank.
@@ -126,6 +139,8 @@ struct BlockDims {
   float eps = 0;        // rms_norm_eps
   DType dtype = DType::F32;
   MoeTrainOptions moe;  // MoE layers' training knobs
+  int64_t tp = 1;        // tensor-parallel size (F, heads and the shared experts' FFN are this rank's share)
+  int64_t etp = 1;       // expert-tensor-parallel size (each routed expert's FFN is this rank's share)
   // Expert parallelism: this rank holds routed experts ep_rank*E/ep ..
   // (ep_rank+1)*E/ep - 1 of every MoE layer (BlockExec::ep at run time).
   int64_t ep = 1, ep_rank = 0;

@@ -99,7 +99,7 @@ void DenseAttention::kv_linear_bwd(TrainExec& ex, const Tensor& x, Param& w, Par
 
 // x_mid = x_in + o(attn(rope(q), rope(k), v)); dy is d x_mid, dx the partial d of the normed input.
 void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) {
-  const int64_t T = ex.T, Tp = ex.Tp, D = dims_.D, hd = dims_.hd;
+  const int64_t T = ex.T, Tp = ex.Tp, hd = dims_.hd;
   const int64_t H = dims_.heads.n_heads, Hkv = dims_.heads.n_kv_heads;
   const bool tp_on = ex.tp.size() > 1;
   Tensor dattn = ex.grad_buf(GradBuf::DAttn, {Tp, H * hd});

@@ -25,6 +25,7 @@ TrainExec exec_for(const CausalLM& m, const PackedBatch& b) {
     ex.ep = &m.ep();
     ex.ep_hier = m.options().parallel.ep_hier.get();
   }
+  if (m.etp().size() > 1) ex.etp = &m.etp();
   return ex;
 }
 

@@ -3,19 +3,39 @@
 #include "model/train_exec.h"
 #include "ops/copy.h"
 #include "ops/ops.h"
+#include "parallel/tp_layers.h"
 
 namespace kestrel::model {
 
 namespace {
 Tensor f32(Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); }
+
+// The gradient of a replicated tensor inside the tp region: under tp each
+// rank sees only its heads' part (a partial sum), summed over the group into
+// the grad; at tp = 1 the grad itself.
+struct ReplicatedGrad {
+  ReplicatedGrad(comm::ProcessGroup& tp, Tensor* grad) : tp_(tp), grad_(grad) {
+    if (grad_ && tp_.size() > 1) part_ = Tensor::zeros(grad_->shape(), DType::F32, MemCategory::Activations);
+  }
+  Tensor* get() { return !grad_ ? nullptr : part_.defined() ? &part_ : grad_; }
+  void reduce() {
+    if (part_.defined()) parallel::reduce_replicated_grad(tp_, part_, *grad_);
+  }
+  comm::ProcessGroup& tp_;
+  Tensor* grad_;
+  Tensor part_;
+};
 }  // namespace
 
 MlaAttention::MlaAttention(const io::ModelConfig& c, const BlockDims& dims, const std::string& p,
                            const ParamFactory& make)
     : dims_(dims), q_lora_(c.mla.q_lora_rank) {
   const auto& m = c.mla;
+  // Under tensor parallelism this rank holds H / tp heads: q_b_proj (or
+  // q_proj) and kv_b_proj split by output rows, o_proj by input columns, as
+  // Megatron's MLA; the down projections and their norms are replicated.
   const int64_t D = c.hidden_size, H = c.num_attention_heads, qk = m.qk_head_dim();
-  shape_.n_heads = H;
+  shape_.n_heads = dims.heads.n_heads;
   shape_.kv_lora_rank = m.kv_lora_rank;
   shape_.qk_nope_head_dim = m.qk_nope_head_dim;
   shape_.qk_rope_head_dim = m.qk_rope_head_dim;
@@ -119,8 +139,11 @@ void MlaAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy
   const Tensor& x = A.norm1;
   if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, attn_shape(), A);
   Tensor dattn = f32({T, H * vd});
-  ops::linear_bwd(A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
-  Tensor dq = f32({T, H * qk}), dk = f32({T, H * qk}), dv = f32({T, H * vd});
+  parallel::row_linear_bwd(ex.tp, ex.sp, A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
+  // attend_bwd writes the real rows only: sequence parallelism's padding rows start (and stay) zero.
+  const auto grad = [&](Shape sh) { return T == ex.T ? f32(std::move(sh)) : Tensor::zeros(std::move(sh), DType::F32,
+                                                                                         MemCategory::Activations); };
+  Tensor dq = grad({T, H * qk}), dk = grad({T, H * qk}), dv = grad({T, H * vd});
   ex.attend_bwd(A, dattn, attn_shape(), dq, dk, dv);
   if (A.rc.core_attn) {
     A.attn = Tensor();
@@ -139,18 +162,25 @@ void MlaAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy
   dk = dv = Tensor();
   Tensor dckv_n = f32({T, kvl});
   ops::linear_bwd(M.ckv_n, kv_b.weight, dkv, &dckv_n, &kv_b.grad, nullptr);
+  // Under tp dckv_n and dkpe are this rank's heads' part: so are the
+  // gradients of the replicated kv_a_layernorm and kv_a_proj (summed over
+  // tp) and dx (summed by the caller's tp_enter_bwd).
   Tensor dckv = f32({T, kvl});
-  ops::rmsnorm_bwd(M.ckv, kv_a_norm.weight, M.rstd_kv, dckv_n, dckv, kv_a_norm.grad);
+  ReplicatedGrad g_kv_norm(ex.tp, &kv_a_norm.grad), g_kv_a(ex.tp, &kv_a.grad), g_kv_a_b(ex.tp, grad_of(kv_a_bias));
+  ops::rmsnorm_bwd(M.ckv, kv_a_norm.weight, M.rstd_kv, dckv_n, dckv, *g_kv_norm.get());
   Tensor dkva = f32({T, kvl + rope});
   ops::copy_cols(dckv, 0, dkva, 0, kvl);
   ops::copy_cols(dkpe, 0, dkva, kvl, rope);
-  ops::linear_bwd(x, kv_a.weight, dkva, &dx, &kv_a.grad, grad_of(kv_a_bias));
+  ops::linear_bwd(x, kv_a.weight, dkva, &dx, g_kv_a.get(), g_kv_a_b.get());
+  for (ReplicatedGrad* g : {&g_kv_norm, &g_kv_a, &g_kv_a_b}) g->reduce();
   Tensor tmp = f32({T, D});
   if (q_lora_ > 0) {
     Tensor dcq_n = f32({T, q_lora_}), dcq = f32({T, q_lora_});
     ops::linear_bwd(M.cq_n, q_b.weight, dq, &dcq_n, &q_b.grad, nullptr);
-    ops::rmsnorm_bwd(M.cq, q_a_norm.weight, M.rstd_q, dcq_n, dcq, q_a_norm.grad);
-    ops::linear_bwd(x, q_a.weight, dcq, &tmp, &q_a.grad, grad_of(q_a_bias));
+    ReplicatedGrad g_q_norm(ex.tp, &q_a_norm.grad), g_q_a(ex.tp, &q_a.grad), g_q_a_b(ex.tp, grad_of(q_a_bias));
+    ops::rmsnorm_bwd(M.cq, q_a_norm.weight, M.rstd_q, dcq_n, dcq, *g_q_norm.get());
+    ops::linear_bwd(x, q_a.weight, dcq, &tmp, g_q_a.get(), g_q_a_b.get());
+    for (ReplicatedGrad* g : {&g_q_norm, &g_q_a, &g_q_a_b}) g->reduce();
   } else {
     ops::linear_bwd(x, q_proj.weight, dq, &tmp, &q_proj.grad, nullptr);
   }

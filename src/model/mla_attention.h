@@ -14,7 +14,10 @@
 // per token and attend in latent space with the absorbed kv_b weights
 // (BlockExec::attend_latent, ops/mla.h).
 //
-// Tensor parallelism of MLA is not built: the model refuses tp > 1.
+// Under tensor parallelism each rank holds H / tp heads (q_b_proj or q_proj
+// and kv_b_proj split by rows, o_proj by columns, the rest replicated, as
+// Megatron's MLA); the replicated tensors' gradients are summed over tp. The
+// rollout's latent attention runs at tp = 1 (the rollout refuses tp > 1 for MLA).
 #pragma once
 #include "model/block.h"
 

@@ -1,6 +1,8 @@
 #include "model/moe_mlp.h"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 
 #include "model/train_exec.h"
 #include "ops/copy.h"
@@ -8,6 +10,8 @@
 #include "ops/ops.h"
 #include "model/ep_state.h"
 #include "parallel/ep_dispatch.h"
+#include "parallel/etp_dispatch.h"
+#include "parallel/tp_layers.h"
 
 namespace kestrel::model {
 
@@ -71,6 +75,12 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
   KS_CHECK(E_ % ep_ == 0, "expert parallelism: num_experts ", E_, " of layer ", layer, " does not divide by "
            "expert_model_parallel_size ", ep_, "; choose a size dividing it");
   n_local_ = E_ / ep_;
+  tp_ = std::max<int64_t>(1, dims.tp);
+  etp_ = std::max<int64_t>(1, dims.etp);
+  KS_CHECK(Fe_ % etp_ == 0, "expert tensor parallelism: moe_intermediate_size ", Fe_, " of layer ", layer,
+           " must divide by expert_tensor_parallel_size ", etp_, " (each routed expert's FFN is split over it)");
+  KS_CHECK(Fs_ % tp_ == 0, "tensor parallelism: the shared experts' intermediate size ", Fs_, " of layer ", layer,
+           " must divide by tensor_model_parallel_size ", tp_, " (their FFN is split over it)");
   KS_CHECK(!(dims.moe.hierarchical_alltoallv && dims.moe.dispatcher == MoeDispatcher::AllGather),
            "moe_hierarchical_alltoallv=true exchanges the alltoall dispatcher's rows and "
            "moe_token_dispatcher_type=allgather has no all-to-all: set moe_token_dispatcher_type=alltoall or "
@@ -153,7 +163,7 @@ Tensor MoeMlp::ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor
 
 void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
   MoeActivations& M = A.moe;
-  const int64_t T = ex.Tp, k = rcfg_.top_k;
+  const int64_t T = x.size(0), k = rcfg_.top_k;
   // [T, E]: DeepSeek's router runs in f32 (HF casts x and the weight to f32);
   // Qwen's in the model dtype, its softmax then in f32.
   M.logits = act({T, E_}, router_fp32_ ? DType::F32 : dims_.dtype);
@@ -163,20 +173,22 @@ void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
   M.scores = f32({T, E_});
   const bool replay = ex.routing_replay != nullptr;
   if (replay) {
-    const Tensor& r = *ex.routing_replay;  // [T, n_moe_layers, k]
-    KS_CHECK(r.dim() == 3 && r.size(0) == T && r.size(2) == k && ordinal_ < r.size(1) && r.dtype() == DType::I32,
+    const Tensor& r = *ex.routing_replay;  // [T, n_moe_layers, k] (or [Tp, ...]: the padding rows are not read)
+    KS_CHECK(r.dim() == 3 && (r.size(0) == T || r.size(0) == ex.Tp) && r.size(2) == k && ordinal_ < r.size(1) &&
+                 r.dtype() == DType::I32,
              "routing replay of layer ", layer_, ": expected i32 [", T, ", n_moe_layers, ", k, "], got ",
              r.describe());
-    ops::copy_cols(r.view({T, r.size(1) * k}), ordinal_ * k, M.topk_idx, 0, k);
+    ops::copy_cols(r.view({r.size(0), r.size(1) * k}).slice_rows(0, T), ordinal_ * k, M.topk_idx, 0, k);
   }
   ops::moe_router_fwd(M.logits, bias_.weight.defined() ? &bias_.weight : nullptr, rcfg_, M.topk_idx, M.topk_w,
                       M.scores, replay);
   if (ex.routing_record) {
     Tensor& rec = *ex.routing_record;
-    KS_CHECK(rec.dim() == 3 && rec.size(0) == T && rec.size(2) == k && ordinal_ < rec.size(1),
+    KS_CHECK(rec.dim() == 3 && (rec.size(0) == T || rec.size(0) == ex.Tp) && rec.size(2) == k &&
+                 ordinal_ < rec.size(1),
              "routing record of layer ", layer_, ": expected i32 [", T, ", n_moe_layers, ", k, "], got ",
              rec.describe());
-    Tensor flat = rec.view({T, rec.size(1) * k});
+    Tensor flat = rec.view({rec.size(0), rec.size(1) * k}).slice_rows(0, T);
     ops::copy_cols(M.topk_idx, 0, flat, ordinal_ * k, k);
   }
   int64_t dropped = 0, pad_to = 0;
@@ -189,15 +201,20 @@ void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
     dropped = ops::moe_drop_to_capacity(M.topk_idx, M.topk_w, E_, cap, o.drop_policy);
     if (o.pad_to_capacity) pad_to = cap;
   }
-  M.routing = ops::moe_routing(M.topk_idx, E_, pad_to);
+  // Under tp every rank routed every real token alike; it runs the experts on
+  // its own rows only (the statistics count them all, as one process).
+  const bool split = M.row_lo != 0 || M.row_hi != T;
+  M.routing = ops::moe_routing(split ? M.topk_idx.slice_rows(M.row_lo, M.row_hi) : M.topk_idx, E_, pad_to);
   if (!ex.moe_stats) return;
+  const std::vector<int64_t> tokens_per_expert =
+      split ? ops::moe_routing(M.topk_idx, E_).tokens_per_expert : M.routing.tokens_per_expert;
   auto& layers = ex.moe_stats->layers;
   auto it = std::find_if(layers.begin(), layers.end(), [&](const MoeLayerStats& s) { return s.layer == layer_; });
   if (it == layers.end()) {
     layers.push_back(MoeLayerStats{layer_, std::vector<int64_t>(size_t(E_), 0), 0, 0, 0, 0, 0});
     it = layers.end() - 1;
   }
-  for (int64_t e = 0; e < E_; ++e) it->tokens_per_expert[size_t(e)] += M.routing.tokens_per_expert[size_t(e)];
+  for (int64_t e = 0; e < E_; ++e) it->tokens_per_expert[size_t(e)] += tokens_per_expert[size_t(e)];
   it->dropped += dropped;
   it->tokens += T;
   it->micro_batches += 1;
@@ -218,7 +235,7 @@ bool aux_on(const MoeTrainOptions& o) { return o.aux_loss_coeff > 0 && o.load_ba
 
 void MoeMlp::router_losses(BlockExec& ex, const LayerActivations& A, double* aux, double* z) const {
   const MoeTrainOptions& o = dims_.moe;
-  const int64_t T = ex.Tp;
+  const int64_t T = A.moe.logits.size(0);
   if (aux_on(o)) {
     KS_CHECK(ex.cu_seqlens.defined(), "internal: the load-balancing loss needs the batch's sequences");
     Tensor counts = act({E_}, DType::I32);
@@ -228,14 +245,30 @@ void MoeMlp::router_losses(BlockExec& ex, const LayerActivations& A, double* aux
   if (o.z_loss_coeff > 0) *z = ops::moe_z_loss_fwd(A.moe.logits, o.z_loss_coeff);
 }
 
+std::pair<int64_t, int64_t> MoeMlp::own_rows(const BlockExec& ex, int64_t rows) const {
+  if (!ex.seq_tp) return {0, rows};
+  const int64_t lo = std::min(rows, ex.seq_tp->rank() * ex.Tl);
+  return {lo, std::min(rows, lo + ex.Tl)};
+}
+
 Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
-  const int64_t T = ex.Tp, D = dims_.D;
+  const int64_t Tp = ex.Tp, Tr = ex.real_tokens(), D = dims_.D, Fe = Fe_ / etp_, Fs = Fs_ / tp_;
   const DType dt = dims_.dtype;
-  route(ex, x, A);
+  comm::ProcessGroup* tp = ex.seq_tp;
+  KS_CHECK((tp_ > 1) == (tp != nullptr) && (!tp || tp->size() == tp_), "layer ", layer_, ": the MoE layer of a "
+           "model with tensor_model_parallel_size ", tp_, " runs with sequence parallelism over its tp group (the "
+           "rollout runs MoE models at tp = 1)");
+  KS_CHECK((etp_ > 1) == (ex.etp != nullptr) && (!ex.etp || ex.etp->size() == etp_), "layer ", layer_,
+           ": experts split over expert_tensor_parallel_size ", etp_, " need the execution's etp group "
+           "(ModelParallel::etp; the rollout runs MoE models with whole experts)");
   MoeActivations& M = A.moe;
+  std::tie(M.row_lo, M.row_hi) = own_rows(ex, Tr);
+  route(ex, Tr == Tp ? x : x.slice_rows(0, Tr), A);
+  // This rank's rows to their experts: [N, D] sorted by expert.
+  const Tensor x_own = M.row_lo == 0 && M.row_hi == Tp ? x : x.slice_rows(M.row_lo, M.row_hi);
   const int64_t N = M.routing.rows();
-  M.xs = act({N, D}, dt);  // [N, D] tokens sorted by expert
-  ops::moe_permute_fwd(x, M.routing, M.xs);
+  M.xs = act({N, D}, dt);
+  ops::moe_permute_fwd(x_own, M.routing, M.xs);
   if (ep_ > 1) {  // the rows go to their experts' ranks: [Nr, D] sorted by local expert
     KS_CHECK(ex.ep && ex.ep->size() == ep_, "layer ", layer_, ": expert parallelism over ", ep_,
              " ranks needs the execution's ep group (ModelParallel::ep)");
@@ -244,34 +277,54 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
     M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes, kind));
     M.xs = ep_dispatch(ex, A, M.xs);
   }
-  const std::vector<int64_t>& gs = ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;
-  const int64_t Nr = M.xs.size(0);  // the rows this rank's experts run (N without expert parallelism)
-  M.gate = act({Nr, Fe_}, dt);
-  M.up = act({Nr, Fe_}, dt);
+  if (ex.etp) {  // every etp rank's rows of these experts: each rank runs its shard of the FFNs on all of them
+    M.etp = std::make_shared<parallel::EtpLayout>(
+        parallel::etp_layout(*ex.etp, ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes));
+    M.xs = parallel::etp_gather(*ex.etp, *M.etp, M.xs);
+  }
+  const std::vector<int64_t>& gs = expert_group_sizes(M);
+  const int64_t Nr = M.xs.size(0);  // the rows this rank's experts run (N without expert or tensor parallelism)
+  M.gate = act({Nr, Fe}, dt);
+  M.up = act({Nr, Fe}, dt);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(gate), M.gate);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(up), M.up);
-  M.act = act({Nr, Fe_}, dt);
+  M.act = act({Nr, Fe}, dt);
   ops::swiglu_fwd(M.gate, M.up, M.act);
   M.ys = act({Nr, D}, dt);
   ops::grouped_linear_fwd(M.act, gs, expert_weights(down), M.ys);
+  if (ex.etp) M.ys = parallel::etp_reduce_scatter(*ex.etp, *M.etp, M.ys);  // this rank's rows, summed over the shards
   if (ep_ > 1) M.ys = ep_combine(ex, A, M.ys);  // back to this rank's [N, D]
-  Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, D}, dt);  // [T, D]
-  ops::moe_unpermute_fwd(M.ys, M.topk_w, M.routing, out);
-  if (Fs_ > 0) {
-    M.sh_gate = act({T, Fs_}, dt);
-    M.sh_up = act({T, Fs_}, dt);
+  Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, D}, dt);  // [Tl, D]
+  if (!tp) {
+    ops::moe_unpermute_fwd(M.ys, M.topk_w, M.routing, out);
+  } else {  // this rank's rows lead its Tl; padding rows are zero
+    ops::zero(out);
+    Tensor mine = out.slice_rows(0, M.row_hi - M.row_lo);
+    ops::moe_unpermute_fwd(M.ys, M.topk_w.slice_rows(M.row_lo, M.row_hi), M.routing, mine);
+  }
+  if (Fs_ > 0) {  // under tp column/row parallel like the dense MLP: sh_out is this rank's partial sum
+    M.sh_gate = act({Tp, Fs}, dt);
+    M.sh_up = act({Tp, Fs}, dt);
     ex.linear(x, sh_gate.weight, nullptr, M.sh_gate);
     ex.linear(x, sh_up.weight, nullptr, M.sh_up);
-    M.sh_act = act({T, Fs_}, dt);
+    M.sh_act = act({Tp, Fs}, dt);
     ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
-    M.sh_out = act({T, D}, dt);
+    M.sh_out = act({Tp, D}, dt);
     ex.linear(M.sh_act, sh_down.weight, nullptr, M.sh_out);
     if (sh_gated_) {
-      M.sh_gate_logit = act({T, 1}, dt);
+      M.sh_gate_logit = act({Tp, 1}, dt);
       ex.linear(x, sh_gate_logit.weight, nullptr, M.sh_gate_logit);
-      ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, out);
+    }
+    if (!tp) {
+      if (sh_gated_) ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, out);
+      else ops::add(out, M.sh_out, out);
     } else {
-      ops::add(out, M.sh_out, out);
+      Tensor part = M.sh_out;
+      if (sh_gated_) {  // sigmoid(g) * sum of partials = sum of sigmoid(g) * partial
+        part = Tensor::zeros({Tp, D}, dt, MemCategory::Activations);
+        ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, part);
+      }
+      ops::add(out, parallel::reduce_scatter_sequence(*tp, part), out);
     }
   }
   // Activation-function recompute: the SwiGLU outputs are rebuilt in backward.
@@ -279,59 +332,91 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   return out;
 }
 
+const std::vector<int64_t>& MoeMlp::expert_group_sizes(const MoeActivations& M) const {
+  if (M.etp) return M.etp->group_sizes;
+  return ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;
+}
+
 // y = unpermute(experts(permute(x)), w) + shared(x); dy is d y, dx (written) the d of the normed input x.
+// Under tp: dy [Tl, D] is this rank's rows; dx [Tp, D] its partial (the caller reduce-scatters it).
 void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tensor& dx) {
   MoeActivations& M = A.moe;
-  const Tensor& x = A.norm2;  // [T, D] the MLP's input
-  const int64_t T = ex.Tp, D = dims_.D, N = M.routing.rows(), k = rcfg_.top_k;
-  // Under expert parallelism the experts' rows are the received ones: [Nr, ...].
-  const std::vector<int64_t>& gs = ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes;
+  const Tensor& x = A.norm2;  // [Tp, D] the MLP's input
+  comm::ProcessGroup* tp = ex.seq_tp;
+  const int64_t Tp = ex.Tp, Tr = M.topk_idx.size(0), D = dims_.D, N = M.routing.rows(), k = rcfg_.top_k;
+  const int64_t Fe = Fe_ / etp_, Fs = Fs_ / tp_, lo = M.row_lo, hi = M.row_hi;
+  // Under expert (tensor) parallelism the experts' rows are the received (gathered) ones: [Nr, ...].
+  const std::vector<int64_t>& gs = expert_group_sizes(M);
   const int64_t Nr = M.xs.size(0);
   const DType dt = dims_.dtype;
   if (A.rc.act) {  // the forward's SwiGLU again, on the same gate/up
-    M.act = act({Nr, Fe_}, dt);
+    M.act = act({Nr, Fe}, dt);
     ops::swiglu_fwd(M.gate, M.up, M.act);
     if (Fs_ > 0) {
-      M.sh_act = act({T, Fs_}, dt);
+      M.sh_act = act({Tp, Fs}, dt);
       ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
     }
   }
   // Routed experts, back through the combine, the down, SwiGLU and gate/up
   // projections and the permutation.
-  Tensor dys = f32({N, D}), dw = f32({T, k});
-  ops::moe_unpermute_bwd(M.ys, M.topk_w, dy, M.routing, dys, dw);
+  Tensor dys = f32({N, D}), dw = f32({hi - lo, k});
+  if (!tp) {
+    ops::moe_unpermute_bwd(M.ys, M.topk_w, dy, M.routing, dys, dw);
+  } else {
+    const Tensor dy_own = dy.slice_rows(0, hi - lo);
+    ops::moe_unpermute_bwd(M.ys, M.topk_w.slice_rows(lo, hi), dy_own, M.routing, dys, dw);
+  }
   if (ep_ > 1) dys = ep_dispatch(ex, A, dys);  // the combine's adjoint: to the experts' ranks, [Nr, D]
+  if (ex.etp) dys = parallel::etp_gather(*ex.etp, *M.etp, dys);  // the reduce-scatter's adjoint
   const auto grads = [&](std::vector<Param>& ps) {
     std::vector<Tensor*> g;
     for (int64_t e = first_local_; e < first_local_ + n_local_; ++e) g.push_back(&ps[size_t(e)].grad);
     return g;
   };
-  Tensor dact = f32({Nr, Fe_});
+  Tensor dact = f32({Nr, Fe});
   ops::grouped_linear_bwd(M.act, gs, expert_weights(down), dys, &dact, grads(down));
   dys = Tensor();
-  Tensor dg = f32({Nr, Fe_}), du = f32({Nr, Fe_});
+  Tensor dg = f32({Nr, Fe}), du = f32({Nr, Fe});
   ops::swiglu_bwd(M.gate, M.up, dact, dg, du);
   dact = Tensor();
   Tensor dxs = f32({Nr, D}), tmp_s = f32({Nr, D});
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(gate), dg, &dxs, grads(gate));
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(up), du, &tmp_s, grads(up));
   ops::add_inplace(dxs, tmp_s);
+  if (ex.etp) dxs = parallel::etp_reduce_scatter(*ex.etp, *M.etp, dxs);  // the gather's adjoint: this rank's rows
   if (ep_ > 1) dxs = ep_combine(ex, A, dxs);  // the dispatch's adjoint: back to this rank's [N, D]
-  ops::moe_permute_bwd(dxs, M.routing, dx);  // written: dx starts here
-  Tensor tmp = f32({T, D});
-  // Shared experts.
+  if (!tp) {
+    ops::moe_permute_bwd(dxs, M.routing, dx);  // written: dx starts here
+  } else {
+    ops::zero(dx);
+    Tensor dx_own = dx.slice_rows(lo, hi);
+    ops::moe_permute_bwd(dxs, M.routing, dx_own);
+  }
+  // A replicated tensor's contribution [rows, D] to dx: the same on every tp
+  // rank, so each adds its own sequence-parallel rows once.
+  const auto add_replicated = [&](const Tensor& t) {
+    if (!tp) return ops::add_inplace(dx, t);
+    const int64_t a = std::min(t.size(0), tp->rank() * ex.Tl), b = std::min(t.size(0), a + ex.Tl);
+    if (b <= a) return;
+    Tensor d = dx.slice_rows(a, b);
+    ops::add_inplace(d, t.slice_rows(a, b));
+  };
+  Tensor tmp = f32({Tp, D});
+  // Shared experts (under tp: dy of every row, column/row parallel like the dense MLP).
   if (Fs_ > 0) {
-    Tensor ds = dy;  // d of the shared output
+    const Tensor dy_all = tp ? parallel::gather_sequence(*tp, dy) : dy;  // [Tp, D]
+    Tensor ds = dy_all;  // d of the shared output
     if (sh_gated_) {
-      ds = f32({T, D});
-      Tensor dgl = f32({T, 1});
-      ops::sigmoid_gate_add_bwd(M.sh_gate_logit, M.sh_out, dy, ds, dgl);
+      ds = f32({Tp, D});
+      Tensor dgl = f32({Tp, 1});
+      ops::sigmoid_gate_add_bwd(M.sh_gate_logit, M.sh_out, dy_all, ds, dgl);
+      if (tp) tp->all_reduce(dgl);  // sh_out was this rank's partial sum
       ops::linear_bwd(x, sh_gate_logit.weight, dgl, &tmp, &sh_gate_logit.grad, nullptr);
-      ops::add_inplace(dx, tmp);
+      add_replicated(tmp);
     }
-    Tensor dsa = f32({T, Fs_});
+    Tensor dsa = f32({Tp, Fs});
     ops::linear_bwd(M.sh_act, sh_down.weight, ds, &dsa, &sh_down.grad, nullptr);
-    Tensor dsg = f32({T, Fs_}), dsu = f32({T, Fs_});
+    Tensor dsg = f32({Tp, Fs}), dsu = f32({Tp, Fs});
     ops::swiglu_bwd(M.sh_gate, M.sh_up, dsa, dsg, dsu);
     ops::linear_bwd(x, sh_gate.weight, dsg, &tmp, &sh_gate.grad, nullptr);
     ops::add_inplace(dx, tmp);
@@ -339,16 +424,26 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
     ops::add_inplace(dx, tmp);
   }
   if (A.rc.act) M.act = M.sh_act = Tensor();
-  // The router: the combine weights' gradient, plus the load-balancing and z losses'.
-  Tensor dlogits = Tensor::zeros({T, E_}, DType::F32, MemCategory::Activations);
-  ops::moe_router_bwd(M.scores, M.chosen_idx.defined() ? M.chosen_idx : M.topk_idx, M.topk_w, dw, rcfg_, dlogits);
+  // The router: the combine weights' gradient (every rank's rows: under tp
+  // gathered, so each rank's router backward is one process's), plus the
+  // load-balancing and z losses'.
+  Tensor dw_all = dw;  // [Tr, k]
+  if (tp) {
+    Tensor block = Tensor::empty({ex.Tl, k}, DType::F32, MemCategory::Activations);
+    ops::pad_rows(dw, block);
+    dw_all = parallel::gather_sequence(*tp, block).slice_rows(0, Tr);
+  }
+  Tensor dlogits = Tensor::zeros({Tr, E_}, DType::F32, MemCategory::Activations);
+  ops::moe_router_bwd(M.scores, M.chosen_idx.defined() ? M.chosen_idx : M.topk_idx, M.topk_w, dw_all, rcfg_, dlogits);
   const MoeTrainOptions& o = dims_.moe;
   if (aux_on(o))
-    ops::moe_aux_loss_bwd(M.logits, aux_groups(o, ex.batch.cu_seqlens, T), rcfg_.score, rcfg_.top_k,
+    ops::moe_aux_loss_bwd(M.logits, aux_groups(o, ex.batch.cu_seqlens, Tr), rcfg_.score, rcfg_.top_k,
                           o.aux_loss_coeff, ex.moe_loss_scale, dlogits);
   if (o.z_loss_coeff > 0) ops::moe_z_loss_bwd(M.logits, o.z_loss_coeff, ex.moe_loss_scale, dlogits);
-  ops::linear_bwd(x, router.weight, dlogits, &tmp, o.freeze_router ? nullptr : &router.grad, nullptr);
-  ops::add_inplace(dx, tmp);
+  Tensor tmp_r = Tr == Tp ? tmp : f32({Tr, D});
+  ops::linear_bwd(Tr == Tp ? x : x.slice_rows(0, Tr), router.weight, dlogits, &tmp_r,
+                  o.freeze_router ? nullptr : &router.grad, nullptr);
+  add_replicated(tmp_r);
 }
 
 void MoeMlp::update_correction_bias(const std::vector<int64_t>& load, double rate) {

@@ -19,8 +19,15 @@
 // dropping by capacity, and the step's routing statistics for metrics and the
 // aux-loss-free bias update.
 //
-// Tensor parallelism of the experts is expert parallelism's (not built): the
-// model refuses tp > 1 for MoE layers. Under expert parallelism
+// Under tensor parallelism (with sequence parallelism, as Megatron requires)
+// every tp rank routes every real token alike (the router losses, capacity and
+// statistics are one process's), then runs the experts on its own
+// sequence-parallel rows; the shared experts are column/row parallel like the
+// dense MLP. Each routed expert's FFN is split over the etp group
+// (expert_tensor_parallel_size, by default the tp group; gate/up by output
+// rows, down by input columns), so the rows of the etp group's ranks are
+// gathered to every shard and the partial outputs reduce-scattered back
+// (parallel/etp_dispatch.h). Under expert parallelism
 // (BlockDims::ep > 1) the permuted rows go to their experts' ranks and back
 // through MoeTrainOptions::dispatcher's exchange (all-to-all, optionally
 // hierarchical, or all-gather); every choice computes the same bits.
@@ -79,9 +86,15 @@ class MoeMlp final : public MlpBlock {
   Tensor ep_combine(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const;
   // The hierarchical exchange when moe_hierarchical_alltoallv asks for it and the ep group spans nodes.
   const comm::HierarchicalA2a* ep_hier(const BlockExec& ex) const;
+  // This rank's rows [lo, hi) of the first `rows` (its sequence-parallel share under tp, else all).
+  std::pair<int64_t, int64_t> own_rows(const BlockExec& ex, int64_t rows) const;
+  // The group sizes of the grouped GEMMs of this forward (after any ep / etp exchange).
+  const std::vector<int64_t>& expert_group_sizes(const MoeActivations& M) const;
 
   int64_t layer_, ordinal_;  // global layer index, ordinal among MoE layers
   int64_t ep_ = 1, first_local_ = 0, n_local_ = 0;  // expert parallelism: group size, this rank's experts
+  int64_t tp_ = 1;   // tensor parallelism: the shared experts' FFN split over tp_ ranks, the rows over SP
+  int64_t etp_ = 1;  // expert tensor parallelism: each routed expert's FFN split over etp_ ranks
   BlockDims dims_;
   ops::MoeRouterConfig rcfg_;
   int64_t E_, Fe_, Fs_;

@@ -33,6 +33,8 @@ TrainExec::TrainExec(comm::ProcessGroup& tp_group, bool sequence_parallel, const
   ids = pad_i32(b.input_ids, Tp, -1);
   positions = pad_i32(b.positions, Tp, 0);
   cu_seqlens = b.cu_seqlens;
+  Tr = T;
+  if (sp && n > 1) seq_tp = &tp;
   apply_capacity = true;  // MoeTrainOptions::capacity_factor applies to training and scoring forwards
   if (b.routed_experts.defined()) routing_replay = &b.routed_experts;
   routing_record = b.record_routing;

@@ -120,13 +120,16 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   KS_CHECK(opts_.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by must be >= 1, got ",
            opts_.make_vocab_size_divisible_by);
   const int n = opts_.parallel.tp->size(), r = opts_.parallel.tp->rank();
+  // An etp group of tp's size is tp's (the grid's default order gives the same ranks).
+  if (opts_.parallel.etp && opts_.parallel.etp->size() == n) opts_.parallel.etp.reset();
   heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
   padded_vocab_ = parallel::padded_vocab_size(cfg_.vocab_size, opts_.make_vocab_size_divisible_by, n);
   vocab_ = parallel::vocab_range(padded_vocab_, r, n);
-  if (n > 1 && (cfg_.moe.num_experts > 0 || cfg_.mla.enabled))
-    KS_FAIL("not supported yet: tensor parallelism (tensor_model_parallel_size ", n, ") for ",
-            io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",
-            " layers); train it with tensor_model_parallel_size 1 (data and pipeline parallelism work)");
+  // Under tp the MoE layer routes each rank's share of the sequence-parallel
+  // rows (model/moe_mlp.h), as Megatron requires.
+  if (n > 1 && cfg_.moe.num_experts > 0 && !opts_.parallel.sequence_parallel)
+    KS_FAIL("a mixture-of-experts model (", io::arch_name(cfg_.arch), ") with tensor_model_parallel_size ", n,
+            " needs sequence_parallel (as in Megatron): set actor_rollout_ref.actor.megatron.sequence_parallel=true");
   if (cp_size() > 1 && (cfg_.moe.num_experts > 0 || cfg_.mla.enabled))
     KS_FAIL("not supported yet: context parallelism (context_parallel_size ", cp_size(), ") for ",
             io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",
@@ -180,8 +183,9 @@ void CausalLM::allocate_params() {
   const DType dt = opts_.dtype;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const auto make_param = [&](std::string name, Shape shape, DType t, bool decay) {
-    return model::make_param(std::move(name), std::move(shape), t, decay, *opts_.parallel.tp, heads_,
-                             c.num_key_value_heads, opts_.make_vocab_size_divisible_by);
+    const comm::ProcessGroup& g = is_routed_expert_param(name) ? etp() : tp();
+    return model::make_param(std::move(name), std::move(shape), t, decay, g, heads_, c.num_key_value_heads,
+                             opts_.make_vocab_size_divisible_by);
   };
   const bool tied_head = opts_.has_head && !opts_.value_head && c.tie_word_embeddings;
   if (opts_.has_embedding || tied_head) embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
@@ -196,6 +200,8 @@ void CausalLM::allocate_params() {
   dims.eps = float(c.rms_norm_eps);
   dims.dtype = dt;
   dims.moe = opts_.moe;
+  dims.tp = opts_.parallel.tp->size();
+  dims.etp = etp().size();
   dims.ep = opts_.parallel.ep ? opts_.parallel.ep->size() : 1;
   dims.ep_rank = opts_.parallel.ep ? opts_.parallel.ep->rank() : 0;
   const ParamFactory factory = [&](std::string name, Shape shape, bool decay) {
@@ -261,8 +267,12 @@ void CausalLM::update_moe_correction_bias(const MoeStepStats& step, double rate)
     }
 }
 
+comm::ProcessGroup& CausalLM::shard_group(const Param& p) const {
+  return is_routed_expert_param(p.name) ? etp() : tp();
+}
+
 Tensor CausalLM::full_tensor(const Param& p) const {
-  return parallel::gather_tensor(tp(), p.weight, p.shard, p.full_shape);
+  return parallel::gather_tensor(shard_group(p), p.weight, p.shard, p.full_shape);
 }
 
 int64_t CausalLM::grad_stage(const Param& p) const {
@@ -316,8 +326,8 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
   uint64_t head_stream = layer_stream[size_t(L)];
   for (Param* p : {&m->final_norm_, &m->lm_head_, &m->score_, &m->score_bias_})
     if (p->weight.defined()) draws.push_back({p, head_stream++});
-  comm::ProcessGroup& tp = m->tp();
   for (auto [p, stream] : draws) {
+    comm::ProcessGroup& tp = m->shard_group(*p);
     const bool is_norm = p->name.find("norm") != std::string::npos;
     const bool is_bias = p->name.size() >= 5 && p->name.compare(p->name.size() - 5, 5, ".bias") == 0;
     if (is_norm) {
@@ -344,8 +354,8 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
   ModelOptions o = opts;
   if (o.value_head && src.contains("score.bias")) o.value_head_bias = true;
   std::unique_ptr<CausalLM> m(new CausalLM(fc.cfg, o));
-  comm::ProcessGroup& tp = m->tp();
   for (Param* p : m->params()) {
+    comm::ProcessGroup& tp = m->shard_group(*p);
     const bool head = p == &m->score_ || p == &m->score_bias_;
     if (head && !src.contains(p->name)) {
       // An actor checkpoint: a fresh head, as HF's _init_weights (normal
@@ -378,20 +388,22 @@ std::string CausalLM::hf_config_json(DType disk_dtype, bool score_bias) const {
 
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
-  if (ep().size() > 1 && tp().size() > 1)
-    return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
-                  ep().size(), ") with tensor parallelism (tp ", tp().size(), ")");
+  if (experts_split_apart())
+    return KS_ERR(dir, ": not supported yet: saving a model whose experts are split over expert_tensor_parallel_size ",
+                  etp().size(), " other than tensor_model_parallel_size ", tp().size());
   std::vector<io::NamedTensor> tensors;
   for (Param* p : const_cast<CausalLM*>(this)->params())
-    tensors.push_back({p->name, tp().size() == 1 ? p->weight : full_tensor(*p)});
+    tensors.push_back({p->name, shard_group(*p).size() == 1 ? p->weight : full_tensor(*p)});
   for (Param* p : const_cast<CausalLM*>(this)->buffers())  // f32 on disk in every precision, as HF keeps them
     tensors.push_back({p->name, p->weight, /*own_dtype=*/true});
   // Under expert parallelism the other ranks' experts come to ep rank 0 (collective over the ep group),
-  // in the disk dtype when smaller, as a pipeline stage sends its tensors.
+  // in the disk dtype when smaller, as a pipeline stage sends its tensors; under tp each is first
+  // gathered whole on its owners (the ranks of an etp = tp group hold the same experts).
   if (ep().size() > 1) {
     const DType wire = dtype_size(disk_dtype) < dtype_size(dtype()) ? disk_dtype : dtype();
     for (const RoutedExpertTensor& t : routed_expert_tensors(*this)) {
-      Tensor full = broadcast_expert_tensor(*this, t, t.local ? t.local->weight : Tensor(), wire);
+      const Tensor mine = !t.local ? Tensor() : etp().size() > 1 ? full_tensor(*t.local) : t.local->weight;
+      Tensor full = broadcast_expert_tensor(*this, t, mine, wire);
       if (!t.local && ep().rank() == 0) tensors.push_back({t.name, std::move(full)});
     }
   }

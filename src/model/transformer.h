@@ -88,6 +88,11 @@ struct ModelParallel {
   // nullptr = the flat exchange), built once, collectively, by
   // model::set_expert_dispatch.
   std::shared_ptr<const comm::HierarchicalA2a> ep_hier;
+  // Expert tensor parallelism (Megatron's expert_tensor_parallel_size): the
+  // group each routed expert's FFN is split over (gate/up by rows, down by
+  // columns; model/moe_mlp.h). nullptr = the tp group (Megatron's default);
+  // a size-1 group keeps every expert whole.
+  std::shared_ptr<comm::ProcessGroup> etp;
 };
 
 struct ModelOptions {
@@ -254,6 +259,12 @@ class CausalLM {
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
   comm::ProcessGroup& pp() const { return *opts_.parallel.pp; }
   comm::ProcessGroup& ep() const { return *opts_.parallel.ep; }
+  // The expert-tensor-parallel group (ModelParallel::etp, else tp).
+  comm::ProcessGroup& etp() const { return opts_.parallel.etp ? *opts_.parallel.etp : tp(); }
+  // The group p's shard spec splits it over: etp() for a routed expert's tensors, else tp().
+  comm::ProcessGroup& shard_group(const Param& p) const;
+  // Whether the routed experts are split over another group than the dense tensors.
+  bool experts_split_apart() const { return etp().size() != tp().size(); }
   // The context-parallel groups, or nullptr without context parallelism (cp = 1).
   const parallel::CpGroups* cp_groups() const {
     return opts_.parallel.cp && opts_.parallel.cp->cp->size() > 1 ? opts_.parallel.cp.get() : nullptr;

@@ -165,12 +165,13 @@ Status validate(const ParallelDims& d, int world, const ModelFacts& m) {
 
 Status check_supported(const ParallelDims& d) {
   Problems p;
-  if (d.ep > 1 && (d.tp > 1 || d.cp > 1))
-    p.add("not supported yet: expert_model_parallel_size=", d.ep, " with tensor_model_parallel_size=", d.tp,
-          " and context_parallel_size=", d.cp, " (expert parallelism runs with data and pipeline parallelism: set "
-          "those to 1)");
+  if (d.ep > 1 && d.cp > 1)
+    p.add("not supported yet: expert_model_parallel_size=", d.ep, " with context_parallel_size=", d.cp,
+          " (expert parallelism runs with tensor, data and pipeline parallelism: set context_parallel_size=1)");
   if (d.expert_tp() != d.tp)
-    p.add("not supported yet: expert_tensor_parallel_size=", d.expert_tp(), " different from tensor_model_parallel_size=", d.tp);
+    p.add("not supported yet: expert_tensor_parallel_size=", d.expert_tp(), " different from tensor_model_parallel_size=",
+          d.tp, " in a run (the training engine splits the experts so, but saving, optimizer checkpoints and the "
+          "rollout's weights gather them over the tp group; leave expert_tensor_parallel_size unset)");
   return p.status();
 }
 

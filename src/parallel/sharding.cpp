@@ -161,7 +161,10 @@ ShardSpec hf_shard_spec(const std::string& name, int64_t n_kv_heads) {
     return name.size() >= k && name.compare(name.size() - k, k, s) == 0;
   };
   if (has("embed_tokens") || has("lm_head")) return {ShardKind::Vocab, 0};
-  if (has("q_proj") || has("gate_proj") || has("up_proj")) return {ShardKind::Column, 0};
+  // MLA (DeepSeek): the per-head up projections q_b_proj and kv_b_proj split
+  // by heads like q_proj; q_a_proj and kv_a_proj_with_mqa stay replicated.
+  if (has("q_proj") || has("q_b_proj") || has("kv_b_proj") || has("gate_proj") || has("up_proj"))
+    return {ShardKind::Column, 0};
   if (has("k_proj") || has("v_proj")) return {ShardKind::KvHeads, n_kv_heads};
   if ((has("o_proj") || has("down_proj")) && ends(".weight")) return {ShardKind::Row, 0};
   return {ShardKind::Replicated, 0};

@@ -60,7 +60,8 @@ Tensor gather_tensor(comm::ProcessGroup& tp, const Tensor& shard, const ShardSpe
                      MemCategory cat = MemCategory::Other);
 
 // The rule for Llama-family HF names (Llama, Qwen2/3, Mistral):
-// q_proj, gate_proj, up_proj weights and biases: Column; k_proj, v_proj: KvHeads;
+// q_proj, gate_proj, up_proj weights and biases (routed and shared experts'
+// too), MLA's q_b_proj and kv_b_proj: Column; k_proj, v_proj: KvHeads;
 // o_proj, down_proj weights: Row; embed_tokens, lm_head: Vocab; everything else
 // (norms, o_proj/down_proj biases, q_norm/k_norm): Replicated.
 ShardSpec hf_shard_spec(const std::string& name, int64_t n_kv_heads);

@@ -62,6 +62,9 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   // it runs on the training ep group (the sizes are equal on all its ranks,
   // so they all take one branch).
   const int64_t tep = train.ep().size();
+  KS_CHECK(!train.experts_split_apart(), "not supported yet: rollout weights from an actor whose experts are split "
+           "over expert_tensor_parallel_size ", train.etp().size(), " other than tensor_model_parallel_size ",
+           ttp.size());
   KS_CHECK(opts.ep == 1 || opts.ep == tep, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=",
            opts.ep, " other than 1 or the actor's expert_model_parallel_size ", tep);
   in_place = in_place && dt == train.dtype() && (tep == 1 || opts.ep == tep);
@@ -98,6 +101,8 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const std::vector<const m
            "generates with the actor's causal LM");
   KS_CHECK(opts.ep == 1, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=", opts.ep,
            " under pipeline parallelism (the rollout runs the whole model: its copy holds every expert)");
+  KS_CHECK(first.ep().size() == 1 || first.tp().size() == 1, "not supported yet: rollout weights from an actor "
+           "under pipeline, expert (", first.ep().size(), ") and tensor (", first.tp().size(), ") parallelism at once");
   // Collective over pp: every rank learns each parameter's owner stage.
   auto pipe = model::pipeline_params(chunks);
   KS_CHECK(pipe.is_ok(), "RolloutWeights (pipeline parallel): ", pipe.status().message());
@@ -161,8 +166,6 @@ void RolloutWeights::refresh_pipelined() {
 }
 
 void RolloutWeights::list_expert_parallel_sources() {
-  KS_CHECK(train_.tp().size() == 1, "RolloutWeights: expert parallelism with training tp ", train_.tp().size(),
-           " > 1 is not built");
   std::map<std::string, model::Param*> mine;
   for (model::Param* p : state_of(train_)) mine[p->name] = p;
   std::map<std::string, model::RoutedExpertTensor> experts;
@@ -190,6 +193,7 @@ void RolloutWeights::list_expert_parallel_sources() {
 
 void RolloutWeights::refresh_expert_parallel() {
   comm::ProcessGroup& rtp = copy_->tp();
+  comm::ProcessGroup& ttp = train_.tp();
   // The smaller dtype on the wire, as refresh_pipelined.
   const DType wire = dtype_size(copy_->dtype()) < dtype_size(train_.dtype()) ? copy_->dtype() : train_.dtype();
   for (size_t i = 0; i < dst_.size(); ++i) {
@@ -198,10 +202,15 @@ void RolloutWeights::refresh_expert_parallel() {
       d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
                                MemCategory::Params);
     const model::RoutedExpertTensor& e = experts_[i];
-    if (e.owner < 0) {  // every ep rank holds it (tp 1: the full tensor)
-      parallel::cut_shard_into(src_[i]->weight, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
+    if (e.owner < 0) {  // every ep rank holds it (under tp its shard: gathered over the training tp group)
+      const model::Param& s = *src_[i];
+      last_.bytes_received +=
+          parallel::reshard_tensor(ttp, s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(), d.weight, s.name)
+              .received;
     } else {  // collective over the ep group, in dst_'s order on every rank
-      const Tensor buf = model::broadcast_expert_tensor(train_, e, src_[i] ? src_[i]->weight : Tensor(), wire);
+      // Under tp the owners (a whole tp group: etp = tp) first gather it over tp.
+      const Tensor mine = !src_[i] ? Tensor() : ttp.size() > 1 ? train_.full_tensor(*src_[i]) : src_[i]->weight;
+      const Tensor buf = model::broadcast_expert_tensor(train_, e, mine, wire);
       if (e.owner != train_.ep().rank()) last_.bytes_received += int64_t(buf.nbytes());
       parallel::cut_shard_into(buf, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
     }

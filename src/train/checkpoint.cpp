@@ -177,8 +177,9 @@ Result<int64_t> checkpoint_step_of(const std::string& path) {
 
 Status load_weights_into(model::CausalLM& model, const std::string& dir) {
   KS_ASSIGN(auto src, io::WeightSource::open_dir(dir));
-  const int tp = model.tp().size(), rank = model.tp().rank();
   for (model::Param* p : model.state_tensors()) {  // the params and the f32 buffers (MoE correction biases)
+    const comm::ProcessGroup& g = model.shard_group(*p);  // a routed expert's shard is over etp
+    const int tp = g.size(), rank = g.rank();
     if (tp == 1) {
       KS_ASSIGN(Tensor t, src.load(p->name, p->weight.shape(), p->weight.dtype(), MemCategory::Other));
       p->weight.copy_from(t);

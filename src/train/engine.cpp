@@ -92,10 +92,10 @@ std::string num(double v) {
 
 TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   dp_group_ = opt_.parallel.dp ? opt_.parallel.dp : comm::local_group("dp");
-  const bool ep = model_.ep().size() > 1;
-  if (ep && model_.tp().size() > 1)
-    KS_FAIL(opt_.name, ": not supported yet: expert parallelism (expert_model_parallel_size ", model_.ep().size(),
-            ") with tensor parallelism; train it with data and pipeline parallelism");
+  // The routed experts take their own data-parallel group (Megatron's expert
+  // DDP) under expert parallelism, and when expert_tensor_parallel_size
+  // splits them over another group than tp (their replicas are then not the dense ones').
+  const bool ep = model_.ep().size() > 1 || model_.experts_split_apart();  // the experts apart
   if (ep) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
@@ -205,9 +205,16 @@ optim::ClipResult TrainingEngine::reduce_and_clip_experts() {
   // element once: the squares of the edp-owned shards summed over edp (with
   // the distributed optimizer; else each edp rank holds them all), then over
   // the ep group (other experts), then the stages (other layers), in double.
+  // Under tp each rank holds its shard of the dense weights (the replicated
+  // ones count on tp rank 0) and under etp of every expert: the squares are
+  // summed over those groups too.
   comm::ProcessGroup* pp = model_.pp().size() > 1 ? &model_.pp() : nullptr;
-  const double dense = dp_->grad_norm(nullptr, pp);
-  double experts = parallel::sum_over(model_.ep(), edp_ ? edp_->grad_sq(nullptr) : 0.0);
+  comm::ProcessGroup* tp = model_.tp().size() > 1 ? &model_.tp() : nullptr;
+  const double dense = dp_->grad_norm(tp, pp);
+  // (A stage without MoE layers holds no experts on any of its tp ranks.)
+  // The experts' shards are over etp (tp unless expert_tensor_parallel_size says otherwise).
+  comm::ProcessGroup* etp = model_.etp().size() > 1 ? &model_.etp() : nullptr;
+  double experts = parallel::sum_over(model_.ep(), edp_ ? edp_->grad_sq(etp) : 0.0);
   if (pp) experts = parallel::sum_over(*pp, experts);
   optim::ClipResult clip;
   clip.norm = std::sqrt(dense * dense + experts);

@@ -37,6 +37,15 @@ bool all_ok(bool ok, comm::ProcessGroup& tp, comm::ProcessGroup& dp) {
   return v == 1;
 }
 
+// The layout-independent file gathers each expert whole over its tp group and
+// the ep group: not yet over an etp group other than tp (the same answer on every rank).
+Status check_expert_layout(const model::CausalLM& m, const std::string& dir) {
+  if (m.experts_split_apart())
+    return KS_ERR(dir, ": not supported yet: optimizer checkpoints with expert_tensor_parallel_size ",
+                  m.etp().size(), " other than tensor_model_parallel_size ", m.tp().size());
+  return Status::ok();
+}
+
 std::string num(double v) {
   std::ostringstream os;
   os.precision(17);
@@ -112,7 +121,7 @@ OwnedPiece owned_piece(const optim::AdamW& opt, const Tensor& v_clean, size_t i)
   return p;
 }
 
-// Expert parallelism (tp 1): every routed expert's state onto the writer's
+// Expert parallelism: every routed expert's state onto the writer's
 // list in routed_expert_tensors' order. The experts' optimizer may be sharded
 // over the expert-data-parallel group (the distributed optimizer): each
 // expert is first assembled on edp rank 0 (collective over edp), then the
@@ -121,7 +130,6 @@ OwnedPiece owned_piece(const optim::AdamW& opt, const Tensor& v_clean, size_t i)
 // holding it. Collective over edp, then over the ep group of edp rank 0.
 void append_expert_states(const TrainingEngine& engine, bool writer, std::vector<io::NamedTensor>& out) {
   const model::CausalLM& model = engine.model();
-  KS_CHECK(model.tp().size() == 1, "optimizer checkpoint under expert parallelism: tp 1 expected");
   const std::vector<model::RoutedExpertTensor> experts = model::routed_expert_tensors(model);
   if (experts.empty()) return;  // a stage without MoE layers
   const optim::AdamW* opt = engine.expert_optimizer();
@@ -152,10 +160,17 @@ void append_expert_states(const TrainingEngine& engine, bool writer, std::vector
   for (const model::RoutedExpertTensor& t : experts) {
     OwnedPiece p;
     if (t.local) {
+      // Under tp (etp = tp) each owner holds its shard: gathered whole over the
+      // tp group first (its ranks own the same experts, all at edp rank 0).
       p = whole.at(t.name);
-      p.m = p.m.view(t.full_shape);
-      p.v = p.v.view(t.full_shape);
-      if (has_master) p.w = p.w.view(t.full_shape);
+      comm::ProcessGroup& etp = model.etp();
+      const auto whole_of = [&](const Tensor& piece) {
+        const Tensor local = piece.view(t.local->weight.shape());
+        return etp.size() == 1 ? local : parallel::gather_tensor(etp, local, t.local->shard, t.full_shape);
+      };
+      p.m = whole_of(p.m);
+      p.v = whole_of(p.v);
+      if (has_master) p.w = whole_of(p.w);
     }
     const Tensor fm = model::broadcast_expert_tensor(model, t, p.m, DType::F32);
     const Tensor fv = model::broadcast_expert_tensor(model, t, p.v, DType::F32);
@@ -172,6 +187,7 @@ void append_expert_states(const TrainingEngine& engine, bool writer, std::vector
 Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string& dir,
                                  const std::map<std::string, std::string>& extra_metadata) {
   const model::CausalLM& model = engine.model();
+  KS_TRY(check_expert_layout(model, dir));
   comm::ProcessGroup& tp = model.tp();
   comm::ProcessGroup& dp = engine.dp_group();
   const optim::AdamW& opt = engine.optimizer();
@@ -391,10 +407,10 @@ Status load_legacy(TrainingEngine& engine, const std::string& dir, std::map<std:
 // then its owned range of the flat space.
 void restore_slots(optim::AdamW& opt, const model::CausalLM& model, const std::vector<SlotSource>& src,
                    int64_t step) {
-  comm::ProcessGroup& tp = model.tp();
   for (size_t i = 0; i < opt.params().size(); ++i) {
     const optim::ParamSlot& slot = opt.params()[i];
     const model::Param& p = *model.find_param(slot.name);
+    comm::ProcessGroup& tp = model.shard_group(p);  // a routed expert's shard is over etp
     const int64_t off = opt.offsets()[i];
     const auto [lo, hi] = opt.owned_of(i);
     // (vocabulary padding rows zero)
@@ -440,6 +456,7 @@ Status load_local(TrainingEngine& engine, const std::string& dir, std::map<std::
 
 Status load_optimizer_checkpoint(TrainingEngine& engine, const std::string& dir,
                                  std::map<std::string, std::string>* metadata) {
+  KS_TRY(check_expert_layout(engine.model(), dir));
   comm::ProcessGroup& tp = engine.model().tp();
   comm::ProcessGroup& dp = engine.dp_group();
   Status st;

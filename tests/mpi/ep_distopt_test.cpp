@@ -55,34 +55,6 @@ model::ModelOptions moe_options(const std::string& c, DType dt) {
   return o;
 }
 
-// A folder every rank sees (rank 0's pid), fresh.
-std::string shared_dir(const std::string& name) {
-  comm::ProcessGroup& w = world_group();
-  int32_t pid = int32_t(::getpid());
-  w.broadcast(&pid, 1, DType::I32, 0);
-  const fs::path d = fs::temp_directory_path() / ("kestrel_ep_distopt_" + std::to_string(pid)) / name;
-  if (w.rank() == 0) {
-    fs::remove_all(d);
-    fs::create_directories(d);
-  }
-  w.barrier();
-  return d.string();
-}
-
-// The tensors of a stage file: name -> (shape, f32 values).
-std::map<std::string, std::pair<Shape, std::vector<double>>> read_state(const std::string& dir) {
-  std::map<std::string, std::pair<Shape, std::vector<double>>> out;
-  auto f = io::SafetensorsFile::open(dir + "/" + train::optimizer_stage_file_name(0));
-  EXPECT_TRUE(f.is_ok()) << f.status().message();
-  if (!f.is_ok()) return out;
-  for (const io::TensorInfo& info : f.value()->tensors()) {
-    auto t = f.value()->get(info.name);
-    EXPECT_TRUE(t.is_ok()) << info.name;
-    if (t.is_ok()) out[info.name] = {info.shape, to_double(t.value())};
-  }
-  return out;
-}
-
 // Two steps on micro-batches `mine` of the four, then the optimizer state into `dir`.
 void train2_and_save(train::TrainingEngine& e, const std::vector<int>& mine, const std::string& dir) {
   const GoldenMicroBatches g = golden_micro_batches(mine);
@@ -161,7 +133,7 @@ TEST(EpDistOpt, CheckpointMovesBetweenOneProcessAndEp2Dp2) {
       SCOPED_TRACE(what);
       model::ModelOptions o = moe_options(c, dt);
       // One process (on every rank alike; rank 0's folder is the one read back).
-      const std::string one_dir = shared_dir("one");
+      const std::string one_dir = shared_dir("kestrel_ep_distopt_", "one");
       {
         auto m = model::CausalLM::load(golden_model(c), o);
         ASSERT_TRUE(m.is_ok()) << m.status().message();
@@ -175,7 +147,7 @@ TEST(EpDistOpt, CheckpointMovesBetweenOneProcessAndEp2Dp2) {
       w.barrier();
       o.parallel.ep = g.ep;
       // EP2 x DP2 distopt writes the same names and shapes, the state close to one process's (f32).
-      const std::string ep_dir = shared_dir("ep");
+      const std::string ep_dir = shared_dir("kestrel_ep_distopt_", "ep");
       {
         auto m = model::CausalLM::load(golden_model(c), o);
         ASSERT_TRUE(m.is_ok()) << m.status().message();
@@ -195,7 +167,7 @@ TEST(EpDistOpt, CheckpointMovesBetweenOneProcessAndEp2Dp2) {
         }
       }
       // One process's file scattered into EP2 x DP2 distopt and gathered again: bit for bit.
-      const std::string again = shared_dir("again");
+      const std::string again = shared_dir("kestrel_ep_distopt_", "again");
       {
         auto m = model::CausalLM::load(golden_model(c), o);
         ASSERT_TRUE(m.is_ok()) << m.status().message();

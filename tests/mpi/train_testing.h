@@ -5,11 +5,17 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "common/testing.h"
+#include "io/safetensors.h"
+#include "mpi_testing.h"
+#include "train/optimizer_checkpoint.h"
 #include "train/engine.h"
 #include "train/token_objective.h"
 
@@ -107,6 +113,34 @@ inline double expect_equal_to_one_process(const TrainResult& r, const TrainResul
     EXPECT_LE(e, 1e-5) << what << ": " << name;
   }
   return worst;
+}
+
+// A folder every rank sees (rank 0's pid), fresh.
+inline std::string shared_dir(const std::string& prefix, const std::string& name) {
+  comm::ProcessGroup& w = world_group();
+  int32_t pid = int32_t(::getpid());
+  w.broadcast(&pid, 1, DType::I32, 0);
+  const std::filesystem::path d = std::filesystem::temp_directory_path() / (prefix + std::to_string(pid)) / name;
+  if (w.rank() == 0) {
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(d);
+  }
+  w.barrier();
+  return d.string();
+}
+
+// The tensors of a stage file: name -> (shape, f32 values).
+inline std::map<std::string, std::pair<Shape, std::vector<double>>> read_state(const std::string& dir) {
+  std::map<std::string, std::pair<Shape, std::vector<double>>> out;
+  auto f = io::SafetensorsFile::open(dir + "/" + train::optimizer_stage_file_name(0));
+  EXPECT_TRUE(f.is_ok()) << f.status().message();
+  if (!f.is_ok()) return out;
+  for (const io::TensorInfo& info : f.value()->tensors()) {
+    auto t = f.value()->get(info.name);
+    EXPECT_TRUE(t.is_ok()) << info.name;
+    if (t.is_ok()) out[info.name] = {info.shape, to_double(t.value())};
+  }
+  return out;
 }
 
 }  // namespace kestrel::testing

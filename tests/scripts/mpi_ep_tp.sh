@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Tensor parallelism of the MoE and MLA layers under mpirun
+# (tests/mpi/ep_tp_test.cpp) with 2 and 4 ranks: the etp exchange's gather
+# and reduce-scatter deliver every rank's rows and are adjoint; 3 AdamW steps
+# of the tiny Qwen3-MoE, DeepSeek-V3, Qwen2-MoE and DeepSeek-V2 goldens under
+# TP2 (sequence parallel; Qwen3-MoE also with capacity 1 padded; at 2 ranks
+# also the gradients of one forward/backward, with and without capacity),
+# ETP2 at TP1, ETP1 at TP2, TP2 x DP2, EP2 x TP2 (each expert's FFN split over
+# the tp group; also with the distributed optimizer), EP2 with ETP2 and EP2 x
+# TP2 with ETP1 equal one process; saving an HF folder and the rollout's
+# whole-model copy under TP2 and EP2 x TP2 hold every tensor bit for bit; the
+# layout-independent optimizer checkpoint moves between one process and EP2 x
+# TP2 with the distributed optimizer (training: losses and every parameter
+# gathered whole within 1e-5 of scale, the correction biases bit for bit).
+# Checks that the tests ran.
+# usage: bash tests/scripts/mpi_ep_tp.sh <kestrel-binary> <build-dir>
+set -euo pipefail
+BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_ep_tp "$BUILD"
+BIN="$BUILD/mpi_tests"
+[[ -x "$BIN" ]] || { echo "mpi_ep_tp: $BIN not found; build the mpi_tests target" >&2; exit 1; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+for np in 2 4; do
+  if ! timeout -k 5 600 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='EpTp.*' \
+       --gtest_color=no >"$W/log$np.txt" 2>&1; then
+    tail -40 "$W/log$np.txt" >&2
+    echo "mpi_ep_tp: FAILED with $np ranks" >&2
+    exit 1
+  fi
+  tests="EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor"
+  [[ $np == 2 ]] && tests="$tests EpTp.GradientsEqualOneProcess"
+  [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2"
+  for t in $tests; do
+    grep -q "\[       OK \] $t " "$W/log$np.txt" || { echo "mpi_ep_tp: $t did not run with $np ranks" >&2; exit 1; }
+  done
+  grep "\[ measured \]" "$W/log$np.txt" || true
+done
+echo "mpi_ep_tp: OK (etp exchange; TP2 gradients; TP2, ETP2, TP2 x DP2, EP2 x TP2, EP2 with ETP2 train equal to one process)"
