@@ -120,6 +120,10 @@ class BlockExec {
   // parallelism, each rank's Tl rows its share of the routed tokens. Null:
   // every row is this rank's.
   comm::ProcessGroup* seq_tp = nullptr;
+  // The tp group when every tp rank holds every row (the rollout: no sequence
+  // parallelism): the MoE layer then runs each expert's shard (etp = tp) on
+  // all rows and all-reduces its partial output. Null at tp = 1 and in training.
+  comm::ProcessGroup* replicated_tp = nullptr;
   // The expert-tensor-parallel group (BlockDims::etp > 1; ModelParallel::etp):
   // the rows of its ranks' experts are gathered to every shard and the
   // partial outputs reduce-scattered back (parallel/etp_dispatch.h). Null = size 1.

@@ -255,12 +255,17 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   const int64_t Tp = ex.Tp, Tr = ex.real_tokens(), D = dims_.D, Fe = Fe_ / etp_, Fs = Fs_ / tp_;
   const DType dt = dims_.dtype;
   comm::ProcessGroup* tp = ex.seq_tp;
-  KS_CHECK((tp_ > 1) == (tp != nullptr) && (!tp || tp->size() == tp_), "layer ", layer_, ": the MoE layer of a "
-           "model with tensor_model_parallel_size ", tp_, " runs with sequence parallelism over its tp group (the "
-           "rollout runs MoE models at tp = 1)");
-  KS_CHECK((etp_ > 1) == (ex.etp != nullptr) && (!ex.etp || ex.etp->size() == etp_), "layer ", layer_,
+  // Under tp: sequence parallelism (training; each rank its rows), or every
+  // row on every rank (the rollout; the experts split over that same group).
+  comm::ProcessGroup* rep = ex.replicated_tp;
+  KS_CHECK(tp_ == 1 || (tp && tp->size() == tp_) || (rep && rep->size() == tp_), "layer ", layer_,
+           ": a mixture-of-experts model trains with tensor_model_parallel_size ", tp_, " under sequence "
+           "parallelism only (as in Megatron): set actor_rollout_ref.actor.megatron.sequence_parallel=true");
+  KS_CHECK(!rep || etp_ == tp_, "layer ", layer_, ": not supported yet: a rollout with experts split over "
+           "expert_tensor_parallel_size ", etp_, " other than its tensor_model_parallel_size ", tp_);
+  KS_CHECK(rep || (etp_ > 1) == (ex.etp != nullptr) && (!ex.etp || ex.etp->size() == etp_), "layer ", layer_,
            ": experts split over expert_tensor_parallel_size ", etp_, " need the execution's etp group "
-           "(ModelParallel::etp; the rollout runs MoE models with whole experts)");
+           "(ModelParallel::etp)");
   MoeActivations& M = A.moe;
   std::tie(M.row_lo, M.row_hi) = own_rows(ex, Tr);
   route(ex, Tr == Tp ? x : x.slice_rows(0, Tr), A);
@@ -277,7 +282,7 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
     M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes, kind));
     M.xs = ep_dispatch(ex, A, M.xs);
   }
-  if (ex.etp) {  // every etp rank's rows of these experts: each rank runs its shard of the FFNs on all of them
+  if (ex.etp && !rep) {  // every etp rank's rows of these experts: each rank runs its shard of the FFNs on all of them
     M.etp = std::make_shared<parallel::EtpLayout>(
         parallel::etp_layout(*ex.etp, ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes));
     M.xs = parallel::etp_gather(*ex.etp, *M.etp, M.xs);
@@ -292,7 +297,8 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   ops::swiglu_fwd(M.gate, M.up, M.act);
   M.ys = act({Nr, D}, dt);
   ops::grouped_linear_fwd(M.act, gs, expert_weights(down), M.ys);
-  if (ex.etp) M.ys = parallel::etp_reduce_scatter(*ex.etp, *M.etp, M.ys);  // this rank's rows, summed over the shards
+  // This rank's rows summed over the shards (replicated rows: the partial sums stay, reduced with the output).
+  if (M.etp) M.ys = parallel::etp_reduce_scatter(*ex.etp, *M.etp, M.ys);
   if (ep_ > 1) M.ys = ep_combine(ex, A, M.ys);  // back to this rank's [N, D]
   Tensor out = ex.buffer(BlockBuf::Mlp, {ex.Tl, D}, dt);  // [Tl, D]
   if (!tp) {
@@ -315,7 +321,7 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
       M.sh_gate_logit = act({Tp, 1}, dt);
       ex.linear(x, sh_gate_logit.weight, nullptr, M.sh_gate_logit);
     }
-    if (!tp) {
+    if (!tp) {  // (replicated rows: sh_out, like the routed part, is this rank's partial sum)
       if (sh_gated_) ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, out);
       else ops::add(out, M.sh_out, out);
     } else {
@@ -327,9 +333,18 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
       ops::add(out, parallel::reduce_scatter_sequence(*tp, part), out);
     }
   }
+  if (rep) reduce_replicated(*rep, out);  // the routed and shared experts' partial sums
   // Activation-function recompute: the SwiGLU outputs are rebuilt in backward.
   if (A.rc.act) M.act = M.sh_act = Tensor();
   return out;
+}
+
+void MoeMlp::reduce_replicated(comm::ProcessGroup& tp, Tensor& out) const {
+  if (out.dtype() == DType::F32) return tp.all_reduce(out, comm::ReduceOp::Sum);
+  // bf16: the partial sums reduced in f32 and rounded once, as the rollout's row-parallel GEMMs do.
+  Tensor sum = out.to(DType::F32, MemCategory::Activations);
+  tp.all_reduce(sum, comm::ReduceOp::Sum);
+  out.copy_from(sum);
 }
 
 const std::vector<int64_t>& MoeMlp::expert_group_sizes(const MoeActivations& M) const {
@@ -349,6 +364,7 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   const std::vector<int64_t>& gs = expert_group_sizes(M);
   const int64_t Nr = M.xs.size(0);
   const DType dt = dims_.dtype;
+  KS_CHECK(!ex.replicated_tp, "internal: the MoE backward under tp runs with sequence parallelism");
   if (A.rc.act) {  // the forward's SwiGLU again, on the same gate/up
     M.act = act({Nr, Fe}, dt);
     ops::swiglu_fwd(M.gate, M.up, M.act);

@@ -27,7 +27,10 @@
 // (expert_tensor_parallel_size, by default the tp group; gate/up by output
 // rows, down by input columns), so the rows of the etp group's ranks are
 // gathered to every shard and the partial outputs reduce-scattered back
-// (parallel/etp_dispatch.h). Under expert parallelism
+// (parallel/etp_dispatch.h). The rollout (no sequence parallelism: every row
+// on every tp rank, BlockExec::replicated_tp) runs each expert's shard on all
+// rows and all-reduces the partial output with the shared experts'. Under
+// expert parallelism
 // (BlockDims::ep > 1) the permuted rows go to their experts' ranks and back
 // through MoeTrainOptions::dispatcher's exchange (all-to-all, optionally
 // hierarchical, or all-gather); every choice computes the same bits.
@@ -88,6 +91,8 @@ class MoeMlp final : public MlpBlock {
   const comm::HierarchicalA2a* ep_hier(const BlockExec& ex) const;
   // This rank's rows [lo, hi) of the first `rows` (its sequence-parallel share under tp, else all).
   std::pair<int64_t, int64_t> own_rows(const BlockExec& ex, int64_t rows) const;
+  // All-reduces the MoE output's partial sums over tp (the rollout's replicated rows).
+  void reduce_replicated(comm::ProcessGroup& tp, Tensor& out) const;
   // The group sizes of the grouped GEMMs of this forward (after any ep / etp exchange).
   const std::vector<int64_t>& expert_group_sizes(const MoeActivations& M) const;
 

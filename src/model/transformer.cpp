@@ -125,11 +125,6 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   heads_ = parallel::tp_heads(cfg_.num_attention_heads, cfg_.num_key_value_heads, r, n);
   padded_vocab_ = parallel::padded_vocab_size(cfg_.vocab_size, opts_.make_vocab_size_divisible_by, n);
   vocab_ = parallel::vocab_range(padded_vocab_, r, n);
-  // Under tp the MoE layer routes each rank's share of the sequence-parallel
-  // rows (model/moe_mlp.h), as Megatron requires.
-  if (n > 1 && cfg_.moe.num_experts > 0 && !opts_.parallel.sequence_parallel)
-    KS_FAIL("a mixture-of-experts model (", io::arch_name(cfg_.arch), ") with tensor_model_parallel_size ", n,
-            " needs sequence_parallel (as in Megatron): set actor_rollout_ref.actor.megatron.sequence_parallel=true");
   if (cp_size() > 1 && (cfg_.moe.num_experts > 0 || cfg_.mla.enabled))
     KS_FAIL("not supported yet: context parallelism (context_parallel_size ", cp_size(), ") for ",
             io::arch_name(cfg_.arch), " (", cfg_.moe.num_experts > 0 ? "mixture-of-experts" : "latent attention",

@@ -67,6 +67,7 @@ class RolloutExec final : public model::BlockExec {
   RolloutExec(comm::ProcessGroup& tp, KVCache& kv, Tensor residual, WeightPacks* packs)
       : tp_(tp), kv_(kv), residual_(std::move(residual)), packs_(packs) {
     Tl = Tp = residual_.size(0);
+    if (tp_.size() > 1) replicated_tp = &tp_;
   }
   Tensor slots, cu_q, seq_lens, tables;  // i32 [T], [B+1], [B], [B, max_blocks]
   int64_t allocated = 0;                 // slot buffers allocated so far

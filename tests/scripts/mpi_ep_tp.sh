@@ -10,7 +10,9 @@
 # TP2 with ETP1 equal one process; saving an HF folder and the rollout's
 # whole-model copy under TP2 and EP2 x TP2 hold every tensor bit for bit; the
 # layout-independent optimizer checkpoint moves between one process and EP2 x
-# TP2 with the distributed optimizer (training: losses and every parameter
+# TP2 with the distributed optimizer; the rollout engine under TP2 and TP4
+# (all four models) and on the actor's EP2 x TP2 layout gives one process's
+# greedy tokens (log-probs 1e-5) (training: losses and every parameter
 # gathered whole within 1e-5 of scale, the correction biases bit for bit).
 # Checks that the tests ran.
 # usage: bash tests/scripts/mpi_ep_tp.sh <kestrel-binary> <build-dir>
@@ -30,11 +32,12 @@ for np in 2 4; do
     exit 1
   fi
   tests="EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor"
+  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess"
   [[ $np == 2 ]] && tests="$tests EpTp.GradientsEqualOneProcess"
-  [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2"
+  [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2 EpTp.RolloutUnderEp2Tp2EqualsOneProcess"
   for t in $tests; do
     grep -q "\[       OK \] $t " "$W/log$np.txt" || { echo "mpi_ep_tp: $t did not run with $np ranks" >&2; exit 1; }
   done
   grep "\[ measured \]" "$W/log$np.txt" || true
 done
-echo "mpi_ep_tp: OK (etp exchange; TP2 gradients; TP2, ETP2, TP2 x DP2, EP2 x TP2, EP2 with ETP2 train equal to one process)"
+echo "mpi_ep_tp: OK (etp exchange; TP2 gradients; TP2, ETP2, TP2 x DP2, EP2 x TP2, EP2 with ETP2 train equal to one process; saving, rollout copy and optimizer checkpoints under EP x TP; rollout under TP2, TP4 and EP2 x TP2)"
