@@ -3,8 +3,9 @@
 # (tests/mpi/ep_tp_test.cpp) with 2 and 4 ranks: the etp exchange's gather
 # and reduce-scatter deliver every rank's rows and are adjoint; 3 AdamW steps
 # of the tiny Qwen3-MoE, DeepSeek-V3, Qwen2-MoE and DeepSeek-V2 goldens under
-# TP2 (sequence parallel; Qwen3-MoE also with capacity 1 padded; at 2 ranks
-# also the gradients of one forward/backward, with and without capacity),
+# TP2 (sequence parallel; Qwen3-MoE also with capacity 1 padded), the loss,
+# log-probs and gradients of one forward/backward under TP2 (with and without
+# capacity), EP2 x TP2 and EP2 with ETP2,
 # ETP2 at TP1, ETP1 at TP2, TP2 x DP2, EP2 x TP2 (each expert's FFN split over
 # the tp group; also with the distributed optimizer), EP2 with ETP2 and EP2 x
 # TP2 with ETP1 equal one process; saving an HF folder and the rollout's
@@ -32,8 +33,7 @@ for np in 2 4; do
     exit 1
   fi
   tests="EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor"
-  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess"
-  [[ $np == 2 ]] && tests="$tests EpTp.GradientsEqualOneProcess"
+  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess EpTp.GradientsEqualOneProcess"
   [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2 EpTp.RolloutUnderEp2Tp2EqualsOneProcess"
   for t in $tests; do
     grep -q "\[       OK \] $t " "$W/log$np.txt" || { echo "mpi_ep_tp: $t did not run with $np ranks" >&2; exit 1; }
