@@ -227,6 +227,9 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     l.cp_ulysses = l.cp > 1 ? parallel::cp_ulysses_degree(cps.algo, int(l.cp), int(cps.ulysses_degree)) : 1;
   }
   l.ep = aside_int(ctx.aside, M + "expert_model_parallel_size", c.get_int(M + "expert_model_parallel_size"));
+  // null: the experts are split like the attention (Megatron's default); train_inputs refuses other values
+  // until kestrel train runs them (cli/options_ep.cpp), so a plan of them comes only from the library.
+  l.etp = c.is_null(M + "expert_tensor_parallel_size") ? 0 : c.get_int(M + "expert_tensor_parallel_size");
   l.sequence_parallel = in.sequence_parallel;
   l.distributed_optimizer = in.distributed_optimizer;
   int64_t world = ctx.world;
@@ -304,10 +307,11 @@ const char* kCategoryNames[] = {"Params", "Grads", "OptimizerState", "Activation
 std::string layout_line(const rl::PlanInputs& in) {
   const rl::PlanLayout& l = in.layout;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "tp %lld%s pp %lld%s cp %lld ep %lld dp %lld%s", (long long)l.tp,
+  std::snprintf(buf, sizeof buf, "tp %lld%s pp %lld%s cp %lld ep %lld%s dp %lld%s", (long long)l.tp,
                 l.sequence_parallel && l.tp > 1 ? " (sp)" : "", (long long)l.pp,
                 l.vpp > 1 ? (" vpp " + std::to_string(l.vpp)).c_str() : "", (long long)l.cp, (long long)l.ep,
-                (long long)l.dp, l.distributed_optimizer && l.dp > 1 ? " (distributed optimizer)" : "");
+                l.expert_tp() != l.tp ? (" etp " + std::to_string(l.expert_tp())).c_str() : "", (long long)l.dp,
+                l.distributed_optimizer && l.dp > 1 ? " (distributed optimizer)" : "");
   return buf;
 }
 
@@ -435,7 +439,7 @@ nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::
   j["pp_rank"] = p.shapes.pp_rank;
   j["dtype"] = dtype_name(in.dtype);
   const rl::PlanLayout& l = in.layout;
-  j["layout"] = {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}, {"dp", l.dp},
+  j["layout"] = {{"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"ep", l.ep}, {"etp", l.expert_tp()}, {"dp", l.dp},
                  {"sequence_parallel", l.sequence_parallel}, {"distributed_optimizer", l.distributed_optimizer}};
   j["recompute"] = in.recompute.describe();
   j["reuse_fp32_param"] = in.reuse_fp32_param;

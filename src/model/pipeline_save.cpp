@@ -125,10 +125,10 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
                             size_t max_shard_bytes) {
   const bool whole = chunks.size() == 1 && chunks[0] && chunks[0]->pp().size() == 1;
   for (const CausalLM* c : chunks)
-    if (c && c->ep().size() > 1 && ((whole && max_shard_bytes != kHfShardBytes) || c->tp().size() > 1))
+    if (c && c->ep().size() > 1 && ((whole && max_shard_bytes != kHfShardBytes) || (!whole && c->tp().size() > 1)))
       return KS_ERR(dir, ": not supported yet: saving a model under expert parallelism (expert_model_parallel_size ",
-                    c->ep().size(), ") with tensor parallelism or, without pipeline stages, a shard limit other "
-                    "than ", kHfShardBytes, " bytes");
+                    c->ep().size(), ") with tensor and pipeline parallelism at once or, without pipeline stages, a "
+                    "shard limit other than ", kHfShardBytes, " bytes");
   if (whole && max_shard_bytes == kHfShardBytes) return chunks[0]->save(dir, disk_dtype);
   KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));
   const CausalLM& any = *chunks[0];

@@ -23,13 +23,23 @@ int64_t total_of(const CategoryBytes& b) {
   return t;
 }
 
-int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp, int64_t ep) {
+int64_t PlanLayout::edp() const {
+  const int64_t experts = expert_tp() * std::max<int64_t>(1, ep);
+  return std::max<int64_t>(1, tp * cp * dp / experts);
+}
+
+int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp, int64_t ep, int64_t etp) {
   const int n = int(std::max<int64_t>(1, tp));
+  const int64_t en = etp > 0 ? etp : n;  // the group a routed expert is split over
   const int64_t D = c.hidden_size;
   int64_t p = 2 * D;  // input_layernorm, post_attention_layernorm
-  if (c.mla.enabled) {  // model/mla_attention.cpp (tp = 1)
+  if (c.mla.enabled) {
+    // model/mla_attention.cpp: q_b_proj (or q_proj) and kv_b_proj column-split
+    // (H / tp heads), o_proj row-split; q_a_proj, kv_a_proj_with_mqa, their
+    // norms and every bias replicated (o_proj's bias is a row-parallel one).
     const io::MlaConfig& m = c.mla;
-    const int64_t H = c.num_attention_heads, qk = m.qk_head_dim(), ql = m.q_lora_rank, lat = m.kv_lora_rank + m.qk_rope_head_dim;
+    const int64_t H = c.num_attention_heads / n, qk = m.qk_head_dim(), ql = m.q_lora_rank;
+    const int64_t lat = m.kv_lora_rank + m.qk_rope_head_dim;
     p += ql > 0 ? D * ql + ql + ql * H * qk : D * H * qk;  // q_a_proj, q_a_layernorm, q_b_proj | q_proj
     p += D * lat + m.kv_lora_rank + m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim);  // kv_a, its norm, kv_b
     p += H * m.v_head_dim * D;  // o_proj
@@ -42,10 +52,13 @@ int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp, int64_
     if (c.o_proj_bias) p += D;
     if (c.qk_norm) p += 2 * c.head_dim;
   }
-  if (c.is_moe_layer(layer)) {  // model/moe_mlp.cpp (tp = 1): router, E (/ ep) experts, shared experts, shared gate
+  if (c.is_moe_layer(layer)) {
+    // model/moe_mlp.cpp: the router [E, D] replicated; E / ep routed experts,
+    // each gate/up [Fe/etp, D] and down [D, Fe/etp]; the shared experts
+    // column/row-split over tp; Qwen2-MoE's shared gate [1, D] replicated.
     const io::MoeConfig& m = c.moe;
-    p += m.num_experts * D + m.num_experts / std::max<int64_t>(1, ep) * 3 * D * m.moe_intermediate_size;
-    if (m.shared_intermediate_size > 0) p += 3 * D * m.shared_intermediate_size + (m.shared_expert_gate ? D : 0);
+    p += m.num_experts * D + m.num_experts / std::max<int64_t>(1, ep) * 3 * D * (m.moe_intermediate_size / en);
+    if (m.shared_intermediate_size > 0) p += 3 * D * (m.shared_intermediate_size / n) + (m.shared_expert_gate ? D : 0);
   } else {
     const int64_t F = c.intermediate_size / n;
     p += 3 * F * D + (c.mlp_bias ? 2 * F + D : 0);
@@ -53,13 +66,17 @@ int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp, int64_
   return p;
 }
 
-PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head, int64_t ep) {
+PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head, int64_t ep, int64_t etp) {
   const io::ModelConfig& c = in.model;
   PlanShapes s;
   const int n = int(std::max<int64_t>(1, tp));
   const parallel::TpHeads h = parallel::tp_heads(c.num_attention_heads, c.num_key_value_heads, 0, n);
+  s.tp = n;
+  s.etp = etp > 0 ? etp : n;
   s.D = c.hidden_size;
   s.F = c.intermediate_size / n;
+  s.Fe = c.moe.moe_intermediate_size / s.etp;
+  s.Fs = c.moe.shared_intermediate_size / n;
   s.hd = c.head_dim;
   s.H = h.n_heads;
   s.Hkv = h.n_kv_heads;
@@ -94,7 +111,7 @@ PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_
   for (size_t r = 0; r < ranks.size(); ++r) {
     const bool first = r == 0, last = r + 1 == ranks.size();
     int64_t params = (first || (last && tied_head) ? embed : 0) + (last ? head : 0);
-    for (int64_t i : ranks[r]) params += layer_params(c, i, n, ep);
+    for (int64_t i : ranks[r]) params += layer_params(c, i, n, ep, s.etp);
     if (params > best) {
       best = params;
       s.pp_rank = int64_t(r);
@@ -115,9 +132,9 @@ LayerFlops layer_flops(const io::ModelConfig& c, int64_t layer, int64_t tp) {
   const int n = int(std::max<int64_t>(1, tp));
   const double D = double(c.hidden_size);
   LayerFlops f;
-  if (c.mla.enabled) {
+  if (c.mla.enabled) {  // under tp each rank's H / tp heads; the replicated down projections on every rank
     const io::MlaConfig& m = c.mla;
-    const double H = double(c.num_attention_heads), qk = double(m.qk_head_dim()), ql = double(m.q_lora_rank);
+    const double H = double(c.num_attention_heads / n), qk = double(m.qk_head_dim()), ql = double(m.q_lora_rank);
     const double kvl = double(m.kv_lora_rank), vd = double(m.v_head_dim);
     f.per_token = 2 * (m.q_lora_rank > 0 ? D * ql + ql * H * qk : D * H * qk)  // q
                   + 2 * D * (kvl + double(m.qk_rope_head_dim))                 // kv_a_proj_with_mqa
@@ -131,8 +148,11 @@ LayerFlops layer_flops(const io::ModelConfig& c, int64_t layer, int64_t tp) {
     f.per_pair = 4 * q;
   }
   if (c.is_moe_layer(layer)) {
+    // Under tp every rank routes every token; the routed experts' work is
+    // split over tp (each rank's rows, or every row of the etp group on Fe /
+    // etp), the shared experts' too; the router and the shared gate are whole.
     const io::MoeConfig& m = c.moe;
-    const double Fe = double(m.moe_intermediate_size), Fs = double(m.shared_intermediate_size);
+    const double Fe = double(m.moe_intermediate_size) / n, Fs = double(m.shared_intermediate_size / n);
     f.per_token += 2 * D * (double(m.num_experts)                    // router
                             + double(m.top_k) * 3 * Fe               // the k routed experts a token visits
                             + 3 * Fs + (m.shared_expert_gate ? 1 : 0));  // shared experts (and Qwen2-MoE's gate)

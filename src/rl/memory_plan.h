@@ -26,7 +26,9 @@
 // kernel's none), parallel/data_parallel.cpp (the flat f32 gradient buffer
 // padded to dp) and optim/adamw.h (m, v, masters). tests/rl/memory_plan_test.cpp
 // (dense) and tests/rl/memory_plan_moe_test.cpp (MoE/MLA) hold the prediction
-// against the allocator's measured peaks, equal to the byte.
+// against the allocator's measured peaks, equal to the byte, in one process;
+// tests/mpi/moe_tp_memory_test.cpp under tp, etp, dp and ep (every category
+// of every rank, the largest rank's activations).
 //
 // Mixture-of-experts and latent-attention models (Qwen2/3-MoE, DeepSeek-V2/V3)
 // are planned layer by layer (io::ModelConfig::is_moe_layer): a MoE layer's
@@ -39,8 +41,27 @@
 // to capacity. The CPU backend's bf16 widening of the grouped GEMM depends on
 // the largest expert group; the plan takes its bound (every token of the
 // micro-batch on one expert, or the capacity), which is exact when the
-// routing puts every token on the same k experts. MoE and MLA run at tp = 1
-// and ep = 1 only: other layouts are refused by validate_plan_inputs.
+// routing puts every token on the same k experts.
+//
+// Under tensor parallelism (model/mla_attention.cpp, model/moe_mlp.cpp) an
+// MLA layer holds H/tp heads: q_b_proj (or q_proj) and kv_b_proj split by
+// output rows, o_proj by input columns, its down projections and their norms
+// replicated (their f32 partial gradients in the backward), its buffers
+// [Tp, ...] of local heads. A MoE layer (sequence parallel, as Megatron
+// requires) routes every real token on every tp rank (router tensors [T, E],
+// [T, k]), runs the experts on its own sequence-parallel rows (Tl*k pairs on
+// all but the last rank, which holds fewer), gathers the rows of the
+// expert-tensor-parallel group (etp, default tp: Na rows, each expert's FFN
+// split to Fe/etp) and reduce-scatters the outputs back; its shared experts
+// are column/row parallel over tp ([Tp, Fs/tp]). The activations are the
+// largest rank's. Router, shared_expert_gate and replicated MLA tensors count
+// fully on every rank; routed experts kept apart from the dense parameters
+// (ep > 1, or etp != tp) train over the expert data-parallel group. Expert
+// parallelism's dispatch is planned at balanced routing (each rank's tokens
+// spread evenly over the ep ranks): a skewed routing sends a rank more rows
+// than planned. The rollout of MoE and MLA models under tp splits heads and
+// experts like the dense tensors (its MLA latent cache is whole on every rank);
+// that phase's terms are not yet held against the allocator at rollout tp > 1.
 //
 // Pipeline parallelism is built: the states are those of the pipeline rank
 // holding the most parameters (parallel::pipeline_chunks's split, uneven
@@ -68,6 +89,12 @@ namespace kestrel::rl {
 // Process layout of the actor (Megatron order tp-cp-ep-dp-pp).
 struct PlanLayout {
   int64_t tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1, dp = 1;
+  // expert_tensor_parallel_size: each routed expert's FFN is split over etp
+  // ranks (gate/up by rows, down by columns); 0 = tp, Megatron's default.
+  int64_t etp = 0;
+  int64_t expert_tp() const { return etp > 0 ? etp : tp; }
+  // Megatron's expert data-parallel size (parallel::ProcessGrid::edp): world / (etp x ep x pp).
+  int64_t edp() const;
   // Context parallelism's Ulysses degree (parallel::cp_ulysses_degree): cp for
   // ulysses_cp_algo, 1 for megatron_cp_algo (ring), the hybrid's
   // ulysses_degree_in_cp in between.
@@ -155,7 +182,9 @@ int64_t total_of(const CategoryBytes& b);
 
 // Per-rank shapes of the actor on its tp rank (what CausalLM allocates).
 struct PlanShapes {
-  int64_t D = 0, F = 0, hd = 0, H = 0, Hkv = 0;  // F, H, Hkv local to the tp rank
+  int64_t D = 0, F = 0, hd = 0, H = 0, Hkv = 0;  // F, H, Hkv local to the tp rank (H: MLA's heads too)
+  int64_t tp = 1, etp = 1;  // the tp and expert-tp sizes these shapes are split by
+  int64_t Fe = 0, Fs = 0;   // a routed expert's FFN (moe_intermediate_size / etp), the shared experts' (/ tp)
   int64_t L = 0;          // layers on this pipeline stage
   int64_t V = 0;          // local vocabulary rows (padded vocab / tp)
   int64_t params = 0;     // elements of this rank's parameters
@@ -167,11 +196,16 @@ struct PlanShapes {
   int64_t pp_rank = 0;          // the pipeline rank planned (the one holding the most parameters)
 };
 // The shapes of the pipeline rank holding the most parameters (all layers at pp = 1).
-// ep: expert parallelism (each rank holds E / ep routed experts of every MoE layer).
-PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false, int64_t ep = 1);
-// Parameters of decoder layer `layer` on a tp rank: norms, attention (dense or
-// MLA), MLP (dense or router + E experts + shared experts + shared gate).
-int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp = 1, int64_t ep = 1);
+// ep: expert parallelism (each rank holds E / ep routed experts of every MoE
+// layer); etp: each expert's FFN split over etp ranks (0 = tp).
+PlanShapes plan_shapes(const PlanInputs& in, int64_t tp, int64_t pp, bool value_head = false, int64_t ep = 1,
+                       int64_t etp = 0);
+// Parameters of decoder layer `layer` on a tp rank, each tensor's shard as
+// CausalLM holds it (parallel::hf_shard_spec): norms, attention (dense or MLA:
+// q_b/q_proj, kv_b column-split, o_proj row-split, the rest replicated), MLP
+// (dense, or the replicated router, E / ep experts split over etp (0 = tp),
+// shared experts split over tp, the replicated shared gate).
+int64_t layer_params(const io::ModelConfig& c, int64_t layer, int64_t tp = 1, int64_t ep = 1, int64_t etp = 0);
 
 // Forward FLOPs of one decoder layer: per token (its GEMMs; a MoE layer the
 // router, the k routed experts and the shared experts a token uses, not all
@@ -276,9 +310,10 @@ struct MemoryPlan {
 // not build yet (cp, offload), notes the rest (ep on a dense model, a KV
 // share that holds no cache).
 MemoryPlan plan_memory(const PlanInputs& in);
-// Checks the layout against the model (divisibility of heads, ffn, layers,
-// world; the pipeline split; MoE/MLA models at tp = 1, ep = 1 and rollout tp
-// = 1) and returns an error naming the key or flag to change.
+// Checks the layout against the model (divisibility of heads, ffn, experts,
+// layers, world; the pipeline split; MoE models under tp with sequence
+// parallelism; the rollout's tp dividing the experts' FFNs; no cp for MoE/MLA)
+// and returns an error naming the key or flag to change.
 Status validate_plan_inputs(const PlanInputs& in);
 
 // A change that makes a plan fit, cheapest first.

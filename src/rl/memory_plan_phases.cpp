@@ -28,17 +28,17 @@ int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DTyp
   const int64_t D = rs.D;
   int64_t b = with_head ? pk(rs.V, D) : 0;  // lm_head
   for (int64_t layer : rs.layers) {
-    if (c.mla.enabled) {
+    if (c.mla.enabled) {  // this rank's heads
       const io::MlaConfig& m = c.mla;
-      const int64_t H = c.num_attention_heads, qk = m.qk_head_dim(), ql = m.q_lora_rank;
+      const int64_t H = rs.H, qk = m.qk_head_dim(), ql = m.q_lora_rank;
       b += ql > 0 ? pk(ql, D) + pk(H * qk, ql) : pk(H * qk, D);
       b += pk(m.kv_lora_rank + m.qk_rope_head_dim, D) + pk(D, H * m.v_head_dim);
     } else {
       b += pk(rs.H * rs.hd, D) + 2 * pk(rs.Hkv * rs.hd, D) + pk(D, rs.H * rs.hd);
     }
     if (c.is_moe_layer(layer)) {
-      const int64_t Fs = c.moe.shared_intermediate_size;
-      if (Fs > 0) b += 2 * pk(Fs, D) + pk(D, Fs);
+      const int64_t Fs = rs.Fs;  // this rank's share
+      if (c.moe.shared_intermediate_size > 0) b += 2 * pk(Fs, D) + pk(D, Fs);
     } else {
       b += 2 * pk(rs.F, D) + pk(D, rs.F);
     }
@@ -56,15 +56,16 @@ size_t cat(MemCategory c) { return size_t(c); }
 struct ModelStates {
   int64_t params = 0, grads = 0, optimizer = 0;
 };
-// expert_elems of the N are routed experts: under expert parallelism they
-// have their own DataParallel over the expert-data-parallel group (edp = dp /
-// ep ranks), whose distributed optimizer shards their state over edp, the
-// dense state over dp (train/engine.cpp).
+// expert_elems of the N are routed experts: under expert parallelism, or
+// with the experts split over another group than tp (etp != tp), they have
+// their own DataParallel over the expert-data-parallel group (edp = world /
+// (etp x ep x pp) ranks), whose distributed optimizer shards their state over
+// edp, the dense state over dp (train/engine.cpp).
 ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse_fp32_param, int64_t expert_elems) {
   const PlanLayout& l = in.layout;
   const int64_t a = int64_t(dtype_size(dt));
-  const bool distributed = l.dp > 1 || l.tp > 1 || l.ep > 1;  // the engine runs with DataParallel
-  const int64_t dense = N - expert_elems, edp = std::max<int64_t>(1, l.dp / std::max<int64_t>(1, l.ep));
+  const bool distributed = l.dp > 1 || l.tp > 1 || l.ep > 1 || l.expert_tp() > 1;  // the engine runs with DataParallel
+  const int64_t dense = N - expert_elems, edp = l.edp();
   auto padded_to = [](int64_t n, int64_t g) { return n > 0 ? ceil_div(n, g) * g : 0; };
   const int64_t padded = distributed ? padded_to(dense, l.dp) + padded_to(expert_elems, edp) : N;
   const bool distopt = l.distributed_optimizer && distributed;
@@ -82,11 +83,15 @@ ModelStates trained_states(const PlanInputs& in, int64_t N, DType dt, bool reuse
   return s;
 }
 
-// Elements of this rank's routed experts (gate, up, down of E / ep experts in each MoE layer of s).
+// Elements of this rank's routed experts when the engine keeps them apart
+// (their own DataParallel: ep > 1, or etp != tp): gate, up, down of E / ep
+// experts split over etp in each MoE layer of s; 0 when they train with the
+// dense parameters.
 int64_t routed_expert_elems(const PlanInputs& in, const PlanShapes& s) {
   const auto& m = in.model.moe;
-  if (m.num_experts <= 0 || in.layout.ep <= 1) return 0;
-  return s.moe_layers * (m.num_experts / in.layout.ep) * 3 * s.D * m.moe_intermediate_size;
+  const PlanLayout& l = in.layout;
+  if (m.num_experts <= 0 || (l.ep <= 1 && l.expert_tp() == l.tp)) return 0;
+  return s.moe_layers * (m.num_experts / std::max<int64_t>(1, l.ep)) * 3 * s.D * s.Fe;
 }
 
 int64_t rope_bytes(const PlanShapes& s) { return 4 * s.rope_rows * s.hd; }  // cos, sin f32 [rows, hd/2]
@@ -102,7 +107,7 @@ int64_t rollout_activations(const PlanShapes& s, const io::ModelConfig& c, const
   int64_t attn = 0, mlp = 0;
   if (c.mla.enabled) {
     const io::MlaConfig& m = c.mla;
-    const int64_t H = c.num_attention_heads, lat = m.kv_lora_rank + m.qk_rope_head_dim;
+    const int64_t H = s.H, lat = m.kv_lora_rank + m.qk_rope_head_dim;  // this rank's heads
     // q [T, H*qk], the q latent and its norm, [c_kv | k_pe] and its parts, the absorbed q [T, H*lat] and output [T, H*kv_lora], o_in [T, H*v]
     attn = a * T * (H * m.qk_head_dim() + 2 * m.q_lora_rank + 2 * lat + H * lat + H * m.kv_lora_rank + H * m.v_head_dim);
   } else {
@@ -112,9 +117,9 @@ int64_t rollout_activations(const PlanShapes& s, const io::ModelConfig& c, const
   }
   if (c.moe.num_experts > 0) {
     const io::MoeConfig& m = c.moe;
-    const int64_t N = T * m.top_k, Fs = m.shared_intermediate_size;
-    mlp = a * N * (2 * s.D + 3 * m.moe_intermediate_size) + 8 * T * m.num_experts + 16 * T * m.top_k + 4 * N +
-          (Fs > 0 ? a * T * (3 * Fs + s.D) : 0);  // routed rows; logits, scores; topk, routing
+    const int64_t N = T * m.top_k, Fs = s.Fs;  // each expert's and the shared experts' shares of this rank
+    mlp = a * N * (2 * s.D + 3 * s.Fe) + 8 * T * m.num_experts + 16 * T * m.top_k + 4 * N +
+          (m.shared_intermediate_size > 0 ? a * T * (3 * Fs + s.D) : 0);  // routed rows; logits, scores; topk, routing
   }
   mlp = std::max(mlp, 2 * a * T * s.F);  // a dense layer's gate, up
   int64_t b = a * T * 5 * s.D + attn + mlp + 4 * T;  // x, norm, o, x_mid, mlp out
@@ -145,7 +150,8 @@ void add_comm(MemoryPlan& p, std::string what, int64_t payload, double ring_fact
 
 // The tp and dp collectives of one step (parallel/tp_layers.cpp: forward
 // row-parallel reductions in f32, SP's all-gathers of the normed input in the
-// compute dtype, the backward's f32 reductions; parallel/data_parallel.cpp).
+// compute dtype, the backward's f32 reductions; the MoE layers' etp exchange
+// at balanced routing; parallel/data_parallel.cpp).
 void plan_comm(MemoryPlan& p, const PlanInputs& in, const PlanShapes& s) {
   const PlanLayout& l = in.layout;
   const int64_t a = int64_t(dtype_size(in.dtype));
@@ -166,6 +172,16 @@ void plan_comm(MemoryPlan& p, const PlanInputs& in, const PlanShapes& s) {
       add_comm(p, "tp reduce-scatter (actor update)", 4 * train_rows * D * (4 * L + 2), (tp - 1) / tp, mbs * (4 * L + 2));
     }
     add_comm(p, "tp all-reduce (scoring)", 4 * score_rows * D * (2 * L + 1), 2 * (tp - 1) / tp, 0);
+  }
+  const int64_t etp = l.expert_tp();
+  if (s.moe_layers > 0 && etp > 1) {
+    // The expert-tensor-parallel exchange of each MoE layer (parallel/etp_dispatch.h): the routed rows
+    // (k per token of this rank's share) gathered over etp and the outputs reduce-scattered back, in the
+    // compute dtype forward and f32 backward; each gathered buffer etp times a rank's rows.
+    const int64_t rows = ceil_div(train_rows, l.tp) * in.model.moe.top_k * etp;
+    const int64_t mbs = std::max<int64_t>(1, p.micro.micro_batches) * steps;
+    add_comm(p, "etp all-gather + reduce-scatter (actor update)", (2 * a + 8) * rows * s.D * s.moe_layers,
+             (double(etp) - 1) / double(etp), mbs * 4 * s.moe_layers);
   }
   if (l.dp > 1) {
     const int64_t N = s.params, padded = ceil_div(N, l.dp) * l.dp;
@@ -311,20 +327,38 @@ Status validate_plan_inputs(const PlanInputs& in) {
   if (!moe && l.ep > 1)
     return KS_ERR(M, "expert_model_parallel_size=", l.ep, " splits the routed experts of a mixture-of-experts model, "
                   "but ", io::arch_name(c.arch), " is dense; set it to 1");
+  if (l.etp < 0) return KS_ERR(M, "expert_tensor_parallel_size must be >= 1 or null, got ", l.etp);
   if (moe || mla) {
-    // model/transformer.cpp refuses tp > 1 for MoE and MLA layers; expert parallelism is not built.
     const std::string what = std::string(io::arch_name(c.arch)) + " (" +
                              (moe ? "mixture-of-experts" : "latent attention") + " layers)";
-    if (l.tp > 1)
-      return KS_ERR("not supported yet: ", M, "tensor_model_parallel_size=", l.tp, " for ", what,
-                    "; use tensor_model_parallel_size=1 (data and pipeline parallelism work)");
-    if (in.rollout.tp > 1)
-      return KS_ERR("not supported yet: actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout.tp, " for ",
-                    what, "; use 1");
-    if (moe && l.ep > 1 && (l.cp > 1 || l.vpp > 1))
+    // model/moe_mlp.cpp: a MoE layer trained under tp routes each rank's
+    // sequence-parallel rows, as Megatron requires.
+    if (moe && l.tp > 1 && !l.sequence_parallel)
+      return KS_ERR(M, "tensor_model_parallel_size=", l.tp, " for ", what, " needs sequence parallelism (as in "
+                    "Megatron): set ", M, "sequence_parallel=true");
+    const int64_t etp = l.expert_tp();
+    if (moe && c.moe.moe_intermediate_size % etp != 0)
+      return KS_ERR(M, "expert_tensor_parallel_size=", etp, ": moe_intermediate_size ", c.moe.moe_intermediate_size,
+                    " does not divide by it (each routed expert's FFN is split over it); choose a size dividing it");
+    if (moe && c.moe.shared_intermediate_size % l.tp != 0)
+      return KS_ERR(M, "tensor_model_parallel_size=", l.tp, ": the shared experts' intermediate size ",
+                    c.moe.shared_intermediate_size, " does not divide by it; choose a tp dividing it");
+    if (moe && (l.tp * l.dp) % (etp * l.ep) != 0)
+      return KS_ERR(M, "expert_tensor_parallel_size=", etp, " x expert_model_parallel_size=", l.ep,
+                    " must divide tensor_model_parallel_size x the data-parallel size = ", l.tp * l.dp,
+                    " (the expert grid etp x ep x edp spans the same ranks)");
+    // The rollout under tp splits each expert's FFN (and the shared experts')
+    // over its tp group (model/moe_mlp.h) and MLA's heads; the latent cache is
+    // on every rank.
+    const std::string R = "actor_rollout_ref.rollout.tensor_model_parallel_size=";
+    if (moe && (c.moe.moe_intermediate_size % in.rollout.tp != 0 || c.moe.shared_intermediate_size % in.rollout.tp != 0))
+      return KS_ERR(R, in.rollout.tp, " must divide moe_intermediate_size ", c.moe.moe_intermediate_size,
+                    " and the shared experts' intermediate size ", c.moe.shared_intermediate_size,
+                    " (the rollout splits each expert's FFN over its tp group)");
+    if (moe && l.ep > 1 && l.cp > 1)
       return KS_ERR("not supported yet: ", M, "expert_model_parallel_size=", l.ep, " with context_parallel_size=",
-                    l.cp, ", virtual_pipeline_model_parallel_size=", l.vpp, " (expert parallelism runs with data "
-                    "and pipeline parallelism and the distributed optimizer)");
+                    l.cp, " (expert parallelism runs with tensor, data and pipeline parallelism, virtual stages "
+                    "included, and the distributed optimizer)");
     if (moe && c.moe.num_experts % l.ep != 0)
       return KS_ERR(M, "expert_model_parallel_size=", l.ep, " must divide num_experts ", c.moe.num_experts);
     if (moe && c.mlp_bias)
@@ -378,7 +412,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan p;
   p.inputs = in;
   const PlanLayout& l = in.layout;
-  p.shapes = plan_shapes(in, l.tp, l.pp, false, l.ep);
+  p.shapes = plan_shapes(in, l.tp, l.pp, false, l.ep, l.expert_tp());
   const PlanShapes& s = p.shapes;
   const DType dt = in.dtype;
   const int64_t a = int64_t(dtype_size(dt));
@@ -394,7 +428,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (in.ref) resident[cat(MemCategory::Params)] += a * s.params + rope_bytes(s) + s.buffers;  // the frozen copy
   PlanShapes cs;
   if (in.critic) {
-    cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true, l.ep);
+    cs = plan_shapes(in, l.tp, l.pp, /*value_head=*/true, l.ep, l.expert_tp());
     const ModelStates c =
         trained_states(in, cs.params, in.critic_dtype, in.critic_reuse_fp32_param, routed_expert_elems(in, cs));
     resident[cat(MemCategory::Params)] += c.params + rope_bytes(cs) + cs.buffers;
@@ -479,10 +513,16 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   acts += packed_batch_bytes(in.batch, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
                              p.micro.mini_batch_prefixes);
   int64_t other = 0;
-  if (l.dp > 1 && l.distributed_optimizer) {
-    // reduce_to_owners' received pieces [dp, owned part of a bucket] f32, gather_params' copy of the shard.
-    const int64_t shard = ceil_div(s.params, l.dp), bucket = in.dp_bucket_bytes / 4;
-    other = std::max(4 * l.dp * std::min(shard, bucket), a * shard);
+  if (l.distributed_optimizer) {
+    // reduce_to_owners' received pieces [ranks, owned part of a bucket] f32, gather_params' copy of the
+    // shard: the dense parameters' over dp, then the routed experts' kept apart over edp (a size-1 group: none).
+    const int64_t experts = routed_expert_elems(in, s), bucket = in.dp_bucket_bytes / 4;
+    const auto owners = [&](int64_t n, int64_t ranks) -> int64_t {
+      if (n <= 0 || ranks <= 1) return 0;
+      const int64_t shard = ceil_div(n, ranks);
+      return std::max(4 * ranks * std::min(shard, bucket), a * shard);
+    };
+    other = std::max(owners(s.params - experts, l.dp), owners(experts, l.edp()));
   }
   // Megatron's aux_loss over the micro-batch: its one group's offsets, an i32 [2] host tensor (Other) while
   // the router's loss runs (model/moe_mlp.cpp aux_groups); seq_aux_loss reads the batch's cu_seqlens.
@@ -498,6 +538,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
+  if (in.model.moe.num_experts > 0 && l.expert_tp() != l.tp)
+    p.not_supported.push_back("not supported yet: actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=" +
+                              std::to_string(l.expert_tp()) + " different from tensor_model_parallel_size=" +
+                              std::to_string(l.tp) + " in an RL step (the rollout's weights need the experts split "
+                              "like the attention); modelled as the training engine builds it");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
     p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
                               "device memory); modelled as the state leaving the device outside its update");
@@ -592,9 +637,11 @@ std::vector<PlanAdvice> plan_advice(const PlanInputs& in) {
     try_change(M + "grad_offload=true " + M + "optimizer_offload=true", false,
                [](PlanInputs& x) { x.offload.grad = x.offload.optimizer = true; });
   const int64_t tp2 = in.layout.tp * 2;
-  if (in.layout.dp % 2 == 0)
-    try_change(M + "tensor_model_parallel_size=" + std::to_string(tp2) + " (dp " + std::to_string(in.layout.dp / 2) + ")",
+  if (in.layout.dp % 2 == 0)  // with sequence parallelism (a MoE model needs it under tp)
+    try_change(M + "tensor_model_parallel_size=" + std::to_string(tp2) + " (dp " + std::to_string(in.layout.dp / 2) +
+                   ")" + (in.layout.sequence_parallel ? "" : " " + M + "sequence_parallel=true"),
                true, [tp2](PlanInputs& x) {
+                 if (x.layout.etp == x.layout.tp) x.layout.etp = 0;  // the experts keep following tp
                  x.layout.tp = tp2;
                  x.layout.dp /= 2;
                  x.layout.sequence_parallel = true;

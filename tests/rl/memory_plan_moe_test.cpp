@@ -10,8 +10,12 @@
 
 #include <cstdio>
 
+#include "comm/process_group.h"
 #include "core/allocator.h"
+#include "model/moe_mlp.h"
+#include "model/pipeline_params.h"
 #include "parallel/pipeline_layout.h"
+#include "parallel/sharding.h"
 #include "rl/memory_plan.h"
 #include "rl/rollout_batch.h"
 #include "rl/workers/actor_worker.h"
@@ -187,6 +191,114 @@ TEST(MemoryPlanMoe, ParamsAndBuffersAreTheModels) {
   }
   EXPECT_GT(plan_shapes(inputs_for(golden("deepseek_v3")), 1, 1).buffers, 0);
   EXPECT_EQ(plan_shapes(inputs_for(golden("deepseek_v2")), 1, 1).buffers, 0);  // V2 has no correction bias
+}
+
+// ---- parameters under tensor parallelism ------------------------------------------
+
+// A group of `size` ranks seen from rank `rank`, for building one rank's
+// CausalLM in this process: building and random initialisation shard every
+// tensor without communicating (the full tensor is drawn, then cut), so any
+// collective is a test failure.
+class RankView final : public comm::ProcessGroup {
+ public:
+  RankView(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "view"; }
+  void all_reduce(void*, int64_t, DType, comm::ReduceOp) override { fail(); }
+  void reduce_scatter(const void*, void*, int64_t, DType, comm::ReduceOp) override { fail(); }
+  void all_gather(const void*, void*, int64_t, DType) override { fail(); }
+  void broadcast(void*, int64_t, DType, int) override { fail(); }
+  void all_to_all(const void*, void*, int64_t, DType) override { fail(); }
+  void all_to_allv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, DType) override {
+    fail();
+  }
+  void send(const void*, int64_t, DType, int, int) override { fail(); }
+  void recv(void*, int64_t, DType, int, int) override { fail(); }
+  void barrier() override { fail(); }
+
+ private:
+  static void fail() { ADD_FAILURE() << "a collective while building one rank's model"; }
+  int rank_, size_;
+};
+
+// tp rank `rank`'s CausalLM of a tp x etp layout (sequence parallel, as a MoE model needs under tp).
+std::unique_ptr<model::CausalLM> rank_model(const io::ModelConfig& c, int tp, int etp, int rank) {
+  model::ModelOptions mo;
+  mo.parallel.tp = std::make_shared<RankView>(rank % tp, tp);
+  mo.parallel.sequence_parallel = tp > 1;
+  mo.parallel.etp = std::make_shared<RankView>(rank % etp, etp);
+  return model::CausalLM::init_random(c, mo, 1);
+}
+
+// The elements a tp rank holds by the sharding rules alone, from the whole
+// model's tensor list (model::whole_model_params, nothing allocated): each
+// tensor's parallel::hf_shard_spec shard over tp, a routed expert's over etp;
+// a replicated tensor (norms, MLA's q_a/kv_a projections, the router, the
+// shared gate) whole on every rank.
+int64_t sharded_elems(const io::ModelConfig& c, int64_t tp, int64_t etp) {
+  int64_t n = 0;
+  for (const model::ParamInfo& p : model::whole_model_params(c, model::ModelOptions{})) {
+    if (p.buffer) continue;
+    parallel::ShardSpec spec = parallel::hf_shard_spec(p.name, c.num_key_value_heads);
+    if (spec.kind == parallel::ShardKind::Vocab) spec.pad_multiple = 128;
+    const int ranks = int(model::is_routed_expert_param(p.name) ? etp : tp);
+    int64_t e = 1;
+    for (int64_t d : parallel::shard_shape(p.full_shape, spec, ranks, p.name)) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+// Every rank's parameters at TP2 (experts split over the tp group), TP2 with
+// whole experts (ETP1) and TP1 with experts split over ETP2: the plan's count
+// equals the shards each rank of CausalLM holds, layer by layer, and the
+// sharding rules' sum over the whole model's tensors; the buffers (f32
+// correction bias) are whole on every rank.
+TEST(MemoryPlanMoe, ParamsPerRankAreTheShardsUnderTp) {
+  struct Layout {
+    int tp, etp;
+  };
+  for (const char* name : kGoldens)
+    for (const Layout& l : {Layout{2, 2}, Layout{2, 1}, Layout{1, 2}}) {
+      const std::string what = std::string(name) + " tp" + std::to_string(l.tp) + " etp" + std::to_string(l.etp);
+      const io::ModelConfig cfg = golden(name);
+      PlanInputs in = inputs_for(cfg);
+      const PlanShapes s = plan_shapes(in, l.tp, 1, false, 1, l.etp);
+      EXPECT_EQ(s.params, sharded_elems(cfg, l.tp, l.etp)) << what;
+      EXPECT_EQ(s.Fe, cfg.moe.moe_intermediate_size / l.etp) << what;
+      EXPECT_EQ(s.Fs, cfg.moe.shared_intermediate_size / l.tp) << what;
+      for (int rank = 0; rank < std::max(l.tp, l.etp); ++rank) {
+        auto m = rank_model(cfg, l.tp, l.etp, rank);
+        EXPECT_EQ(s.params, m->num_parameters()) << what << " rank " << rank;
+        EXPECT_EQ(s.buffers, buffer_bytes(*m)) << what << " rank " << rank;
+        for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+          int64_t n = 0;
+          const std::string prefix = "model.layers." + std::to_string(i) + ".";
+          for (model::Param* p : m->params())
+            if (p->name.rfind(prefix, 0) == 0) n += p->weight.numel();
+          EXPECT_EQ(layer_params(cfg, i, l.tp, 1, l.etp), n) << what << " rank " << rank << " layer " << i;
+        }
+      }
+    }
+}
+
+// The Hub models' shards per rank at TP8 (experts over the tp group, or
+// whole: ETP1): the plan's count is the sharding rules' over the whole
+// model's tensors; EP8 divides the routed experts' shards only, by 8.
+TEST(MemoryPlanMoe, RealShapesShardPerRank) {
+  for (const char* name : {"qwen3-30b-a3b", "deepseek-v3"}) {
+    const io::ModelConfig c = real_shape(name);
+    for (int64_t etp : {8, 1}) {
+      const PlanShapes s = plan_shapes(inputs_for(c), 8, 1, false, 1, etp);
+      EXPECT_EQ(s.params, sharded_elems(c, 8, etp)) << name << " etp " << etp;
+    }
+    const int64_t experts = int64_t(model::num_moe_layers(c)) * c.moe.num_experts * 3 * c.hidden_size *
+                            (c.moe.moe_intermediate_size / 8);
+    EXPECT_EQ(plan_shapes(inputs_for(c), 8, 1, false, 1, 8).params - plan_shapes(inputs_for(c), 8, 1, false, 8, 8).params,
+              experts - experts / 8)
+        << name;
+  }
 }
 
 // The Hub models (vocabularies divisible by 128: no padding): Qwen3-30B-A3B
@@ -446,17 +558,59 @@ TEST(MemoryPlanMoe, FlopsCountActiveExperts) {
                    3 * (double(p.micro.step_tokens) * per_token + double(p.micro.attention_pairs) * per_pair));
 }
 
-// MoE and MLA models run at tp = 1 and ep = 1 (and the rollout at tp = 1):
-// other layouts are refused naming the key; the advice never offers tp.
+// What the plan refuses for MoE and MLA models, naming the key and what to
+// set: tensor parallelism of a MoE model without sequence parallelism
+// (Megatron's rule, model/moe_mlp.cpp's training forward), an expert split that does not
+// divide moe_intermediate_size, an expert grid that does not fit the ranks,
+// the rollout at tp > 1 (it runs MoE/MLA models whole), expert parallelism
+// with virtual pipeline stages, context parallelism; a dense model with ep.
+// Under sequence parallelism tp > 1 is planned (MoE and MLA), with ep and etp;
+// the advice may offer tp, with sequence parallelism when it is off.
 TEST(MemoryPlanMoe, RefusesWhatKestrelCannotRun) {
   const std::string M = "actor_rollout_ref.actor.megatron.";
   PlanInputs in = inputs_for(golden("qwen3_moe"));
   in.layout.tp = 2;
   Status s = validate_plan_inputs(in);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("not supported yet: " + M + "tensor_model_parallel_size=2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(M + "tensor_model_parallel_size=2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("set " + M + "sequence_parallel=true"), std::string::npos) << s.message();
+  in.layout.sequence_parallel = true;
+  EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
+  in.layout.etp = 3;  // moe_intermediate_size 16 does not split in 3
+  s = validate_plan_inputs(in);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find(M + "expert_tensor_parallel_size=3"), std::string::npos) << s.message();
+  in.layout.etp = 4;  // etp x ep = 4 > tp x dp = 2 ranks
+  s = validate_plan_inputs(in);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find(M + "expert_tensor_parallel_size=4 x expert_model_parallel_size=1"), std::string::npos)
+      << s.message();
+  // MLA and MoE at tp 2 with sequence parallelism, with ep and whole experts; ETP2 at TP1 plans too, marked
+  // not supported yet for an RL step (the rollout's weights).
+  for (const char* name : {"deepseek_v2", "deepseek_v3", "qwen2_moe"}) {
+    in = inputs_for(golden(name));
+    in.layout.tp = in.layout.dp = 2;
+    in.layout.ep = 2;
+    in.layout.sequence_parallel = true;
+    in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
+    EXPECT_TRUE(validate_plan_inputs(in)) << name << ": " << validate_plan_inputs(in).message();
+    EXPECT_EQ(plan_memory(in).not_supported.size(), 0u) << name;
+    in.layout.etp = 1;  // whole experts: built by the engine, refused by kestrel train's rollout weights
+    EXPECT_TRUE(validate_plan_inputs(in)) << name << ": " << validate_plan_inputs(in).message();
+    EXPECT_EQ(plan_memory(in).not_supported.size(), 1u) << name;
+  }
+  in = inputs_for(golden("qwen3_moe"));
+  in.layout.etp = in.layout.dp = 2;
+  in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
+  ASSERT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
+  EXPECT_EQ(in.layout.edp(), 1);
+  const MemoryPlan etp_plan = plan_memory(in);
+  ASSERT_EQ(etp_plan.not_supported.size(), 1u);
+  EXPECT_NE(etp_plan.not_supported[0].find("not supported yet: " + M + "expert_tensor_parallel_size=2"),
+            std::string::npos) << etp_plan.not_supported[0];
+  // Expert parallelism runs with data parallelism: each rank plans half the experts.
   in = inputs_for(golden("deepseek_v3"));
-  in.layout.ep = 2;  // expert parallelism runs with data parallelism: each rank plans half the experts
+  in.layout.ep = 2;
   in.layout.dp = 2;
   EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
   const PlanShapes full = plan_shapes(in, 1, 1), half = plan_shapes(in, 1, 1, false, 2);
@@ -466,30 +620,53 @@ TEST(MemoryPlanMoe, RefusesWhatKestrelCannotRun) {
   EXPECT_EQ(full.params - half.params, experts / 2);
   in.layout.pp = 3;  // EP x PP runs (a stage per layer of the 3)
   EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
-  in.layout.vpp = 2;
+  in.layout.pp = 1;  // EP x CP: not yet
+  in.layout.cp = 2;
   s = validate_plan_inputs(in);
   ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2 with context_parallel_size=1, "
-                             "virtual_pipeline_model_parallel_size=2"),
+  EXPECT_NE(s.message().find("not supported yet: " + M + "expert_model_parallel_size=2 with context_parallel_size=2"),
             std::string::npos) << s.message();
+  in.layout.cp = 1;
+  in.model.num_hidden_layers = 4;  // EP x PP2 x VPP2 runs (tests/scripts/mpi_ep_train.sh)
+  in.layout.pp = 2;
+  in.layout.vpp = 2;
+  EXPECT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
+  for (const char* name : {"qwen3_moe", "deepseek_v2"}) {  // context parallelism: MoE and MLA
+    in = inputs_for(golden(name));
+    in.layout.cp = 2;
+    s = validate_plan_inputs(in);
+    ASSERT_FALSE(s.is_ok()) << name;
+    EXPECT_NE(s.message().find("not supported yet: " + M + "context_parallel_size=2"), std::string::npos) << s.message();
+  }
   in = inputs_for(golden("qwen2"));  // dense
   in.layout.ep = 2;
   s = validate_plan_inputs(in);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find(M + "expert_model_parallel_size=2 splits the routed experts"), std::string::npos) << s.message();
-  in = inputs_for(golden("deepseek_v2"));
-  in.rollout.tp = 2;
-  s = validate_plan_inputs(in);
-  ASSERT_FALSE(s.is_ok());
-  EXPECT_NE(s.message().find("actor_rollout_ref.rollout.tensor_model_parallel_size=2"), std::string::npos)
-      << s.message();
-  // Too small a device: the advice lists what the layout allows (dp 4 could become tp 2 on a dense model).
+  for (const char* name : {"deepseek_v2", "qwen3_moe"}) {  // the rollout under tp splits heads and experts
+    in = inputs_for(golden(name));
+    in.layout.tp = 2;
+    in.layout.sequence_parallel = true;
+    in.rollout.tp = 2;
+    EXPECT_TRUE(validate_plan_inputs(in).is_ok()) << name;
+    in.rollout.tp = 32;  // more than the experts' FFN width (16)
+    s = validate_plan_inputs(in);
+    ASSERT_FALSE(s.is_ok()) << name;
+    EXPECT_NE(s.message().find("actor_rollout_ref.rollout.tensor_model_parallel_size=32 must divide"),
+              std::string::npos) << s.message();
+  }
+  // Too small a device: the advice may double tp (dp 4 -> 2), and says to turn sequence parallelism on.
   in = inputs_for(golden("qwen3_moe"));
   in.layout.dp = 4;
   in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 4;
   in.device_memory = 2 << 20;
+  bool tp_offered = false;
   for (const PlanAdvice& a : plan_advice(in))
-    EXPECT_EQ(a.change.find("tensor_model_parallel_size"), std::string::npos) << a.change;
+    if (a.change.rfind(M + "tensor_model_parallel_size=2", 0) == 0) {
+      tp_offered = true;
+      EXPECT_NE(a.change.find(M + "sequence_parallel=true"), std::string::npos) << a.change;
+    }
+  EXPECT_TRUE(tp_offered);
 }
 
 }  // namespace

@@ -3,22 +3,23 @@
 # process: a short GRPO run with the KL loss (the reference model under EP too) on the tiny Qwen3-MoE and
 # DeepSeek-V3 models, no router losses (with them each dp rank's micro-batches would differ from one process's,
 # as in Megatron):
-#  - EP2 (mpirun -np 2), EP4 and EP2 x DP2 (-np 4: the experts' gradients summed over the expert-data-parallel
+#  - EP2 (mpirun -np 2), EP2 x TP2 (sequence parallel; the rollout's copy at tp 1, or the rollout on the actor's
+#    EP2 x TP2 layout in place), EP4 and EP2 x DP2 (-np 4: the experts' gradients summed over the expert-data-parallel
 #    group), EP2 x PP2 (its folder scoring as one process's too), the allgather (default) and alltoall dispatchers, the hierarchical alltoallv over two test "nodes", EP2 with dynamic micro-batches (the ranks' micro-batch counts made equal: every MoE layer's
 #    dispatch is collective), and GAE with a mixture-of-experts critic under EP2: every step's losses, grad norm,
 #    KL, entropy and rewards within 1e-4 relative of one process's;
 #  - the rollout on the actor's ep group (rollout.expert_parallel_size=2: the experts read in place, the ranks
 #    stepping in lockstep) gives the same run;
 #  - the weights saved under EP2 (one HF folder: every expert gathered to the writer) score as one process's do;
-#  - a checkpoint saved under EP2 (and under EP2 x PP2) resumes under EP1 (weights and the optimizer's experts)
+#  - a checkpoint saved under EP2 (and under EP2 x PP2, and EP2 x TP2) resumes under EP1 (weights and the optimizer's experts)
 #    and its next step equals the uninterrupted run's;
 #  - EP2 x DP2 with the distributed optimizer (the dense AdamW state sharded over dp, the experts' over the
 #    expert-data-parallel group) on both models equals one process, its folder scores alike, and its step-2
 #    checkpoint resumes in one process like the uninterrupted run; the engine-level EpDistOpt gtests (mpi_tests,
 #    4 ranks: sharding, 3 steps, the optimizer checkpoint between one process and EP2 x DP2 bit for bit);
-#  - refusals name the key: EP with a dense model, with virtual pipeline stages, with context parallelism (not
-#    built yet; tensor parallelism of MoE models is refused on its own), an expert_tensor_parallel_size other
-#    than the tensor-parallel size, and a reference model on another expert layout.
+#  - EP2 x PP2 with two virtual stages per rank equals one process too;
+#  - refusals name the key: EP with a dense model, with context parallelism (not built yet), an expert_tensor_parallel_size other than the tensor-parallel size (the engine trains it,
+#    tests/scripts/mpi_ep_tp.sh; a run's saving and rollout copy gather experts over tp), and a reference model on another expert layout.
 # usage: bash tests/scripts/mpi_ep_train.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -66,6 +67,15 @@ for model in tiny-qwen3-moe tiny-deepseek-v3; do
   run 2 "$model/ep2_rollout_ep2" "${M[@]}" $EP=2 actor_rollout_ref.rollout.expert_parallel_size=2
   same_metrics "$W/$model/one" "$W/$model/ep2_rollout_ep2" "$model EP2 with rollout EP2"
   same_logprobs "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2/global_step_3/actor/model" "$model EP2"
+  # EP2 x TP2 (4 ranks, sequence parallel: each expert's FFN split over the tp group, MLA's heads too), with
+  # the rollout's whole copy at tp 1 and on the actor's layout in place (rollout EP2 x TP2).
+  run 4 "$model/ep2_tp2" "${M[@]}" $EP=2 $A.tensor_model_parallel_size=2 $A.sequence_parallel=true
+  same_metrics "$W/$model/one" "$W/$model/ep2_tp2" "$model EP2 x TP2"
+  same_logprobs "$W/$model/one/global_step_3/actor/model" "$W/$model/ep2_tp2/global_step_3/actor/model" \
+    "$model EP2 x TP2"
+  run 4 "$model/ep2_tp2_rollout_ep2" "${M[@]}" $EP=2 $A.tensor_model_parallel_size=2 $A.sequence_parallel=true \
+    actor_rollout_ref.rollout.expert_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+  same_metrics "$W/$model/one" "$W/$model/ep2_tp2_rollout_ep2" "$model EP2 x TP2 with rollout EP2 x TP2"
 done
 
 M=(actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=disable)
@@ -83,6 +93,10 @@ same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
 run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
 same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
 same_logprobs "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
+# EP2 x PP2 with two virtual stages per rank (the interleaved schedule; each chunk's MoE layers dispatch over
+# the stage's ep group in the schedule's order, the same on both ep ranks).
+run 4 ep2_pp2_vpp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2 $A.virtual_pipeline_model_parallel_size=2
+same_metrics "$W/one_b8" "$W/ep2_pp2_vpp2" "EP2 x PP2 x VPP2"
 # And with the distributed optimizer: each stage's experts sharded over its edp group (dp 2 here, edp 1).
 run 4 ep2_pp2_do "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2 $A.use_distributed_optimizer=true
 same_metrics "$W/one_b8" "$W/ep2_pp2_do" "EP2 x PP2 distributed optimizer"
@@ -135,6 +149,13 @@ head -n 2 "$W/tiny-qwen3-moe/ep2/metrics.jsonl" >"$W/resume/metrics.jsonl"
 run 1 resume actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=auto
 grep -q "resum" "$W/log.txt" || fail "EP1 did not say it resumed"
 same_metrics "$W/tiny-qwen3-moe/ep2" "$W/resume" "EP2 checkpoint resumed under EP1" 3
+# An EP2 x TP2 checkpoint of DeepSeek-V3 (each expert's shards gathered over tp, then ep) in one process.
+mkdir -p "$W/resume_tp"
+cp -r "$W/tiny-deepseek-v3/ep2_tp2/global_step_2" "$W/resume_tp/"
+echo 2 >"$W/resume_tp/latest_checkpointed_iteration.txt"
+head -n 2 "$W/tiny-deepseek-v3/ep2_tp2/metrics.jsonl" >"$W/resume_tp/metrics.jsonl"
+run 1 resume_tp actor_rollout_ref.model.path=builtin:tiny-deepseek-v3 trainer.resume_mode=auto
+same_metrics "$W/tiny-deepseek-v3/ep2_tp2" "$W/resume_tp" "EP2 x TP2 checkpoint resumed under EP1 TP1" 3
 # And an EP2 x PP2 checkpoint (one optimizer file per stage, each with its layers' experts) in one process.
 mkdir -p "$W/resume_pp"
 cp -r "$W/ep2_pp2/global_step_2" "$W/resume_pp/"
@@ -170,9 +191,6 @@ refuse() {  # refuse <np> <expected message part> <overrides...>
   trainer.default_local_dir="$W/refused1" >"$W/log.txt" 2>&1 && fail "one process accepted $EP=2"
 grep -qF "$EP=2 x pipeline_model_parallel_size=1 = 2 must divide the number of processes (1)" "$W/log.txt" || fail "one process with $EP=2: no reason"
 refuse 2 "$EP=2 splits the routed experts of a mixture-of-experts model" actor_rollout_ref.model.path=builtin:tiny $EP=2
-refuse 4 "not supported yet: $EP=2 with context_parallel_size=1, virtual_pipeline_model_parallel_size=2" \
-  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.pipeline_model_parallel_size=2 \
-  $A.virtual_pipeline_model_parallel_size=2
 refuse 4 "not supported yet: $EP=2 with context_parallel_size=2" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.context_parallel_size=2
 refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_size=1" \
@@ -181,5 +199,5 @@ refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
-echo "mpi_ep_train: OK (EP2, EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+echo "mpi_ep_train: OK (EP2, EP2 x TP2 (rollout copy and in place), EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), EP2 x PP2 x VPP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
      "DeepSeek-V3; the EP2, EP2 x PP2 and EP2 x DP2 distributed-optimizer folders score alike; their checkpoints resume under EP1; refusals name the keys)"
