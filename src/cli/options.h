@@ -81,6 +81,7 @@ CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
 // to the model's tensor_model_parallel_size (anything else is refused "not supported yet").
 struct EpSettings {
   int64_t ep = 1;
+  int64_t etp = 1;       // expert_tensor_parallel_size (null: the tensor-parallel size)
   std::string size_key;  // the key that set ep, for messages
   int64_t rollout_ep = 1;  // actor_rollout_ref.rollout.expert_parallel_size: 1 or ep
 };

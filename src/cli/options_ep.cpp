@@ -9,7 +9,7 @@ namespace kestrel::cli {
 namespace {
 
 struct EpKeys {
-  int64_t ep = 1;
+  int64_t ep = 1, etp = 1;
   std::string ep_key, etp_key;
 };
 
@@ -19,12 +19,9 @@ EpKeys read_one(const config::Config& c, const std::string& meg, int64_t tp) {
   k.etp_key = meg + ".expert_tensor_parallel_size";
   k.ep = c.get_int(k.ep_key);
   if (k.ep < 1) KS_FAIL(c.origin(k.ep_key), ": ", k.ep_key, "=", k.ep, " must be >= 1");
-  // Megatron's default (null) is the attention's tensor-parallel size; any equal value is the same layout.
-  if (!c.is_null(k.etp_key) && c.get_int(k.etp_key) != tp)
-    KS_FAIL(c.origin(k.etp_key), ": not supported yet: ", k.etp_key, "=", c.get_int(k.etp_key),
-            " different from tensor_model_parallel_size=", tp,
-            " in a run (the training engine splits the experts so, but saving, optimizer checkpoints and the "
-            "rollout's weights gather them over the tp group; leave it null)");
+  // Megatron's default (null) is the attention's tensor-parallel size.
+  k.etp = c.is_null(k.etp_key) ? tp : c.get_int(k.etp_key);
+  if (k.etp < 1) KS_FAIL(c.origin(k.etp_key), ": ", k.etp_key, "=", k.etp, " must be >= 1 or null");
   return k;
 }
 
@@ -43,8 +40,17 @@ EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, b
   };
   same(ref, r, "reference model");
   same(critic, cr, "critic");
+  auto same_etp = [&](bool on, const EpKeys& o, const char* who) {
+    if (on && o.etp != actor.etp)
+      KS_FAIL("not supported yet: ", o.etp_key, "=", o.etp, " (from ", c.origin(o.etp_key), ") differs from ",
+              actor.etp_key, "=", actor.etp, " (from ", c.origin(actor.etp_key), "): the ", who,
+              " runs on the actor's process grid; set both alike");
+  };
+  same_etp(ref, r, "reference model");
+  same_etp(critic, cr, "critic");
   EpSettings s;
   s.ep = actor.ep;
+  s.etp = actor.etp;
   s.size_key = actor.ep_key;
   // The rollout's: every expert on each rank (1), or the actor's experts in place on its ep group.
   const std::string rk = "actor_rollout_ref.rollout.expert_parallel_size";
@@ -54,6 +60,10 @@ EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, b
     KS_FAIL(c.origin(rk), ": not supported yet: ", rk, "=", s.rollout_ep, " other than 1 (every expert on each rank) "
             "or ", actor.ep_key, "=", s.ep, " (the actor's experts in place)");
   const std::string rtk = "actor_rollout_ref.rollout.tensor_model_parallel_size";
+  if (s.rollout_ep > 1 && s.etp != tp)
+    KS_FAIL(c.origin(rk), ": not supported yet: ", rk, "=", s.rollout_ep, " with ", actor.etp_key, "=", s.etp,
+            " other than the tensor-parallel size ", tp, " (the expert-parallel rollout reads the actor's experts in "
+            "place, split like its own tp group)");
   if (s.rollout_ep > 1 && c.get_int(rtk) != tp)
     KS_FAIL(c.origin(rk), ": not supported yet: ", rk, "=", s.rollout_ep, " with ", rtk, "=", c.get_int(rtk),
             " other than the actor's ", tp, " (the expert-parallel rollout reads the actor's weights in place)");

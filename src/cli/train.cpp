@@ -292,10 +292,12 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   dims.pp = in.actor_pipeline.pp;
   dims.cp = int(in.cp.cp);
   dims.ep = int(in.ep.ep);
+  dims.etp = int(in.ep.etp);
   auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
   if (!g) KS_FAIL("kestrel train: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
   mopt.parallel = model::model_parallel_for(*grid);
+  mopt.parallel.etp = grid->group(parallel::GroupKind::Etp);  // tp's when of tp's size (CausalLM)
   model::set_context_parallel(mopt.parallel, world, *grid, in.cp.algo, int(in.cp.ulysses_degree));
   mopt.parallel.vpp_microbatch_group = in.actor_pipeline.microbatch_group_size;
   if (dims.pp > 1) {  // this rank's stage: its chunks of the actor's layers (the reference holds the same)
@@ -306,7 +308,8 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   par.world = world.group();
   par.dp = grid->group(parallel::GroupKind::Dp);
   if (dims.cp > 1) par.dp_cp = grid->group(parallel::GroupKind::DpCp);
-  if (dims.ep > 1) par.expert_dp = grid->group(parallel::GroupKind::Edp);
+  // The experts' own data-parallel group: under ep, or when etp keeps them apart from tp.
+  if (dims.ep > 1 || dims.etp != dims.tp) par.expert_dp = grid->group(parallel::GroupKind::Edp);
   par.rollout_ep = in.ep.rollout_ep;
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)

@@ -130,6 +130,11 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
                     c->ep().size(), ") with tensor and pipeline parallelism at once or, without pipeline stages, a "
                     "shard limit other than ", kHfShardBytes, " bytes");
   if (whole && max_shard_bytes == kHfShardBytes) return chunks[0]->save(dir, disk_dtype);
+  for (const CausalLM* c : chunks)
+    if (c && c->experts_split_apart())
+      return KS_ERR(dir, ": not supported yet: saving a pipelined model whose experts are split over "
+                    "expert_tensor_parallel_size ", c->etp().size(), " other than tensor_model_parallel_size ",
+                    c->tp().size());
   KS_ASSIGN(std::vector<PipelineParam> params, pipeline_params(chunks));
   const CausalLM& any = *chunks[0];
   comm::ProcessGroup& pp = any.pp();

@@ -383,9 +383,6 @@ std::string CausalLM::hf_config_json(DType disk_dtype, bool score_bias) const {
 
 Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   namespace fs = std::filesystem;
-  if (experts_split_apart())
-    return KS_ERR(dir, ": not supported yet: saving a model whose experts are split over expert_tensor_parallel_size ",
-                  etp().size(), " other than tensor_model_parallel_size ", tp().size());
   std::vector<io::NamedTensor> tensors;
   for (Param* p : const_cast<CausalLM*>(this)->params())
     tensors.push_back({p->name, shard_group(*p).size() == 1 ? p->weight : full_tensor(*p)});
@@ -397,12 +394,13 @@ Status CausalLM::save(const std::string& dir, DType disk_dtype) const {
   if (ep().size() > 1) {
     const DType wire = dtype_size(disk_dtype) < dtype_size(dtype()) ? disk_dtype : dtype();
     for (const RoutedExpertTensor& t : routed_expert_tensors(*this)) {
-      const Tensor mine = !t.local ? Tensor() : etp().size() > 1 ? full_tensor(*t.local) : t.local->weight;
+      const Tensor mine = !t.local ? Tensor() : etp().size() > 1 ? full_tensor(*t.local) : t.local->weight;  // over etp
       Tensor full = broadcast_expert_tensor(*this, t, mine, wire);
       if (!t.local && ep().rank() == 0) tensors.push_back({t.name, std::move(full)});
     }
   }
-  if (tp().rank() != 0 || ep().rank() != 0) return Status::ok();  // tp (and ep) rank 0 writes the gathered model
+  // tp (and ep, and etp) rank 0 writes the gathered model.
+  if (tp().rank() != 0 || ep().rank() != 0 || etp().rank() != 0) return Status::ok();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return KS_ERR("cannot create model folder ", dir, ": ", ec.message());

@@ -168,10 +168,6 @@ Status check_supported(const ParallelDims& d) {
   if (d.ep > 1 && d.cp > 1)
     p.add("not supported yet: expert_model_parallel_size=", d.ep, " with context_parallel_size=", d.cp,
           " (expert parallelism runs with tensor, data and pipeline parallelism: set context_parallel_size=1)");
-  if (d.expert_tp() != d.tp)
-    p.add("not supported yet: expert_tensor_parallel_size=", d.expert_tp(), " different from tensor_model_parallel_size=",
-          d.tp, " in a run (the training engine splits the experts so, but saving, optimizer checkpoints and the "
-          "rollout's weights gather them over the tp group; leave expert_tensor_parallel_size unset)");
   return p.status();
 }
 

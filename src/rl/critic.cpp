@@ -277,7 +277,7 @@ Status Critic::save(const std::string& dir) const {
   // Under mpirun the weights are written as one HF folder (gathered over tp,
   // streamed from the pipeline stages), the optimizer state as one file per
   // stage (train/optimizer_checkpoint.h); every rank takes part in both.
-  if (parallel_.writes_model(model_->ep())) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
+  if (parallel_.writes_model(model_->ep(), model_->etp())) KS_TRY(model::save_pipelined_model(*model_, dir + "/model", model_->dtype()));
   return engine_->save_optimizer_dir(dir);
 }
 

@@ -44,10 +44,12 @@ struct RlParallel {
   int64_t rollout_ep = 1;
 
   // Whether this rank takes part in writing a model folder (model::save_pipelined_model): the ranks of
-  // grad_group() rank 0's tp and pp groups and, under expert parallelism, of its ep group, which gathers
-  // the experts. Collective over `ep` (the model's ep group).
-  bool writes_model(comm::ProcessGroup& ep) const {
+  // grad_group() rank 0's tp and pp groups and, under expert (tensor) parallelism, of their etp and ep
+  // groups, which gather the experts' shards and the experts (the expert grid is etp x ep: one pass over
+  // each reaches all of it). Collective over `etp` and `ep` (the model's groups).
+  bool writes_model(comm::ProcessGroup& ep, comm::ProcessGroup& etp) const {
     int32_t w = grad_group().rank() == 0 ? 1 : 0;
+    if (etp.size() > 1) etp.all_reduce(&w, 1, DType::I32, comm::ReduceOp::Max);
     if (ep.size() > 1) ep.all_reduce(&w, 1, DType::I32, comm::ReduceOp::Max);
     return w != 0;
   }

@@ -538,11 +538,6 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   plan_comm(p, in, s);
 
   // ---- what training cannot do yet ----
-  if (in.model.moe.num_experts > 0 && l.expert_tp() != l.tp)
-    p.not_supported.push_back("not supported yet: actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=" +
-                              std::to_string(l.expert_tp()) + " different from tensor_model_parallel_size=" +
-                              std::to_string(l.tp) + " in an RL step (the rollout's weights need the experts split "
-                              "like the attention); modelled as the training engine builds it");
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
     p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
                               "device memory); modelled as the state leaving the device outside its update");

@@ -62,12 +62,16 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
   // it runs on the training ep group (the sizes are equal on all its ranks,
   // so they all take one branch).
   const int64_t tep = train.ep().size();
-  KS_CHECK(!train.experts_split_apart(), "not supported yet: rollout weights from an actor whose experts are split "
-           "over expert_tensor_parallel_size ", train.etp().size(), " other than tensor_model_parallel_size ",
-           ttp.size());
+  // The rollout runs each expert's shards over its own tp group: an actor
+  // with experts split apart from tp (etp != tp) is read through a copy.
+  const bool apart = train.experts_split_apart();
+  KS_CHECK(!apart || opts.ep == 1, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=", opts.ep,
+           " with an actor whose experts are split over expert_tensor_parallel_size ", train.etp().size(),
+           " other than tensor_model_parallel_size ", ttp.size(), " (the expert-parallel rollout reads the actor's "
+           "experts in place)");
   KS_CHECK(opts.ep == 1 || opts.ep == tep, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=",
            opts.ep, " other than 1 or the actor's expert_model_parallel_size ", tep);
-  in_place = in_place && dt == train.dtype() && (tep == 1 || opts.ep == tep);
+  in_place = in_place && dt == train.dtype() && (tep == 1 || opts.ep == tep) && !apart;
   // Every rank of a training tp group must take the same path: the copy
   // gathers over that group.
   ttp.all_reduce(&in_place, 1, DType::I32, comm::ReduceOp::Min);
@@ -79,7 +83,11 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const model::CausalLM& tr
     w->last_.in_place = true;
     return w;
   }
-  const model::ModelOptions mo = copy_options(train, dt, opts.tp ? opts.tp : comm::local_group("rollout_tp"));
+  // A copy on the training tp group itself when the experts' split differs from it (etp != tp).
+  const model::ModelOptions mo = copy_options(train, dt,
+                                              opts.tp  ? opts.tp
+                                              : apart  ? train.options().parallel.tp
+                                                       : comm::local_group("rollout_tp"));
   // TODO(model): an uninitialised CausalLM factory would skip these draws;
   // init_std 0 at least makes the throwaway values cheap to overwrite.
   auto copy = model::CausalLM::init_random(train.config(), mo, 0, 0.0);
@@ -101,8 +109,9 @@ std::unique_ptr<RolloutWeights> RolloutWeights::create(const std::vector<const m
            "generates with the actor's causal LM");
   KS_CHECK(opts.ep == 1, "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=", opts.ep,
            " under pipeline parallelism (the rollout runs the whole model: its copy holds every expert)");
-  KS_CHECK(first.ep().size() == 1 || first.tp().size() == 1, "not supported yet: rollout weights from an actor "
-           "under pipeline, expert (", first.ep().size(), ") and tensor (", first.tp().size(), ") parallelism at once");
+  KS_CHECK((first.ep().size() == 1 || first.tp().size() == 1) && !first.experts_split_apart(),
+           "not supported yet: rollout weights from an actor under pipeline, expert (", first.ep().size(),
+           ") and tensor (", first.tp().size(), ", experts over ", first.etp().size(), ") parallelism at once");
   // Collective over pp: every rank learns each parameter's owner stage.
   auto pipe = model::pipeline_params(chunks);
   KS_CHECK(pipe.is_ok(), "RolloutWeights (pipeline parallel): ", pipe.status().message());
@@ -204,12 +213,14 @@ void RolloutWeights::refresh_expert_parallel() {
     const model::RoutedExpertTensor& e = experts_[i];
     if (e.owner < 0) {  // every ep rank holds it (under tp its shard: gathered over the training tp group)
       const model::Param& s = *src_[i];
-      last_.bytes_received +=
-          parallel::reshard_tensor(ttp, s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(), d.weight, s.name)
-              .received;
+      last_.bytes_received += parallel::reshard_tensor(train_.shard_group(s), s.weight, s.shard, s.full_shape,
+                                                       rtp.rank(), rtp.size(), d.weight, s.name)
+                                  .received;
     } else {  // collective over the ep group, in dst_'s order on every rank
-      // Under tp the owners (a whole tp group: etp = tp) first gather it over tp.
-      const Tensor mine = !src_[i] ? Tensor() : ttp.size() > 1 ? train_.full_tensor(*src_[i]) : src_[i]->weight;
+      // Under etp the owners (a whole etp group) first gather it over etp.
+      const Tensor mine = !src_[i]                        ? Tensor()
+                          : train_.etp().size() > 1 ? train_.full_tensor(*src_[i])
+                                                    : src_[i]->weight;
       const Tensor buf = model::broadcast_expert_tensor(train_, e, mine, wire);
       if (e.owner != train_.ep().rank()) last_.bytes_received += int64_t(buf.nbytes());
       parallel::cut_shard_into(buf, d.shard, rtp.rank(), rtp.size(), d.weight, d.name);
@@ -240,7 +251,8 @@ const ReshardStats& RolloutWeights::refresh() {
     if (!d.weight.defined())  // after release()
       d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
                                MemCategory::Params);
-    bytes += parallel::reshard_tensor(ttp, s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(), d.weight, s.name);
+    bytes += parallel::reshard_tensor(train_.shard_group(s), s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(),
+                                      d.weight, s.name);
     ++last_.tensors;
   }
   released_ = false;

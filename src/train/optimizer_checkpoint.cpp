@@ -37,12 +37,14 @@ bool all_ok(bool ok, comm::ProcessGroup& tp, comm::ProcessGroup& dp) {
   return v == 1;
 }
 
-// The layout-independent file gathers each expert whole over its tp group and
-// the ep group: not yet over an etp group other than tp (the same answer on every rank).
+// The layout-independent file gathers each expert whole over its etp group,
+// then the ep group; under pipeline stages the etp group must be tp's (the
+// same answer on every rank).
 Status check_expert_layout(const model::CausalLM& m, const std::string& dir) {
-  if (m.experts_split_apart())
-    return KS_ERR(dir, ": not supported yet: optimizer checkpoints with expert_tensor_parallel_size ",
-                  m.etp().size(), " other than tensor_model_parallel_size ", m.tp().size());
+  if (m.experts_split_apart() && m.pp().size() > 1)
+    return KS_ERR(dir, ": not supported yet: optimizer checkpoints of a pipelined model with "
+                  "expert_tensor_parallel_size ", m.etp().size(), " other than tensor_model_parallel_size ",
+                  m.tp().size());
   return Status::ok();
 }
 
@@ -160,8 +162,8 @@ void append_expert_states(const TrainingEngine& engine, bool writer, std::vector
   for (const model::RoutedExpertTensor& t : experts) {
     OwnedPiece p;
     if (t.local) {
-      // Under tp (etp = tp) each owner holds its shard: gathered whole over the
-      // tp group first (its ranks own the same experts, all at edp rank 0).
+      // Under etp each owner holds its shard: gathered whole over the etp
+      // group first (its ranks own the same experts, all at edp rank 0).
       p = whole.at(t.name);
       comm::ProcessGroup& etp = model.etp();
       const auto whole_of = [&](const Tensor& piece) {
@@ -234,7 +236,8 @@ Status save_optimizer_checkpoint(const TrainingEngine& engine, const std::string
     if (has_master) out.push_back({kMaster + slot.name, fw});
   }
 
-  if (ep) append_expert_states(engine, writer, out);
+  // The experts' own optimizer: under ep, or kept apart by etp != tp.
+  if (engine.expert_optimizer()) append_expert_states(engine, writer, out);
 
   st = Status::ok();
   if (writer) {

@@ -595,19 +595,16 @@ TEST(MemoryPlanMoe, RefusesWhatKestrelCannotRun) {
     in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
     EXPECT_TRUE(validate_plan_inputs(in)) << name << ": " << validate_plan_inputs(in).message();
     EXPECT_EQ(plan_memory(in).not_supported.size(), 0u) << name;
-    in.layout.etp = 1;  // whole experts: built by the engine, refused by kestrel train's rollout weights
+    in.layout.etp = 1;  // whole experts (kestrel train runs it: tests/scripts/mpi_ep_train.sh)
     EXPECT_TRUE(validate_plan_inputs(in)) << name << ": " << validate_plan_inputs(in).message();
-    EXPECT_EQ(plan_memory(in).not_supported.size(), 1u) << name;
+    EXPECT_TRUE(plan_memory(in).not_supported.empty()) << name;
   }
   in = inputs_for(golden("qwen3_moe"));
   in.layout.etp = in.layout.dp = 2;
   in.batch.train_batch_size = in.batch.ppo_mini_batch_size = 2;
   ASSERT_TRUE(validate_plan_inputs(in)) << validate_plan_inputs(in).message();
   EXPECT_EQ(in.layout.edp(), 1);
-  const MemoryPlan etp_plan = plan_memory(in);
-  ASSERT_EQ(etp_plan.not_supported.size(), 1u);
-  EXPECT_NE(etp_plan.not_supported[0].find("not supported yet: " + M + "expert_tensor_parallel_size=2"),
-            std::string::npos) << etp_plan.not_supported[0];
+  EXPECT_TRUE(plan_memory(in).not_supported.empty());
   // Expert parallelism runs with data parallelism: each rank plans half the experts.
   in = inputs_for(golden("deepseek_v3"));
   in.layout.ep = 2;

@@ -18,8 +18,9 @@
 #    checkpoint resumes in one process like the uninterrupted run; the engine-level EpDistOpt gtests (mpi_tests,
 #    4 ranks: sharding, 3 steps, the optimizer checkpoint between one process and EP2 x DP2 bit for bit);
 #  - EP2 x PP2 with two virtual stages per rank equals one process too;
-#  - refusals name the key: EP with a dense model, with context parallelism (not built yet), an expert_tensor_parallel_size other than the tensor-parallel size (the engine trains it,
-#    tests/scripts/mpi_ep_tp.sh; a run's saving and rollout copy gather experts over tp), and a reference model on another expert layout.
+#  - EP2 with ETP2 (TP1) and TP2 with ETP1 equal one process, the former's checkpoint resuming in one process;
+#  - refusals name the key: EP with a dense model, with context parallelism (not built yet), a reference model
+#    on another expert layout.
 # usage: bash tests/scripts/mpi_ep_train.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 KESTREL=${1:?usage: $0 <kestrel-binary> <build-dir>}
@@ -93,6 +94,13 @@ same_metrics "$W/one_b8" "$W/ep2_dp2" "EP2 x DP2"
 run 4 ep2_pp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2
 same_metrics "$W/one_b8" "$W/ep2_pp2" "EP2 x PP2"
 same_logprobs "$W/one_b8/global_step_3/actor/model" "$W/ep2_pp2/global_step_3/actor/model" "EP2 x PP2"
+# Expert tensor parallelism other than tp: EP2 with each expert split over ETP2 at TP1 (4 ranks: dp 4, edp 1;
+# the rows of an etp group's ranks gathered to every shard), and TP2 with whole experts (ETP1, 2 ranks; the
+# rollout copy on the tp group splits them like its heads).
+run 4 ep2_etp2 "${M[@]}" "${B8[@]}" $EP=2 $A.expert_tensor_parallel_size=2
+same_metrics "$W/one_b8" "$W/ep2_etp2" "EP2 with ETP2"
+run 2 tp2_etp1 "${M[@]}" $A.tensor_model_parallel_size=2 $A.sequence_parallel=true $A.expert_tensor_parallel_size=1
+same_metrics "$ONE" "$W/tp2_etp1" "TP2 with ETP1"
 # EP2 x PP2 with two virtual stages per rank (the interleaved schedule; each chunk's MoE layers dispatch over
 # the stage's ep group in the schedule's order, the same on both ep ranks).
 run 4 ep2_pp2_vpp2 "${M[@]}" "${B8[@]}" $EP=2 $A.pipeline_model_parallel_size=2 $A.virtual_pipeline_model_parallel_size=2
@@ -149,6 +157,13 @@ head -n 2 "$W/tiny-qwen3-moe/ep2/metrics.jsonl" >"$W/resume/metrics.jsonl"
 run 1 resume actor_rollout_ref.model.path=builtin:tiny-qwen3-moe trainer.resume_mode=auto
 grep -q "resum" "$W/log.txt" || fail "EP1 did not say it resumed"
 same_metrics "$W/tiny-qwen3-moe/ep2" "$W/resume" "EP2 checkpoint resumed under EP1" 3
+# An EP2 with ETP2 checkpoint (each expert's state gathered over etp, then ep) in one process.
+mkdir -p "$W/resume_etp"
+cp -r "$W/ep2_etp2/global_step_2" "$W/resume_etp/"
+echo 2 >"$W/resume_etp/latest_checkpointed_iteration.txt"
+head -n 2 "$W/ep2_etp2/metrics.jsonl" >"$W/resume_etp/metrics.jsonl"
+run 1 resume_etp actor_rollout_ref.model.path=builtin:tiny-qwen3-moe "${B8[@]}" trainer.resume_mode=auto
+same_metrics "$W/ep2_etp2" "$W/resume_etp" "EP2 with ETP2 checkpoint resumed in one process" 3
 # An EP2 x TP2 checkpoint of DeepSeek-V3 (each expert's shards gathered over tp, then ep) in one process.
 mkdir -p "$W/resume_tp"
 cp -r "$W/tiny-deepseek-v3/ep2_tp2/global_step_2" "$W/resume_tp/"
@@ -193,11 +208,9 @@ grep -qF "$EP=2 x pipeline_model_parallel_size=1 = 2 must divide the number of p
 refuse 2 "$EP=2 splits the routed experts of a mixture-of-experts model" actor_rollout_ref.model.path=builtin:tiny $EP=2
 refuse 4 "not supported yet: $EP=2 with context_parallel_size=2" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.context_parallel_size=2
-refuse 2 "$A.expert_tensor_parallel_size=2 different from tensor_model_parallel_size=1" \
-  actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 $A.expert_tensor_parallel_size=2
 refuse 2 "actor_rollout_ref.ref.megatron.expert_model_parallel_size=1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe $EP=2 actor_rollout_ref.ref.megatron.expert_model_parallel_size=1
 refuse 2 "not supported yet: actor_rollout_ref.rollout.expert_parallel_size=2 other than 1" \
   actor_rollout_ref.model.path=builtin:tiny-qwen3-moe actor_rollout_ref.rollout.expert_parallel_size=2
-echo "mpi_ep_train: OK (EP2, EP2 x TP2 (rollout copy and in place), EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), EP2 x PP2 x VPP2, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
+echo "mpi_ep_train: OK (EP2, EP2 x TP2 (rollout copy and in place), EP4, EP2 x DP2, EP2 x DP2 with the distributed optimizer, EP2 x PP2 (with and without it), EP2 x PP2 x VPP2, EP2 with ETP2, TP2 with ETP1, rollout EP2, both dispatchers, dynamic micro-batches and a GAE critic equal one process on Qwen3-MoE and" \
      "DeepSeek-V3; the EP2, EP2 x PP2 and EP2 x DP2 distributed-optimizer folders score alike; their checkpoints resume under EP1; refusals name the keys)"

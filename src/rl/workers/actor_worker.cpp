@@ -203,7 +203,7 @@ std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t
 
 Status ActorWorker::save(const std::string& dir) const {
   // One HF folder of the whole model: under pp the stages stream their tensors to pp rank 0.
-  if (parallel_.writes_model(model_.ep())) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
+  if (parallel_.writes_model(model_.ep(), model_.etp())) KS_TRY(model::save_pipelined_model(model_, dir + "/model", model_.dtype()));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   return engine_->save_optimizer_dir(dir);  // one file per pipeline stage, any layout can resume it
