@@ -5,7 +5,16 @@
 // bytes that cross "nodes", and the wall time.
 //
 //   OMP_NUM_THREADS=1 mpirun -np 4 build/<b>/bench_ep_dispatch_bench [--nodes 0,0,1,1] [--tokens 512]
-//       [--hidden 1024] [--experts 64] [--topk 8]
+//       [--hidden 1024] [--experts 64] [--topk 8] [--etp 2]
+//
+// --etp e > 1 measures expert tensor parallelism instead: the world as ep =
+// n / e groups of e etp ranks (Megatron's order, etp innermost), each
+// expert's FFN split over its etp group, so after the alltoall over the ep
+// group every etp rank's rows are gathered to every shard and the outputs
+// reduce-scattered back (parallel/etp_dispatch.h). Closed form per rank: the
+// alltoall's over the ep group plus (e-1) x (k_local 8 + 2 x 2 x Na_b D b),
+// Na_b the largest etp rank's received rows (the padded block; one layout,
+// then a gather and a reduce-scatter in the forward and again in the backward).
 //
 // --nodes gives the test hook's node of every rank (KESTREL_TEST_NODES;
 // default: two nodes of consecutive ranks), so the hierarchical exchange has
@@ -38,6 +47,7 @@
 #include "ops/moe.h"
 #include "parallel/comm_counter.h"
 #include "parallel/ep_dispatch.h"
+#include "parallel/etp_dispatch.h"
 
 using namespace kestrel;
 using parallel::EpDispatcher;
@@ -46,7 +56,7 @@ using parallel::EpLayout;
 namespace {
 
 struct Args {
-  int64_t tokens = 512, hidden = 1024, experts = 64, topk = 8;
+  int64_t tokens = 512, hidden = 1024, experts = 64, topk = 8, etp = 1;
   std::string nodes;
 };
 
@@ -168,6 +178,48 @@ Row measure(comm::World& world, const std::shared_ptr<parallel::CountingGroup>& 
   return r;
 }
 
+// Expert tensor parallelism: the alltoall over the ep group, then the etp
+// gather and reduce-scatter, forward and backward. Bytes sent per rank (both
+// groups' collectives) against the closed form.
+Row measure_etp(comm::World& world, const std::shared_ptr<parallel::CountingGroup>& ep,
+                const std::shared_ptr<parallel::CountingGroup>& etp, const std::vector<int64_t>& tpe, const Args& a) {
+  const int n = ep->size(), e = etp->size(), me = ep->rank();
+  const int64_t D = a.hidden, b = 2, k = a.experts / n;
+  int64_t N = 0;
+  for (int64_t c : tpe) N += c;
+  Tensor xs = Tensor::empty({N, D}, DType::BF16, MemCategory::Other);  // [N, D] permuted rows
+  ops::fill(xs, 0.5f);
+  Row r;
+  std::vector<double> ms;
+  for (int rep = 0; rep < 4; ++rep) {
+    world.group()->barrier();
+    ep->reset();
+    etp->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    const EpLayout L = parallel::ep_dispatch_layout(*ep, tpe);
+    const parallel::EtpLayout T = parallel::etp_layout(*etp, L.local_group_sizes);
+    Tensor y = xs;
+    for (int pass = 0; pass < 2; ++pass) {  // forward, then the gradients in the backward
+      Tensor xr = parallel::ep_dispatch(*ep, L, y, nullptr, MemCategory::Other);       // [Nr, D]
+      Tensor xa = parallel::etp_gather(*etp, T, xr, MemCategory::Other);               // [Na, D]
+      xr = parallel::etp_reduce_scatter(*etp, T, xa, MemCategory::Other);              // [Nr, D]
+      y = parallel::ep_combine(*ep, L, xr, nullptr, MemCategory::Other);              // [N, D]
+    }
+    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin() + 1, ms.end());
+  r.ms = ms[2];
+  r.sent = ep->stats().total_wire_bytes() + etp->stats().total_wire_bytes();
+  const EpLayout L = parallel::ep_dispatch_layout(*ep, tpe);  // after the counted runs: for the closed form
+  const parallel::EtpLayout T = parallel::etp_layout(*etp, L.local_group_sizes);
+  std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) sc[size_t(j)] = L.send_rows[size_t(j)] * D, rc[size_t(j)] = L.recv_rows[size_t(j)] * D;
+  r.formula = double((n - 1) * k * 8) + 2.0 * (sum_except(sc, me) + sum_except(rc, me)) * double(b) +
+              double(e - 1) * (double(k * 8) + 4.0 * double(T.block_rows * D * b));
+  r.nodes_known = false;
+  return r;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -177,9 +229,44 @@ Args parse(int argc, char** argv) {
     else if (k == "--experts") a.experts = std::atoll(v.c_str());
     else if (k == "--topk") a.topk = std::atoll(v.c_str());
     else if (k == "--nodes") a.nodes = v;
-    else KS_FAIL("ep_dispatch_bench: unknown option ", k, " (--tokens, --hidden, --experts, --topk, --nodes)");
+    else if (k == "--etp") a.etp = std::atoll(v.c_str());
+    else KS_FAIL("ep_dispatch_bench: unknown option ", k, " (--tokens, --hidden, --experts, --topk, --nodes, --etp)");
   }
   return a;
+}
+
+// The --etp table: every rank's bytes against the closed form, uniform and skewed routing.
+int run_etp(comm::World& world, const Args& a) {
+  const int n = world.size(), me = world.rank(), e = int(a.etp);
+  KS_CHECK(e >= 2 && n % e == 0 && a.experts % (n / e) == 0, "ep_dispatch_bench: --etp ", e, " must divide the ",
+           n, " ranks, and the ep size n / etp the ", a.experts, " experts");
+  auto etp = std::make_shared<parallel::CountingGroup>(world.split(me / e, me, "etp"));  // etp innermost
+  auto ep = std::make_shared<parallel::CountingGroup>(world.split(me % e, me, "ep"));
+  if (me == 0)
+    std::printf("ep %d x etp %d, %lld tokens/rank, top-%lld of %lld experts, hidden %lld, bf16 rows; per MoE layer "
+                "and micro-batch (forward + backward), bytes sent by each rank\n\n",
+                ep->size(), e, (long long)a.tokens, (long long)a.topk, (long long)a.experts, (long long)a.hidden);
+  for (bool skewed : {false, true}) {
+    const std::vector<int64_t> tpe = route(a, me, n, skewed);
+    int64_t N = 0;
+    for (int64_t c : tpe) N += c;
+    const Row r = measure_etp(world, ep, etp, tpe, a);
+    const int64_t mine[4] = {N, std::llround(r.sent), std::llround(r.formula), std::llround(r.ms * 1e3)};
+    std::vector<int64_t> all(size_t(4 * n));
+    world.group()->all_gather(mine, all.data(), 4, DType::I64);
+    if (me != 0) continue;
+    std::printf("routing: %s\n\n| layout | rank | rows N | bytes sent | closed form | ms (median of 3) |\n"
+                "|---|---|---|---|---|---|\n",
+                skewed ? "skewed (expert e with weight 1/(1+e), rank r with tokens x (1 - r/(2 ep)))"
+                       : "uniform, equal tokens");
+    for (int q = 0; q < n; ++q) {
+      const int64_t* v = all.data() + 4 * q;
+      std::printf("| alltoall ep %d + etp %d | %d | %lld | %lld | %lld | %.2f |\n", ep->size(), e, q,
+                  (long long)v[0], (long long)v[1], (long long)v[2], double(v[3]) * 1e-3);
+    }
+    std::printf("\n");
+  }
+  return 0;
 }
 
 }  // namespace
@@ -192,6 +279,7 @@ int main(int argc, char** argv) {
     const int n = world->size(), me = world->rank();
     KS_CHECK(n >= 2 && a.experts % n == 0, "ep_dispatch_bench: run under mpirun with a rank count dividing --experts ",
              a.experts);
+    if (a.etp > 1) return run_etp(*world, a);
     if (a.nodes.empty())
       for (int r = 0; r < n; ++r) a.nodes += (r ? "," : "") + std::to_string(r * 2 / n);  // two nodes
     setenv("KESTREL_TEST_NODES", a.nodes.c_str(), 1);

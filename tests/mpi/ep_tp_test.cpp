@@ -23,6 +23,7 @@
 #include "model/parallel_setup.h"
 #include "mpi_testing.h"
 #include "ops/copy.h"
+#include "parallel/comm_counter.h"
 #include "parallel/etp_dispatch.h"
 #include "parallel/grid.h"
 #include "parallel/sharding.h"
@@ -96,6 +97,32 @@ TEST(EpTp, EtpGatherAndReduceScatterAreAdjoint) {
     rhs = global_sum(w, rhs);
     EXPECT_NEAR(lhs, rhs, 1e-4 * (std::abs(lhs) + 1)) << "trial " << trial;
   }
+}
+
+// The etp exchange's bytes (parallel::CountingGroup, ring cost model): the
+// layout all-gathers k i64 counts, the gather all-gathers each rank's block
+// padded to the largest rank's rows, the reduce-scatter the same blocks back:
+// (n-1) x (8k + 2 x block x D x dtype bytes) per rank, whatever its own rows.
+TEST(EpTp, EtpExchangeBytesEqualTheFormula) {
+  auto& w = kestrel::testing::world_group();
+  const int n = w.size();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  parallel::CountingGroup g(comm::World::current()->group());
+  const int64_t D = 5;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int trial = 0; trial < 3; ++trial) {
+      g.reset();
+      const std::vector<int64_t> mine = counts_of(w.rank(), trial);
+      const parallel::EtpLayout L = parallel::etp_layout(g, mine);
+      const Tensor x = expert_rows(w.rank(), mine, D).to(dt);
+      const Tensor all = parallel::etp_gather(g, L, x);
+      parallel::etp_reduce_scatter(g, L, all);
+      const double k = double(mine.size()), b = double(dtype_size(dt));
+      const double want = double(n - 1) * (8.0 * k + 2.0 * double(L.block_rows) * double(D) * b);
+      EXPECT_EQ(g.stats().of(parallel::CollectiveKind::AllGather).calls, 2);
+      EXPECT_EQ(g.stats().of(parallel::CollectiveKind::ReduceScatter).calls, 1);
+      EXPECT_EQ(g.stats().total_wire_bytes(), want) << dtype_name(dt) << " trial " << trial;
+    }
 }
 
 namespace {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallelism of the MoE and MLA layers under mpirun
 # (tests/mpi/ep_tp_test.cpp) with 2 and 4 ranks: the etp exchange's gather
-# and reduce-scatter deliver every rank's rows and are adjoint; 3 AdamW steps
+# and reduce-scatter deliver every rank's rows and are adjoint, their bytes
+# equal the closed form; 3 AdamW steps
 # of the tiny Qwen3-MoE, DeepSeek-V3, Qwen2-MoE and DeepSeek-V2 goldens under
 # TP2 (sequence parallel; Qwen3-MoE also with capacity 1 padded), the loss,
 # log-probs and gradients of one forward/backward under TP2 (with and without
@@ -33,7 +34,7 @@ for np in 2 4; do
     exit 1
   fi
   tests="EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor"
-  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess EpTp.GradientsEqualOneProcess"
+  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess EpTp.GradientsEqualOneProcess EpTp.EtpExchangeBytesEqualTheFormula"
   [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2 EpTp.RolloutUnderEp2Tp2EqualsOneProcess"
   for t in $tests; do
     grep -q "\[       OK \] $t " "$W/log$np.txt" || { echo "mpi_ep_tp: $t did not run with $np ranks" >&2; exit 1; }
