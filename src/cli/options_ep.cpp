@@ -32,22 +32,18 @@ EpSettings read_expert_parallel(const config::Config& c, int64_t tp, bool ref, b
   // Read whether or not each model is on, so a setting is checked (never silently ignored) either way.
   const EpKeys r = read_one(c, "actor_rollout_ref.ref.megatron", tp);
   const EpKeys cr = read_one(c, "critic.megatron", c.get_int("critic.megatron.tensor_model_parallel_size"));
+  // The reference and the critic run on the actor's process grid: their ep and etp must be its.
   auto same = [&](bool on, const EpKeys& o, const char* who) {
-    if (on && o.ep != actor.ep)
-      KS_FAIL("not supported yet: ", o.ep_key, "=", o.ep, " (from ", c.origin(o.ep_key), ") differs from ",
-              actor.ep_key, "=", actor.ep, " (from ", c.origin(actor.ep_key), "): the ", who,
-              " runs on the actor's process grid; set both alike");
+    const auto differs = [&](int64_t mine, int64_t theirs, const std::string& key, const std::string& akey) {
+      if (on && mine != theirs)
+        KS_FAIL("not supported yet: ", key, "=", mine, " (from ", c.origin(key), ") differs from ", akey, "=", theirs,
+                " (from ", c.origin(akey), "): the ", who, " runs on the actor's process grid; set both alike");
+    };
+    differs(o.ep, actor.ep, o.ep_key, actor.ep_key);
+    differs(o.etp, actor.etp, o.etp_key, actor.etp_key);
   };
   same(ref, r, "reference model");
   same(critic, cr, "critic");
-  auto same_etp = [&](bool on, const EpKeys& o, const char* who) {
-    if (on && o.etp != actor.etp)
-      KS_FAIL("not supported yet: ", o.etp_key, "=", o.etp, " (from ", c.origin(o.etp_key), ") differs from ",
-              actor.etp_key, "=", actor.etp, " (from ", c.origin(actor.etp_key), "): the ", who,
-              " runs on the actor's process grid; set both alike");
-  };
-  same_etp(ref, r, "reference model");
-  same_etp(critic, cr, "critic");
   EpSettings s;
   s.ep = actor.ep;
   s.etp = actor.etp;

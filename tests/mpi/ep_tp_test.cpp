@@ -136,6 +136,22 @@ namespace {
 // real gradient still takes Adam-sized steps, and lr 1e-3 as ep_model_test.
 constexpr double kLr = 1e-3, kAdamEps = 1e-5;
 
+// The grid's model groups: tp (and sequence parallelism), pp, ep, etp.
+void use_grid(model::ModelOptions& o, const parallel::ProcessGrid& grid) {
+  o.parallel = model::model_parallel_for(grid);
+  o.parallel.etp = grid.group(parallel::GroupKind::Etp);
+}
+
+// The grid of tp x ep (etp 0: tp's) over the world, sequence parallel under tp.
+parallel::ParallelDims dims_of(int tp, int ep, int etp = 0) {
+  parallel::ParallelDims d;
+  d.tp = tp;
+  d.ep = ep;
+  d.etp = etp;
+  d.sequence_parallel = tp > 1;
+  return d;
+}
+
 model::ModelOptions moe_options(const std::string& c, bool capacity) {
   model::ModelOptions o;
   o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
@@ -157,11 +173,7 @@ TrainResult train_on_grid(const std::string& c, model::ModelOptions o, const par
   par.distributed_optimizer = distopt;
   std::vector<int> mine = {0, 1, 2, 3};
   if (grid) {
-    const model::ModelParallel mp = model::model_parallel_for(*grid);
-    o.parallel.tp = mp.tp;
-    o.parallel.sequence_parallel = mp.sequence_parallel;
-    o.parallel.ep = grid->group(parallel::GroupKind::Ep);
-    o.parallel.etp = grid->group(parallel::GroupKind::Etp);
+    use_grid(o, *grid);
     par.dp = grid->group(parallel::GroupKind::Dp);
     par.expert_dp = grid->group(parallel::GroupKind::Edp);
     mine.clear();
@@ -202,13 +214,7 @@ struct GradPass {
 // One forward and backward of micro-batch 0 (a fixed weight per token): the
 // loss, the log-probs and every gradient this rank holds, gathered whole.
 GradPass grads_of(const std::string& c, model::ModelOptions o, const parallel::ProcessGrid* grid) {
-  if (grid) {
-    const model::ModelParallel mp = model::model_parallel_for(*grid);
-    o.parallel.tp = mp.tp;
-    o.parallel.sequence_parallel = mp.sequence_parallel;
-    o.parallel.ep = grid->group(parallel::GroupKind::Ep);
-    o.parallel.etp = grid->group(parallel::GroupKind::Etp);
-  }
+  if (grid) use_grid(o, *grid);
   auto m = model::CausalLM::load(golden_model(c), o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   auto& model = *m.value();
@@ -249,11 +255,7 @@ TEST(EpTp, GradientsEqualOneProcess) {
   else cases = {{2, 2, 0, {"qwen3_moe", "deepseek_v3"}}, {1, 2, 2, {"qwen3_moe", "deepseek_v3"}}};
   double worst = 0;
   for (const Case& k : cases) {
-    parallel::ParallelDims d;
-    d.tp = k.tp;
-    d.ep = k.ep;
-    d.etp = k.etp;
-    d.sequence_parallel = k.tp > 1;
+    const parallel::ParallelDims d = dims_of(k.tp, k.ep, k.etp);
     const parallel::ProcessGrid grid(world, d);
     const double feeds = double(grid.layout().dp()) / double(grid.layout().edp());
     for (const std::string& c : k.models)
@@ -304,11 +306,7 @@ TEST(EpTp, TrainingEqualsOneProcess) {
     cases.push_back({2, 1, 0, {"deepseek_v3", "qwen2_moe"}, false});  // TP2 x DP2
   }
   for (const Case& k : cases) {
-    parallel::ParallelDims d;
-    d.tp = k.tp;
-    d.ep = k.ep;
-    d.etp = k.etp;
-    d.sequence_parallel = k.tp > 1;
+    const parallel::ParallelDims d = dims_of(k.tp, k.ep, k.etp);
     const parallel::ProcessGrid grid(world, d);
     for (const std::string& c : k.models) {
       const std::string what = c + " tp" + std::to_string(k.tp) + " ep" + std::to_string(k.ep) + " etp" +
@@ -334,18 +332,12 @@ TEST(EpTp, SavingAndRolloutWeightsGatherEveryTensor) {
   comm::World& world = *comm::World::current();
   auto& w = *world.group();
   if (w.size() != 2 && w.size() != 4) GTEST_SKIP() << "written for 2 and 4 ranks";
-  parallel::ParallelDims d;
-  d.tp = 2;
-  d.ep = w.size() / 2;
-  d.sequence_parallel = true;
+  const parallel::ParallelDims d = dims_of(2, w.size() / 2);
   const parallel::ProcessGrid grid(world, d);
   for (const std::string c : {"qwen3_moe", "deepseek_v3"}) {
     const std::string what = c + " tp2 ep" + std::to_string(d.ep);
     model::ModelOptions o;
-    const model::ModelParallel mp = model::model_parallel_for(grid);
-    o.parallel.tp = mp.tp;
-    o.parallel.sequence_parallel = true;
-    o.parallel.ep = grid.group(parallel::GroupKind::Ep);
+    use_grid(o, grid);
     auto m = model::CausalLM::load(golden_model(c), o);
     ASSERT_TRUE(m.is_ok()) << m.status().message();
     auto orig = model::CausalLM::load(golden_model(c), model::ModelOptions{});
@@ -391,11 +383,7 @@ TEST(EpTp, OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2) {
   comm::World& world = *comm::World::current();
   comm::ProcessGroup& w = *world.group();
   if (w.size() != 4) GTEST_SKIP() << "written for 4 ranks (EP2 x TP2)";
-  parallel::ParallelDims d;
-  d.tp = 2;
-  d.ep = 2;
-  d.sequence_parallel = true;
-  const parallel::ProcessGrid grid(world, d);
+  const parallel::ProcessGrid grid(world, dims_of(2, 2));
   const auto engine_opts = [&](bool parallel_layout) {
     train::EngineOptions eo;
     eo.adamw.eps = kAdamEps;
@@ -433,10 +421,7 @@ TEST(EpTp, OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2) {
         if (w.rank() != 0) std::filesystem::remove_all(own);
       }
       w.barrier();
-      const model::ModelParallel mp = model::model_parallel_for(grid);
-      o.parallel.tp = mp.tp;
-      o.parallel.sequence_parallel = true;
-      o.parallel.ep = grid.group(parallel::GroupKind::Ep);
+      use_grid(o, grid);
       const std::string ep_dir = shared_dir("kestrel_ep_tp_", "ep");
       {
         auto m = model::CausalLM::load(golden_model(c), o);
@@ -447,14 +432,7 @@ TEST(EpTp, OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2) {
       }
       w.barrier();
       const auto one = read_state(one_dir), ep = read_state(ep_dir);
-      EXPECT_EQ(one.size(), ep.size());
-      for (const auto& [k, sv] : one) {
-        auto it = ep.find(k);
-        EXPECT_TRUE(it != ep.end()) << k << " missing from the EP2 x TP2 file";
-        if (it == ep.end()) continue;
-        EXPECT_EQ(sv.first, it->second.first) << k;
-        if (dt == DType::F32) EXPECT_LE(rel_err(it->second.second, sv.second), 1e-5) << k;
-      }
+      expect_state_like(one, ep, dt == DType::F32, "EP2 x TP2");
       const std::string again = shared_dir("kestrel_ep_tp_", "again");
       {
         auto m = model::CausalLM::load(golden_model(c), o);
@@ -468,14 +446,7 @@ TEST(EpTp, OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2) {
       }
       w.barrier();
       const auto back = read_state(again);
-      EXPECT_EQ(back.size(), one.size());
-      size_t differ = 0;
-      for (const auto& [k, sv] : one) {
-        auto it = back.find(k);
-        if ((it == back.end() || it->second != sv) && differ++ < 3)
-          ADD_FAILURE() << k << " differs after one process -> EP2 x TP2 distopt -> file";
-      }
-      EXPECT_EQ(differ, 0u);
+      expect_state_equal(one, back, "one process -> EP2 x TP2 distopt -> file");
     }
 }
 
@@ -534,17 +505,12 @@ TEST(EpTp, RolloutUnderTpEqualsOneProcess) {
 TEST(EpTp, RolloutUnderEp2Tp2EqualsOneProcess) {
   comm::World& world = *comm::World::current();
   if (world.group()->size() != 4) GTEST_SKIP() << "written for 4 ranks (EP2 x TP2)";
-  parallel::ParallelDims d;
-  d.tp = 2;
-  d.ep = 2;
-  d.sequence_parallel = true;
-  const parallel::ProcessGrid grid(world, d);
+  const parallel::ProcessGrid grid(world, dims_of(2, 2));
   const int replica = grid.group(parallel::GroupKind::Dp)->rank();
   for (const std::string c : {"qwen3_moe", "deepseek_v3"}) {
     SCOPED_TRACE(c + " ep2 tp2");
     model::ModelOptions o;
-    o.parallel = model::model_parallel_for(grid);
-    o.parallel.ep = grid.group(parallel::GroupKind::Ep);
+    use_grid(o, grid);
     auto ep_model = model::CausalLM::load(golden_model(c), o);
     auto one_model = model::CausalLM::load(golden_model(c), model::ModelOptions{});
     ASSERT_TRUE(ep_model.is_ok() && one_model.is_ok()) << (ep_model.is_ok() ? "" : ep_model.status().message());

@@ -31,6 +31,7 @@
 #include "model/parallel_setup.h"
 #include "mpi_testing.h"
 #include "parallel/grid.h"
+#include "../rl/full_length_batch.h"
 #include "rl/memory_plan.h"
 #include "rl/rollout_batch.h"
 #include "rl/workers/actor_worker.h"
@@ -99,22 +100,7 @@ rl::PlanInputs inputs_for(const std::string& name, DType dt, const Layout& l, in
   return in;
 }
 
-// `prompts` x n full-length sequences, a prompt's samples in a row (tests/rl/memory_plan_moe_test.cpp).
-rl::RolloutBatch full_length_batch(const rl::PlanBatching& b, int64_t prompts, int64_t vocab) {
-  rl::RolloutBatch r;
-  const int64_t span = vocab - 3;
-  for (int64_t g = 0; g < prompts; ++g)
-    for (int64_t k = 0; k < b.n; ++k) {
-      std::vector<int32_t> p(size_t(b.prompt_len)), resp(size_t(b.response_len));
-      for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((g * 31 + int64_t(i)) % span + 3);
-      for (size_t i = 0; i < resp.size(); ++i) resp[i] = int32_t((g * 7 + k * 13 + int64_t(i)) % span + 3);
-      r.prompts.push_back(p);
-      r.responses.push_back(resp);
-      r.group.push_back(g);
-    }
-  r.finalize_layout();
-  return r;
-}
+using rl::testing::full_length_batch;
 
 // Router replay (R3) of a routing that balances expert parallelism exactly:
 // token t of every sequence takes, in top-k slot j, expert j*E/k + (t + layer)

@@ -143,4 +143,32 @@ inline std::map<std::string, std::pair<Shape, std::vector<double>>> read_state(c
   return out;
 }
 
+using StateMap = std::map<std::string, std::pair<Shape, std::vector<double>>>;
+
+// A layout's optimizer file against one process's: the same names and
+// shapes; with `values`, every tensor within 1e-5 of its scale.
+inline void expect_state_like(const StateMap& one, const StateMap& got, bool values, const std::string& what) {
+  EXPECT_EQ(one.size(), got.size()) << what;
+  for (const auto& [k, sv] : one) {
+    auto it = got.find(k);
+    EXPECT_TRUE(it != got.end()) << k << " missing from the " << what << " file";
+    if (it == got.end()) continue;
+    EXPECT_EQ(sv.first, it->second.first) << what << ": " << k;
+    if (values) {
+      EXPECT_LE(rel_err(it->second.second, sv.second), 1e-5) << what << ": " << k;
+    }
+  }
+}
+
+// The same file again, bit for bit (a round trip through another layout); names the first three that differ.
+inline void expect_state_equal(const StateMap& one, const StateMap& back, const std::string& what) {
+  EXPECT_EQ(back.size(), one.size()) << what;
+  size_t differ = 0;
+  for (const auto& [k, sv] : one) {
+    auto it = back.find(k);
+    if ((it == back.end() || it->second != sv) && differ++ < 3) ADD_FAILURE() << k << " differs after " << what;
+  }
+  EXPECT_EQ(differ, 0u) << what;
+}
+
 }  // namespace kestrel::testing

@@ -16,6 +16,7 @@
 #include "model/pipeline_params.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/sharding.h"
+#include "full_length_batch.h"
 #include "rl/memory_plan.h"
 #include "rl/rollout_batch.h"
 #include "rl/workers/actor_worker.h"
@@ -79,23 +80,7 @@ std::vector<Mode> modes() {
   };
 }
 
-// A rollout batch of `prompts` x n full-length sequences, a prompt's samples
-// in a row, token ids within the vocabulary.
-RolloutBatch full_length_batch(const PlanBatching& b, int64_t prompts, int64_t vocab) {
-  RolloutBatch r;
-  const int64_t span = vocab - 3;
-  for (int64_t g = 0; g < prompts; ++g)
-    for (int64_t k = 0; k < b.n; ++k) {
-      std::vector<int32_t> p(size_t(b.prompt_len)), resp(size_t(b.response_len));
-      for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((g * 31 + int64_t(i)) % span + 3);
-      for (size_t i = 0; i < resp.size(); ++i) resp[i] = int32_t((g * 7 + k * 13 + int64_t(i)) % span + 3);
-      r.prompts.push_back(p);
-      r.responses.push_back(resp);
-      r.group.push_back(g);
-    }
-  r.finalize_layout();
-  return r;
-}
+using testing::full_length_batch;
 
 model::ModelOptions model_options(const PlanInputs& in) {
   model::ModelOptions mo;
