@@ -6,7 +6,8 @@
 # of the tiny Qwen3-MoE, DeepSeek-V3, Qwen2-MoE and DeepSeek-V2 goldens under
 # TP2 (sequence parallel; Qwen3-MoE also with capacity 1 padded), the loss,
 # log-probs and gradients of one forward/backward under TP2 (with and without
-# capacity), EP2 x TP2 and EP2 with ETP2,
+# capacity), EP2 x TP2, EP2 with ETP2 and TP4 on 3 tokens (a rank with no row
+# of its own),
 # ETP2 at TP1, ETP1 at TP2, TP2 x DP2, EP2 x TP2 (each expert's FFN split over
 # the tp group; also with the distributed optimizer), EP2 with ETP2 and EP2 x
 # TP2 with ETP1 equal one process; saving an HF folder and the rollout's
