@@ -112,6 +112,31 @@ double hier_bytes(const std::vector<int64_t>& C, const std::vector<int>& node, i
   return e * es;
 }
 
+// [N, D] bf16 permuted rows of tpe's counts.
+Tensor permuted_rows(const std::vector<int64_t>& tpe, int64_t D) {
+  int64_t N = 0;
+  for (int64_t c : tpe) N += c;
+  Tensor xs = Tensor::empty({N, D}, DType::BF16, MemCategory::Other);
+  ops::fill(xs, 0.5f);
+  return xs;
+}
+
+// The median of 3 timed runs of `exchange` (after a warm-up), in ms, each
+// started together on every rank; `reset` clears the byte counters first.
+template <class Reset, class Exchange>
+double median_ms(comm::World& world, Reset reset, Exchange exchange) {
+  std::vector<double> ms;
+  for (int rep = 0; rep < 4; ++rep) {
+    world.group()->barrier();
+    reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    exchange();
+    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin() + 1, ms.end());  // the first is a warm-up
+  return ms[2];
+}
+
 // One MoE layer's exchanges in a micro-batch: the layout, then dispatch and combine in the forward
 // and again (of the gradients) in the backward.
 Row measure(comm::World& world, const std::shared_ptr<parallel::CountingGroup>& g, const comm::HierarchicalA2a& h,
@@ -119,25 +144,15 @@ Row measure(comm::World& world, const std::shared_ptr<parallel::CountingGroup>& 
   const int n = g->size(), me = g->rank();
   const int64_t D = a.hidden, b = 2, k = a.experts / n;
   const comm::HierarchicalA2a* hier = hierarchical ? &h : nullptr;
-  int64_t N = 0;
-  for (int64_t c : tpe) N += c;
-  Tensor xs = Tensor::empty({N, D}, DType::BF16, MemCategory::Other);  // [N, D] permuted rows
-  ops::fill(xs, 0.5f);
+  Tensor xs = permuted_rows(tpe, D);  // [N, D]
   Row r;
-  std::vector<double> ms;
-  for (int rep = 0; rep < 4; ++rep) {
-    world.group()->barrier();
-    g->reset();
-    const auto t0 = std::chrono::steady_clock::now();
+  r.ms = median_ms(world, [&] { g->reset(); }, [&] {
     const EpLayout L = parallel::ep_dispatch_layout(*g, tpe, d);
     Tensor xr = parallel::ep_dispatch(*g, L, xs, hier, MemCategory::Other);  // [Nr, D]
     Tensor y = parallel::ep_combine(*g, L, xr, hier, MemCategory::Other);    // [N, D]
     xr = parallel::ep_dispatch(*g, L, y, hier, MemCategory::Other);
     y = parallel::ep_combine(*g, L, xr, hier, MemCategory::Other);
-    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin() + 1, ms.end());  // the first is a warm-up
-  r.ms = ms[2];
+  });
   r.sent = g->stats().total_wire_bytes();  // the hierarchical steps' own groups are added below
   const EpLayout L = parallel::ep_dispatch_layout(*world.group(), tpe, d);  // uncounted: for the closed forms
   if (d == EpDispatcher::AllGather) {
@@ -185,17 +200,9 @@ Row measure_etp(comm::World& world, const std::shared_ptr<parallel::CountingGrou
                 const std::shared_ptr<parallel::CountingGroup>& etp, const std::vector<int64_t>& tpe, const Args& a) {
   const int n = ep->size(), e = etp->size(), me = ep->rank();
   const int64_t D = a.hidden, b = 2, k = a.experts / n;
-  int64_t N = 0;
-  for (int64_t c : tpe) N += c;
-  Tensor xs = Tensor::empty({N, D}, DType::BF16, MemCategory::Other);  // [N, D] permuted rows
-  ops::fill(xs, 0.5f);
+  const Tensor xs = permuted_rows(tpe, D);  // [N, D]
   Row r;
-  std::vector<double> ms;
-  for (int rep = 0; rep < 4; ++rep) {
-    world.group()->barrier();
-    ep->reset();
-    etp->reset();
-    const auto t0 = std::chrono::steady_clock::now();
+  r.ms = median_ms(world, [&] { ep->reset(), etp->reset(); }, [&] {
     const EpLayout L = parallel::ep_dispatch_layout(*ep, tpe);
     const parallel::EtpLayout T = parallel::etp_layout(*etp, L.local_group_sizes);
     Tensor y = xs;
@@ -205,10 +212,7 @@ Row measure_etp(comm::World& world, const std::shared_ptr<parallel::CountingGrou
       xr = parallel::etp_reduce_scatter(*etp, T, xa, MemCategory::Other);              // [Nr, D]
       y = parallel::ep_combine(*ep, L, xr, nullptr, MemCategory::Other);              // [N, D]
     }
-    ms.push_back(1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin() + 1, ms.end());
-  r.ms = ms[2];
+  });
   r.sent = ep->stats().total_wire_bytes() + etp->stats().total_wire_bytes();
   const EpLayout L = parallel::ep_dispatch_layout(*ep, tpe);  // after the counted runs: for the closed form
   const parallel::EtpLayout T = parallel::etp_layout(*etp, L.local_group_sizes);

@@ -77,8 +77,8 @@ CpSettings read_context_parallel(const config::Config& c, const std::string& ot,
                                  const std::vector<std::string>& fsdp_keys = {});
 
 // Expert parallelism of kestrel train: actor_rollout_ref.actor.megatron.expert_model_parallel_size (the reference's
-// and the critic's, when on, must equal it: they run on the actor's grid); expert_tensor_parallel_size null or equal
-// to the model's tensor_model_parallel_size (anything else is refused "not supported yet").
+// and the critic's, when on, must equal it: they run on the actor's grid); expert_tensor_parallel_size (null: the
+// tensor-parallel size; the reference's and the critic's must equal the actor's).
 struct EpSettings {
   int64_t ep = 1;
   int64_t etp = 1;       // expert_tensor_parallel_size (null: the tensor-parallel size)

@@ -227,8 +227,7 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
     l.cp_ulysses = l.cp > 1 ? parallel::cp_ulysses_degree(cps.algo, int(l.cp), int(cps.ulysses_degree)) : 1;
   }
   l.ep = aside_int(ctx.aside, M + "expert_model_parallel_size", c.get_int(M + "expert_model_parallel_size"));
-  // null: the experts are split like the attention (Megatron's default); train_inputs refuses other values
-  // until kestrel train runs them (cli/options_ep.cpp), so a plan of them comes only from the library.
+  // null: the experts are split like the attention (Megatron's default).
   l.etp = c.is_null(M + "expert_tensor_parallel_size") ? 0 : c.get_int(M + "expert_tensor_parallel_size");
   l.sequence_parallel = in.sequence_parallel;
   l.distributed_optimizer = in.distributed_optimizer;

@@ -263,7 +263,7 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
            "parallelism only (as in Megatron): set actor_rollout_ref.actor.megatron.sequence_parallel=true");
   KS_CHECK(!rep || etp_ == tp_, "layer ", layer_, ": not supported yet: a rollout with experts split over "
            "expert_tensor_parallel_size ", etp_, " other than its tensor_model_parallel_size ", tp_);
-  KS_CHECK(rep || (etp_ > 1) == (ex.etp != nullptr) && (!ex.etp || ex.etp->size() == etp_), "layer ", layer_,
+  KS_CHECK(rep || ((etp_ > 1) == (ex.etp != nullptr) && (!ex.etp || ex.etp->size() == etp_)), "layer ", layer_,
            ": experts split over expert_tensor_parallel_size ", etp_, " need the execution's etp group "
            "(ModelParallel::etp)");
   MoeActivations& M = A.moe;
@@ -383,7 +383,7 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
     ops::moe_unpermute_bwd(M.ys, M.topk_w.slice_rows(lo, hi), dy_own, M.routing, dys, dw);
   }
   if (ep_ > 1) dys = ep_dispatch(ex, A, dys);  // the combine's adjoint: to the experts' ranks, [Nr, D]
-  if (ex.etp) dys = parallel::etp_gather(*ex.etp, *M.etp, dys);  // the reduce-scatter's adjoint
+  if (M.etp) dys = parallel::etp_gather(*ex.etp, *M.etp, dys);  // the reduce-scatter's adjoint
   const auto grads = [&](std::vector<Param>& ps) {
     std::vector<Tensor*> g;
     for (int64_t e = first_local_; e < first_local_ + n_local_; ++e) g.push_back(&ps[size_t(e)].grad);
@@ -399,7 +399,7 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(gate), dg, &dxs, grads(gate));
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(up), du, &tmp_s, grads(up));
   ops::add_inplace(dxs, tmp_s);
-  if (ex.etp) dxs = parallel::etp_reduce_scatter(*ex.etp, *M.etp, dxs);  // the gather's adjoint: this rank's rows
+  if (M.etp) dxs = parallel::etp_reduce_scatter(*ex.etp, *M.etp, dxs);  // the gather's adjoint: this rank's rows
   if (ep_ > 1) dxs = ep_combine(ex, A, dxs);  // the dispatch's adjoint: back to this rank's [N, D]
   if (!tp) {
     ops::moe_permute_bwd(dxs, M.routing, dx);  // written: dx starts here
@@ -412,7 +412,7 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   // rank, so each adds its own sequence-parallel rows once.
   const auto add_replicated = [&](const Tensor& t) {
     if (!tp) return ops::add_inplace(dx, t);
-    const int64_t a = std::min(t.size(0), tp->rank() * ex.Tl), b = std::min(t.size(0), a + ex.Tl);
+    const auto [a, b] = own_rows(ex, t.size(0));
     if (b <= a) return;
     Tensor d = dx.slice_rows(a, b);
     ops::add_inplace(d, t.slice_rows(a, b));

@@ -95,8 +95,8 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
   // The routed experts take their own data-parallel group (Megatron's expert
   // DDP) under expert parallelism, and when expert_tensor_parallel_size
   // splits them over another group than tp (their replicas are then not the dense ones').
-  const bool ep = model_.ep().size() > 1 || model_.experts_split_apart();  // the experts apart
-  if (ep) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
+  const bool experts_apart = model_.ep().size() > 1 || model_.experts_split_apart();
+  if (experts_apart) edp_group_ = opt_.parallel.expert_dp ? opt_.parallel.expert_dp : comm::local_group("edp");
   check_reuse_fp32(opt_, model_);
   if (const char* env = std::getenv("KESTREL_TEST_INJECT_NAN_GRAD")) inject_env_ = env;  // test-only
   model_.enable_grads();
@@ -107,7 +107,7 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
   std::vector<model::Param*> order = model_.params();
   int64_t lo = 0, hi = -1;
   bool held_masters = false;
-  if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1 || ep) {
+  if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1 || experts_apart) {
     parallel::DpOptions dpo;
     dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
     dpo.average = opt_.parallel.average_grads;
@@ -116,13 +116,13 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
     // the experts over the expert-data-parallel group (build_expert_optimizer).
     std::vector<parallel::DpParam> dense, experts;
     for (const parallel::DpParam& d : model::dp_params(model_))
-      (ep && model::is_routed_expert_param(d.name) ? experts : dense).push_back(d);
+      (experts_apart && model::is_routed_expert_param(d.name) ? experts : dense).push_back(d);
     dp_ = std::make_unique<parallel::DataParallel>(std::move(dense), *dp_group_, dpo);
     order.clear();
     for (const auto& d : dp_->flat_params()) order.push_back(model_.find_param(d.name));
     std::tie(lo, hi) = dp_->owned_range();
     held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
-    if (ep) build_expert_optimizer(std::move(experts));
+    if (experts_apart) build_expert_optimizer(std::move(experts));
   }
   optim_ = std::make_unique<optim::AdamW>(make_slots(order, held_masters), opt_.adamw, lo, hi, opt_.reuse_fp32_param);
   sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);

@@ -47,11 +47,8 @@ EpGroups ep2_groups() {
 }
 
 model::ModelOptions moe_options(const std::string& c, DType dt) {
-  model::ModelOptions o;
+  model::ModelOptions o = golden_moe_options(c);
   o.dtype = dt;
-  o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
-  o.moe.aux_loss_coeff = 0.01;
-  o.moe.z_loss_coeff = 0.001;
   return o;
 }
 

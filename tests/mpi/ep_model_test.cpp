@@ -35,18 +35,6 @@ std::vector<int32_t> tokens(int rank, int i) {
   return s;
 }
 
-model::ModelOptions options(const std::string& c, bool capacity) {
-  model::ModelOptions o;
-  o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
-  o.moe.aux_loss_coeff = 0.01;
-  o.moe.z_loss_coeff = 0.001;
-  if (capacity) {
-    o.moe.capacity_factor = 1.0;
-    o.moe.pad_to_capacity = true;
-  }
-  return o;
-}
-
 struct Pass {
   double loss = 0;
   std::vector<float> logprob;
@@ -84,8 +72,8 @@ TEST(EpModel, ExpertsOverTheGroupEqualOneProcess) {
     for (bool capacity : {false, true}) {
       const std::string what = std::string(c) + (capacity ? " capacity 1 padded" : " dropless") + " ep" +
                                std::to_string(n);
-      const Pass one = run(c, options(c, capacity), b, wt);
-      model::ModelOptions o = options(c, capacity);
+      const Pass one = run(c, golden_moe_options(c, capacity), b, wt);
+      model::ModelOptions o = golden_moe_options(c, capacity);
       o.parallel.ep = comm::World::current()->group();
       const Pass ep = run(c, o, b, wt);
       EXPECT_NEAR(ep.loss, one.loss, 1e-5 * std::abs(one.loss)) << what;
@@ -170,7 +158,7 @@ TEST(EpModel, TrainingEqualsOneProcess) {
     auto edp_group = world.split(w.rank() % ep, w.rank(), "edp");
     for (const char* c : {"qwen3_moe", "deepseek_v3"}) {
       const std::string what = std::string(c) + " ep" + std::to_string(ep) + " x dp" + std::to_string(n);
-      model::ModelOptions o = options(c, false);
+      model::ModelOptions o = golden_moe_options(c);
       if (std::string(c) == "deepseek_v3") o.moe.bias_update_rate = 1e-3;
       const TrainResult one = train_golden3(c, o, {}, {0, 1, 2, 3}, kEpLr);
       o.parallel.ep = ep_group;
@@ -212,7 +200,7 @@ TEST(EpModel, AllGatherAndHierarchicalDispatchEqualOneProcess) {
   for (int i = 0; i < 4; ++i)
     if (i % n == w.rank()) mine.push_back(i);
   for (const char* c : {"qwen3_moe", "deepseek_v3"}) {
-    model::ModelOptions o = options(c, false);
+    model::ModelOptions o = golden_moe_options(c);
     if (std::string(c) == "deepseek_v3") o.moe.bias_update_rate = 1e-3;
     const Pass one = run(c, o, b, wt);
     const TrainResult one_train = train_golden3(c, o, {}, {0, 1, 2, 3}, kEpLr);

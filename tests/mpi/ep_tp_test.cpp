@@ -152,16 +152,10 @@ parallel::ParallelDims dims_of(int tp, int ep, int etp = 0) {
   return d;
 }
 
+// golden_moe_options with DeepSeek-V3's aux-loss-free bias update on.
 model::ModelOptions moe_options(const std::string& c, bool capacity) {
-  model::ModelOptions o;
-  o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
-  o.moe.aux_loss_coeff = 0.01;
-  o.moe.z_loss_coeff = 0.001;
+  model::ModelOptions o = golden_moe_options(c, capacity);
   if (c == "deepseek_v3") o.moe.bias_update_rate = 1e-3;
-  if (capacity) {
-    o.moe.capacity_factor = 1.0;
-    o.moe.pad_to_capacity = true;
-  }
   return o;
 }
 

@@ -20,10 +20,7 @@ using namespace kestrel::testing;
 namespace {
 
 model::ModelOptions options(const std::string& c) {
-  model::ModelOptions o;
-  o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
-  o.moe.aux_loss_coeff = 0.01;
-  o.moe.z_loss_coeff = 0.001;
+  model::ModelOptions o = golden_moe_options(c);
   if (c == "deepseek_v3") o.moe.bias_update_rate = 1e-3;
   return o;
 }

@@ -1,7 +1,8 @@
 // Helpers of the multi-rank training tests (moe_mpi_test, ep_model_test,
-// cp_train_test): the mean token loss as an engine objective, the relative
-// comparison, and 3 AdamW steps of a golden MoE model on four fixed
-// micro-batches, each rank training its share.
+// ep_distopt_test, ep_tp_test, cp_train_test): the mean token loss as an
+// engine objective, the relative comparison, the MoE goldens' options, 3 AdamW
+// steps of a golden MoE model on four fixed micro-batches, each rank training
+// its share, and the optimizer files' comparisons.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -42,6 +43,20 @@ inline train::ObjectiveFn mean_token_objective(float w) {
 }
 
 inline std::string golden_model(const std::string& c) { return source_path("tests/golden/models/" + c); }
+
+// The MoE goldens' training options of the multi-rank tests: Megatron's
+// router losses on (DeepSeek's per sequence), optionally capacity 1 padded.
+inline model::ModelOptions golden_moe_options(const std::string& c, bool capacity = false) {
+  model::ModelOptions o;
+  o.moe.load_balancing_type = c.rfind("deepseek", 0) == 0 ? "seq_aux_loss" : "aux_loss";
+  o.moe.aux_loss_coeff = 0.01;
+  o.moe.z_loss_coeff = 0.001;
+  if (capacity) {
+    o.moe.capacity_factor = 1.0;
+    o.moe.pad_to_capacity = true;
+  }
+  return o;
+}
 
 // Four micro-batches of two sequences each (inside the goldens' vocabulary 96).
 inline std::vector<std::vector<std::vector<int32_t>>> golden_micro_sequences() {

@@ -16,6 +16,7 @@
 #include "model/pipeline_params.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/sharding.h"
+#include "common/rank_only_group.h"
 #include "full_length_batch.h"
 #include "rl/memory_plan.h"
 #include "rl/rollout_batch.h"
@@ -180,39 +181,15 @@ TEST(MemoryPlanMoe, ParamsAndBuffersAreTheModels) {
 
 // ---- parameters under tensor parallelism ------------------------------------------
 
-// A group of `size` ranks seen from rank `rank`, for building one rank's
-// CausalLM in this process: building and random initialisation shard every
-// tensor without communicating (the full tensor is drawn, then cut), so any
-// collective is a test failure.
-class RankView final : public comm::ProcessGroup {
- public:
-  RankView(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return "view"; }
-  void all_reduce(void*, int64_t, DType, comm::ReduceOp) override { fail(); }
-  void reduce_scatter(const void*, void*, int64_t, DType, comm::ReduceOp) override { fail(); }
-  void all_gather(const void*, void*, int64_t, DType) override { fail(); }
-  void broadcast(void*, int64_t, DType, int) override { fail(); }
-  void all_to_all(const void*, void*, int64_t, DType) override { fail(); }
-  void all_to_allv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, DType) override {
-    fail();
-  }
-  void send(const void*, int64_t, DType, int, int) override { fail(); }
-  void recv(void*, int64_t, DType, int, int) override { fail(); }
-  void barrier() override { fail(); }
-
- private:
-  static void fail() { ADD_FAILURE() << "a collective while building one rank's model"; }
-  int rank_, size_;
-};
-
-// tp rank `rank`'s CausalLM of a tp x etp layout (sequence parallel, as a MoE model needs under tp).
+// tp rank `rank`'s CausalLM of a tp x etp layout (sequence parallel, as a MoE
+// model needs under tp), built in this process on RankOnlyGroup tp/etp groups:
+// building and random initialisation shard every tensor without communicating
+// (the full tensor is drawn, then cut), so any collective fails.
 std::unique_ptr<model::CausalLM> rank_model(const io::ModelConfig& c, int tp, int etp, int rank) {
   model::ModelOptions mo;
-  mo.parallel.tp = std::make_shared<RankView>(rank % tp, tp);
+  mo.parallel.tp = std::make_shared<kestrel::testing::RankOnlyGroup>(rank % tp, tp, "tp");
   mo.parallel.sequence_parallel = tp > 1;
-  mo.parallel.etp = std::make_shared<RankView>(rank % etp, etp);
+  mo.parallel.etp = std::make_shared<kestrel::testing::RankOnlyGroup>(rank % etp, etp, "etp");
   return model::CausalLM::init_random(c, mo, 1);
 }
 

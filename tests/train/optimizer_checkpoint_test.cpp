@@ -5,7 +5,7 @@
 //     across reuse on/off): the restored state re-saved is the saved file bit
 //     for bit, and the resumed weights equal the uninterrupted run's bit for bit;
 //   - a two-stage pipeline emulated with model slices (each slice its own
-//     engine, the pp group a StageGroup of rank 0/1), PP2 -> PP1 and PP1 ->
+//     engine, the pp group a RankOnlyGroup of rank 0/1), PP2 -> PP1 and PP1 ->
 //     PP2: restored state bit for bit (both stages' files against the whole
 //     model's one); the resumed weights against the uninterrupted runs of
 //     both layouts (ckpt_testing::ResumeDiff: across layouts the runs

@@ -1,7 +1,6 @@
 // Helpers of the layout-independent optimizer checkpoint tests
 // (tests/train/optimizer_checkpoint_test.cpp, tests/mpi/optimizer_ckpt_mpi_test.cpp):
-// the saved state of a checkpoint folder by name, a pipeline-stage group
-// stand-in for one process, and one training step of a two-slice pipeline
+// the saved state of a checkpoint folder by name, and one training step of a two-slice pipeline
 // emulated in one process.
 #pragma once
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rank_only_group.h"
 #include "io/safetensors.h"
 #include "model/scoring.h"
 #include "train/engine_testing.h"
@@ -27,6 +27,7 @@
 namespace kestrel::train::ckpt_testing {
 
 namespace fs = std::filesystem;
+using kestrel::testing::RankOnlyGroup;
 
 inline std::string tmp_dir(const std::string& name) {
   const auto d = fs::temp_directory_path() / ("kestrel_optckpt_" + std::to_string(::getpid())) / name;
@@ -34,32 +35,6 @@ inline std::string tmp_dir(const std::string& name) {
   fs::create_directories(d);
   return d.string();
 }
-
-// Stage `rank` of a `size`-stage pipeline, in one process: the checkpoint
-// functions ask the pp group for its rank and size only, so every collective
-// here is a test bug.
-class StageGroup final : public comm::ProcessGroup {
- public:
-  StageGroup(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string name() const override { return "pp"; }
-  void all_reduce(void*, int64_t, DType, comm::ReduceOp) override { fail(); }
-  void reduce_scatter(const void*, void*, int64_t, DType, comm::ReduceOp) override { fail(); }
-  void all_gather(const void*, void*, int64_t, DType) override { fail(); }
-  void broadcast(void*, int64_t, DType, int) override { fail(); }
-  void all_to_all(const void*, void*, int64_t, DType) override { fail(); }
-  void all_to_allv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&, DType) override {
-    fail();
-  }
-  void send(const void*, int64_t, DType, int, int) override { fail(); }
-  void recv(void*, int64_t, DType, int, int) override { fail(); }
-  void barrier() override { fail(); }
-
- private:
-  [[noreturn]] static void fail() { KS_FAIL("StageGroup: a collective over the emulated pp group"); }
-  int rank_, size_;
-};
 
 // The saved optimizer state of a folder's stage files: tensor name -> raw
 // bytes (with dtype and shape), the lowest stage's where a name (the tied
@@ -174,12 +149,12 @@ inline ResumeDiff resume_diff(const std::map<std::string, std::vector<uint8_t>>&
 
 // A two-stage pipeline in one process: layers [0, 1) with the embedding and
 // [1, L) with the head (a tied lm_head's own embedding copy), each with its
-// own engine, the pp group a StageGroup.
+// own engine, the pp group a RankOnlyGroup (tests/common/rank_only_group.h).
 struct Pipe {
   std::unique_ptr<model::CausalLM> s0, s1;
   std::unique_ptr<TrainingEngine> e0, e1;
 };
-// `real_pp` (a 2-rank pp group, optional) replaces the StageGroup of the
+// `real_pp` (a 2-rank pp group, optional) replaces the RankOnlyGroup of the
 // stage of its rank: that slice then saves and loads as a real pipeline stage.
 inline Pipe make_pipe(const io::ModelConfig& cfg, model::ModelOptions o, uint64_t seed, const EngineOptions& eo,
                       std::shared_ptr<comm::ProcessGroup> real_pp = nullptr) {
@@ -187,10 +162,10 @@ inline Pipe make_pipe(const io::ModelConfig& cfg, model::ModelOptions o, uint64_
   model::ModelOptions o0 = o, o1 = o;
   o0.num_layers = 1;
   o0.has_head = false;
-  o0.parallel.pp = std::make_shared<StageGroup>(0, 2);
+  o0.parallel.pp = std::make_shared<RankOnlyGroup>(0, 2, "pp");
   o1.first_layer = 1;
   o1.has_embedding = false;
-  o1.parallel.pp = std::make_shared<StageGroup>(1, 2);
+  o1.parallel.pp = std::make_shared<RankOnlyGroup>(1, 2, "pp");
   if (real_pp) (real_pp->rank() == 0 ? o0 : o1).parallel.pp = real_pp;
   p.s0 = model::CausalLM::init_random(cfg, o0, seed);
   p.s1 = model::CausalLM::init_random(cfg, o1, seed);
