@@ -520,6 +520,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   if (o.use_rollout_log_probs && !c.get_bool("actor_rollout_ref.rollout.calculate_log_probs"))
     KS_FAIL(c.origin("actor_rollout_ref.rollout.calculate_log_probs"), ": async_training.use_rollout_log_probs=true "
             "trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (it is false)");
+  o.launch_reward_fn_async = c.get_bool("reward_model.launch_reward_fn_async");
   o.critic_warmup = c.get_int("trainer.critic_warmup");
   o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");

@@ -35,7 +35,11 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "(one call of a batch function per batch; needs custom_reward_function.path), prime (naive without "
       "reward_extra_info; a dict result zeroes the batch), remote (= naive).",
       {"naive", "prime", "batch", "dapo", "remote", "rate_limited"}, {"naive", "prime", "batch", "dapo", "remote"});
-  b.k("launch_reward_fn_async", B, "false", NO, "Compute rewards in the background during the old-log-prob pass.");
+  b.k("launch_reward_fn_async", B, "false", YES,
+      "Score rewards on a background thread: each response the moment its generation finishes (a reward program "
+      "runs alongside the rollout; per-response managers), the rest (another rank's share, a batch-wise manager's "
+      "batch) while the old/ref log-probs run; the step waits for them before the advantages. Scores equal the "
+      "synchronous ones; timing_s/reward is the wait. Not with algorithm.filter_groups.enable.");
   b.k("use_reward_loop", B, "true", NOP, "Compute rewards in verl's reward loop; Kestrel computes them in-process.");
   b.k("num_workers", I, "1", NO, "Reward-loop workers.");
   b.k("sandbox_fusion.url", S, "null", NO, "Code-execution sandbox endpoint.");

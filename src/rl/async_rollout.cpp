@@ -96,7 +96,20 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
     }
   }
   if (reqs.empty()) return;
-  const std::vector<WireResponse> outs = generate_(reqs);
+  ResponseSink sink;
+  if (on_finished_)
+    sink = [&](const WireResponse& o) {
+      if (o.prompt < 0 || o.prompt >= int64_t(targets.size())) return;  // checked below, with the gathered ones
+      const Target& t = targets[size_t(o.prompt)];
+      const int64_t k = t.sample < 0 ? o.sample : t.sample;
+      if (k < 0 || k >= int64_t(t.group->samples.size())) return;
+      const StoredSample& s = t.group->samples[size_t(k)];
+      if (!o.finished && int64_t(s.tokens.size() + o.tokens.size()) < L) return;  // continues next round
+      std::vector<int32_t> response = s.tokens;
+      response.insert(response.end(), o.tokens.begin(), o.tokens.end());
+      on_finished_(*t.group, k, response);
+    };
+  const std::vector<WireResponse> outs = generate_(reqs, sink);
   for (const WireResponse& o : outs) {
     KS_CHECK(o.prompt >= 0 && o.prompt < int64_t(targets.size()), "async rollout: a response to request ", o.prompt,
              " of ", targets.size());

@@ -55,7 +55,14 @@ struct AsyncRolloutOptions {
 // What generation runs on: the colocated rollout worker, or the
 // disaggregated rollout ranks. Returns the responses to reqs (prompt = index
 // into reqs, sample = index within its request), with log-probs and finished.
-using RoundGenerateFn = std::function<std::vector<WireResponse>(const std::vector<RoundRequest>&)>;
+// `sink` (may be empty) is given this rank's responses as they finish (ResponseSink).
+using RoundGenerateFn =
+    std::function<std::vector<WireResponse>(const std::vector<RoundRequest>&, const ResponseSink& sink)>;
+
+// A response complete while its round still runs: its group (samples not yet
+// updated by the round), its sample index, and its whole response.
+using FinishedResponseFn =
+    std::function<void(const StoredGroup& group, int64_t sample, const std::vector<int32_t>& response)>;
 
 class AsyncRollout {
  public:
@@ -87,6 +94,10 @@ class AsyncRollout {
   // The largest staleness a trained group may have: ceil(t) + s - 1.
   int64_t max_staleness() const;
 
+  // Called on this rank for each response its rollout group finishes, while
+  // the round still runs (streaming rewards: reward_model.launch_reward_fn_async).
+  void set_on_finished(FinishedResponseFn fn) { on_finished_ = std::move(fn); }
+
   SampleStore& store() { return store_; }
   const AsyncRolloutOptions& options() const { return opt_; }
 
@@ -103,6 +114,7 @@ class AsyncRollout {
   std::function<const std::vector<int32_t>&(int64_t)> prompt_ids_;
   RoundGenerateFn generate_;
   std::function<int64_t()> weight_version_;
+  FinishedResponseFn on_finished_;
   SampleStore store_;
 };
 

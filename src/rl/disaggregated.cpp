@@ -299,7 +299,7 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
   AsyncRollout ar(
       in.async, [&] { return in.source->next_batch(); },
       [&](int64_t i) -> const std::vector<int32_t>& { return (*in.prompts)[size_t(i)]; },
-      [&](const std::vector<RoundRequest>& r) { return worker.generate_round(r); },
+      [&](const std::vector<RoundRequest>& r, const ResponseSink& sink) { return worker.generate_round(r, sink); },
       [&] { return rank.actor_version; });
   if (n > 0) {
     const nlohmann::ordered_json st = parse_payload(text, "start");

@@ -117,6 +117,9 @@ class RewardManager {
   RewardBatchResult score(const std::vector<RewardRequest>& batch);
 
   bool external() const { return program_ != nullptr; }
+  // batch and prime: a response's score depends on its batch (one call per
+  // batch; prime zeroes the batch on a dict), so it is never scored alone.
+  bool batch_wise() const { return kind_ == RewardManagerKind::Batch || kind_ == RewardManagerKind::Prime; }
   // For the startup log: "rules by data_source", "custom_reward_function f.py:fn (python3 ...)", ...
   const std::string& describe() const { return description_; }
   const RewardFailureCounts& total_failures() const { return total_; }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 
 #include "core/progress.h"
 #include "model/moe_mlp.h"
@@ -170,8 +171,22 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
     async_ = std::make_unique<AsyncRollout>(
         ao, [this] { return source_->next_batch(); },
         [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
-        [this](const std::vector<RoundRequest>& reqs) { return rollout_->generate_round(reqs); },
+        [this](const std::vector<RoundRequest>& reqs, const ResponseSink& sink) { return rollout_->generate_round(reqs, sink); },
         [this] { return rollout_->version(); });
+  }
+  if (opt_.launch_reward_fn_async) {
+    KS_CHECK(!opt_.filter_groups.enable, "not supported yet: reward_model.launch_reward_fn_async=true with "
+             "algorithm.filter_groups.enable (dynamic sampling needs each generation batch's scores before it "
+             "filters); set one of them false");
+    if (reward_->is_leader()) {
+      stream_ = std::make_unique<RewardStream>(
+          [r = reward_.get()](const std::vector<RewardRequest>& q) { return r->score_here(q); });
+      // A per-response score starts the moment its response finishes; a batch-wise one waits for its batch.
+      if (async_ && !reward_->batch_wise())
+        async_->set_on_finished([this](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
+          stream_->submit({{g.stream, k}}, {reward_request(g.prompt, response)});
+        });
+    }
   }
 }
 
@@ -189,15 +204,57 @@ RolloutBatch RlTrainer::generate(const std::vector<int64_t>& prompt_idx) {
   return rollout_->generate(prompt_ids(prompt_idx), step_);
 }
 
+RewardRequest RlTrainer::reward_request(int64_t prompt, const std::vector<int32_t>& response) const {
+  const RlPrompt& p = train_[size_t(prompt)];
+  return {p.data_source, decode_(response), p.ground_truth, p.extra_info, int64_t(response.size())};
+}
+
 void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& prompt_idx,
                                 std::map<std::string, double>& m, std::vector<nlohmann::ordered_json>* extra) {
   std::vector<RewardRequest> reqs;
-  for (int64_t i = 0; i < b.size(); ++i) {
-    const RlPrompt& p = train_[size_t(prompt_idx[size_t(b.group[size_t(i)])])];
-    reqs.push_back({p.data_source, decode_(b.responses[size_t(i)]), p.ground_truth, p.extra_info,
-                    int64_t(b.responses[size_t(i)].size())});
-  }
+  for (int64_t i = 0; i < b.size(); ++i)
+    reqs.push_back(reward_request(prompt_idx[size_t(b.group[size_t(i)])], b.responses[size_t(i)]));
   reward_->score(b, reqs, m, extra);
+}
+
+std::vector<RewardStream::Key> RlTrainer::submit_rewards(const std::vector<StoredGroup>& groups,
+                                                         std::map<std::string, double>& m) {
+  std::vector<RewardStream::Key> keys;
+  for (const StoredGroup& g : groups)
+    for (int64_t k = 0; k < int64_t(g.samples.size()); ++k) keys.push_back({g.stream, k});
+  if (!stream_) return keys;
+  // What the rollout did not hand over as it finished (another rank's share,
+  // a disaggregated rollout's, or a batch-wise manager's whole batch).
+  std::vector<RewardStream::Key> todo;
+  std::vector<RewardRequest> reqs;
+  size_t i = 0;
+  for (const StoredGroup& g : groups)
+    for (const StoredSample& s : g.samples) {
+      const RewardStream::Key& key = keys[i++];
+      if (stream_->submitted(key)) continue;
+      todo.push_back(key);
+      reqs.push_back(reward_request(g.prompt, s.tokens));
+    }
+  m["reward/streamed_fraction"] = keys.empty() ? 0.0 : 1.0 - double(todo.size()) / double(keys.size());
+  if (reward_->batch_wise()) {
+    stream_->submit(std::move(todo), std::move(reqs));  // one call, as the synchronous trainer makes
+  } else {
+    for (size_t j = 0; j < todo.size(); ++j) stream_->submit({todo[j]}, {std::move(reqs[j])});
+  }
+  // Scores of groups the store no longer holds and this batch does not train (dropped as too stale).
+  std::set<int64_t> live;
+  for (const StoredGroup& g : groups) live.insert(g.stream);
+  if (async_)
+    for (const StoredGroup& g : async_->store().groups()) live.insert(g.stream);
+  stream_->forget_unless([&](const RewardStream::Key& k) { return live.count(k.first) > 0; });
+  return keys;
+}
+
+void RlTrainer::take_rewards(RolloutBatch& b, const std::vector<RewardStream::Key>& keys,
+                             std::map<std::string, double>& m) {
+  RewardBatchResult r;
+  if (stream_) r = stream_->take(keys);
+  reward_->publish(b, std::move(r), m);
 }
 
 // Scoring multiplies by packed weights (backend/cpu/packed_linear.h): the
@@ -273,6 +330,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   const auto t_step = Clock::now();
   std::map<std::string, double> m;
   RolloutBatch b;
+  std::vector<RewardStream::Key> reward_keys;  // launch_reward_fn_async: the batch's rewards, scoring meanwhile
   auto t0 = Clock::now();
   // With filter_groups the batch comes scored (and KL-penalised when the reward needs it).
   const bool filtered = opt_.filter_groups.enable;
@@ -297,12 +355,15 @@ std::map<std::string, double> RlTrainer::train_step() {
       b = assemble_batch(
           groups, [this](int64_t i) -> const std::vector<int32_t>& { return train_[size_t(i)].ids; },
           routing ? model::num_moe_layers(cfg) : 0, routing ? cfg.moe.top_k : 0);
+      if (opt_.launch_reward_fn_async) reward_keys = submit_rewards(groups, m);  // taken before the advantages
     }
     m["timing_s/gen"] = seconds_since(t0);
-    t0 = Clock::now();
-    set_progress(gstep, "reward");
-    compute_rewards(b, idx, m);
-    m["timing_s/reward"] = seconds_since(t0);
+    if (!opt_.launch_reward_fn_async || direct_rollout_) {
+      t0 = Clock::now();
+      set_progress(gstep, "reward");
+      compute_rewards(b, idx, m);
+      m["timing_s/reward"] = seconds_since(t0);
+    }
   }
   const bool kl_done = filtered && opt_.use_kl_in_reward;
   const RolloutCorrectionConfig& rc = opt_.rollout_corr;
@@ -339,6 +400,13 @@ std::map<std::string, double> RlTrainer::train_step() {
     set_progress(gstep, "values");
     values = critic_->values(b);
     m["timing_s/values"] = seconds_since(t0);
+  }
+
+  if (!reward_keys.empty()) {  // what is still being scored, waited for here (verl: before the advantages)
+    t0 = Clock::now();
+    set_progress(gstep, "reward");
+    take_rewards(b, reward_keys, m);
+    m["timing_s/reward"] = seconds_since(t0);
   }
 
   t0 = Clock::now();

@@ -47,6 +47,7 @@
 #include "rl/dynamic_sampling.h"
 #include "rl/policy_loss.h"
 #include "rl/reward_manager.h"
+#include "rl/reward_stream.h"
 #include "rl/rollout_batch.h"
 #include "rl/rollout_correction.h"
 #include "rl/workers/actor_worker.h"
@@ -137,6 +138,10 @@ struct RlOptions {
   // async_training.use_rollout_log_probs: the rollout's log-probs are the old
   // log-probs (no recompute), as verl's fully-async trainer by default.
   bool use_rollout_log_probs = false;
+  // reward_model.launch_reward_fn_async: rewards scored on a background
+  // thread (rl/reward_stream.h), each response as soon as it finishes
+  // generating, the rest while the old/ref log-probs run; scores unchanged.
+  bool launch_reward_fn_async = false;
   // Disaggregated placement (rl/disaggregated.h): this process is the
   // trainer (parallel.world its own ranks) and these world ranks of `job` generate.
   std::optional<DisaggregatedLayout> disaggregated;
@@ -246,6 +251,15 @@ class RlTrainer {
   bool is_world_leader() const { return opt_.parallel.world->rank() == 0; }
   // The training prompts of a step, by index within the step.
   std::vector<std::vector<int32_t>> prompt_ids(const std::vector<int64_t>& prompt_idx) const;
+  // A response's reward request (its prompt's data source, ground truth and extra info; the decoded text).
+  RewardRequest reward_request(int64_t prompt, const std::vector<int32_t>& response) const;
+  // launch_reward_fn_async: queues the rewards of `groups` not yet submitted
+  // (world rank 0); returns the batch's keys, in batch order.
+  // reward/streamed_fraction (Kestrel) into m: the share scored from the moment it finished.
+  std::vector<RewardStream::Key> submit_rewards(const std::vector<StoredGroup>& groups,
+                                                std::map<std::string, double>& m);
+  // ... then waits for them and publishes them into b (collective over the world).
+  void take_rewards(RolloutBatch& b, const std::vector<RewardStream::Key>& keys, std::map<std::string, double>& m);
   // verl's compute_data_metrics (scores, rewards, advantages, returns,
   // lengths) and the step's throughput.
   void add_data_metrics(const RolloutBatch& b, double step_seconds, std::map<std::string, double>& m) const;
@@ -261,6 +275,9 @@ class RlTrainer {
   std::unique_ptr<RefWorker> ref_;
   std::unique_ptr<CriticWorker> critic_;
   std::unique_ptr<RewardWorker> reward_;
+  // launch_reward_fn_async, on world rank 0 (where rewards are scored); after
+  // reward_, so its worker thread stops before the reward worker goes.
+  std::unique_ptr<RewardStream> stream_;
   std::unique_ptr<RolloutWorker> rollout_;
   // The prompt stream, the sample store and the schedule of generation
   // (null with dynamic sampling, which draws and filters its own batches).

@@ -84,7 +84,8 @@ class EngineImpl final : public Engine {
   // sequence reads; no logits): an ep rank without work still serves its
   // experts to the others' tokens, as vLLM's dummy batch does.
   void idle_step();
-  std::vector<RequestOutput> run_to_completion() override;
+  using Engine::run_to_completion;
+  std::vector<RequestOutput> run_to_completion(const FinishedFn& on_finished) override;
   void update_weights_version() override;
   WeightPacks& weight_packs() override { return runner_.packs(); }
   void sleep() override;
@@ -366,7 +367,7 @@ std::vector<RequestOutput> EngineImpl::step() {
   return finished;
 }
 
-std::vector<RequestOutput> EngineImpl::run_to_completion() {
+std::vector<RequestOutput> EngineImpl::run_to_completion(const FinishedFn& on_finished) {
   std::vector<std::pair<int64_t, RequestOutput>> all;
   std::map<std::string, int64_t> order;
   for (const auto& [id, r] : requests_) order[id] = r->order;
@@ -374,7 +375,10 @@ std::vector<RequestOutput> EngineImpl::run_to_completion() {
   // ranks step together until the last one's requests finish.
   const bool ep = model_.ep().size() > 1;
   while (ep ? group_unfinished() : has_unfinished())
-    for (auto& o : step()) all.emplace_back(order.count(o.request_id) ? order[o.request_id] : 0, std::move(o));
+    for (auto& o : step()) {
+      if (on_finished) on_finished(o);
+      all.emplace_back(order.count(o.request_id) ? order[o.request_id] : 0, std::move(o));
+    }
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<RequestOutput> out;
   for (auto& [k, o] : all) out.push_back(std::move(o));

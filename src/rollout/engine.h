@@ -136,8 +136,13 @@ class Engine {
   // without work then runs a one-token step on the null block).
   virtual std::vector<RequestOutput> step() = 0;
   virtual bool has_unfinished() const = 0;
-  // Runs step() until every request has finished; outputs in request order of addition.
-  virtual std::vector<RequestOutput> run_to_completion() = 0;
+  // Called with each request's output as it finishes, before the run ends
+  // (the RL trainer scores a finished response while others still generate).
+  using FinishedFn = std::function<void(const RequestOutput&)>;
+  // Runs step() until every request has finished; outputs in request order of
+  // addition. on_finished (may be empty) sees each one when its step ends.
+  virtual std::vector<RequestOutput> run_to_completion(const FinishedFn& on_finished) = 0;
+  std::vector<RequestOutput> run_to_completion() { return run_to_completion(FinishedFn{}); }
 
   // The trainer changed the weights: bump the version (prefix cache reset,
   // packed weights dropped).

@@ -33,7 +33,7 @@ struct FakeEngine {
     const uint64_t h = (seed * 0x9E3779B97F4A7C15ull) ^ (sample * 0xBF58476D1CE4E5B9ull);
     return (h % 5 == 0) ? long_len : 4;
   }
-  std::vector<WireResponse> operator()(const std::vector<RoundRequest>& reqs) {
+  std::vector<WireResponse> operator()(const std::vector<RoundRequest>& reqs, const ResponseSink& sink) {
     ++calls;
     std::vector<WireResponse> out;
     for (size_t k = 0; k < reqs.size(); ++k) {
@@ -51,6 +51,7 @@ struct FakeEngine {
           w.logprobs.push_back(-0.5f);
         }
         w.finished = have + make >= want || !r.may_continue;
+        if (sink) sink(w);  // as the engine does, before the round returns
         out.push_back(std::move(w));
       }
     }
@@ -73,7 +74,8 @@ struct Harness {
           return idx;
         },
         [this](int64_t i) -> const std::vector<int32_t>& { return prompts[size_t(i)]; },
-        [this](const std::vector<RoundRequest>& r) { return eng(r); }, [this] { return eng.version; });
+        [this](const std::vector<RoundRequest>& r, const ResponseSink& sink) { return eng(r, sink); },
+        [this] { return eng.version; });
   }
   std::vector<StoredGroup> step(int64_t s, std::map<std::string, double>& m) {
     eng.version = s;  // the weights the rollout holds at step s: version s
@@ -218,6 +220,35 @@ TEST(AsyncRollout, RoundsThatFinishEverythingEqualThePipeline) {
   }
 }
 
+// Streaming rewards score a response the moment it finishes: the callback
+// must see every response that trains, exactly once, with its whole text
+// (a partial response's earlier rounds included), and none still unfinished.
+TEST(AsyncRollout, FinishedCallbackSeesEachTrainedResponseOnceAndWhole) {
+  for (const auto& [t, split] : std::vector<std::pair<double, int64_t>>{{0, 1}, {1, 1}, {0, 4}}) {
+    Harness h(options(t, split));
+    std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>> seen;
+    h.ar->set_on_finished([&](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
+      EXPECT_TRUE(seen.emplace(std::make_pair(g.stream, k), response).second)
+          << "sample " << k << " of stream " << g.stream << " reported twice";
+    });
+    std::map<std::string, double> m;
+    int64_t trained = 0;
+    for (int64_t s = 0; s < 5; ++s)
+      for (const StoredGroup& g : h.step(s, m))
+        for (size_t k = 0; k < g.samples.size(); ++k) {
+          ++trained;
+          const auto it = seen.find({g.stream, int64_t(k)});
+          ASSERT_NE(it, seen.end()) << "t=" << t << " split=" << split << ": stream " << g.stream << " sample " << k
+                                    << " trained without being reported";
+          EXPECT_EQ(it->second, g.samples[k].tokens) << "stream " << g.stream << " sample " << k;
+        }
+    EXPECT_EQ(trained, 5 * 4 * 3);
+    for (const StoredGroup& g : h.ar->store().groups())  // waiting in the store: reported only when finished
+      for (size_t k = 0; k < g.samples.size(); ++k)
+        EXPECT_EQ(seen.count({g.stream, int64_t(k)}) > 0, g.samples[k].finished) << "stream " << g.stream;
+  }
+}
+
 TEST(AsyncRollout, StoreSurvivesACheckpointMidRun) {
   // Uninterrupted, and stopped after step 2 with the store and the source's
   // position saved, then resumed in a new AsyncRollout: the same groups.
@@ -304,7 +335,7 @@ TEST(AsyncRolloutEngine, SynchronousScheduleGivesTheWorkersBatchBitForBit) {
         return idx;
       },
       [&](int64_t i) -> const std::vector<int32_t>& { return prompts[size_t(i)]; },
-      [&](const std::vector<RoundRequest>& r) { return worker.generate_round(r); }, [] { return int64_t(0); });
+      [&](const std::vector<RoundRequest>& r, const ResponseSink& sink) { return worker.generate_round(r, sink); }, [] { return int64_t(0); });
   for (int64_t s = 0; s < 2; ++s) {
     std::map<std::string, double> mm;
     worker.sync();  // an empty prefix cache for both (cached prompt KV is not bit-identical to recomputed)
@@ -349,7 +380,7 @@ TEST(AsyncRolloutEngine, AContinuedResponseGoesOnWhereItStopped) {
             return idx;
           },
           [&](int64_t i) -> const std::vector<int32_t>& { return prompts[size_t(i)]; },
-          [&](const std::vector<RoundRequest>& r) { return worker.generate_round(r); }, [] { return int64_t(0); });
+          [&](const std::vector<RoundRequest>& r, const ResponseSink& sink) { return worker.generate_round(r, sink); }, [] { return int64_t(0); });
       std::map<std::string, double> mm;
       auto gs = ar.next_groups(0, mm);
       return std::make_pair(gs, mm);

@@ -5,6 +5,8 @@
 #     policy) and partial rollout (algorithm.partial_rollout_max_split=3): no
 #     batch trains beyond its bound (fully_async/staleness/max), responses span
 #     rounds (fully_async/partial/total_partial_num);
+#   - rewards scored in the background as responses finish
+#     (reward_model.launch_reward_fn_async): every run above bit for bit;
 #   - killed with SIGKILL inside step 3 and resumed: the sample store is part
 #     of the checkpoint, so the run ends bit-identical to an uninterrupted one
 #     (weights, optimizer, trainer state, the store, per-step metrics): no
@@ -46,7 +48,7 @@ run() {  # run <dir> <crash point or ""> <overrides...>: prints the exit status
 pointer() { cat "$1/latest_checkpointed_iteration.txt" 2>/dev/null | tr -d '\n' || echo none; }
 # metrics.jsonl without wall-clock values (and the disaggregated trainer's waiting)
 det() {
-  sed -E 's/"(timing_s|perf\/time_per_step|perf\/throughput|perf\/reshard_bytes|fully_async\/trainer|trainer\/idle_ratio)[^"]*":[^,}]*,?//g' \
+  sed -E 's/"(timing_s|perf\/time_per_step|perf\/throughput|perf\/reshard_bytes|fully_async\/trainer|trainer\/idle_ratio|reward\/streamed_fraction)[^"]*":[^,}]*,?//g' \
     "$1/metrics.jsonl"
 }
 metric_column() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
@@ -85,6 +87,33 @@ done
 diff <(det "$W/demo-store") <(det "$W/demo-direct") >/dev/null || fail "built-in job: metrics differ with the store"
 [ "$(run "$W/sync" "")" = 0 ] || fail "synchronous"
 echo "async_rl: staleness and partial-rollout bounds hold; the store is the synchronous trainer"
+# Rewards scored on a background thread from the moment each response finishes
+# (reward_model.launch_reward_fn_async): the same runs bit for bit, and every
+# response of the per-response reward program was handed over as it finished
+# (reward/streamed_fraction 1); prime's batch-wise scores are one call per batch (0).
+ARW=(reward_model.launch_reward_fn_async=true)
+streamed() {  # streamed <dir> <want>: reward/streamed_fraction of every step
+  local got
+  got=$(metric_column "$1" reward/streamed_fraction)
+  [ "$got" = "$2 $2 $2 $2 " ] || fail "$1: reward/streamed_fraction per step '$got', want $2 each"
+}
+for mode in sync stale partial; do
+  case $mode in sync) extra=() ;; stale) extra=("${STALE[@]}") ;; partial) extra=("${PARTIAL[@]}") ;; esac
+  [ "$(run "$W/$mode-arw" "" "${extra[@]}" "${ARW[@]}")" = 0 ] || fail "$mode with launch_reward_fn_async"
+  same_run "$W/$mode" "$W/$mode-arw" "$mode with launch_reward_fn_async"
+  streamed "$W/$mode-arw" 1.0
+done
+[ "$(run "$W/prime" "" reward_model.reward_manager=prime)" = 0 ] || fail "prime manager"
+[ "$(run "$W/prime-arw" "" reward_model.reward_manager=prime "${ARW[@]}")" = 0 ] || fail "prime, async reward"
+same_run "$W/prime" "$W/prime-arw" "prime manager with launch_reward_fn_async"
+streamed "$W/prime-arw" 0.0
+KESTREL_TEST_DIRECT_ROLLOUT=0 "$KESTREL" train "${DEMO[@]}" "${ARW[@]}" trainer.default_local_dir="$W/demo-arw" \
+  >"$W/log.txt" 2>&1 || fail "the built-in job with launch_reward_fn_async"
+for f in actor/model/model.safetensors actor/optimizer_pp0.safetensors; do
+  cmp -s "$W/demo-store/global_step_3/$f" "$W/demo-arw/global_step_3/$f" || fail "built-in job, async reward: $f differs"
+done
+diff <(det "$W/demo-store") <(det "$W/demo-arw") >/dev/null || fail "built-in job: metrics differ with async rewards"
+echo "async_rl: rewards scored as responses finish equal the synchronous ones"
 # The rollout's log-probs as the old ones (verl's fully-async default): trains, no old-log-prob pass.
 [ "$(run "$W/rlogp" "" "${STALE[@]}" +async_training.use_rollout_log_probs=true \
       actor_rollout_ref.rollout.calculate_log_probs=true)" = 0 ] || fail "use_rollout_log_probs"
@@ -99,6 +128,8 @@ refuse "async_training.trigger_parameter_sync_step" +async_training.trigger_para
 refuse "use_rollout_log_probs=true trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true" \
   +async_training.use_rollout_log_probs=true
 refuse "together with async_training.staleness_threshold" "${STALE[@]}" "${PARTIAL[@]}"
+refuse "not supported yet: reward_model.launch_reward_fn_async=true with algorithm.filter_groups.enable" \
+  "${ARW[@]}" algorithm.filter_groups.enable=true algorithm.filter_groups.metric=score data.gen_batch_size=4
 refuse "set both (disaggregated rollout ranks) or neither" +rollout.nnodes=1
 refuse "actor_rollout_ref.hybrid_engine=false puts the rollout on its own processes" actor_rollout_ref.hybrid_engine=false
 refuse "no trainer among the 1 processes" +rollout.nnodes=1 +rollout.n_gpus_per_node=1
@@ -133,6 +164,10 @@ DIS2=(+rollout.nnodes=1 +rollout.n_gpus_per_node=2)
 grep -q 'disaggregated rollout: 4 weight updates received by 1 rollout rank(s), the last one.s checksum [0-9]* matching' \
   "$W/log.txt" || fail "disaggregated 1+1: the weight-update report is missing"
 same_run "$W/stale" "$W/dis-stale" "disaggregated 1+1, staleness 1"
+# The trainer leader scores a received batch in the background while its log-probs run.
+[ "$(mrun 2 "$W/dis-arw" "" "${STALE[@]}" "${DIS1[@]}" "${ARW[@]}")" = 0 ] || fail "disaggregated, async reward"
+same_run "$W/stale" "$W/dis-arw" "disaggregated 1+1, staleness 1, launch_reward_fn_async"
+streamed "$W/dis-arw" 0.0
 grep -q '"trainer/idle_ratio"' "$W/dis-stale/metrics.jsonl" || fail "disaggregated: no trainer/idle_ratio"
 [ "$(mrun 3 "$W/dis2-partial" "" "${PARTIAL[@]}" "${DIS2[@]}")" = 0 ] || fail "disaggregated 1+2, partial rollout"
 grep -q 'received by 2 rollout rank(s)' "$W/log.txt" || fail "disaggregated 1+2: the weight-update report is missing"

@@ -8,6 +8,7 @@ RewardWorker::RewardWorker(RewardManager& rewards, std::shared_ptr<comm::Process
     : rewards_(rewards), world_(std::move(world)) {}
 
 RewardBatchResult RewardWorker::score_here(const std::vector<RewardRequest>& reqs) const {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!fn_) return rewards_.score(reqs);
   RewardBatchResult r;
   for (const auto& q : reqs) r.scores.push_back(fn_(q));
@@ -20,6 +21,15 @@ void RewardWorker::score(RolloutBatch& b, const std::vector<RewardRequest>& reqs
   KS_CHECK(int64_t(reqs.size()) == b.size(), "reward: ", reqs.size(), " requests for ", b.size(), " responses");
   RewardBatchResult r;
   if (is_leader()) r = score_here(reqs);
+  publish(b, std::move(r), m, extra);
+}
+
+bool RewardWorker::batch_wise() const { return !fn_ && rewards_.batch_wise(); }
+
+void RewardWorker::publish(RolloutBatch& b, RewardBatchResult r, std::map<std::string, double>& m,
+                           std::vector<nlohmann::ordered_json>* extra) const {
+  KS_CHECK(!is_leader() || int64_t(r.scores.size()) == b.size(), "reward: ", r.scores.size(), " scores for ",
+           b.size(), " responses");
   broadcast_doubles(*world_, r.scores);
   b.scores = r.scores;
   b.token_rewards.assign(size_t(b.layout.num_tokens()), 0.0);

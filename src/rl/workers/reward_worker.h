@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,8 @@ class RewardWorker {
   void set_function(std::function<double(const RewardRequest&)> fn) { fn_ = std::move(fn); }
 
   // Scores `reqs` here (no communication): scores, extra (one per request)
-  // and failures. Called by world rank 0 only.
+  // and failures. Called by world rank 0 only; safe from two threads (the
+  // background reward stream's and the trainer's validation), one at a time.
   RewardBatchResult score_here(const std::vector<RewardRequest>& reqs) const;
 
   // Scores b's responses (reqs[i] describes response i) on world rank 0 and
@@ -34,6 +36,13 @@ class RewardWorker {
   // on world rank 0 (empty elsewhere). Collective over the world.
   void score(RolloutBatch& b, const std::vector<RewardRequest>& reqs, std::map<std::string, double>& m,
              std::vector<nlohmann::ordered_json>* extra = nullptr) const;
+  // score()'s second half: `r` (world rank 0's result for b's responses,
+  // ignored elsewhere) broadcast and written into b, m and extra. Collective over the world.
+  void publish(RolloutBatch& b, RewardBatchResult r, std::map<std::string, double>& m,
+               std::vector<nlohmann::ordered_json>* extra = nullptr) const;
+  // Whether a response's score depends on the rest of its batch (the batch and
+  // prime managers): then it cannot be scored alone as it finishes.
+  bool batch_wise() const;
 
   bool is_leader() const { return world_->rank() == 0; }
 
@@ -41,6 +50,7 @@ class RewardWorker {
   RewardManager& rewards_;
   std::shared_ptr<comm::ProcessGroup> world_;
   std::function<double(const RewardRequest&)> fn_;
+  mutable std::mutex mu_;  // score_here's
 };
 
 }  // namespace kestrel::rl

@@ -74,7 +74,8 @@ std::vector<WireResponse> RolloutWorker::run(const std::vector<std::vector<int32
 
 std::vector<WireResponse> RolloutWorker::run_requests(
     const std::vector<std::vector<int32_t>>& prompts, const std::function<rollout::SamplingParams(int64_t)>& params,
-    bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished) {
+    bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished,
+    const ResponseSink& sink) {
   KS_CHECK(!view_.released(), "rollout: its weight copy was released while the actor trained; sync() first");
   wake();
   reset_cache_if_moved();
@@ -82,17 +83,26 @@ std::vector<WireResponse> RolloutWorker::run_requests(
   // index, so the samples do not depend on the layout.
   const auto [p0, p1] = share_range(int64_t(prompts.size()), group_, groups_);
   for (int64_t k = p0; k < p1; ++k) engine_->add_request(std::to_string(k), prompts[size_t(k)], params(k)).throw_if_error();
-  const auto outs = engine_->run_to_completion();
+  auto wire = [&](int64_t k, const rollout::CompletionOutput& c) {
+    return WireResponse{k, c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{},
+                        logprobs ? c.routed_experts : std::vector<int32_t>{}, finished(k, c)};
+  };
+  rollout::Engine::FinishedFn on_finished;
+  if (sink)
+    on_finished = [&](const rollout::RequestOutput& o) {
+      const int64_t k = std::stoll(o.request_id);  // add_request's id: the request's index
+      for (const auto& c : o.outputs) sink(wire(k, c));
+    };
+  const auto outs = engine_->run_to_completion(on_finished);
   KS_CHECK(int64_t(outs.size()) == p1 - p0, "rollout: ", outs.size(), " outputs for ", p1 - p0, " prompts");
   std::vector<WireResponse> mine;
   for (size_t k = 0; k < outs.size(); ++k)
-    for (const auto& c : outs[k].outputs)
-      mine.push_back({p0 + int64_t(k), c.index, c.token_ids, logprobs ? c.logprobs : std::vector<float>{},
-                      logprobs ? c.routed_experts : std::vector<int32_t>{}, finished(p0 + int64_t(k), c)});
+    for (const auto& c : outs[k].outputs) mine.push_back(wire(p0 + int64_t(k), c));
   return parallel_.world->size() > 1 ? all_gather_responses(*parallel_.world, mine, leader_) : mine;
 }
 
-std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundRequest>& reqs) {
+std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundRequest>& reqs,
+                                                        const ResponseSink& sink) {
   const bool record = opt_.engine.record_routing;
   std::vector<std::vector<int32_t>> prompts;
   prompts.reserve(reqs.size());
@@ -115,7 +125,8 @@ std::vector<WireResponse> RolloutWorker::generate_round(const std::vector<RoundR
         // Unfinished: stopped by this round's budget (not EOS, not the model's length limit).
         const RoundRequest& r = reqs[size_t(k)];
         return !(r.may_continue && c.finish_reason == "length" && int64_t(c.token_ids.size()) == r.max_tokens);
-      });
+      },
+      sink);
 }
 
 rollout::SamplingParams RolloutWorker::training_sampling(int64_t max_tokens, int64_t n) const {

@@ -72,6 +72,12 @@ struct RoundRequest {
   bool may_continue = false;
 };
 
+// Sees each response of this rank's rollout group as its request finishes,
+// before the round returns (every sample of a request at once): the trainer
+// scores it while the rest still generate. WireResponse::prompt is the
+// request's index. Called on every rank of the group that generated it.
+using ResponseSink = std::function<void(const WireResponse&)>;
+
 struct RolloutOptions {
   int64_t n = 4;  // responses per prompt
   double temperature = 1.0;
@@ -117,9 +123,9 @@ class RolloutWorker {
   // across steps), sorted by (prompt, sample). Collective over the world.
   std::vector<WireResponse> generate_validation(const std::vector<std::vector<int32_t>>& prompts);
   // A partial-rollout round: responses to reqs[k] (WireResponse::prompt = k,
-  // sample = the request's own sample index), with log-probs and `finished`.
-  // Collective over the world.
-  std::vector<WireResponse> generate_round(const std::vector<RoundRequest>& reqs);
+  // sample = the request's own sample index), with log-probs and `finished`;
+  // `sink` (may be empty) sees this rank's as they finish. Collective over the world.
+  std::vector<WireResponse> generate_round(const std::vector<RoundRequest>& reqs, const ResponseSink& sink = {});
 
   // Frees the KV cache (colocated: training runs meanwhile) and, with
   // release_weights, a copy's weights.
@@ -136,10 +142,11 @@ class RolloutWorker {
   std::vector<WireResponse> run(const std::vector<std::vector<int32_t>>& prompts, rollout::SamplingParams sp,
                                 const std::function<uint64_t(int64_t)>& seed, bool logprobs);
   // Request k: prompts[k] with params(k). `finished(k, out)` says whether a
-  // response of request k is complete.
+  // response of request k is complete; `sink` (may be empty) sees this rank's responses as they finish.
   std::vector<WireResponse> run_requests(
       const std::vector<std::vector<int32_t>>& prompts, const std::function<rollout::SamplingParams(int64_t)>& params,
-      bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished);
+      bool logprobs, const std::function<bool(int64_t, const rollout::CompletionOutput&)>& finished,
+      const ResponseSink& sink = {});
   void reset_cache_if_moved();
   // The training rollout's sampling (rollout.temperature/top_k/top_p) for max_tokens and n samples.
   rollout::SamplingParams training_sampling(int64_t max_tokens, int64_t n) const;
