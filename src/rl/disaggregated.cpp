@@ -13,7 +13,7 @@ constexpr int kTagControl = 0x5760;   // trainer -> rollout ranks: int64[3] {Con
 constexpr int kTagStart = 0x5761;     // trainer -> rollout ranks: int64 bytes, then the start state (JSON)
 constexpr int kTagToTrainer = 0x5762; // rollout leader -> trainer: int64[3] {kind, step, bytes}, then the payload
 
-enum MessageKind : int64_t { kBatch = 1, kState = 2, kEnd = 3, kValidation = 4 };
+enum MessageKind : int64_t { kBatch = 1, kState = 2, kEnd = 3, kValidation = 4, kResponse = 5 };
 // What follows a control word.
 enum ControlKind : int64_t { kStop = -1, kWeights = 0, kWeightsThenValidate = 1, kValidateOnly = 2 };
 
@@ -142,6 +142,11 @@ void RemoteRollout::receive_and_file(const std::string& awaited) {
     states_[msg.step] = parse_payload(msg.payload, "state");
   } else if (msg.kind == kBatch) {
     batches_[msg.step] = std::move(msg);
+  } else if (msg.kind == kResponse) {
+    const nlohmann::ordered_json j = parse_payload(msg.payload, "response");
+    KS_CHECK(on_response_ != nullptr, "disaggregated rollout: a streamed response nobody asked for");
+    on_response_(j.at("stream").get<int64_t>(), j.at("prompt").get<int64_t>(), j.at("sample").get<int64_t>(),
+                 j.at("tokens").get<std::vector<int32_t>>());
   } else {
     KS_CHECK(msg.kind == kValidation && validation_asked_ && !validation_,
              "disaggregated rollout: a message of kind ", msg.kind, " nobody asked for");
@@ -301,6 +306,15 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
       [&](int64_t i) -> const std::vector<int32_t>& { return (*in.prompts)[size_t(i)]; },
       [&](const std::vector<RoundRequest>& r, const ResponseSink& sink) { return worker.generate_round(r, sink); },
       [&] { return rank.actor_version; });
+  if (in.stream_responses && rank.leader())
+    ar.set_on_finished([&](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
+      nlohmann::ordered_json j;
+      j["stream"] = g.stream;
+      j["prompt"] = g.prompt;
+      j["sample"] = k;
+      j["tokens"] = response;
+      out.send(kResponse, 0, j.dump());
+    });
   if (n > 0) {
     const nlohmann::ordered_json st = parse_payload(text, "start");
     KS_ASSIGN(SampleStore store, SampleStore::from_json(st.at("store"), "the trainer's checkpoint (sample_store.json)"));

@@ -28,6 +28,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,6 +76,11 @@ class RemoteRollout {
   void stop();
   // Seconds receive_batch waited (the trainer idle, verl's trainer/idle_ratio) since the last call.
   double take_wait_seconds();
+  // Streamed responses (RolloutRankInputs::stream_responses): each one the
+  // rollout leader finished, as the trainer receives it, before the batch
+  // that trains it (stream position and dataset index of its group, sample, tokens).
+  using ResponseFn = std::function<void(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>&)>;
+  void set_on_response(ResponseFn fn) { on_response_ = std::move(fn); }
 
  private:
   struct Message {
@@ -95,6 +101,7 @@ class RemoteRollout {
   std::map<int64_t, Message> batches_;
   bool stopped_ = false;
   double wait_s_ = 0;
+  ResponseFn on_response_;
   int64_t publishes_ = 0;
   bool validation_asked_ = false;  // a validation was asked for and its responses not yet received
   std::optional<Message> validation_;  // its responses, once received
@@ -112,6 +119,9 @@ struct RolloutRankInputs {
   const std::vector<std::vector<int32_t>>* prompts = nullptr;  // token ids per dataset index
   const std::vector<std::vector<int32_t>>* val_prompts = nullptr;  // the validation set's, in order
   int64_t total_steps = 0;
+  // reward_model.launch_reward_fn_async: the leader sends each response it
+  // finishes to the trainer at once (scored there while generation goes on).
+  bool stream_responses = false;
 };
 
 // A rollout rank's whole life: waits for the start, then generates and hands

@@ -21,7 +21,7 @@ RewardStream::~RewardStream() {
   worker_.join();
 }
 
-void RewardStream::submit(std::vector<Key> keys, std::vector<RewardRequest> reqs) {
+void RewardStream::submit(std::vector<Key> keys, std::vector<RewardRequest> reqs, int64_t tag) {
   KS_CHECK(keys.size() == reqs.size(), "reward stream: ", keys.size(), " keys for ", reqs.size(), " requests");
   if (keys.empty()) return;
   {
@@ -31,7 +31,7 @@ void RewardStream::submit(std::vector<Key> keys, std::vector<RewardRequest> reqs
                k.first, " submitted twice");
       pending_[k] = 1;
     }
-    queue_.push_back({std::move(keys), std::move(reqs)});
+    queue_.push_back({std::move(keys), std::move(reqs), tag});
   }
   cv_.notify_all();
 }
@@ -62,6 +62,7 @@ void RewardStream::work() {
     for (size_t i = 0; i < c.keys.size(); ++i) {
       pending_.erase(c.keys[i]);
       Scored& s = results_[c.keys[i]];
+      s.tag = c.tag;
       if (err) continue;
       s.score = r.scores[i];
       if (i < r.extra.size()) s.extra = std::move(r.extra[i]);
@@ -97,9 +98,10 @@ RewardBatchResult RewardStream::take(const std::vector<Key>& keys) {
   return out;
 }
 
-void RewardStream::forget_unless(const std::function<bool(const Key&)>& keep) {
+void RewardStream::forget_unless(const std::function<bool(const Key&, int64_t)>& keep) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = results_.begin(); it != results_.end();) it = keep(it->first) ? std::next(it) : results_.erase(it);
+  for (auto it = results_.begin(); it != results_.end();)
+    it = keep(it->first, it->second.tag) ? std::next(it) : results_.erase(it);
 }
 
 double RewardStream::take_wait_seconds() {

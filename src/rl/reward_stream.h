@@ -45,16 +45,17 @@ class RewardStream {
   RewardStream(const RewardStream&) = delete;
   RewardStream& operator=(const RewardStream&) = delete;
 
-  // Queues requests scored together in one call (a chunk). A key already submitted is an error.
-  void submit(std::vector<Key> keys, std::vector<RewardRequest> reqs);
+  // Queues requests scored together in one call (a chunk), tagged `tag` (the
+  // trainer's step when submitted, for forget_unless). A key already submitted is an error.
+  void submit(std::vector<Key> keys, std::vector<RewardRequest> reqs, int64_t tag = 0);
   bool submitted(const Key& k) const;
   // The results of `keys` (each submitted before), in that order, waiting for
   // those still queued or being scored; failures are those of these keys'
   // chunks. The keys are forgotten. Rethrows what the score function threw.
   RewardBatchResult take(const std::vector<Key>& keys);
-  // Forgets the finished results whose key fails `keep` (groups dropped as
-  // too stale, never trained); pending ones are kept.
-  void forget_unless(const std::function<bool(const Key&)>& keep);
+  // Forgets the finished results whose (key, tag) fails `keep` (groups dropped
+  // as too stale, never trained); pending ones are kept.
+  void forget_unless(const std::function<bool(const Key&, int64_t tag)>& keep);
   // Seconds take() waited for the worker since the last call.
   double take_wait_seconds();
 
@@ -62,11 +63,13 @@ class RewardStream {
   struct Chunk {
     std::vector<Key> keys;
     std::vector<RewardRequest> reqs;
+    int64_t tag = 0;
   };
   struct Scored {
     double score = 0;
     nlohmann::ordered_json extra;
     RewardFailureCounts failures;  // its chunk's, on the chunk's first key
+    int64_t tag = 0;
   };
   void work();
 

@@ -184,7 +184,12 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
       // A per-response score starts the moment its response finishes; a batch-wise one waits for its batch.
       if (async_ && !reward_->batch_wise())
         async_->set_on_finished([this](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
-          stream_->submit({{g.stream, k}}, {reward_request(g.prompt, response)});
+          stream_->submit({{g.stream, k}}, {reward_request(g.prompt, response)}, step_);
+        });
+      // Disaggregated: the rollout leader sends each response it finishes (run_rollout_rank's stream_responses).
+      if (remote_)
+        remote_->set_on_response([this](int64_t stream, int64_t prompt, int64_t k, const std::vector<int32_t>& tokens) {
+          if (!reward_->batch_wise()) stream_->submit({{stream, k}}, {reward_request(prompt, tokens)}, step_);
         });
     }
   }
@@ -237,16 +242,23 @@ std::vector<RewardStream::Key> RlTrainer::submit_rewards(const std::vector<Store
     }
   m["reward/streamed_fraction"] = keys.empty() ? 0.0 : 1.0 - double(todo.size()) / double(keys.size());
   if (reward_->batch_wise()) {
-    stream_->submit(std::move(todo), std::move(reqs));  // one call, as the synchronous trainer makes
+    stream_->submit(std::move(todo), std::move(reqs), step_);  // one call, as the synchronous trainer makes
   } else {
-    for (size_t j = 0; j < todo.size(); ++j) stream_->submit({todo[j]}, {std::move(reqs[j])});
+    for (size_t j = 0; j < todo.size(); ++j) stream_->submit({todo[j]}, {std::move(reqs[j])}, step_);
   }
-  // Scores of groups the store no longer holds and this batch does not train (dropped as too stale).
+  // Scores of groups never to be trained (dropped as too stale). Colocated:
+  // those the store no longer holds and this batch does not train.
+  // Disaggregated (the store is on the rollout ranks): those older than the
+  // staleness bound (a group trains at most max_staleness versions after its
+  // first token, and its responses reached the trainer after that).
   std::set<int64_t> live;
   for (const StoredGroup& g : groups) live.insert(g.stream);
   if (async_)
     for (const StoredGroup& g : async_->store().groups()) live.insert(g.stream);
-  stream_->forget_unless([&](const RewardStream::Key& k) { return live.count(k.first) > 0; });
+  const int64_t bound = int64_t(std::ceil(opt_.staleness_threshold - 1e-9)) + opt_.partial_max_split - 1;
+  stream_->forget_unless([&](const RewardStream::Key& k, int64_t tag) {
+    return async_ ? live.count(k.first) > 0 : live.count(k.first) > 0 || step_ - tag <= bound + 1;
+  });
   return keys;
 }
 

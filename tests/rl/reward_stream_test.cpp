@@ -131,8 +131,10 @@ TEST(RewardStream, MisuseIsRefusedAndDroppedGroupsAreForgotten) {
   const RewardBatchResult r2 = s.take({{2, 0}});
   EXPECT_EQ(r2.scores, (std::vector<double>{0.2}));
   EXPECT_TRUE(s.submitted({1, 0}));
-  s.forget_unless([](const RewardStream::Key& k) { return k.first != 1; });
-  EXPECT_FALSE(s.submitted({1, 0}));
+  s.forget_unless([](const RewardStream::Key&, int64_t tag) { return tag == 7; });  // kept: tag 7 only
+  EXPECT_FALSE(s.submitted({1, 0})) << "submitted with tag 0";
+  s.submit({{1, 0}}, {req("a")}, /*tag=*/7);  // forgotten: may be submitted again
+  EXPECT_EQ(s.take({{1, 0}}).scores, (std::vector<double>{0.1}));
 }
 
 }  // namespace

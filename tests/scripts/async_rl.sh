@@ -164,10 +164,10 @@ DIS2=(+rollout.nnodes=1 +rollout.n_gpus_per_node=2)
 grep -q 'disaggregated rollout: 4 weight updates received by 1 rollout rank(s), the last one.s checksum [0-9]* matching' \
   "$W/log.txt" || fail "disaggregated 1+1: the weight-update report is missing"
 same_run "$W/stale" "$W/dis-stale" "disaggregated 1+1, staleness 1"
-# The trainer leader scores a received batch in the background while its log-probs run.
+# The rollout leader sends each response it finishes; the trainer scores it while the rollout goes on.
 [ "$(mrun 2 "$W/dis-arw" "" "${STALE[@]}" "${DIS1[@]}" "${ARW[@]}")" = 0 ] || fail "disaggregated, async reward"
 same_run "$W/stale" "$W/dis-arw" "disaggregated 1+1, staleness 1, launch_reward_fn_async"
-streamed "$W/dis-arw" 0.0
+streamed "$W/dis-arw" 1.0
 grep -q '"trainer/idle_ratio"' "$W/dis-stale/metrics.jsonl" || fail "disaggregated: no trainer/idle_ratio"
 [ "$(mrun 3 "$W/dis2-partial" "" "${PARTIAL[@]}" "${DIS2[@]}")" = 0 ] || fail "disaggregated 1+2, partial rollout"
 grep -q 'received by 2 rollout rank(s)' "$W/log.txt" || fail "disaggregated 1+2: the weight-update report is missing"
