@@ -2,12 +2,16 @@
 # Rewards scored in the background as responses finish
 # (reward_model.launch_reward_fn_async, rl/reward_stream.h) against the
 # synchronous trainer, with an external reward program that takes a fixed
-# time per response (a stand-in for a sandbox or a verifier: it sleeps, then
-# answers), GRPO on the built-in arith task with the tiny model, 8 prompts x 8
-# responses per step. One run each, the same steps and seeds: the scores and
+# time per response (a stand-in for a sandbox or a verifier: a Python
+# program that sleeps, then scores the answer's length mod 3), GRPO on the
+# built-in arith task, 8 prompts x 8 responses per step (MODEL, default
+# builtin:arith-sft: the demo's warm start, whose responses end at EOS with a
+# spread of lengths; builtin:tiny runs every response to the length limit, so
+# none finishes early). One run each, the same steps and seeds: the scores and
 # the weights are the same bits either way; only the time differs.
-# Prints per mode: the mean step time, the mean reward wait (timing_s/reward),
-# the share of responses handed over as they finished, and the speed-up.
+# Prints per mode: the mean step time, the mean generation time and reward wait
+# (timing_s/gen, timing_s/reward), the share of responses handed over as they
+# finished, and the speed-up. Needs python3 (for the reward program only).
 # usage: bash bench/reward_stream_bench.sh [kestrel-binary (build/release/kestrel)] [steps (10)] [ms per response (5)]
 set -euo pipefail
 KESTREL=${1:-build/release/kestrel}
@@ -16,15 +20,21 @@ MS=${3:-5}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export KESTREL_NO_PROGRESS=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-SLEEP=$(awk -v ms="$MS" 'BEGIN { printf "%.3f", ms / 1000 }')
-COMMON=(actor_rollout_ref.model.path=builtin:tiny data.train_batch_size=8 actor_rollout_ref.rollout.n=8
+MODEL=${MODEL:-builtin:arith-sft}
+COMMON=(actor_rollout_ref.model.path="$MODEL" data.train_batch_size=8 actor_rollout_ref.rollout.n=8
         actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps="$STEPS" trainer.test_freq=-1
         trainer.val_before_train=false trainer.save_freq=-1 "trainer.logger=[file]" trainer.resume_mode=disable
-        "reward_model.reward_command=while read -r l; do sleep $SLEEP; expr length \"\$l\" % 3; done")
+        "reward_model.reward_command=python3 $W/reward.py")
+cat >"$W/reward.py" <<PY
+import json, sys, time
+for line in sys.stdin:
+    time.sleep($MS / 1000)
+    print(len(json.loads(line)["solution_str"]) % 3, flush=True)
+PY
 column() { grep -o "\"$2\":[^,}]*" "$1/metrics.jsonl" | cut -d: -f2; }
 mean() { column "$1" "$2" | awk '{ s += $1; n++ } END { printf "%.3f", n ? s / n : 0 }'; }
 echo "$(lscpu | sed -n 's/^Model name: *//p'), OMP_NUM_THREADS=$OMP_NUM_THREADS, reward program ${MS} ms per response, $STEPS steps"
-printf "%-24s %10s %12s %10s %8s\n" mode "step s" "reward wait s" streamed speedup
+printf "%-8s %8s %8s %14s %10s %8s\n" mode "step s" "gen s" "reward wait s" streamed speedup
 base=
 for mode in sync async; do
   extra=()
@@ -33,7 +43,7 @@ for mode in sync async; do
     { tail -20 "$W/$mode.log"; exit 1; }
   step=$(mean "$W/$mode" timing_s/step)
   [[ -z $base ]] && base=$step
-  printf "%-24s %10s %12s %10s %7.2fx\n" "$mode" "$step" "$(mean "$W/$mode" timing_s/reward)" \
+  printf "%-8s %8s %8s %14s %10s %7.2fx\n" "$mode" "$step" "$(mean "$W/$mode" timing_s/gen)" "$(mean "$W/$mode" timing_s/reward)" \
     "$(mean "$W/$mode" reward/streamed_fraction)" "$(awk -v a="$base" -v b="$step" 'BEGIN { print a / b }')"
 done
 cmp -s <(column "$W/sync" critic/score/mean) <(column "$W/async" critic/score/mean) &&

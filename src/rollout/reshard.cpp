@@ -202,7 +202,6 @@ void RolloutWeights::list_expert_parallel_sources() {
 
 void RolloutWeights::refresh_expert_parallel() {
   comm::ProcessGroup& rtp = copy_->tp();
-  comm::ProcessGroup& ttp = train_.tp();
   // The smaller dtype on the wire, as refresh_pipelined.
   const DType wire = dtype_size(copy_->dtype()) < dtype_size(train_.dtype()) ? copy_->dtype() : train_.dtype();
   for (size_t i = 0; i < dst_.size(); ++i) {
@@ -242,7 +241,6 @@ const ReshardStats& RolloutWeights::refresh() {
     last_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return last_;
   }
-  comm::ProcessGroup& ttp = train_.tp();
   comm::ProcessGroup& rtp = copy_->tp();
   parallel::ReshardBytes bytes;
   for (size_t i = 0; i < src_.size(); ++i) {
