@@ -29,8 +29,12 @@ int64_t AsyncRollout::pipeline_target(int64_t step) const {
   return std::max(target, (step + 1) * opt_.batch_prompts);
 }
 
+int64_t max_staleness(double staleness_threshold, int64_t partial_max_split) {
+  return int64_t(std::ceil(staleness_threshold - 1e-9)) + partial_max_split - 1;
+}
+
 int64_t AsyncRollout::max_staleness() const {
-  return int64_t(std::ceil(opt_.staleness_threshold - 1e-9)) + opt_.partial_max_split - 1;
+  return rl::max_staleness(opt_.staleness_threshold, opt_.partial_max_split);
 }
 
 void AsyncRollout::draw_groups(int64_t count) {

@@ -1,6 +1,5 @@
 #include "rl/reward_stream.h"
 
-#include <chrono>
 #include <iterator>
 
 #include "core/status.h"
@@ -74,7 +73,6 @@ void RewardStream::work() {
 }
 
 RewardBatchResult RewardStream::take(const std::vector<Key>& keys) {
-  const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   for (const Key& k : keys)
     KS_CHECK(results_.count(k) || pending_.count(k), "reward stream: sample ", k.second, " of stream position ",
@@ -85,7 +83,6 @@ RewardBatchResult RewardStream::take(const std::vector<Key>& keys) {
       if (pending_.count(k)) return false;
     return true;
   });
-  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (error_) std::rethrow_exception(error_);
   RewardBatchResult out;
   for (const Key& k : keys) {
@@ -102,13 +99,6 @@ void RewardStream::forget_unless(const std::function<bool(const Key&, int64_t)>&
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = results_.begin(); it != results_.end();)
     it = keep(it->first, it->second.tag) ? std::next(it) : results_.erase(it);
-}
-
-double RewardStream::take_wait_seconds() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const double s = wait_s_;
-  wait_s_ = 0;
-  return s;
 }
 
 }  // namespace kestrel::rl

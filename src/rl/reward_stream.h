@@ -56,8 +56,6 @@ class RewardStream {
   // Forgets the finished results whose (key, tag) fails `keep` (groups dropped
   // as too stale, never trained); pending ones are kept.
   void forget_unless(const std::function<bool(const Key&, int64_t tag)>& keep);
-  // Seconds take() waited for the worker since the last call.
-  double take_wait_seconds();
 
  private:
   struct Chunk {
@@ -81,7 +79,6 @@ class RewardStream {
   std::map<Key, Scored> results_;
   std::exception_ptr error_;
   bool stop_ = false;
-  double wait_s_ = 0;
   std::thread worker_;  // last: starts after every member above exists
 };
 

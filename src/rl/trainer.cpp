@@ -181,15 +181,15 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
     if (reward_->is_leader()) {
       stream_ = std::make_unique<RewardStream>(
           [r = reward_.get()](const std::vector<RewardRequest>& q) { return r->score_here(q); });
-      // A per-response score starts the moment its response finishes; a batch-wise one waits for its batch.
-      if (async_ && !reward_->batch_wise())
+      // Each response as it finishes: generated here, or sent by the disaggregated rollout leader
+      // (run_rollout_rank's stream_responses).
+      if (async_)
         async_->set_on_finished([this](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
-          stream_->submit({{g.stream, k}}, {reward_request(g.prompt, response)}, step_);
+          stream_response(g.stream, g.prompt, k, response);
         });
-      // Disaggregated: the rollout leader sends each response it finishes (run_rollout_rank's stream_responses).
       if (remote_)
         remote_->set_on_response([this](int64_t stream, int64_t prompt, int64_t k, const std::vector<int32_t>& tokens) {
-          if (!reward_->batch_wise()) stream_->submit({{stream, k}}, {reward_request(prompt, tokens)}, step_);
+          stream_response(stream, prompt, k, tokens);
         });
     }
   }
@@ -220,6 +220,11 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
   for (int64_t i = 0; i < b.size(); ++i)
     reqs.push_back(reward_request(prompt_idx[size_t(b.group[size_t(i)])], b.responses[size_t(i)]));
   reward_->score(b, reqs, m, extra);
+}
+
+void RlTrainer::stream_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response) {
+  // A batch-wise score needs its whole batch: submit_rewards sends it in one call.
+  if (!reward_->batch_wise()) stream_->submit({{stream, sample}}, {reward_request(prompt, response)}, step_);
 }
 
 std::vector<RewardStream::Key> RlTrainer::submit_rewards(const std::vector<StoredGroup>& groups,
@@ -255,9 +260,9 @@ std::vector<RewardStream::Key> RlTrainer::submit_rewards(const std::vector<Store
   for (const StoredGroup& g : groups) live.insert(g.stream);
   if (async_)
     for (const StoredGroup& g : async_->store().groups()) live.insert(g.stream);
-  const int64_t bound = int64_t(std::ceil(opt_.staleness_threshold - 1e-9)) + opt_.partial_max_split - 1;
+  const int64_t bound = max_staleness(opt_.staleness_threshold, opt_.partial_max_split);
   stream_->forget_unless([&](const RewardStream::Key& k, int64_t tag) {
-    return async_ ? live.count(k.first) > 0 : live.count(k.first) > 0 || step_ - tag <= bound + 1;
+    return live.count(k.first) > 0 || (!async_ && step_ - tag <= bound + 1);
   });
   return keys;
 }

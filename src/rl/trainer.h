@@ -253,6 +253,9 @@ class RlTrainer {
   std::vector<std::vector<int32_t>> prompt_ids(const std::vector<int64_t>& prompt_idx) const;
   // A response's reward request (its prompt's data source, ground truth and extra info; the decoded text).
   RewardRequest reward_request(int64_t prompt, const std::vector<int32_t>& response) const;
+  // launch_reward_fn_async: a response the rollout just finished, queued for
+  // scoring (per-response managers; a batch-wise one waits for submit_rewards).
+  void stream_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response);
   // launch_reward_fn_async: queues the rewards of `groups` not yet submitted
   // (world rank 0); returns the batch's keys, in batch order.
   // reward/streamed_fraction (Kestrel) into m: the share scored from the moment it finished.

@@ -24,21 +24,9 @@ ALWAYS=(UlyssesEqualsOneProcess RingEqualsOneProcess AllToAllRoundTripIsTheIdent
         GatherRowsInvertsTheSplit)
 for np in 2 4; do
   echo "== mpirun -np $np mpi_tests --gtest_filter=CpAttentionMpi.*"
-  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='CpAttentionMpi.*' \
-       --gtest_color=no >"$W/log$np.txt" 2>&1; then
-    tail -40 "$W/log$np.txt" >&2
-    echo "mpi_cp_attention: FAILED with $np ranks" >&2
-    exit 1
-  fi
   want=("${ALWAYS[@]}")
   if [[ $np == 4 ]]; then want+=(HybridEqualsOneProcess); fi
-  for t in "${want[@]}"; do
-    if ! grep -q "^\[       OK \] CpAttentionMpi\.$t " "$W/log$np.txt"; then
-      tail -40 "$W/log$np.txt" >&2
-      echo "mpi_cp_attention: CpAttentionMpi.$t did not run and pass with $np ranks" >&2
-      exit 1
-    fi
-  done
+  mpi_gtests mpi_cp_attention "$np" 300 'CpAttentionMpi.*' "$W/log$np.txt" "${want[@]/#/CpAttentionMpi.}"
   # Every algorithm's byte line, per case (4 f32 shapes + bf16).
   for algo in ulysses ring $([[ $np == 4 ]] && echo hybrid); do
     n=$(grep -c "^\[cp bytes\] $algo cp=$np " "$W/log$np.txt" || true)

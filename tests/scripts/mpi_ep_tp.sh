@@ -28,18 +28,10 @@ BIN="$BUILD/mpi_tests"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
-  if ! timeout -k 5 600 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='EpTp.*' \
-       --gtest_color=no >"$W/log$np.txt" 2>&1; then
-    tail -40 "$W/log$np.txt" >&2
-    echo "mpi_ep_tp: FAILED with $np ranks" >&2
-    exit 1
-  fi
-  tests="EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor"
-  tests="$tests EpTp.RolloutUnderTpEqualsOneProcess EpTp.GradientsEqualOneProcess EpTp.EtpExchangeBytesEqualTheFormula"
-  [[ $np == 4 ]] && tests="$tests EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2 EpTp.RolloutUnderEp2Tp2EqualsOneProcess"
-  for t in $tests; do
-    grep -q "\[       OK \] $t " "$W/log$np.txt" || { echo "mpi_ep_tp: $t did not run with $np ranks" >&2; exit 1; }
-  done
+  tests=(EpTp.EtpGatherAndReduceScatterAreAdjoint EpTp.TrainingEqualsOneProcess EpTp.SavingAndRolloutWeightsGatherEveryTensor
+         EpTp.RolloutUnderTpEqualsOneProcess EpTp.GradientsEqualOneProcess EpTp.EtpExchangeBytesEqualTheFormula)
+  [[ $np == 4 ]] && tests+=(EpTp.OptimizerCheckpointMovesBetweenOneProcessAndEp2Tp2 EpTp.RolloutUnderEp2Tp2EqualsOneProcess)
+  mpi_gtests mpi_ep_tp "$np" 600 'EpTp.*' "$W/log$np.txt" "${tests[@]}"
   grep "\[ measured \]" "$W/log$np.txt" || true
 done
 echo "mpi_ep_tp: OK (etp exchange; TP2 gradients; TP2, ETP2, TP2 x DP2, EP2 x TP2, EP2 with ETP2 train equal to one process; saving, rollout copy and optimizer checkpoints under EP x TP; rollout under TP2, TP4 and EP2 x TP2)"

@@ -26,21 +26,13 @@ BIN="$BUILD/mpi_tests"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
-  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='HierA2a.*:EpDispatch.*:EpModel.*:EpRollout.*' \
-       --gtest_color=no >"$W/log$np.txt" 2>&1; then
-    tail -40 "$W/log$np.txt" >&2
-    echo "mpi_hier_a2a: FAILED with $np ranks" >&2
-    exit 1
-  fi
-  for t in HierA2a.DeliversWhatTheFlatExchangeDelivers HierA2a.NodesComeFromMpiOrTheTestHook \
-           EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup \
-           EpModel.ExpertsOverTheGroupEqualOneProcess EpModel.SavingGathersEveryExpert \
-           EpModel.TrainingEqualsOneProcess EpDispatch.AllGatherDeliversWhatAllToAllDelivers \
-           EpDispatch.AllGatherRefusesTheHierarchicalExchange EpDispatch.BytesEqualTheFormulas \
-           EpModel.AllGatherAndHierarchicalDispatchEqualOneProcess EpRollout.GreedyEqualsOneProcessWithIdleRanks; do
-    grep -q "^\[       OK \] $t " "$W/log$np.txt" \
-      || { tail -40 "$W/log$np.txt" >&2; echo "mpi_hier_a2a: $t did not run and pass with $np ranks" >&2; exit 1; }
-  done
+  mpi_gtests mpi_hier_a2a "$np" 300 'HierA2a.*:EpDispatch.*:EpModel.*:EpRollout.*' "$W/log$np.txt" \
+    HierA2a.DeliversWhatTheFlatExchangeDelivers HierA2a.NodesComeFromMpiOrTheTestHook \
+    EpDispatch.AllToAllEqualsLocalExpertsAndCombineIsTheAdjoint EpDispatch.ExpertsMustSplitOverTheGroup \
+    EpModel.ExpertsOverTheGroupEqualOneProcess EpModel.SavingGathersEveryExpert \
+    EpModel.TrainingEqualsOneProcess EpDispatch.AllGatherDeliversWhatAllToAllDelivers \
+    EpDispatch.AllGatherRefusesTheHierarchicalExchange EpDispatch.BytesEqualTheFormulas \
+    EpModel.AllGatherAndHierarchicalDispatchEqualOneProcess EpRollout.GreedyEqualsOneProcessWithIdleRanks
   grep '^\[hier a2a\]\|^\[ep bytes\]' "$W/log$np.txt" | sort
 done
 echo "mpi_hier_a2a: the hierarchical exchange equals the flat one with 2 and 4 ranks"

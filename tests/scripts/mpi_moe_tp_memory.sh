@@ -21,14 +21,7 @@ BIN="$BUILD/mpi_tests"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
-  if ! timeout -k 5 300 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter='MoeTpMemory.*' \
-       --gtest_color=no >"$W/log$np.txt" 2>&1; then
-    tail -40 "$W/log$np.txt" >&2
-    echo "mpi_moe_tp_memory: FAILED with $np ranks" >&2
-    exit 1
-  fi
-  grep -q "\[       OK \] MoeTpMemory.ActorUpdateFollowsThePlan " "$W/log$np.txt" ||
-    { echo "mpi_moe_tp_memory: MoeTpMemory.ActorUpdateFollowsThePlan did not run with $np ranks" >&2; exit 1; }
+  mpi_gtests mpi_moe_tp_memory "$np" 300 'MoeTpMemory.*' "$W/log$np.txt" MoeTpMemory.ActorUpdateFollowsThePlan
   grep "\[moe tp memory\]" "$W/log$np.txt" || true
 done
 echo "mpi_moe_tp_memory: OK (MoE/MLA plan equals the allocator per category at TP2, ETP, TP2 x DP2, EP2 x TP2)"

@@ -12,3 +12,22 @@ mpi_env() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
   export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
 }
+
+# `mpi_gtests <name> <np> <timeout s> <gtest filter> <log> [Suite.Test ...]`
+# runs $BIN (the mpi_tests binary) on np ranks into <log>, and fails with the
+# log's tail unless it passed and each named test ran and passed (a filter
+# that matches nothing must not pass as green).
+mpi_gtests() {
+  local name=$1 np=$2 limit=$3 filter=$4 log=$5 t
+  shift 5
+  if ! timeout -k 5 "$limit" mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter="$filter" \
+       --gtest_color=no >"$log" 2>&1; then
+    tail -40 "$log" >&2
+    echo "$name: FAILED with $np ranks" >&2
+    exit 1
+  fi
+  for t in "$@"; do
+    grep -q "^\[       OK \] $t " "$log" ||
+      { tail -40 "$log" >&2; echo "$name: $t did not run and pass with $np ranks" >&2; exit 1; }
+  done
+}
