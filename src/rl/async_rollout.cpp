@@ -143,11 +143,42 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
                  t.group->stream, " in one round");
 }
 
-bool AsyncRollout::ready(int64_t step) const {
-  return opt_.partial_max_split <= 1 && store_.next_stream() >= (step + 1) * opt_.batch_prompts;
+int64_t AsyncRollout::trainable(int64_t step, int64_t skip) const {
+  int64_t n = 0;
+  for (const StoredGroup& g : store_.groups()) {
+    if (!g.finished() || step - g.first_version() > max_staleness()) continue;
+    if (skip > 0) {
+      --skip;
+      continue;
+    }
+    ++n;
+  }
+  return n;
 }
 
-int64_t AsyncRollout::generate(int64_t step) {
+bool AsyncRollout::ready(int64_t step) const {
+  const int64_t B = opt_.batch_prompts;
+  if (opt_.partial_max_split <= 1) return store_.next_stream() >= (step + 1) * B;
+  // Partial rollout with staleness: the previous step's rounds finished this
+  // step's batch (within the bound, as take() checks). Without staleness
+  // every step trains only after a round at its own version.
+  return opt_.staleness_threshold > 0 && trainable(step) >= B;
+}
+
+bool AsyncRollout::rounds_done(int64_t step, bool batch_taken) const {
+  const int64_t B = opt_.batch_prompts;
+  if (opt_.staleness_threshold <= 0) return store_.num_finished() >= B;
+  // With staleness the rounds run until the next step's batch is finished
+  // as well (so that step hands it over first), unless this is the last step.
+  // take(step) removes the B oldest groups trainable at `step`; those
+  // trainable at step + 1 are a subset of them, in the same order.
+  const int64_t own = batch_taken ? 0 : B;
+  if (!batch_taken && trainable(step) < B) return false;
+  if (opt_.total_steps > 0 && step + 1 >= opt_.total_steps) return true;
+  return trainable(step + 1, own) >= B;
+}
+
+int64_t AsyncRollout::generate(int64_t step, bool batch_taken) {
   const int64_t B = opt_.batch_prompts;
   const int64_t finished_before = store_.num_finished();
   int64_t rounds = 0;
@@ -161,13 +192,18 @@ int64_t AsyncRollout::generate(int64_t step) {
     }
   } else {
     const int64_t budget = (opt_.response_length + opt_.partial_max_split - 1) / opt_.partial_max_split;
-    if (store_.size() < B) draw_groups(B - store_.size());  // carried groups first, new prompts up to B
+    // New prompts up to the pipeline's target (with t = 0: the step's own B,
+    // carried groups counting), plus one for each group dropped as stale, so
+    // a drop does not shrink what later steps find (positions, not the
+    // store's size: a batch handed over before the rounds has left it).
+    const int64_t target = pipeline_target(step) + store_.counters().dropped_groups;
+    if (store_.next_stream() < target) draw_groups(target - store_.next_stream());
     for (;;) {
       if (store_.num_unfinished() > 0) {
         run_round(step, budget);
         ++rounds;
       }
-      if (store_.num_finished() >= B) break;
+      if (rounds_done(step, batch_taken)) break;
       draw_groups(B);  // more prompts for the next round: training needs B finished groups
     }
   }
@@ -203,7 +239,7 @@ std::vector<StoredGroup> AsyncRollout::next_groups(int64_t step, std::map<std::s
   // does (the same groups either way; the metrics then say the same).
   if (ready(step)) {
     std::vector<StoredGroup> groups = take(step, m);
-    generate(step);
+    generate(step, /*batch_taken=*/true);
     return groups;
   }
   generate(step);

@@ -338,7 +338,7 @@ Status run_rollout_rank(const RolloutRankInputs& in) {
       break;
     }
     KS_CHECK(rank.version == j, "disaggregated rollout: weights of version ", rank.version, " at step ", j);
-    ar.generate(j);
+    ar.generate(j, sent);
     if (!sent) {
       const auto groups = ar.take(j, m);
       if (rank.leader()) out.send(kBatch, j, batch_payload(groups, m));

@@ -155,8 +155,6 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   const bool asynchronous = opt_.staleness_threshold > 0 || opt_.partial_max_split > 1;
   KS_CHECK(!asynchronous || !opt_.filter_groups.enable, "not supported yet: ", AT, " > 0 or ", PS,
            " > 1 with algorithm.filter_groups.enable (dynamic sampling draws and filters its own batches)");
-  KS_CHECK(opt_.partial_max_split == 1 || opt_.staleness_threshold == 0, "not supported yet: ", PS, "=",
-           opt_.partial_max_split, " together with ", AT, "=", opt_.staleness_threshold, "; use one of them");
   KS_CHECK(opt_.partial_max_split == 1 || !opt_.engine.record_routing, "not supported yet: ", PS,
            " > 1 with actor_rollout_ref.rollout.enable_rollout_routing_replay (a continued response's routing is "
            "not joined)");

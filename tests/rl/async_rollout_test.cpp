@@ -7,6 +7,7 @@
 // a continued response equal to an uninterrupted one at fixed weights.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -220,11 +221,69 @@ TEST(AsyncRollout, RoundsThatFinishEverythingEqualThePipeline) {
   }
 }
 
+// verl's fully-async trainer runs partial rollout under a staleness
+// threshold: both bounds hold at once, the store never holds more than the
+// pipeline's floor((1 + t) * B) groups before a step's rounds, and after the
+// first step each batch is handed over before the step's rounds run (what
+// lets disaggregated rollout ranks generate while the trainer trains).
+TEST(AsyncRollout, PartialRolloutUnderStalenessKeepsBothBounds) {
+  for (const double t : {0.5, 1.0, 2.0}) {
+    Harness h(options(t, 4));
+    EXPECT_EQ(h.ar->max_staleness(), int64_t(std::ceil(t)) + 3);
+    int64_t partial_seen = 0, stale_seen = 0, ready_steps = 0;
+    for (int64_t s = 0; s < 12; ++s) {
+      if (s > 0 && h.ar->ready(s)) ++ready_steps;
+      std::map<std::string, double> m;
+      const auto gs = h.step(s, m);
+      ASSERT_EQ(gs.size(), 4u);
+      expect_versions_match_tokens(gs);
+      for (const StoredGroup& g : gs) {
+        EXPECT_LE(g.max_rounds(), 4) << "a response took more than max_split rounds";
+        EXPECT_LE(s - g.first_version(), h.ar->max_staleness()) << "t=" << t << " step " << s;
+        stale_seen = std::max(stale_seen, s - g.first_version());
+        for (const StoredSample& x : g.samples)
+          EXPECT_EQ(int64_t(x.tokens.size()), h.eng.target(g.seed, uint64_t(&x - g.samples.data())));
+      }
+      partial_seen += int64_t(m["fully_async/partial/total_partial_num"]);
+      EXPECT_LE(m["fully_async/staleness/max"], double(h.ar->max_staleness()));
+      EXPECT_EQ(h.ar->store().next_stream(), (s + 1) * 4 + h.ar->store().size() +
+                int64_t(m["fully_async/count/dropped_stale_samples"])) << "a group lost or trained twice";
+    }
+    EXPECT_GT(partial_seen, 0) << "t=" << t << ": no response spanned rounds";
+    EXPECT_GE(stale_seen, 1) << "t=" << t << ": nothing trained off-policy";
+    EXPECT_EQ(ready_steps, 11) << "t=" << t << ": a batch waited for its step's rounds";
+  }
+}
+
+// When every response fits one round, partial rollout under staleness t is
+// the pipeline with staleness t: the same groups, tokens and versions.
+TEST(AsyncRollout, PartialRolloutUnderStalenessWithShortResponsesIsThePipeline) {
+  for (const double t : {1.0, 2.0}) {
+    Harness whole(options(t, 1)), rounds(options(t, 4));
+    whole.eng.long_len = rounds.eng.long_len = 8;
+    for (int64_t s = 0; s < 6; ++s) {
+      std::map<std::string, double> ma, mb;
+      const auto ga = whole.step(s, ma), gb = rounds.step(s, mb);
+      ASSERT_EQ(ga.size(), gb.size());
+      for (size_t k = 0; k < ga.size(); ++k) {
+        EXPECT_EQ(ga[k].stream, gb[k].stream) << "t=" << t << " step " << s;
+        EXPECT_EQ(ga[k].seed, gb[k].seed);
+        for (size_t j = 0; j < ga[k].samples.size(); ++j) {
+          EXPECT_EQ(ga[k].samples[j].tokens, gb[k].samples[j].tokens);
+          EXPECT_EQ(ga[k].samples[j].versions, gb[k].samples[j].versions);
+        }
+      }
+      EXPECT_EQ(ma["fully_async/staleness/max"], mb["fully_async/staleness/max"]);
+      EXPECT_EQ(whole.ar->store().next_stream(), rounds.ar->store().next_stream());
+    }
+  }
+}
+
 // Streaming rewards score a response the moment it finishes: the callback
 // must see every response that trains, exactly once, with its whole text
 // (a partial response's earlier rounds included), and none still unfinished.
 TEST(AsyncRollout, FinishedCallbackSeesEachTrainedResponseOnceAndWhole) {
-  for (const auto& [t, split] : std::vector<std::pair<double, int64_t>>{{0, 1}, {1, 1}, {0, 4}}) {
+  for (const auto& [t, split] : std::vector<std::pair<double, int64_t>>{{0, 1}, {1, 1}, {0, 4}, {1, 4}}) {
     Harness h(options(t, split));
     std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>> seen;
     h.ar->set_on_finished([&](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {

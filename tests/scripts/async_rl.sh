@@ -2,7 +2,8 @@
 # Asynchronous RL end to end (rl/async_rollout.h, rl/disaggregated.h), GRPO
 # on the tiny model, 4 steps:
 #   - bounded staleness (async_training.staleness_threshold=1, one-step off
-#     policy) and partial rollout (algorithm.partial_rollout_max_split=3): no
+#     policy) and partial rollout (algorithm.partial_rollout_max_split=3), each
+#     and both together (verl's fully-async trainer with partial rollout): no
 #     batch trains beyond its bound (fully_async/staleness/max), responses span
 #     rounds (fully_async/partial/total_partial_num);
 #   - rewards scored in the background as responses finish
@@ -69,6 +70,17 @@ for s in $(metric_column "$W/partial" fully_async/staleness/max); do
 done
 partial=$(metric_column "$W/partial" fully_async/partial/total_partial_num | awk '{ for (i = 1; i <= NF; i++) t += $i; print t }')
 awk -v p="$partial" 'BEGIN { exit !(p > 0) }' || fail "partial rollout: no response spanned rounds"
+# Both: a group may train ceil(1) + 3 - 1 = 3 versions after its first token; after the first step each
+# batch was finished by the previous step's rounds, so some train off-policy.
+[ "$(run "$W/both" "" "${STALE[@]}" "${PARTIAL[@]}")" = 0 ] || fail "staleness 1 with partial rollout"
+stale_both=$(metric_column "$W/both" fully_async/staleness/max)
+for s in $stale_both; do
+  awk -v s="$s" 'BEGIN { exit !(s <= 3) }' || fail "staleness 1 with partial rollout: a batch trained $s versions late (bound 3)"
+done
+[[ "$stale_both" == "0.0 "* && "$stale_both" =~ [123]\.0 ]] ||
+  fail "staleness 1 with partial rollout: max staleness per step '$stale_both', want 0 first, then some >= 1"
+partial=$(metric_column "$W/both" fully_async/partial/total_partial_num | awk '{ for (i = 1; i <= NF; i++) t += $i; print t }')
+awk -v p="$partial" 'BEGIN { exit !(p > 0) }' || fail "staleness 1 with partial rollout: no response spanned rounds"
 # The sample store changes nothing: the built-in job's first 3 steps (make demo's settings, with the tiny
 # model instead of its SFT warm start, which takes minutes to make) through the store and generated directly,
 # as the trainer did before the store (KESTREL_TEST_DIRECT_ROLLOUT, test only), are the same bits (metrics,
@@ -127,7 +139,6 @@ refuse "async_training.partial_rollout" +async_training.partial_rollout=true
 refuse "async_training.trigger_parameter_sync_step" +async_training.trigger_parameter_sync_step=4
 refuse "use_rollout_log_probs=true trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true" \
   +async_training.use_rollout_log_probs=true
-refuse "together with async_training.staleness_threshold" "${STALE[@]}" "${PARTIAL[@]}"
 refuse "not supported yet: reward_model.launch_reward_fn_async=true with algorithm.filter_groups.enable" \
   "${ARW[@]}" algorithm.filter_groups.enable=true algorithm.filter_groups.metric=score data.gen_batch_size=4
 refuse "set both (disaggregated rollout ranks) or neither" +rollout.nnodes=1
@@ -135,15 +146,15 @@ refuse "actor_rollout_ref.hybrid_engine=false puts the rollout on its own proces
 refuse "no trainer among the 1 processes" +rollout.nnodes=1 +rollout.n_gpus_per_node=1
 
 # 2. SIGKILL inside step 3, resumed: identical to the uninterrupted run.
-for mode in stale partial; do
-  if [[ $mode == stale ]]; then extra=("${STALE[@]}"); else extra=("${PARTIAL[@]}"); fi
+for mode in stale partial both; do
+  case $mode in stale) extra=("${STALE[@]}") ;; partial) extra=("${PARTIAL[@]}") ;; both) extra=("${STALE[@]}" "${PARTIAL[@]}") ;; esac
   [ "$(run "$W/$mode-k" train_step:3 "${extra[@]}")" = 137 ] || fail "$mode: expected SIGKILL in step 3"
   [ "$(pointer "$W/$mode-k")" = 2 ] || fail "$mode: pointer $(pointer "$W/$mode-k") after the kill, want 2"
   [ "$(run "$W/$mode-k" "" "${extra[@]}")" = 0 ] || fail "$mode: resumed run failed"
   grep -q 'resumed from .*global_step_2 ' "$W/log.txt" || fail "$mode: did not resume from step 2"
   same_run "$W/$mode" "$W/$mode-k" "$mode killed and resumed"
 done
-echo "async_rl: killed and resumed, staleness and partial rollout continue bit for bit"
+echo "async_rl: killed and resumed, staleness and partial rollout (each and both) continue bit for bit"
 
 # 3. Disaggregated rollout ranks under mpirun.
 source "$(dirname "$0")/lib/mpi_env.sh"
@@ -169,6 +180,9 @@ same_run "$W/stale" "$W/dis-stale" "disaggregated 1+1, staleness 1"
 same_run "$W/stale" "$W/dis-arw" "disaggregated 1+1, staleness 1, launch_reward_fn_async"
 streamed "$W/dis-arw" 1.0
 grep -q '"trainer/idle_ratio"' "$W/dis-stale/metrics.jsonl" || fail "disaggregated: no trainer/idle_ratio"
+[ "$(mrun 2 "$W/dis-both" "" "${STALE[@]}" "${PARTIAL[@]}" "${DIS1[@]}")" = 0 ] ||
+  fail "disaggregated 1+1, staleness 1 with partial rollout"
+same_run "$W/both" "$W/dis-both" "disaggregated 1+1, staleness 1 with partial rollout"
 [ "$(mrun 3 "$W/dis2-partial" "" "${PARTIAL[@]}" "${DIS2[@]}")" = 0 ] || fail "disaggregated 1+2, partial rollout"
 grep -q 'received by 2 rollout rank(s)' "$W/log.txt" || fail "disaggregated 1+2: the weight-update report is missing"
 # Two rollout ranks each generate a share of a round's requests: other GEMM row counts, so the rollout
