@@ -516,6 +516,12 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.rollout_corr = rollout_correction_config(c);
   o.staleness_threshold = c.get_float("async_training.staleness_threshold");
   o.partial_max_split = c.get_int("algorithm.partial_rollout_max_split");
+  // verl interrupts responses at each parameter sync; Kestrel's rounds need a token budget, which
+  // partial_rollout_max_split gives. The flag alone says nothing about how long a round is.
+  if (c.get_bool("async_training.partial_rollout") && o.partial_max_split <= 1)
+    KS_FAIL(c.origin("async_training.partial_rollout"), ": async_training.partial_rollout=true: Kestrel's partial "
+            "rollout runs in rounds of ceil(response_length / s) tokens; set +algorithm.partial_rollout_max_split=s "
+            "(s > 1, e.g. 4; it is ", o.partial_max_split, ") or partial_rollout=false");
   o.use_rollout_log_probs = c.get_bool("async_training.use_rollout_log_probs");
   if (o.use_rollout_log_probs && !c.get_bool("actor_rollout_ref.rollout.calculate_log_probs"))
     KS_FAIL(c.origin("actor_rollout_ref.rollout.calculate_log_probs"), ": async_training.use_rollout_log_probs=true "

@@ -152,9 +152,10 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "Mini-batches per local update; a Kestrel step trains data.train_batch_size prompts in ppo_mini_batch_size "
       "mini-batches, then syncs (verl's require_batches = train_batch_size / ppo_mini_batch_size).")
       .at_least(1).addable = true;
-  b.k("partial_rollout", B, "false", NO,
-      "verl's partial rollout (responses interrupted at a parameter sync and continued after it); Kestrel's partial "
-      "rollout is algorithm.partial_rollout_max_split. verl's fully-async default: true.").addable = true;
+  b.k("partial_rollout", B, "false", YES,
+      "verl's partial rollout (responses interrupted at a parameter sync and continued after it). Kestrel's rounds "
+      "have a token budget: true needs algorithm.partial_rollout_max_split > 1, which then runs it (alone it is "
+      "refused, naming that key). verl's fully-async default: true.").addable = true;
   b.k("use_rollout_log_probs", B, "false", YES,
       "Train with the rollout's log-probs as the old log-probs (no recompute; needs "
       "actor_rollout_ref.rollout.calculate_log_probs=true). verl's fully-async default: true.").addable = true;

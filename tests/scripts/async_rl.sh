@@ -72,7 +72,8 @@ partial=$(metric_column "$W/partial" fully_async/partial/total_partial_num | awk
 awk -v p="$partial" 'BEGIN { exit !(p > 0) }' || fail "partial rollout: no response spanned rounds"
 # Both: a group may train ceil(1) + 3 - 1 = 3 versions after its first token; after the first step each
 # batch was finished by the previous step's rounds, so some train off-policy.
-[ "$(run "$W/both" "" "${STALE[@]}" "${PARTIAL[@]}")" = 0 ] || fail "staleness 1 with partial rollout"
+[ "$(run "$W/both" "" "${STALE[@]}" "${PARTIAL[@]}" +async_training.partial_rollout=true)" = 0 ] ||
+  fail "staleness 1 with partial rollout"
 stale_both=$(metric_column "$W/both" fully_async/staleness/max)
 for s in $stale_both; do
   awk -v s="$s" 'BEGIN { exit !(s <= 3) }' || fail "staleness 1 with partial rollout: a batch trained $s versions late (bound 3)"
@@ -135,7 +136,7 @@ refuse() {  # refuse <message> <overrides...>: the run stops at start-up with th
   [ "$(run "$W/refused" "" "$@")" != 0 ] || fail "accepted: $*"
   grep -qF "$msg" "$W/log.txt" || fail "refusal of '$*' lacks: $msg"
 }
-refuse "async_training.partial_rollout" +async_training.partial_rollout=true
+refuse "async_training.partial_rollout=true: Kestrel's partial rollout runs in rounds" +async_training.partial_rollout=true
 refuse "async_training.trigger_parameter_sync_step" +async_training.trigger_parameter_sync_step=4
 refuse "use_rollout_log_probs=true trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true" \
   +async_training.use_rollout_log_probs=true
