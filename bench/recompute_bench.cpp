@@ -5,8 +5,8 @@
 // machine shared with other work skews them alike. Besides the wall time it
 // reports process CPU time per thread (less sensitive to descheduling).
 //
-//   build/release/bench_recompute_bench --config bench/configs/small.json \
-//       --threads 2 --seq 512 --batch-tokens 2048 --rounds 3 [--dtype fp32|bf16]
+//   build/release/bench_recompute_bench --config bench/configs/small.json
+//       --threads 2 --seq 512 --batch-tokens 2048 --rounds 3 [--dtype fp32|bf16]   (one command line)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

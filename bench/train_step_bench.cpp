@@ -4,14 +4,20 @@
 // (same flags), plus model-FLOP utilisation against a GEMM peak measured in
 // the same process (a large square sgemm through the same BLAS).
 //
-//   build/release/bench_train_step_bench --config bench/configs/small.json \
-//       --threads 2 --seq 512 --batch-tokens 2048 --steps 5 [--dtype fp32|bf16]
+//   build/release/bench_train_step_bench --config bench/configs/small.json
+//       --threads 2 --seq 512 --batch-tokens 2048 --steps 5 [--dtype fp32|bf16]   (one command line)
 //
 // --scoring plain|packed times a forward-only scoring pass (model::score_tokens:
 // log-prob and entropy of every token) instead, the way the RL trainer
 // scores old and reference log-probs: "packed" multiplies by weights packed
 // once (model::ForwardPacksScope; the packing happens in the first, warm-up
 // call and is reported separately), "plain" by the GEMM library as chosen.
+//
+// --micro-batches N splits each step's rows into N micro-batches (gradients
+// accumulated, one AdamW step), as an RL mini-batch runs; --train-packs 0|1
+// multiplies every micro-batch's forward x @ W^T by weights packed once per
+// step (model::TrainPacksScope), the packing inside the timed step; the
+// default is the training engine's rule (train/engine.cpp: bf16 weights only).
 #include <omp.h>
 
 #include <algorithm>
@@ -85,7 +91,7 @@ static double model_flops_per_token(const io::ModelConfig& c, int64_t seq) {
 
 int main(int argc, char** argv) {
   std::string config = "bench/configs/small.json", dtype_s = "fp32", scoring;
-  int threads = 2, steps = 5, warmup = 2;
+  int threads = 2, steps = 5, warmup = 2, micro_batches = 1, train_packs = -1;
   int64_t seq = 512, batch_tokens = 2048;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -97,6 +103,8 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::atoi(v.c_str());
     else if (k == "--dtype") dtype_s = v;
     else if (k == "--scoring" && (v == "plain" || v == "packed")) scoring = v;
+    else if (k == "--micro-batches") micro_batches = std::max(1, std::atoi(v.c_str()));
+    else if (k == "--train-packs") train_packs = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -114,6 +122,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   DType dt = dtype_s == "bf16" ? DType::BF16 : DType::F32;
+  if (train_packs < 0 && dt == DType::BF16) train_packs = 1;  // the engine's rule
   model::ModelOptions opts;
   opts.dtype = dt;
   opts.max_positions = std::max<int64_t>(seq, 16);
@@ -143,6 +152,18 @@ int main(int argc, char** argv) {
   model::PackedBatch b = model::pack_sequences(rows);
   std::vector<float> w(size_t(b.num_tokens), 1.0f / float(b.num_tokens));
   auto objective = train::cross_entropy_objective(w);
+  // The same rows as micro-batches: rows split as evenly as they go.
+  std::vector<model::PackedBatch> micro;
+  std::vector<train::TokenObjective> micro_obj;
+  if (micro_batches > 1 || train_packs > 0) {
+    const size_t per = (rows.size() + size_t(micro_batches) - 1) / size_t(micro_batches);
+    for (size_t r0 = 0; r0 < rows.size(); r0 += per) {
+      std::vector<std::vector<int32_t>> part(rows.begin() + long(r0), rows.begin() + long(std::min(rows.size(), r0 + per)));
+      micro.push_back(model::pack_sequences(part));
+      std::vector<float> mw(size_t(micro.back().num_tokens), 1.0f / float(b.num_tokens));
+      micro_obj.push_back(train::cross_entropy_objective(mw));
+    }
+  }
 
   if (!scoring.empty()) {
     cpu::WeightPacks packs;
@@ -174,7 +195,14 @@ int main(int argc, char** argv) {
     auto t0 = Clock::now();
     const double c0 = bench::cpu_seconds();
     m->zero_grads();
-    loss = train::forward_backward(*m, b, objective, false).loss;
+    if (micro.empty()) {
+      loss = train::forward_backward(*m, b, objective, false).loss;
+    } else {
+      cpu::WeightPacks packs;  // per step: the weights change at every AdamW step
+      model::TrainPacksScope scope(*m, train_packs > 0 ? &packs : nullptr);
+      loss = 0;
+      for (size_t i = 0; i < micro.size(); ++i) loss += train::forward_backward(*m, micro[i], micro_obj[i], false).loss;
+    }
     opt.step(1e-4);
     if (s >= warmup) {
       times.push_back(seconds_since(t0));
@@ -196,8 +224,9 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"engine\": \"kestrel\", \"config\": \"%s\", \"threads\": %d, \"dtype\": \"%s\", \"tokens_per_s\": %.1f, "
       "\"step_s\": %.4f, \"cpu_step_s\": %.4f, \"params\": %lld, \"loss\": %.4f, \"model_gflops_per_s\": %.1f, \"gemm_peak_gflops\": %.1f, "
-      "\"mfu_vs_gemm_peak\": %.3f, %s}\n",
+      "\"mfu_vs_gemm_peak\": %.3f, \"micro_batches\": %d, \"train_packs\": %d, %s}\n",
       config.c_str(), threads, dtype_s.c_str(), double(b.num_tokens) / step_s, step_s, cpu_step_s, (long long)m->num_parameters(),
-      loss, flops / step_s / 1e9, peak, flops / step_s / 1e9 / peak, bench::machine_json_fields().c_str());
+      loss, flops / step_s / 1e9, peak, flops / step_s / 1e9 / peak, int(std::max<size_t>(1, micro.size())),
+      train_packs > 0 ? 1 : 0, bench::machine_json_fields().c_str());
   return 0;
 }

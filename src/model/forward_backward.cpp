@@ -44,7 +44,7 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
   const DType dt = dtype();
   TrainExec ex = exec_for(*this, b);
   if (keep) ex.moe_stats = &moe_stats_;  // the training forward counts its routing (not scoring, not reruns)
-  if (!keep) ex.packs = forward_packs_;   // forward-only: packed weights when the caller keeps them
+  ex.packs = keep ? train_packs_ : forward_packs_;  // packed weights when the caller set them
   const int64_t Tp = ex.Tp, Tl = ex.Tl, D = c.hidden_size;
   KS_CHECK(b.max_seqlen <= rope_.cos.size(0), "sequence of ", b.max_seqlen, " tokens is longer than the RoPE table (",
            rope_.cos.size(0), " positions)");
@@ -146,6 +146,7 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
   const bool embed = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
   TrainExec ex = exec_for(*this, b);
   ex.moe_loss_scale = moe_loss_scale_;
+  ex.packs = train_packs_;  // recompute's reruns multiply as the forward did (the same bits)
   comm::ProcessGroup& g = tp();
   const bool sp = ex.sp, tp_on = g.size() > 1;
   const int64_t T = ex.T, Tp = ex.Tp, Tl = ex.Tl, D = cfg_.hidden_size;

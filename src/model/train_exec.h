@@ -50,9 +50,10 @@ class TrainExec final : public BlockExec {
   // The router losses' gradient factor of this backward (CausalLM::set_moe_loss_scale).
   double moe_loss_scale = 1.0;
 
-  // Forward-only passes: weights packed for linear() and row_linear() at tp
-  // = 1, past the skinny size (CausalLM::set_forward_packs); nullptr: the
-  // plain GEMM.
+  // Weights packed for linear() and row_linear() at tp = 1, past the skinny
+  // size: a forward-only pass's (CausalLM::set_forward_packs) or a training
+  // mini-batch's bf16 weights (CausalLM::set_train_packs; the backward's
+  // recompute reruns read them too); nullptr: the plain GEMM.
   cpu::WeightPacks* packs = nullptr;
 
   const Tensor* prefix_of() const { return batch.prefix_of.defined() ? &batch.prefix_of : nullptr; }

@@ -254,6 +254,12 @@ class CausalLM {
   // forward never uses them. See ForwardPacksScope.
   void set_forward_packs(cpu::WeightPacks* packs) const { forward_packs_ = packs; }
   cpu::WeightPacks* forward_packs() const { return forward_packs_; }
+  // Weights packed for the training forward's x @ W^T (and recompute's
+  // reruns of it) at tp = 1: the training engine packs bf16 weights once per
+  // mini-batch and drops the packs before the optimizer step
+  // (train/engine.cpp). nullptr: never.
+  void set_train_packs(cpu::WeightPacks* packs) { train_packs_ = packs; }
+  cpu::WeightPacks* train_packs() const { return train_packs_; }
 
   // Tensor parallelism.
   comm::ProcessGroup& tp() const { return *opts_.parallel.tp; }
@@ -339,6 +345,7 @@ class CausalLM {
   double moe_loss_scale_ = 1.0;
   mutable MoeStepStats moe_stats_;  // filled by the training forward (a router's running counts, as Megatron's)
   mutable cpu::WeightPacks* forward_packs_ = nullptr;  // set_forward_packs
+  cpu::WeightPacks* train_packs_ = nullptr;            // set_train_packs
 };
 
 // Packs for a model's forward-only passes for a scope, then none again.
@@ -353,6 +360,19 @@ class ForwardPacksScope {
 
  private:
   const CausalLM& m_;
+  cpu::WeightPacks* prev_;
+};
+
+// Packs for a model's training forward and backward for a scope, then none again.
+class TrainPacksScope {
+ public:
+  TrainPacksScope(CausalLM& m, cpu::WeightPacks* packs) : m_(m), prev_(m.train_packs()) { m.set_train_packs(packs); }
+  ~TrainPacksScope() { m_.set_train_packs(prev_); }
+  TrainPacksScope(const TrainPacksScope&) = delete;
+  TrainPacksScope& operator=(const TrainPacksScope&) = delete;
+
+ private:
+  CausalLM& m_;
   cpu::WeightPacks* prev_;
 };
 

@@ -246,6 +246,11 @@ TrainActivations train_activations(const PlanShapes& s, const PlanInputs& in, in
 
 // Forward only, nothing kept (scoring): one layer's buffers at a time, then the head.
 int64_t scoring_activations(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt);
+// Whether the training engine packs the weights of a mini-batch whose largest
+// micro-batch has T rows (train/engine.cpp train_packs_apply: bf16 weights
+// of a dense model at tp = pp = cp = 1, where the packs exist here): its
+// forward GEMMs then widen nothing to f32 scratch.
+bool train_packs_planned(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt);
 
 // Micro-batch sizes the actor forms in the planned worst case (every sequence
 // at full length, a prompt's n samples consecutive).

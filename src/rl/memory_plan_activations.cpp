@@ -9,11 +9,18 @@
 // (model/block.cpp), each sub-block's locals in the order of its backward.
 #include <algorithm>
 
+#include "backend/cpu/packed_linear.h"
 #include "backend/cpu/skinny_gemm.h"
 #include "ops/moe.h"
 #include "rl/memory_plan.h"
 
 namespace kestrel::rl {
+
+bool train_packs_planned(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt) {
+  const PlanLayout& l = in.layout;
+  return dt == DType::BF16 && T > cpu::packed_linear_min_rows(dt) && l.tp == 1 && l.pp == 1 && l.cp <= 1 &&
+         s.moe_layers == 0 && !in.model.mla.enabled && cpu::packed_linear_bytes(64, 64, dt) > 0;
+}
 
 namespace {
 
@@ -55,6 +62,8 @@ struct Ctx {
   Rows r;
   int64_t a = 4;  // compute dtype bytes
   bool bf = false, sp = false, tp = false;
+  // The training forward's linears multiply by packed weights (train_packs_planned): no widening scratch.
+  bool packed = false;
   // MoE (model/moe_mlp.cpp). own: the real rows this rank sends to the
   // experts (its sequence-parallel share under tp; every row at tp = 1); N:
   // its (token, slot) rows after routing; ep: expert parallelism's exchange
@@ -285,7 +294,7 @@ DenseWs dense_ws(const Ctx& x) {
   }
   if (s.qk_norm) w.att_qkv += 4 * Tp * (q + kv);  // dq_in, dk_in f32 through q/k/v's backward
   // Selective mlp's gate/up GEMMs again (column-parallel: no communication): x, W, y widened to f32 (bf16).
-  w.fwd_gemm = x.bf ? 4 * (Tp * F + D * F + Tp * D) : 0;
+  w.fwd_gemm = x.bf && !x.packed ? 4 * (Tp * F + D * F + Tp * D) : 0;
   return w;
 }
 
@@ -465,7 +474,7 @@ std::vector<Moment> block_backward(const Ctx& x, int64_t layer, const model::Blo
 // [Tl, out] f32; f32 without SP is all-reduced in place.
 int64_t row_fwd(const Ctx& x, int64_t out, int64_t in, bool bias) {
   const int64_t Tp = x.r.Tp;
-  if (!x.tp) return ws_fwd(x, Tp, out, in, false, bias);
+  if (!x.tp) return x.packed ? 0 : ws_fwd(x, Tp, out, in, false, bias);
   if (!x.sp && !x.bf) return 0;
   return 4 * Tp * out + std::max(ws_fwd(x, Tp, out, in, true, bias), x.sp ? 4 * x.r.Tl * out : 0);
 }
@@ -575,6 +584,7 @@ TrainActivations rank_activations(const PlanShapes& s, const PlanInputs& in, int
   x.bf = dt != DType::F32;
   x.sp = sp_on(in);
   x.tp = in.layout.tp > 1;
+  x.packed = train_packs_planned(s, in, T, dt);
   set_moe_rows(x, true, rank);  // MoE rows (ops/moe.h): own*k dropless; E*capacity padded; at most own*k dropping
   const int64_t a = x.a, Tp = x.r.Tp, Tl = x.r.Tl, D = s.D, V = s.V, L = s.L;
   const bool bf = x.bf, sp = x.sp;
@@ -604,7 +614,7 @@ TrainActivations rank_activations(const PlanShapes& s, const PlanInputs& in, int
   const int64_t g_head = 4 * (Tl * D + Tp * D) + (sp ? 8 * Tp : 0);
 
   // Transients of the head (bf16: lm_head's GEMM operands widened to f32).
-  const int64_t ws_head_fwd = bf ? 4 * (Tp * D + V * D + Tp * V) : 0;  // xf, wf, yf of lm_head
+  const int64_t ws_head_fwd = bf && !(x.packed && !value_head) ? 4 * (Tp * D + V * D + Tp * V) : 0;  // xf, wf, yf of lm_head
   const int64_t ws_head_bwd = bf ? 4 * std::max(V * D, Tp * D) : 0;   // wf (dx), then xf (dW)
   const int64_t sums = (in.layout.tp > 1 || V * in.layout.tp != in.model.vocab_size) ? 12 * T : 0;
 

@@ -46,6 +46,14 @@ int64_t packed_weight_bytes(const io::ModelConfig& c, const PlanShapes& rs, DTyp
   return b;
 }
 
+// A training mini-batch's packs (train/engine.cpp train_packs_apply): bf16
+// weights of a dense model at tp = pp = cp = 1, micro-batches of more than
+// the packed minimum of rows: every linear the blocks run, and the lm_head
+// unless `value_head` (the score head stays on the BLAS).
+int64_t train_packed_bytes(const PlanInputs& in, const PlanShapes& s, DType dt, const MicroBatchPlan& micro,
+                           bool value_head) {
+  return train_packs_planned(s, in, micro.max_tokens, dt) ? packed_weight_bytes(in.model, s, dt, !value_head) : 0;
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 size_t cat(MemCategory c) { return size_t(c); }
@@ -495,9 +503,12 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     const TrainActivations ca = train_activations(cs, in, p.micro.max_tokens, in.critic_dtype, true);
     PlanBatching values = in.batch;
     values.replay_values = 0;  // the critic routes for itself
+    const int64_t critic_packed = train_packed_bytes(in, cs, in.critic_dtype, p.micro, true);
     phase("critic", false, ca.peak + packed_batch_bytes(values, p.micro.mini_batch_tokens, p.micro.mini_batch_seqs, p.micro.micro_batches,
                                                 p.micro.mini_batch_prefixes), 0,
-          "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches");
+          "values and update, " + std::to_string(p.micro.max_tokens) + "-token micro-batches" +
+              (critic_packed ? ", its packed weights " + format_bytes(critic_packed) : ""));
+    p.phases.back().bytes[cat(MemCategory::Params)] += critic_packed;
   }
   // ---- the actor update ----
   p.actor = train_activations(s, in, p.micro.max_tokens, dt);
@@ -528,8 +539,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // the router's loss runs (model/moe_mlp.cpp aux_groups); seq_aux_loss reads the batch's cu_seqlens.
   if (s.moe_layers > 0 && in.moe.aux_loss_coeff > 0 && in.moe.load_balancing_type == "aux_loss")
     other = std::max<int64_t>(other, 8);
+  const int64_t train_packed = train_packed_bytes(in, s, dt, p.micro, false);
   phase("actor update", false, acts, other,
-        "largest micro-batch " + std::to_string(p.micro.max_tokens) + " tokens, peak at " + p.actor.at);
+        "largest micro-batch " + std::to_string(p.micro.max_tokens) + " tokens, peak at " + p.actor.at +
+            (train_packed ? ", packed weights " + format_bytes(train_packed) : ""));
+  p.phases.back().bytes[cat(MemCategory::Params)] += train_packed;
   p.peak_phase = 0;
   for (size_t i = 0; i < p.phases.size(); ++i)
     if (p.phases[i].total() > p.phases[p.peak_phase].total()) p.peak_phase = i;

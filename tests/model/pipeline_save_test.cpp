@@ -104,7 +104,9 @@ TEST(PipelineParams, WholeModelListCarriesTheBuffers) {
         EXPECT_EQ((*pipe)[i].owner, 0);
         EXPECT_EQ((*pipe)[i].local, st[i]);
         EXPECT_EQ((*pipe)[i].buffer, i >= n_params);
-        if (i >= n_params) EXPECT_EQ(st[i]->weight.dtype(), DType::F32) << "buffers stay f32 in every precision";
+        if (i >= n_params) {
+          EXPECT_EQ(st[i]->weight.dtype(), DType::F32) << "buffers stay f32 in every precision";
+        }
       }
     }
   }

@@ -4,7 +4,7 @@
 // weight update repacks, and so does a change nobody announced (the
 // fingerprint guard); sleep frees the packs. Scoring passes multiply by
 // packs too (model::ForwardPacksScope), the rollout's when they share the
-// weights.
+// weights (a training mini-batch's: tests/train/packed_training_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdlib>

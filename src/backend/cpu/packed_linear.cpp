@@ -383,7 +383,10 @@ const PackedLinearWeight* WeightPacks::get(const Tensor& w) {
 }
 
 bool WeightPacks::linear(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  if (!x.defined() || x.dim() != 2 || !w.defined() || x.size(0) <= packed_linear_min_rows(w.dtype())) return false;
+  // The dtype check before get(), which would pack a weight the product then does not use.
+  if (!x.defined() || x.dim() != 2 || !w.defined() || x.dtype() != w.dtype() ||
+      x.size(0) <= packed_linear_min_rows(w.dtype()))
+    return false;
   const PackedLinearWeight* p = get(w);
   if (!p || !packed_linear_applies(*p, x, b, y)) return false;
   packed_linear(*p, x, b, y);
