@@ -41,7 +41,11 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "batch) while the old/ref log-probs run; the step waits for them before the advantages. Scores equal the "
       "synchronous ones; timing_s/reward is the wait. Not with algorithm.filter_groups.enable.");
   b.k("use_reward_loop", B, "true", NOP, "Compute rewards in verl's reward loop; Kestrel computes them in-process.");
-  b.k("num_workers", I, "1", NO, "Reward-loop workers.");
+  b.k("num_workers", I, "1", YES,
+      "Reward-loop workers: this many copies of the reward program (custom_reward_function, reward_command; threads "
+      "for the built-in rules) score a batch's responses in parallel, and the background stream of "
+      "launch_reward_fn_async runs as many. Scores do not change. Not with reward_manager=batch. verl's default: 8; "
+      "Kestrel's: 1.").at_least(1);
   b.k("sandbox_fusion.url", S, "null", NO, "Code-execution sandbox endpoint.");
   b.k("sandbox_fusion.max_concurrent", I, "64", NO, "Concurrent sandbox requests.");
   b.k("sandbox_fusion.memory_limit_mb", I, "1024", NO, "Sandbox memory limit.");

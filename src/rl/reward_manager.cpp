@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "config/schema.h"
 #include "rl/reward_rules.h"
@@ -27,7 +29,10 @@ std::string shell_quote(const std::string& s) {
 
 std::string join_command(const std::vector<std::string>& argv) {
   std::string s;
-  for (const auto& a : argv) s += (s.empty() ? "" : " ") + shell_quote(a);
+  for (const auto& a : argv) {
+    if (!s.empty()) s += ' ';
+    s += shell_quote(a);
+  }
   return s;
 }
 
@@ -97,6 +102,7 @@ RewardManagerOptions reward_options_from_config(const config::Config& cfg) {
     o.stderr_log = cfg.get_string_or("custom_reward_function.stderr_log", "");
   if (declared("custom_reward_function.reward_kwargs") && !cfg.is_null("custom_reward_function.reward_kwargs"))
     o.reward_kwargs = cfg.get_map("custom_reward_function.reward_kwargs");
+  if (declared("reward_model.num_workers")) o.num_workers = cfg.get_int_or("reward_model.num_workers", 1);
   if (declared("reward_model.arith_step_credit"))
     o.arith_step_credit = cfg.get_float_or("reward_model.arith_step_credit", 0.0);
   if (const config::KeyDecl* k = config::find_key("reward_model.reward_command");
@@ -149,6 +155,10 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
     return KS_ERR("reward_model.reward_command: give a list (argv) or a string (shell command), not both");
   if (!(opt.timeout_s > 0))
     return KS_ERR("custom_reward_function.timeout_s must be > 0 seconds, got ", opt.timeout_s);
+  if (opt.num_workers < 1) return KS_ERR("reward_model.num_workers must be >= 1, got ", opt.num_workers);
+  if (opt.num_workers > 1 && m->kind_ == RewardManagerKind::Batch)
+    return KS_ERR("not supported yet: reward_model.num_workers=", opt.num_workers, " with reward_manager=batch (its "
+                  "function scores the whole batch in one call); set num_workers=1 or reward_manager=naive");
   if (m->kind_ == RewardManagerKind::Batch && !has_custom && !has_command)
     return KS_ERR("reward_model.reward_manager=batch needs a batch function: set custom_reward_function.path to a .py "
                   "file defining compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) "
@@ -216,54 +226,124 @@ Result<std::unique_ptr<RewardManager>> RewardManager::create(RewardManagerOption
     m->description_ += ", overlong buffer " + std::to_string(opt.overlong.len) + " of " +
                        std::to_string(opt.max_resp_len) + " tokens";
   if (has_custom || has_command) {
-    KS_ASSIGN(m->program_, RewardProgram::start(std::move(po)));
+    // num_workers copies of the program, each its own process.
+    for (int64_t k = 0; k < opt.num_workers; ++k) {
+      KS_ASSIGN(std::unique_ptr<RewardProgram> prog, RewardProgram::start(po));
+      m->programs_.push_back(std::move(prog));
+    }
+    m->busy_.assign(m->programs_.size(), 0);
   }
   m->opt_ = std::move(opt);
   return m;
 }
 
 Status RewardManager::validate_data_sources(const std::vector<std::string>& data_sources) const {
-  if (program_) return Status::ok();
+  if (!programs_.empty()) return Status::ok();
   for (const auto& ds : data_sources) KS_TRY(reward_score::rule_support(ds));
   return Status::ok();
 }
 
-RewardBatchResult RewardManager::score(const std::vector<RewardRequest>& batch) {
+size_t RewardManager::acquire_program() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    for (size_t k = 0; k < busy_.size(); ++k)
+      if (!busy_[k]) {
+        busy_[k] = 1;
+        return k;
+      }
+    program_freed_.wait(lock);
+  }
+}
+
+void RewardManager::release_program(size_t k) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_[k] = 0;
+  }
+  program_freed_.notify_one();
+}
+
+RewardBatchResult RewardManager::score_share(const std::vector<RewardRequest>& batch, std::vector<uint8_t>& dict) {
   RewardBatchResult r;
-  std::vector<uint8_t> dict;  // [B] the scorer gave a dict (its extra keys are reward_extra_info)
-  if (program_) {
-    RewardProgramBatch b = program_->score(batch);
+  if (!programs_.empty()) {
+    const size_t k = acquire_program();
+    RewardProgramBatch b;
+    try {
+      b = programs_[k]->score(batch);
+    } catch (...) {
+      release_program(k);
+      throw;
+    }
+    release_program(k);
     r.scores = std::move(b.scores);
     r.extra = std::move(b.extra);
     r.failures = b.failures;
     dict = std::move(b.dict);
-  } else {
-    r.scores.assign(batch.size(), 0.0);
-    r.extra.assign(batch.size(), nlohmann::ordered_json::object());
-    dict.assign(batch.size(), 0);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      // A rule never sees user code, but stay inside the no-throw promise.
-      std::optional<reward_score::RuleResult> s;
-      const bool arith = batch[i].data_source == "arith" || batch[i].data_source == "kestrel/arith";
-      try {
-        s = reward_score::default_compute_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
-        if (s && arith && opt_.arith_step_credit > 0) {
-          s->extra["acc"] = s->score;  // validation accuracy: exact match
-          s->score = arith_step_credit_score(batch[i].solution_str, batch[i].ground_truth, opt_.arith_step_credit);
-        }
-      } catch (const std::exception&) {
-        s = std::nullopt;
+    return r;
+  }
+  r.scores.assign(batch.size(), 0.0);
+  r.extra.assign(batch.size(), nlohmann::ordered_json::object());
+  dict.assign(batch.size(), 0);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    // A rule never sees user code, but stay inside the no-throw promise.
+    std::optional<reward_score::RuleResult> s;
+    const bool arith = batch[i].data_source == "arith" || batch[i].data_source == "kestrel/arith";
+    try {
+      s = reward_score::default_compute_score(batch[i].data_source, batch[i].solution_str, batch[i].ground_truth);
+      if (s && arith && opt_.arith_step_credit > 0) {
+        s->extra["acc"] = s->score;  // validation accuracy: exact match
+        s->score = arith_step_credit_score(batch[i].solution_str, batch[i].ground_truth, opt_.arith_step_credit);
       }
-      if (s) {
-        r.scores[i] = s->score;
-        dict[i] = s->is_dict ? 1 : 0;
-        r.extra[i] = std::move(s->extra);
-        if (s->is_dict) r.extra[i].erase("score");  // put back first by apply_manager
-      } else {
-        ++r.failures.no_rule;
-      }
+    } catch (const std::exception&) {
+      s = std::nullopt;
+    }
+    if (s) {
+      r.scores[i] = s->score;
+      dict[i] = s->is_dict ? 1 : 0;
+      r.extra[i] = std::move(s->extra);
+      if (s->is_dict) r.extra[i].erase("score");  // put back first by apply_manager
+    } else {
+      ++r.failures.no_rule;
     }
   }
+  return r;
+}
+
+RewardBatchResult RewardManager::score(const std::vector<RewardRequest>& batch) {
+  // Contiguous shares, one per worker, scored concurrently (never a batch
+  // function's batch: it is one call), then joined in order.
+  const size_t B = batch.size();
+  const size_t parts = kind_ == RewardManagerKind::Batch ? 1 : std::min(B, size_t(std::max<int64_t>(1, opt_.num_workers)));
+  RewardBatchResult r;
+  std::vector<uint8_t> dict;  // [B] the scorer gave a dict (its extra keys are reward_extra_info)
+  if (parts <= 1) {
+    r = score_share(batch, dict);
+  } else {
+    std::vector<RewardBatchResult> res(parts);
+    std::vector<std::vector<uint8_t>> dicts(parts);
+    std::vector<std::exception_ptr> errs(parts);
+    std::vector<std::thread> threads;
+    for (size_t p = 0; p < parts; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          const std::vector<RewardRequest> share(batch.begin() + long(B * p / parts),
+                                                 batch.begin() + long(B * (p + 1) / parts));
+          res[p] = score_share(share, dicts[p]);
+        } catch (...) {
+          errs[p] = std::current_exception();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errs)
+      if (e) std::rethrow_exception(e);
+    for (size_t p = 0; p < parts; ++p) {
+      r.scores.insert(r.scores.end(), res[p].scores.begin(), res[p].scores.end());
+      for (auto& e : res[p].extra) r.extra.push_back(std::move(e));
+      dict.insert(dict.end(), dicts[p].begin(), dicts[p].end());
+      r.failures.add(res[p].failures);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   apply_manager(batch, dict, r);
   total_.add(r.failures);
   return r;

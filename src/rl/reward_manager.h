@@ -40,8 +40,10 @@
 // which covers build/<name>/kestrel in the source tree); the source tree the
 // library was compiled from (when KESTREL_SOURCE_DIR is defined for it).
 #pragma once
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,12 @@ struct RewardManagerOptions {
   // reward_model.arith_step_credit (Kestrel): > 0 scores the built-in arith
   // task with arith_step_credit_score (acc stays exact match); 0 = exact match.
   double arith_step_credit = 0.0;
+  // reward_model.num_workers (verl's reward-loop workers): this many copies
+  // of the external program (or threads for the rules) score a batch's
+  // responses in parallel, each a contiguous share; the background stream
+  // (launch_reward_fn_async) runs as many workers. Not with
+  // reward_manager=batch (its function takes the whole batch in one call).
+  int64_t num_workers = 1;
 };
 
 // Reads custom_reward_function.{path,name} and, where the schema declares
@@ -114,9 +122,15 @@ class RewardManager {
   Status validate_data_sources(const std::vector<std::string>& data_sources) const;
 
   // Never throws because of the reward code: failures score 0 and are counted.
+  // Thread-safe: concurrent calls share the programs (each call's shares wait
+  // for a free one). Scores do not depend on how a batch is split: every
+  // response is scored alone (except reward_manager=batch, never split), and
+  // the manager's batch-level changes (prime's zeroing) run on the whole batch.
   RewardBatchResult score(const std::vector<RewardRequest>& batch);
 
-  bool external() const { return program_ != nullptr; }
+  bool external() const { return !programs_.empty(); }
+  // Parallel scorers (num_workers).
+  int64_t workers() const { return opt_.num_workers; }
   // batch and prime: a response's score depends on its batch (one call per
   // batch; prime zeroes the batch on a dict), so it is never scored alone.
   bool batch_wise() const { return kind_ == RewardManagerKind::Batch || kind_ == RewardManagerKind::Prime; }
@@ -129,14 +143,21 @@ class RewardManager {
 
  private:
   RewardManager() = default;
+  // The scorer's results for a share of a batch (dict: [B] the scorer gave a dict), on a free program.
+  RewardBatchResult score_share(const std::vector<RewardRequest>& share, std::vector<uint8_t>& dict);
   // The manager's changes to the scorer's results (dapo penalty, prime's zeroing, extra keys).
   void apply_manager(const std::vector<RewardRequest>& batch, const std::vector<uint8_t>& dict, RewardBatchResult& r);
+  size_t acquire_program();
+  void release_program(size_t k);
   RewardManagerOptions opt_;
   RewardManagerKind kind_ = RewardManagerKind::Naive;
-  bool warned_prime_dict_ = false;
-  std::unique_ptr<RewardProgram> program_;
+  bool warned_prime_dict_ = false;  // under mu_
+  std::vector<std::unique_ptr<RewardProgram>> programs_;  // num_workers copies (external scorers)
+  std::vector<uint8_t> busy_;                              // [programs] under mu_
+  std::mutex mu_;
+  std::condition_variable program_freed_;
   std::string description_;
-  RewardFailureCounts total_;
+  RewardFailureCounts total_;  // under mu_
 };
 
 // verl's reward_extra_info layout: key -> one value per response (null where a

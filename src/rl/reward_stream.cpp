@@ -6,9 +6,10 @@
 
 namespace kestrel::rl {
 
-RewardStream::RewardStream(ScoreFn score) : score_(std::move(score)) {
+RewardStream::RewardStream(ScoreFn score, int64_t workers) : score_(std::move(score)) {
   KS_CHECK(score_ != nullptr, "reward stream: no score function");
-  worker_ = std::thread([this] { work(); });
+  KS_CHECK(workers >= 1, "reward stream: ", workers, " workers");
+  for (int64_t k = 0; k < workers; ++k) workers_.emplace_back([this] { work(); });
 }
 
 RewardStream::~RewardStream() {
@@ -17,7 +18,7 @@ RewardStream::~RewardStream() {
     stop_ = true;
   }
   cv_.notify_all();
-  worker_.join();
+  for (std::thread& t : workers_) t.join();
 }
 
 void RewardStream::submit(std::vector<Key> keys, std::vector<RewardRequest> reqs, int64_t tag) {

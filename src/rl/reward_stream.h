@@ -40,7 +40,9 @@ class RewardStream {
   using Key = std::pair<int64_t, int64_t>;  // (stream position of the group, sample index)
   using ScoreFn = std::function<RewardBatchResult(const std::vector<RewardRequest>&)>;
 
-  explicit RewardStream(ScoreFn score);
+  // `workers` threads score queued chunks concurrently (reward_model.num_workers;
+  // the score function must then be thread-safe).
+  explicit RewardStream(ScoreFn score, int64_t workers = 1);
   ~RewardStream();  // waits for what is being scored, drops the rest
   RewardStream(const RewardStream&) = delete;
   RewardStream& operator=(const RewardStream&) = delete;
@@ -79,7 +81,7 @@ class RewardStream {
   std::map<Key, Scored> results_;
   std::exception_ptr error_;
   bool stop_ = false;
-  std::thread worker_;  // last: starts after every member above exists
+  std::vector<std::thread> workers_;  // last: they start after every member above exists
 };
 
 }  // namespace kestrel::rl

@@ -178,7 +178,7 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
              "filters); set one of them false");
     if (reward_->is_leader()) {
       stream_ = std::make_unique<RewardStream>(
-          [r = reward_.get()](const std::vector<RewardRequest>& q) { return r->score_here(q); });
+          [r = reward_.get()](const std::vector<RewardRequest>& q) { return r->score_here(q); }, reward_->workers());
       // Each response as it finishes: generated here, or sent by the disaggregated rollout leader
       // (run_rollout_rank's stream_responses).
       if (async_)

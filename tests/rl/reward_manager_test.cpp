@@ -2,6 +2,9 @@
 // startup validation, the Python adapter (skipped without python3), metrics.
 #include <cstdlib>
 #include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -93,6 +96,55 @@ TEST(RewardManager, ExternalCommandTakesPrecedenceOverRules) {
   EXPECT_TRUE((*m)->validate_data_sources({"anything"}).is_ok());
 }
 
+// reward_model.num_workers: that many copies of the program score a batch's
+// contiguous shares at once. The fixture proves they ran together (each copy
+// answers its ground truths only after all three have started scoring,
+// whatever the machine's speed); the scores are in request order, each
+// share from one copy.
+TEST(RewardManager, WorkersScoreSharesOfABatchAtOnce) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("kestrel_rendezvous_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  RewardManagerOptions o;
+  o.command_argv = {"bash", source_path("tests/rl/fixtures/rendezvous_scores.sh"), dir.string(), "3"};
+  o.num_workers = 3;
+  auto m = RewardManager::create(quiet(o));
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  EXPECT_EQ((*m)->workers(), 3);
+  std::vector<RewardRequest> b;
+  for (int i = 0; i < 8; ++i) b.push_back({"any", "x", std::to_string(i) + ".5", nullptr});
+  const RewardBatchResult r = (*m)->score(b);
+  ASSERT_EQ(r.scores.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(r.scores[size_t(i)], i + 0.5) << "response " << i;
+  // Shares [0, 2), [2, 5), [5, 8): one copy each, three copies.
+  std::set<int64_t> pids;
+  for (const auto& e : r.extra) pids.insert(e.at("pid").get<int64_t>());
+  EXPECT_EQ(pids.size(), 3u);
+  EXPECT_EQ(r.extra[0].at("pid"), r.extra[1].at("pid"));
+  EXPECT_EQ(r.extra[2].at("pid"), r.extra[4].at("pid"));
+  EXPECT_EQ(r.extra[5].at("pid"), r.extra[7].at("pid"));
+  EXPECT_EQ(r.failures.total(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RewardManager, WorkersAreRefusedWithABatchFunction) {
+  RewardManagerOptions o;
+  o.manager = "batch";
+  o.command_shell = "cat";
+  o.num_workers = 2;
+  auto m = RewardManager::create(quiet(o));
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("not supported yet: reward_model.num_workers=2 with reward_manager=batch"),
+            std::string::npos)
+      << m.status().message();
+  o.manager = "naive";
+  o.num_workers = 0;
+  m = RewardManager::create(quiet(o));
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("reward_model.num_workers must be >= 1"), std::string::npos);
+}
+
 TEST(RewardManager, CrashCountsReachMetricsAndRunContinues) {
   RewardManagerOptions o;
   o.command_shell = "bash " + source_path("tests/rl/fixtures/crash_third.sh");
@@ -142,6 +194,12 @@ TEST(RewardManager, OptionsFromDefaultConfig) {
   EXPECT_TRUE(o.command_argv.empty());
   EXPECT_EQ(o.command_shell, "");
   EXPECT_GT(o.timeout_s, 0.0);
+  EXPECT_EQ(o.num_workers, 1);
+  kestrel::config::LoadOptions lo;
+  lo.overrides = {"reward_model.num_workers=4"};
+  auto cfg4 = kestrel::config::load(lo);
+  ASSERT_TRUE(cfg4.is_ok()) << cfg4.status().message();
+  EXPECT_EQ(reward_options_from_config(*cfg4).num_workers, 4);
 }
 
 TEST(RewardManager, LocatesAdapterThroughKestrelHome) {

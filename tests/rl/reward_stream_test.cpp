@@ -138,5 +138,37 @@ TEST(RewardStream, MisuseIsRefusedAndDroppedGroupsAreForgotten) {
   EXPECT_EQ(s.take({{1, 0}}).scores, (std::vector<double>{0.1}));
 }
 
+// reward_model.num_workers: that many threads score queued chunks at once.
+// The score function holds each chunk until `workers` chunks are inside it
+// together (or 20 s pass, then it marks its scores), so the scores come
+// back unmarked only if the workers ran concurrently.
+TEST(RewardStream, WorkersScoreChunksAtOnce) {
+  for (const int64_t workers : {2, 3}) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t inside = 0;
+    auto rendezvous = [&](const std::vector<RewardRequest>& q) {
+      std::unique_lock<std::mutex> lock(mu);
+      ++inside;
+      cv.notify_all();
+      const bool met = cv.wait_for(lock, std::chrono::seconds(20), [&] { return inside >= workers; });
+      lock.unlock();
+      RewardBatchResult r = score_lengths(q);
+      if (!met)
+        for (double& x : r.scores) x = -1;
+      return r;
+    };
+    RewardStream s(rendezvous, workers);
+    std::vector<RewardStream::Key> keys;
+    for (int64_t i = 0; i < workers; ++i) {
+      keys.push_back({i, 0});
+      s.submit({keys.back()}, {req(std::string(size_t(i + 1), 'x'))});
+    }
+    const RewardBatchResult got = s.take(keys);
+    ASSERT_EQ(got.scores.size(), size_t(workers));
+    for (int64_t i = 0; i < workers; ++i) EXPECT_DOUBLE_EQ(got.scores[size_t(i)], double(i + 1) / 10.0) << workers;
+  }
+}
+
 }  // namespace
 }  // namespace kestrel::rl

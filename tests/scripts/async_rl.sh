@@ -7,7 +7,8 @@
 #     batch trains beyond its bound (fully_async/staleness/max), responses span
 #     rounds (fully_async/partial/total_partial_num);
 #   - rewards scored in the background as responses finish
-#     (reward_model.launch_reward_fn_async): every run above bit for bit;
+#     (reward_model.launch_reward_fn_async), and by several copies of the
+#     reward program (reward_model.num_workers): every run above bit for bit;
 #   - killed with SIGKILL inside step 3 and resumed: the sample store is part
 #     of the checkpoint, so the run ends bit-identical to an uninterrupted one
 #     (weights, optimizer, trainer state, the store, per-step metrics): no
@@ -116,6 +117,13 @@ for mode in sync stale partial; do
   same_run "$W/$mode" "$W/$mode-arw" "$mode with launch_reward_fn_async"
   streamed "$W/$mode-arw" 1.0
 done
+# Parallel reward programs (reward_model.num_workers): the batch's shares, or the streamed responses, scored by
+# several copies of the program at once: the same runs bit for bit.
+[ "$(run "$W/sync-w3" "" reward_model.num_workers=3)" = 0 ] || fail "num_workers=3"
+same_run "$W/sync" "$W/sync-w3" "reward_model.num_workers=3"
+[ "$(run "$W/stale-w2" "" "${STALE[@]}" "${ARW[@]}" reward_model.num_workers=2)" = 0 ] ||
+  fail "num_workers=2 with launch_reward_fn_async"
+same_run "$W/stale" "$W/stale-w2" "reward_model.num_workers=2 with launch_reward_fn_async"
 [ "$(run "$W/prime" "" reward_model.reward_manager=prime)" = 0 ] || fail "prime manager"
 [ "$(run "$W/prime-arw" "" reward_model.reward_manager=prime "${ARW[@]}")" = 0 ] || fail "prime, async reward"
 same_run "$W/prime" "$W/prime-arw" "prime manager with launch_reward_fn_async"

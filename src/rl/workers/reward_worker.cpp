@@ -8,8 +8,8 @@ RewardWorker::RewardWorker(RewardManager& rewards, std::shared_ptr<comm::Process
     : rewards_(rewards), world_(std::move(world)) {}
 
 RewardBatchResult RewardWorker::score_here(const std::vector<RewardRequest>& reqs) const {
+  if (!fn_) return rewards_.score(reqs);  // thread-safe itself (its programs are a pool)
   std::lock_guard<std::mutex> lock(mu_);
-  if (!fn_) return rewards_.score(reqs);
   RewardBatchResult r;
   for (const auto& q : reqs) r.scores.push_back(fn_(q));
   r.extra.resize(reqs.size());

@@ -25,8 +25,8 @@ class RewardWorker {
   void set_function(std::function<double(const RewardRequest&)> fn) { fn_ = std::move(fn); }
 
   // Scores `reqs` here (no communication): scores, extra (one per request)
-  // and failures. Called by world rank 0 only; safe from two threads (the
-  // background reward stream's and the trainer's validation), one at a time.
+  // and failures. Called by world rank 0 only; safe from several threads (the
+  // background reward stream's workers and the trainer's validation).
   RewardBatchResult score_here(const std::vector<RewardRequest>& reqs) const;
 
   // Scores b's responses (reqs[i] describes response i) on world rank 0 and
@@ -43,6 +43,8 @@ class RewardWorker {
   // Whether a response's score depends on the rest of its batch (the batch and
   // prime managers): then it cannot be scored alone as it finishes.
   bool batch_wise() const;
+  // Parallel scorers (reward_model.num_workers; 1 for an in-process function).
+  int64_t workers() const { return fn_ ? 1 : rewards_.workers(); }
 
   bool is_leader() const { return world_->rank() == 0; }
 
@@ -50,7 +52,7 @@ class RewardWorker {
   RewardManager& rewards_;
   std::shared_ptr<comm::ProcessGroup> world_;
   std::function<double(const RewardRequest&)> fn_;
-  mutable std::mutex mu_;  // score_here's
+  mutable std::mutex mu_;  // score_here's with an in-process function
 };
 
 }  // namespace kestrel::rl
