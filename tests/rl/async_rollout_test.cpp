@@ -106,6 +106,21 @@ void expect_versions_match_tokens(const std::vector<StoredGroup>& gs) {
     }
 }
 
+// A partial-rollout batch trained at step `step`: every response finished
+// within `max_split` rounds, whole (its target length, a log-prob per token),
+// and no group beyond the staleness bound.
+void expect_trained_whole(const Harness& h, const std::vector<StoredGroup>& gs, int64_t step, int64_t max_split) {
+  for (const StoredGroup& g : gs) {
+    EXPECT_LE(g.max_rounds(), max_split) << "a response took more than max_split rounds";
+    EXPECT_LE(step - g.first_version(), h.ar->max_staleness()) << "step " << step;
+    for (const StoredSample& x : g.samples) {
+      EXPECT_TRUE(x.finished);
+      EXPECT_EQ(int64_t(x.tokens.size()), h.eng.target(g.seed, uint64_t(&x - g.samples.data())));
+      EXPECT_EQ(x.logprobs.size(), x.tokens.size());
+    }
+  }
+}
+
 TEST(AsyncRollout, SynchronousScheduleTrainsEachBatchAtItsOwnVersion) {
   Harness h(options(0, 1));
   for (int64_t s = 0; s < 5; ++s) {
@@ -178,15 +193,7 @@ TEST(AsyncRollout, PartialRolloutRoundsKeepVersionsAndFinishWithinMaxSplit) {
     const auto gs = h.step(s, m);
     ASSERT_EQ(gs.size(), 4u);
     expect_versions_match_tokens(gs);
-    for (const StoredGroup& g : gs) {
-      EXPECT_LE(g.max_rounds(), 4) << "a response took more than max_split rounds";
-      EXPECT_LE(s - g.first_version(), 3);
-      for (const StoredSample& s2 : g.samples) {
-        EXPECT_TRUE(s2.finished);
-        EXPECT_EQ(int64_t(s2.tokens.size()), h.eng.target(g.seed, uint64_t(&s2 - g.samples.data())));
-        EXPECT_EQ(s2.logprobs.size(), s2.tokens.size());
-      }
-    }
+    expect_trained_whole(h, gs, s, 4);
     // A step whose store already holds B finished groups and nothing unfinished generates nothing.
     EXPECT_TRUE(m["fully_async/rollout_rounds"] >= 1.0 || h.ar->store().num_unfinished() == 0);
     partial_seen += int64_t(m["fully_async/partial/total_partial_num"]);
@@ -237,13 +244,8 @@ TEST(AsyncRollout, PartialRolloutUnderStalenessKeepsBothBounds) {
       const auto gs = h.step(s, m);
       ASSERT_EQ(gs.size(), 4u);
       expect_versions_match_tokens(gs);
-      for (const StoredGroup& g : gs) {
-        EXPECT_LE(g.max_rounds(), 4) << "a response took more than max_split rounds";
-        EXPECT_LE(s - g.first_version(), h.ar->max_staleness()) << "t=" << t << " step " << s;
-        stale_seen = std::max(stale_seen, s - g.first_version());
-        for (const StoredSample& x : g.samples)
-          EXPECT_EQ(int64_t(x.tokens.size()), h.eng.target(g.seed, uint64_t(&x - g.samples.data())));
-      }
+      expect_trained_whole(h, gs, s, 4);
+      for (const StoredGroup& g : gs) stale_seen = std::max(stale_seen, s - g.first_version());
       partial_seen += int64_t(m["fully_async/partial/total_partial_num"]);
       EXPECT_LE(m["fully_async/staleness/max"], double(h.ar->max_staleness()));
       EXPECT_EQ(h.ar->store().next_stream(), (s + 1) * 4 + h.ar->store().size() +
