@@ -143,17 +143,13 @@ void AsyncRollout::run_round(int64_t step, int64_t budget) {
                  t.group->stream, " in one round");
 }
 
-int64_t AsyncRollout::trainable(int64_t step, int64_t skip) const {
-  int64_t n = 0;
-  for (const StoredGroup& g : store_.groups()) {
-    if (!g.finished() || step - g.first_version() > max_staleness()) continue;
-    if (skip > 0) {
-      --skip;
-      continue;
-    }
-    ++n;
-  }
-  return n;
+bool AsyncRollout::trainable_at(const StoredGroup& g, int64_t step) const {
+  return g.finished() && step - g.first_version() <= max_staleness();
+}
+
+int64_t AsyncRollout::trainable(int64_t step) const {
+  return std::count_if(store_.groups().begin(), store_.groups().end(),
+                       [&](const StoredGroup& g) { return trainable_at(g, step); });
 }
 
 bool AsyncRollout::ready(int64_t step) const {
@@ -170,12 +166,19 @@ bool AsyncRollout::rounds_done(int64_t step, bool batch_taken) const {
   if (opt_.staleness_threshold <= 0) return store_.num_finished() >= B;
   // With staleness the rounds run until the next step's batch is finished
   // as well (so that step hands it over first), unless this is the last step.
-  // take(step) removes the B oldest groups trainable at `step`; those
-  // trainable at step + 1 are a subset of them, in the same order.
-  const int64_t own = batch_taken ? 0 : B;
+  // Not taken yet, take(step) will remove the B oldest groups trainable at
+  // `step`: the next batch comes from the groups after them.
   if (!batch_taken && trainable(step) < B) return false;
   if (opt_.total_steps > 0 && step + 1 >= opt_.total_steps) return true;
-  return trainable(step + 1, own) >= B;
+  int64_t taken = batch_taken ? B : 0, next = 0;
+  for (const StoredGroup& g : store_.groups()) {
+    if (taken < B && trainable_at(g, step)) {
+      ++taken;
+      continue;
+    }
+    if (trainable_at(g, step + 1)) ++next;
+  }
+  return next >= B;
 }
 
 int64_t AsyncRollout::generate(int64_t step, bool batch_taken) {

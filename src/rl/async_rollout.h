@@ -119,9 +119,10 @@ class AsyncRollout {
   // One generation round over the store's unfinished responses at policy
   // version `step`; `budget` new tokens at most per response.
   void run_round(int64_t step, int64_t budget);
-  // Finished groups that may train at `step` (within the staleness bound),
-  // past the first `skip` of them.
-  int64_t trainable(int64_t step, int64_t skip = 0) const;
+  // Whether g is finished and may train at `step` (within the staleness
+  // bound); how many of the store's groups are.
+  bool trainable_at(const StoredGroup& g, int64_t step) const;
+  int64_t trainable(int64_t step) const;
   // Whether a partial-rollout step has run enough rounds: B finished groups
   // for this step (unless batch_taken) and, with staleness, B more for the next.
   bool rounds_done(int64_t step, bool batch_taken) const;
