@@ -9,7 +9,9 @@
 #   one_step_off  async_training.staleness_threshold=1
 #   staleness_2   async_training.staleness_threshold=2
 #   partial       algorithm.partial_rollout_max_split=4 (rounds of 160 tokens)
+#   partial_stale_1  both: staleness 1 and max_split 4 (verl's fully-async trainer with partial rollout)
 #   disagg_1_1    mpirun -np 2: one trainer rank, one rollout rank, staleness 1
+#   disagg_1_1_partial  the same with max_split 4
 # Stale data has its old log-probs recomputed by the actor (one more forward,
 # as verl's one-step-off trainer does). (async_training.use_rollout_log_probs
 # skips it, but needs rollout.calculate_log_probs, whose rollout_corr/ metrics
@@ -79,6 +81,7 @@ grep -m1 'GEMM' "$W/sync.log" || true
 run one_step_off +async_training.staleness_threshold=1
 run staleness_2 +async_training.staleness_threshold=2
 run partial +algorithm.partial_rollout_max_split=4
+run partial_stale_1 +async_training.staleness_threshold=1 +algorithm.partial_rollout_max_split=4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1
 OMP_NUM_THREADS=1 mpirun -np 2 --bind-to none -x OMP_NUM_THREADS "$KESTREL" train "${COMMON[@]}" \
@@ -87,3 +90,10 @@ OMP_NUM_THREADS=1 mpirun -np 2 --bind-to none -x OMP_NUM_THREADS "$KESTREL" trai
 report disagg_1_1 "$W/disagg_1_1"
 idle=$(column "$W/disagg_1_1" trainer/idle_ratio | awk '{ s += $1; n++ } END { printf "%.2f", s / n }')
 echo "disagg_1_1: trainer idle ratio (waiting for the rollout) $idle"
+OMP_NUM_THREADS=1 mpirun -np 2 --bind-to none -x OMP_NUM_THREADS "$KESTREL" train "${COMMON[@]}" \
+  +async_training.staleness_threshold=1 +algorithm.partial_rollout_max_split=4 +rollout.nnodes=1 \
+  +rollout.n_gpus_per_node=1 trainer.default_local_dir="$W/disagg_1_1_partial" >"$W/disagg_1_1_partial.log" 2>&1 ||
+  { tail -20 "$W/disagg_1_1_partial.log"; exit 1; }
+report disagg_1_1_partial "$W/disagg_1_1_partial"
+idle=$(column "$W/disagg_1_1_partial" trainer/idle_ratio | awk '{ s += $1; n++ } END { printf "%.2f", s / n }')
+echo "disagg_1_1_partial: trainer idle ratio (waiting for the rollout) $idle"
