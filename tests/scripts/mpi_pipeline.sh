@@ -7,22 +7,15 @@
 # usage: bash tests/scripts/mpi_pipeline.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_pipeline "$BUILD"
 BIN="$BUILD/mpi_tests"
-if [[ ! -x "$BIN" ]]; then
-  if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
-    echo "mpi_pipeline: skipped, built without MPI (-DKESTREL_MPI=OFF)"
-    exit 0
-  fi
-  echo "mpi_pipeline: $BIN not found; build the mpi_tests target" >&2
-  exit 1
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
+[[ -x "$BIN" ]] || { echo "mpi_pipeline: $BIN not found; build the mpi_tests target" >&2; exit 1; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
   echo "== mpirun -np $np mpi_tests --gtest_filter=PipelineMpi.*"
-  if ! timeout -k 5 600 mpirun -np $np --oversubscribe --bind-to none "$BIN" --gtest_filter='PipelineMpi.*' --gtest_color=no; then
-    echo "mpi_pipeline: FAILED at -np $np" >&2
-    exit 1
-  fi
+  mpi_gtests mpi_pipeline "$np" 600 'PipelineMpi.*' "$W/np$np.log"
+  grep -E '^\[  PASSED  \]' "$W/np$np.log" | head -1
 done
 echo "mpi_pipeline: every pipelined layout equals one process"

@@ -8,23 +8,15 @@
 # usage: bash tests/scripts/mpi_tp_dp.sh <kestrel-binary> <build-dir>
 set -euo pipefail
 BUILD=${2:?usage: $0 <kestrel-binary> <build-dir>}
+source "$(dirname "$0")/lib/mpi_env.sh"
+mpi_env mpi_tp_dp "$BUILD"
 BIN="$BUILD/mpi_tests"
-if [[ ! -x "$BIN" ]]; then
-  if grep -q '^KESTREL_MPI:BOOL=OFF' "$BUILD/CMakeCache.txt" 2>/dev/null; then
-    echo "mpi_tp_dp: skipped, built without MPI (-DKESTREL_MPI=OFF)"
-    exit 0
-  fi
-  echo "mpi_tp_dp: $BIN not found; build the mpi_tests target" >&2
-  exit 1
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
-FILTER='Tp*:Dp*'
+[[ -x "$BIN" ]] || { echo "mpi_tp_dp: $BIN not found; build the mpi_tests target" >&2; exit 1; }
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
 for np in 2 4; do
-  echo "== mpirun -np $np mpi_tests --gtest_filter=$FILTER"
-  if ! timeout -k 5 120 mpirun -np "$np" --oversubscribe --bind-to none "$BIN" --gtest_filter="$FILTER" --gtest_color=no; then
-    echo "mpi_tp_dp: FAILED with $np ranks" >&2
-    exit 1
-  fi
+  echo "== mpirun -np $np mpi_tests --gtest_filter=Tp*:Dp*"
+  mpi_gtests mpi_tp_dp "$np" 120 'Tp*:Dp*' "$W/np$np.log"
+  grep -E '^\[  PASSED  \]' "$W/np$np.log" | head -1
 done
 echo "mpi_tp_dp: passed with 2 and 4 ranks"

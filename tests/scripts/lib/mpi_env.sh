@@ -15,8 +15,9 @@ mpi_env() {
 
 # `mpi_gtests <name> <np> <timeout s> <gtest filter> <log> [Suite.Test ...]`
 # runs $BIN (the mpi_tests binary) on np ranks into <log>, and fails with the
-# log's tail unless it passed and each named test ran and passed (a filter
-# that matches nothing must not pass as green).
+# log's tail unless it passed, some test ran (a filter that matches nothing,
+# or a stale binary without the suites, must not pass as green) and each
+# named test ran and passed.
 mpi_gtests() {
   local name=$1 np=$2 limit=$3 filter=$4 log=$5 t
   shift 5
@@ -26,6 +27,8 @@ mpi_gtests() {
     echo "$name: FAILED with $np ranks" >&2
     exit 1
   fi
+  grep -Eq '^\[  PASSED  \] [1-9][0-9]* tests?' "$log" ||
+    { tail -40 "$log" >&2; echo "$name: no test matched '$filter' with $np ranks" >&2; exit 1; }
   for t in "$@"; do
     grep -q "^\[       OK \] $t " "$log" ||
       { tail -40 "$log" >&2; echo "$name: $t did not run and pass with $np ranks" >&2; exit 1; }
