@@ -185,12 +185,23 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
         async_->set_on_finished([this](const StoredGroup& g, int64_t k, const std::vector<int32_t>& response) {
           stream_response(g.stream, g.prompt, k, response);
         });
-      if (remote_)
-        remote_->set_on_response([this](int64_t stream, int64_t prompt, int64_t k, const std::vector<int32_t>& tokens) {
-          stream_response(stream, prompt, k, tokens);
-        });
     }
   }
+  if (opt_.stream_ref_log_probs) {
+    const std::string K = "async_training.stream_ref_log_probs=true";
+    KS_CHECK(disaggregated_, K, " scores reference log-probs while the rollout ranks generate: it needs rollout "
+             "ranks (rollout.nnodes, rollout.n_gpus_per_node under mpirun); set it false");
+    KS_CHECK(opt_.loss.use_kl_loss || opt_.use_kl_in_reward, K, ": this run computes no reference log-probs "
+             "(actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are false); set it false");
+    KS_CHECK(opt_.parallel.world->size() == 1, "not supported yet: ", K, " with a trainer of ",
+             opt_.parallel.world->size(), " ranks (the groups are scored on the trainer's first rank as they come)");
+  }
+  // Disaggregated: each response the rollout leader finishes (run_rollout_rank's stream_responses).
+  if (remote_ && (stream_ || opt_.stream_ref_log_probs))
+    remote_->set_on_response([this](int64_t stream, int64_t prompt, int64_t k, const std::vector<int32_t>& tokens) {
+      if (stream_) stream_response(stream, prompt, k, tokens);
+      if (opt_.stream_ref_log_probs) stream_ref_response(stream, prompt, k, tokens);
+    });
 }
 
 RlTrainer::~RlTrainer() = default;
@@ -223,6 +234,67 @@ void RlTrainer::compute_rewards(RolloutBatch& b, const std::vector<int64_t>& pro
 void RlTrainer::stream_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response) {
   // A batch-wise score needs its whole batch: submit_rewards sends it in one call.
   if (!reward_->batch_wise()) stream_->submit({{stream, sample}}, {reward_request(prompt, response)}, step_);
+}
+
+void RlTrainer::stream_ref_response(int64_t stream, int64_t prompt, int64_t sample,
+                                    const std::vector<int32_t>& response) {
+  PartialGroup& g = ref_pending_[stream];
+  if (g.responses.empty()) {
+    g.prompt = prompt;
+    g.responses.resize(size_t(opt_.n));
+  }
+  KS_CHECK(sample >= 0 && sample < opt_.n && !g.responses[size_t(sample)], "disaggregated rollout: sample ", sample,
+           " of stream position ", stream, " streamed twice or out of range");
+  g.responses[size_t(sample)] = response;
+  for (const auto& r : g.responses)
+    if (!r) return;
+  // The whole group: its reference log-probs now, as one micro-batch of its own.
+  RolloutBatch gb;
+  for (auto& r : g.responses) {
+    gb.prompts.push_back(train_[size_t(prompt)].ids);
+    gb.responses.push_back(std::move(*r));
+    gb.group.push_back(0);
+  }
+  ref_pending_.erase(stream);
+  gb.finalize_layout();
+  compute_log_probs(gb, false, true);
+  for (int64_t k = 0; k < gb.size(); ++k)
+    ref_streamed_[{stream, k}] = std::vector<double>(gb.ref_logp.begin() + gb.layout.begin(k),
+                                                     gb.ref_logp.begin() + gb.layout.end(k));
+}
+
+double RlTrainer::fill_ref_log_probs(RolloutBatch& b, const std::vector<int64_t>& group_streams) {
+  b.ref_logp.assign(size_t(b.layout.num_tokens()), 0.0);
+  RolloutBatch rest;  // the responses not streamed, scored now
+  std::vector<int64_t> rest_idx;
+  std::vector<int64_t> seen(group_streams.size(), 0);
+  for (int64_t i = 0; i < b.size(); ++i) {
+    const int64_t gi = b.group[size_t(i)];
+    KS_CHECK(gi >= 0 && gi < int64_t(group_streams.size()), "RL: response ", i, " of group ", gi, " outside the batch");
+    auto it = ref_streamed_.find({group_streams[size_t(gi)], seen[size_t(gi)]++});
+    if (it != ref_streamed_.end() && int64_t(it->second.size()) == b.layout.length(i)) {
+      std::copy(it->second.begin(), it->second.end(), b.ref_logp.begin() + b.layout.begin(i));
+      ref_streamed_.erase(it);
+      continue;
+    }
+    rest.prompts.push_back(b.prompts[size_t(i)]);
+    rest.responses.push_back(b.responses[size_t(i)]);
+    rest.group.push_back(gi);
+    rest_idx.push_back(i);
+  }
+  if (!rest_idx.empty()) {
+    rest.finalize_layout();
+    compute_log_probs(rest, false, true);
+    for (size_t j = 0; j < rest_idx.size(); ++j)
+      std::copy(rest.ref_logp.begin() + rest.layout.begin(int64_t(j)), rest.ref_logp.begin() + rest.layout.end(int64_t(j)),
+                b.ref_logp.begin() + b.layout.begin(rest_idx[j]));
+  }
+  // What is older than this batch never trains (dropped as too stale), or is already in it.
+  if (!group_streams.empty()) {
+    const int64_t oldest = *std::min_element(group_streams.begin(), group_streams.end());
+    ref_streamed_.erase(ref_streamed_.begin(), ref_streamed_.lower_bound({oldest, 0}));
+  }
+  return b.size() > 0 ? 1.0 - double(rest_idx.size()) / double(b.size()) : 0.0;
 }
 
 std::vector<RewardStream::Key> RlTrainer::submit_rewards(const std::vector<StoredGroup>& groups,
@@ -364,7 +436,11 @@ std::map<std::string, double> RlTrainer::train_step() {
     } else {
       // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
       const std::vector<StoredGroup> groups = disaggregated_ ? receive_remote_batch(m) : async_->next_groups(step_, m);
-      for (const StoredGroup& g : groups) idx.push_back(g.prompt);
+      step_streams_.clear();
+      for (const StoredGroup& g : groups) {
+        idx.push_back(g.prompt);
+        step_streams_.push_back(g.stream);
+      }
       const io::ModelConfig& cfg = actor_->model().config();
       const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
       b = assemble_batch(
@@ -404,7 +480,10 @@ std::map<std::string, double> RlTrainer::train_step() {
     m["timing_s/old_log_prob"] = seconds_since(t0);
     t0 = Clock::now();
     set_progress(gstep, "ref");
-    compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
+    if (opt_.stream_ref_log_probs)  // the groups' scored as they came in (Kestrel's metric: the share)
+      m["ref/streamed_fraction"] = fill_ref_log_probs(b, step_streams_);
+    else
+      compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
     m["timing_s/ref"] = seconds_since(t0);
   }
 
