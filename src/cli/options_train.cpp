@@ -527,7 +527,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
     KS_FAIL(c.origin("actor_rollout_ref.rollout.calculate_log_probs"), ": async_training.use_rollout_log_probs=true "
             "trains with the rollout's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true (it is false)");
   o.launch_reward_fn_async = c.get_bool("reward_model.launch_reward_fn_async");
-  o.stream_ref_log_probs = c.get_bool("async_training.stream_ref_log_probs");
+  o.stream_log_probs = c.get_bool("async_training.stream_log_probs");
   o.critic_warmup = c.get_int("trainer.critic_warmup");
   o.balance_batch = c.get_bool("trainer.balance_batch");
   o.save_freq = c.get_int("trainer.save_freq");

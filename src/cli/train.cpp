@@ -357,7 +357,7 @@ int run_rollout_process(const rl::RlOptions& o, const rl::DisaggregatedLayout& l
   ri.prompts = &prompts;
   ri.val_prompts = &val_prompts;
   ri.total_steps = o.total_steps;
-  ri.stream_responses = o.launch_reward_fn_async || o.stream_ref_log_probs;
+  ri.stream_responses = o.launch_reward_fn_async || o.stream_log_probs;
   rl::run_rollout_rank(ri).throw_if_error();
   return 0;
 }

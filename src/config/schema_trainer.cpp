@@ -163,12 +163,13 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("use_rollout_log_probs", B, "false", YES,
       "Train with the rollout's log-probs as the old log-probs (no recompute; needs "
       "actor_rollout_ref.rollout.calculate_log_probs=true). verl's fully-async default: true.").addable = true;
-  b.k("stream_ref_log_probs", B, "false", YES,
-      "Kestrel: with rollout ranks (rollout.nnodes), score each group's reference log-probs on the trainer as soon "
-      "as its responses arrive, while the rollout ranks go on generating (the trainer's cores idle then, most at "
-      "staleness 0); the rest of the batch when it comes. Each group is its own micro-batch, so the log-probs "
-      "equal the batch pass's to f32 rounding, not bit for bit; ref/streamed_fraction says how much was streamed. "
-      "Needs reference log-probs (use_kl_loss or use_kl_in_reward) and a trainer of one rank.").addable = true;
+  b.k("stream_log_probs", B, "false", YES,
+      "Kestrel: with rollout ranks (rollout.nnodes), score each group's reference log-probs (and, at staleness 0 "
+      "without partial rollout, its old log-probs) on the trainer as soon as its responses arrive, while the "
+      "rollout ranks go on generating (the trainer's cores idle then); the rest of the batch when it comes. Each "
+      "group is its own micro-batch, so the log-probs equal the batch pass's to f32 rounding, not bit for bit; "
+      "ref/streamed_fraction and old_log_prob/streamed_fraction say how much was streamed. Needs a trainer of one "
+      "rank.").addable = true;
   b.k("compute_prox_log_prob", B, "false", NO, "Recompute a proximal policy's log-probs (AReaL's decoupled PPO).")
       .addable = true;
   b.k("use_trainer_do_validate", B, "false", NOP,

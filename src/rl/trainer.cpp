@@ -187,20 +187,22 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
         });
     }
   }
-  if (opt_.stream_ref_log_probs) {
-    const std::string K = "async_training.stream_ref_log_probs=true";
-    KS_CHECK(disaggregated_, K, " scores reference log-probs while the rollout ranks generate: it needs rollout "
-             "ranks (rollout.nnodes, rollout.n_gpus_per_node under mpirun); set it false");
-    KS_CHECK(opt_.loss.use_kl_loss || opt_.use_kl_in_reward, K, ": this run computes no reference log-probs "
-             "(actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are false); set it false");
+  if (opt_.stream_log_probs) {
+    const std::string K = "async_training.stream_log_probs=true";
+    KS_CHECK(disaggregated_, K, " scores log-probs while the rollout ranks generate: it needs rollout ranks "
+             "(rollout.nnodes, rollout.n_gpus_per_node under mpirun); set it false");
+    KS_CHECK(opt_.loss.use_kl_loss || opt_.use_kl_in_reward || stream_old_log_probs(), K, ": this run scores "
+             "neither reference log-probs (actor_rollout_ref.actor.use_kl_loss and algorithm.use_kl_in_reward are "
+             "false) nor old ones it could score early (only at staleness 0 without partial rollout, when several "
+             "mini-batches or epochs, the in-reward KL or rollout correction need them); set it false");
     KS_CHECK(opt_.parallel.world->size() == 1, "not supported yet: ", K, " with a trainer of ",
              opt_.parallel.world->size(), " ranks (the groups are scored on the trainer's first rank as they come)");
   }
   // Disaggregated: each response the rollout leader finishes (run_rollout_rank's stream_responses).
-  if (remote_ && (stream_ || opt_.stream_ref_log_probs))
+  if (remote_ && (stream_ || opt_.stream_log_probs))
     remote_->set_on_response([this](int64_t stream, int64_t prompt, int64_t k, const std::vector<int32_t>& tokens) {
       if (stream_) stream_response(stream, prompt, k, tokens);
-      if (opt_.stream_ref_log_probs) stream_ref_response(stream, prompt, k, tokens);
+      if (opt_.stream_log_probs) stream_logp_response(stream, prompt, k, tokens);
     });
 }
 
@@ -236,8 +238,15 @@ void RlTrainer::stream_response(int64_t stream, int64_t prompt, int64_t sample, 
   if (!reward_->batch_wise()) stream_->submit({{stream, sample}}, {reward_request(prompt, response)}, step_);
 }
 
-void RlTrainer::stream_ref_response(int64_t stream, int64_t prompt, int64_t sample,
-                                    const std::vector<int32_t>& response) {
+bool RlTrainer::stream_old_log_probs() const {
+  const RolloutCorrectionConfig& rc = opt_.rollout_corr;
+  const bool bypass = (rc.active && rc.bypass_mode) || opt_.use_rollout_log_probs;
+  return opt_.stream_log_probs && opt_.staleness_threshold == 0 && opt_.partial_max_split == 1 && !bypass &&
+         (opt_.ppo_epochs > 1 || opt_.ppo_mini_batch_size < opt_.train_batch_size || opt_.use_kl_in_reward || rc.active);
+}
+
+void RlTrainer::stream_logp_response(int64_t stream, int64_t prompt, int64_t sample,
+                                     const std::vector<int32_t>& response) {
   PartialGroup& g = ref_pending_[stream];
   if (g.responses.empty()) {
     g.prompt = prompt;
@@ -248,7 +257,7 @@ void RlTrainer::stream_ref_response(int64_t stream, int64_t prompt, int64_t samp
   g.responses[size_t(sample)] = response;
   for (const auto& r : g.responses)
     if (!r) return;
-  // The whole group: its reference log-probs now, as one micro-batch of its own.
+  // The whole group: its log-probs now, as one micro-batch of its own.
   RolloutBatch gb;
   for (auto& r : g.responses) {
     gb.prompts.push_back(train_[size_t(prompt)].ids);
@@ -257,24 +266,31 @@ void RlTrainer::stream_ref_response(int64_t stream, int64_t prompt, int64_t samp
   }
   ref_pending_.erase(stream);
   gb.finalize_layout();
-  compute_log_probs(gb, false, true);
-  for (int64_t k = 0; k < gb.size(); ++k)
-    ref_streamed_[{stream, k}] = std::vector<double>(gb.ref_logp.begin() + gb.layout.begin(k),
-                                                     gb.ref_logp.begin() + gb.layout.end(k));
+  const bool old = stream_old_log_probs(), ref = opt_.loss.use_kl_loss || opt_.use_kl_in_reward;
+  compute_log_probs(gb, old, ref);
+  for (int kind = 0; kind < 2; ++kind) {
+    if (kind == 0 ? !ref : !old) continue;
+    const std::vector<double>& lp = kind == 0 ? gb.ref_logp : gb.old_logp;
+    for (int64_t k = 0; k < gb.size(); ++k)
+      logp_streamed_[kind][{stream, k}] =
+          std::vector<double>(lp.begin() + gb.layout.begin(k), lp.begin() + gb.layout.end(k));
+  }
 }
 
-double RlTrainer::fill_ref_log_probs(RolloutBatch& b, const std::vector<int64_t>& group_streams) {
-  b.ref_logp.assign(size_t(b.layout.num_tokens()), 0.0);
+double RlTrainer::fill_log_probs(RolloutBatch& b, const std::vector<int64_t>& group_streams, bool old) {
+  auto& streamed = logp_streamed_[old ? 1 : 0];
+  std::vector<double>& out = old ? b.old_logp : b.ref_logp;
+  out.assign(size_t(b.layout.num_tokens()), 0.0);
   RolloutBatch rest;  // the responses not streamed, scored now
   std::vector<int64_t> rest_idx;
   std::vector<int64_t> seen(group_streams.size(), 0);
   for (int64_t i = 0; i < b.size(); ++i) {
     const int64_t gi = b.group[size_t(i)];
     KS_CHECK(gi >= 0 && gi < int64_t(group_streams.size()), "RL: response ", i, " of group ", gi, " outside the batch");
-    auto it = ref_streamed_.find({group_streams[size_t(gi)], seen[size_t(gi)]++});
-    if (it != ref_streamed_.end() && int64_t(it->second.size()) == b.layout.length(i)) {
-      std::copy(it->second.begin(), it->second.end(), b.ref_logp.begin() + b.layout.begin(i));
-      ref_streamed_.erase(it);
+    auto it = streamed.find({group_streams[size_t(gi)], seen[size_t(gi)]++});
+    if (it != streamed.end() && int64_t(it->second.size()) == b.layout.length(i)) {
+      std::copy(it->second.begin(), it->second.end(), out.begin() + b.layout.begin(i));
+      streamed.erase(it);
       continue;
     }
     rest.prompts.push_back(b.prompts[size_t(i)]);
@@ -284,15 +300,16 @@ double RlTrainer::fill_ref_log_probs(RolloutBatch& b, const std::vector<int64_t>
   }
   if (!rest_idx.empty()) {
     rest.finalize_layout();
-    compute_log_probs(rest, false, true);
+    compute_log_probs(rest, old, !old);
+    const std::vector<double>& lp = old ? rest.old_logp : rest.ref_logp;
     for (size_t j = 0; j < rest_idx.size(); ++j)
-      std::copy(rest.ref_logp.begin() + rest.layout.begin(int64_t(j)), rest.ref_logp.begin() + rest.layout.end(int64_t(j)),
-                b.ref_logp.begin() + b.layout.begin(rest_idx[j]));
+      std::copy(lp.begin() + rest.layout.begin(int64_t(j)), lp.begin() + rest.layout.end(int64_t(j)),
+                out.begin() + b.layout.begin(rest_idx[j]));
   }
   // What is older than this batch never trains (dropped as too stale), or is already in it.
   if (!group_streams.empty()) {
     const int64_t oldest = *std::min_element(group_streams.begin(), group_streams.end());
-    ref_streamed_.erase(ref_streamed_.begin(), ref_streamed_.lower_bound({oldest, 0}));
+    for (auto& m : logp_streamed_) m.erase(m.begin(), m.lower_bound({oldest, 0}));
   }
   return b.size() > 0 ? 1.0 - double(rest_idx.size()) / double(b.size()) : 0.0;
 }
@@ -476,12 +493,15 @@ std::map<std::string, double> RlTrainer::train_step() {
   if (!kl_done) {  // else computed per generation batch, before filtering
     t0 = Clock::now();
     set_progress(gstep, "old_log_prob");
-    compute_log_probs(b, need_old, false);
+    if (need_old && stream_old_log_probs())  // the groups' scored as they came in (Kestrel's metric: the share)
+      m["old_log_prob/streamed_fraction"] = fill_log_probs(b, step_streams_, true);
+    else
+      compute_log_probs(b, need_old, false);
     m["timing_s/old_log_prob"] = seconds_since(t0);
     t0 = Clock::now();
     set_progress(gstep, "ref");
-    if (opt_.stream_ref_log_probs)  // the groups' scored as they came in (Kestrel's metric: the share)
-      m["ref/streamed_fraction"] = fill_ref_log_probs(b, step_streams_);
+    if (opt_.stream_log_probs && (opt_.loss.use_kl_loss || opt_.use_kl_in_reward))
+      m["ref/streamed_fraction"] = fill_log_probs(b, step_streams_, false);
     else
       compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
     m["timing_s/ref"] = seconds_since(t0);

@@ -142,10 +142,11 @@ struct RlOptions {
   // thread (rl/reward_stream.h), each response as soon as it finishes
   // generating, the rest while the old/ref log-probs run; scores unchanged.
   bool launch_reward_fn_async = false;
-  // async_training.stream_ref_log_probs (Kestrel): disaggregated, the trainer
-  // scores each group's reference log-probs as soon as its responses are in,
+  // async_training.stream_log_probs (Kestrel): disaggregated, the trainer
+  // scores each group's reference log-probs (and, at staleness 0 without
+  // partial rollout, its old log-probs) as soon as its responses are in,
   // while the rollout ranks go on generating (its cores are idle then).
-  bool stream_ref_log_probs = false;
+  bool stream_log_probs = false;
   // Disaggregated placement (rl/disaggregated.h): this process is the
   // trainer (parallel.world its own ranks) and these world ranks of `job` generate.
   std::optional<DisaggregatedLayout> disaggregated;
@@ -260,12 +261,16 @@ class RlTrainer {
   // launch_reward_fn_async: a response the rollout just finished, queued for
   // scoring (per-response managers; a batch-wise one waits for submit_rewards).
   void stream_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response);
-  // stream_ref_log_probs: a finished response into its group; a whole group's reference log-probs scored now.
-  void stream_ref_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response);
-  // b's reference log-probs: the streamed ones where its responses were scored as they came in
+  // stream_log_probs: a finished response into its group; a whole group's log-probs scored now.
+  void stream_logp_response(int64_t stream, int64_t prompt, int64_t sample, const std::vector<int32_t>& response);
+  // Whether old log-probs may be scored as groups come in: staleness 0 without partial rollout (the groups
+  // received while the trainer waits for step j's batch are step j's, and the actor is at version j) and
+  // needed whatever the batch (several mini-batches or epochs, in-reward KL, decoupled rollout correction).
+  bool stream_old_log_probs() const;
+  // b's reference (old: old) log-probs: the streamed ones where its responses were scored as they came in
   // (group_streams: the stream position of each of b's groups), the rest scored now. Returns the share
   // streamed; forgets what b trains and what is older.
-  double fill_ref_log_probs(RolloutBatch& b, const std::vector<int64_t>& group_streams);
+  double fill_log_probs(RolloutBatch& b, const std::vector<int64_t>& group_streams, bool old);
   // launch_reward_fn_async: queues the rewards of `groups` not yet submitted
   // (world rank 0); returns the batch's keys, in batch order.
   // reward/streamed_fraction (Kestrel) into m: the share scored from the moment it finished.
@@ -291,15 +296,15 @@ class RlTrainer {
   // launch_reward_fn_async, on world rank 0 (where rewards are scored); after
   // reward_, so its worker thread stops before the reward worker goes.
   std::unique_ptr<RewardStream> stream_;
-  // stream_ref_log_probs: responses of groups not yet whole (by stream
+  // stream_log_probs: responses of groups not yet whole (by stream
   // position: prompt, responses by sample), and each scored response's
-  // reference log-probs by (stream position, sample).
+  // reference [0] and old [1] log-probs by (stream position, sample).
   struct PartialGroup {
     int64_t prompt = -1;
     std::vector<std::optional<std::vector<int32_t>>> responses;
   };
   std::map<int64_t, PartialGroup> ref_pending_;
-  std::map<std::pair<int64_t, int64_t>, std::vector<double>> ref_streamed_;
+  std::map<std::pair<int64_t, int64_t>, std::vector<double>> logp_streamed_[2];
   std::vector<int64_t> step_streams_;  // the stream positions of this step's groups, in batch order
   std::unique_ptr<RolloutWorker> rollout_;
   // The prompt stream, the sample store and the schedule of generation

@@ -150,8 +150,8 @@ refuse "use_rollout_log_probs=true trains with the rollout's log-probs: set acto
   +async_training.use_rollout_log_probs=true
 refuse "not supported yet: reward_model.launch_reward_fn_async=true with algorithm.filter_groups.enable" \
   "${ARW[@]}" algorithm.filter_groups.enable=true algorithm.filter_groups.metric=score data.gen_batch_size=4
-refuse "stream_ref_log_probs=true scores reference log-probs while the rollout ranks generate: it needs rollout ranks" \
-  +async_training.stream_ref_log_probs=true
+refuse "stream_log_probs=true scores log-probs while the rollout ranks generate: it needs rollout ranks" \
+  +async_training.stream_log_probs=true
 refuse "set both (disaggregated rollout ranks) or neither" +rollout.nnodes=1
 refuse "actor_rollout_ref.hybrid_engine=false puts the rollout on its own processes" actor_rollout_ref.hybrid_engine=false
 refuse "no trainer among the 1 processes" +rollout.nnodes=1 +rollout.n_gpus_per_node=1
@@ -203,23 +203,28 @@ KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm critic/score/mea
 same_metrics "$W/partial" "$W/dis2-partial" "disaggregated 1+2, partial rollout"
 [ "$(mrun 2 "$W/dis-sync" "" "${DIS1[@]}")" = 0 ] || fail "disaggregated 1+1, synchronous"
 same_run "$W/sync" "$W/dis-sync" "disaggregated 1+1, synchronous"
-# Reference log-probs scored on the trainer as each group comes in (async_training.stream_ref_log_probs):
-# every group streamed (with two rollout ranks, what the leader does not see finish would be scored when the
+# Log-probs scored on the trainer as each group comes in (async_training.stream_log_probs): the reference
+# ones, and at staleness 0 without partial rollout the old ones (two mini-batches here need them). Every group
+# is streamed with one rollout rank (with two, what the leader does not see finish would be scored when the
 # batch comes). Each group is its own micro-batch: the metrics within 1e-4 of the batch pass's.
-REF=(+async_training.stream_ref_log_probs=true)
-[ "$(mrun 2 "$W/dis-ref" "" "${DIS1[@]}" "${REF[@]}")" = 0 ] || fail "disaggregated 1+1, streamed ref log-probs"
-[ "$(metric_column "$W/dis-ref" ref/streamed_fraction)" = "1.0 1.0 1.0 1.0 " ] ||
-  fail "streamed ref log-probs: ref/streamed_fraction per step '$(metric_column "$W/dis-ref" ref/streamed_fraction)', want 1 each"
-same_metrics "$W/sync" "$W/dis-ref" "disaggregated 1+1, streamed ref log-probs"
+REF=(+async_training.stream_log_probs=true)
+[ "$(mrun 2 "$W/dis-ref" "" "${DIS1[@]}" "${REF[@]}")" = 0 ] || fail "disaggregated 1+1, streamed log-probs"
+for k in ref/streamed_fraction old_log_prob/streamed_fraction; do
+  [ "$(metric_column "$W/dis-ref" $k)" = "1.0 1.0 1.0 1.0 " ] ||
+    fail "streamed log-probs: $k per step '$(metric_column "$W/dis-ref" $k)', want 1 each"
+done
+same_metrics "$W/sync" "$W/dis-ref" "disaggregated 1+1, streamed log-probs"
 [ "$(mrun 3 "$W/dis2-ref" "" "${PARTIAL[@]}" "${DIS2[@]}" "${REF[@]}")" = 0 ] ||
-  fail "disaggregated 1+2, partial rollout, streamed ref log-probs"
+  fail "disaggregated 1+2, partial rollout, streamed log-probs"
 for f in $(metric_column "$W/dis2-ref" ref/streamed_fraction); do
   awk -v f="$f" 'BEGIN { exit !(f > 0) }' || fail "1+2 streamed ref log-probs: fraction $f, want some streamed"
 done
-same_metrics "$W/partial" "$W/dis2-ref" "disaggregated 1+2, partial rollout, streamed ref log-probs"
-[ "$(mrun 2 "$W/bad-ref" "" "${DIS1[@]}" "${REF[@]}" actor_rollout_ref.actor.use_kl_loss=false)" != 0 ] ||
-  fail "streamed ref log-probs without reference log-probs accepted"
-grep -q 'stream_ref_log_probs=true: this run computes no reference log-probs' "$W/log.txt" || fail "the no-ref refusal"
+! grep -q '"old_log_prob/streamed_fraction"' "$W/dis2-ref/metrics.jsonl" ||
+  fail "old log-probs streamed under partial rollout (a continued response's versions differ)"
+same_metrics "$W/partial" "$W/dis2-ref" "disaggregated 1+2, partial rollout, streamed log-probs"
+[ "$(mrun 2 "$W/bad-ref" "" "${DIS1[@]}" "${REF[@]}" actor_rollout_ref.actor.use_kl_loss=false \
+      actor_rollout_ref.actor.ppo_mini_batch_size=4)" != 0 ] || fail "streamed log-probs with nothing to stream accepted"
+grep -q 'stream_log_probs=true: this run scores neither reference log-probs' "$W/log.txt" || fail "the nothing-to-stream refusal"
 # Killed under mpirun inside step 3 and resumed.
 rc=$(mrun 2 "$W/dis-k" train_step:3 "${STALE[@]}" "${DIS1[@]}")
 [ "$rc" != 0 ] || fail "disaggregated: expected the kill in step 3"
