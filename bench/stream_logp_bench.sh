@@ -10,7 +10,7 @@
 # Prints per mode: the mean step time, the trainer's old + ref time after the
 # batch came (timing_s/old_log_prob + timing_s/ref), its idle share
 # (trainer/idle_ratio), the share streamed, and the speed-up.
-# usage: bash bench/stream_ref_bench.sh [kestrel-binary (build/release/kestrel)] [steps (10)]
+# usage: bash bench/stream_logp_bench.sh [kestrel-binary (build/release/kestrel)] [steps (10)]
 set -euo pipefail
 KESTREL=${1:-build/release/kestrel}
 STEPS=${2:-10}
