@@ -247,7 +247,7 @@ bool RlTrainer::stream_old_log_probs() const {
 
 void RlTrainer::stream_logp_response(int64_t stream, int64_t prompt, int64_t sample,
                                      const std::vector<int32_t>& response) {
-  PartialGroup& g = ref_pending_[stream];
+  PartialGroup& g = logp_pending_[stream];
   if (g.responses.empty()) {
     g.prompt = prompt;
     g.responses.resize(size_t(opt_.n));
@@ -264,7 +264,7 @@ void RlTrainer::stream_logp_response(int64_t stream, int64_t prompt, int64_t sam
     gb.responses.push_back(std::move(*r));
     gb.group.push_back(0);
   }
-  ref_pending_.erase(stream);
+  logp_pending_.erase(stream);
   gb.finalize_layout();
   const bool old = stream_old_log_probs(), ref = opt_.loss.use_kl_loss || opt_.use_kl_in_reward;
   compute_log_probs(gb, old, ref);

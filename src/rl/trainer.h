@@ -303,7 +303,7 @@ class RlTrainer {
     int64_t prompt = -1;
     std::vector<std::optional<std::vector<int32_t>>> responses;
   };
-  std::map<int64_t, PartialGroup> ref_pending_;
+  std::map<int64_t, PartialGroup> logp_pending_;
   std::map<std::pair<int64_t, int64_t>, std::vector<double>> logp_streamed_[2];
   std::vector<int64_t> step_streams_;  // the stream positions of this step's groups, in batch order
   std::unique_ptr<RolloutWorker> rollout_;
