@@ -36,6 +36,7 @@
 #include "model/scoring.h"
 #include "model/transformer.h"
 #include "optim/adamw.h"
+#include "train/engine.h"
 #include "train/token_objective.h"
 
 using namespace kestrel;
@@ -122,11 +123,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   DType dt = dtype_s == "bf16" ? DType::BF16 : DType::F32;
-  if (train_packs < 0 && dt == DType::BF16) train_packs = 1;  // the engine's rule
   model::ModelOptions opts;
   opts.dtype = dt;
   opts.max_positions = std::max<int64_t>(seq, 16);
   auto m = model::CausalLM::init_random(cfg.value(), opts, 1234);
+  if (train_packs < 0)  // the training engine's rule
+    train_packs = train::train_packs_apply(dt, 1, 1, 1, m->num_moe_layers() > 0, cfg->mla.enabled) ? 1 : 0;
   m->enable_grads();
   std::vector<optim::ParamSlot> slots;
   std::vector<Tensor> masters;

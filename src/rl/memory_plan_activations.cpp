@@ -13,13 +13,15 @@
 #include "backend/cpu/skinny_gemm.h"
 #include "ops/moe.h"
 #include "rl/memory_plan.h"
+#include "train/engine.h"
 
 namespace kestrel::rl {
 
 bool train_packs_planned(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt) {
   const PlanLayout& l = in.layout;
-  return dt == DType::BF16 && T > cpu::packed_linear_min_rows(dt) && l.tp == 1 && l.pp == 1 && l.cp <= 1 &&
-         s.moe_layers == 0 && !in.model.mla.enabled && cpu::packed_linear_bytes(64, 64, dt) > 0;
+  // The engine's rule, and micro-batches long enough to take the packed path (WeightPacks::linear).
+  return train::train_packs_apply(dt, l.tp, l.pp, l.cp, s.moe_layers > 0, in.model.mla.enabled) &&
+         T > cpu::packed_linear_min_rows(dt);
 }
 
 namespace {

@@ -435,6 +435,7 @@ std::map<std::string, double> RlTrainer::train_step() {
   std::map<std::string, double> m;
   RolloutBatch b;
   std::vector<RewardStream::Key> reward_keys;  // launch_reward_fn_async: the batch's rewards, scoring meanwhile
+  std::vector<int64_t> streams;  // stream positions of the batch's groups, in batch order (from the sample store)
   auto t0 = Clock::now();
   // With filter_groups the batch comes scored (and KL-penalised when the reward needs it).
   const bool filtered = opt_.filter_groups.enable;
@@ -453,10 +454,9 @@ std::map<std::string, double> RlTrainer::train_step() {
     } else {
       // The step's groups from the sample store, generated now or ahead (rl/async_rollout.h).
       const std::vector<StoredGroup> groups = disaggregated_ ? receive_remote_batch(m) : async_->next_groups(step_, m);
-      step_streams_.clear();
       for (const StoredGroup& g : groups) {
         idx.push_back(g.prompt);
-        step_streams_.push_back(g.stream);
+        streams.push_back(g.stream);
       }
       const io::ModelConfig& cfg = actor_->model().config();
       const bool routing = opt_.engine.record_routing && model::num_moe_layers(cfg) > 0;
@@ -494,14 +494,14 @@ std::map<std::string, double> RlTrainer::train_step() {
     t0 = Clock::now();
     set_progress(gstep, "old_log_prob");
     if (need_old && stream_old_log_probs())  // the groups' scored as they came in (Kestrel's metric: the share)
-      m["old_log_prob/streamed_fraction"] = fill_log_probs(b, step_streams_, true);
+      m["old_log_prob/streamed_fraction"] = fill_log_probs(b, streams, true);
     else
       compute_log_probs(b, need_old, false);
     m["timing_s/old_log_prob"] = seconds_since(t0);
     t0 = Clock::now();
     set_progress(gstep, "ref");
     if (opt_.stream_log_probs && (opt_.loss.use_kl_loss || opt_.use_kl_in_reward))
-      m["ref/streamed_fraction"] = fill_log_probs(b, step_streams_, false);
+      m["ref/streamed_fraction"] = fill_log_probs(b, streams, false);
     else
       compute_log_probs(b, false, opt_.loss.use_kl_loss || opt_.use_kl_in_reward);
     m["timing_s/ref"] = seconds_since(t0);

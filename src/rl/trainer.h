@@ -305,7 +305,6 @@ class RlTrainer {
   };
   std::map<int64_t, PartialGroup> logp_pending_;
   std::map<std::pair<int64_t, int64_t>, std::vector<double>> logp_streamed_[2];
-  std::vector<int64_t> step_streams_;  // the stream positions of this step's groups, in batch order
   std::unique_ptr<RolloutWorker> rollout_;
   // The prompt stream, the sample store and the schedule of generation
   // (null with dynamic sampling, which draws and filters its own batches).

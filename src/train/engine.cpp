@@ -355,22 +355,22 @@ model::MoeStepStats TrainingEngine::reduced_moe_stats() const {
 // bf16 weights packed once per mini-batch (backend/cpu/packed_linear.h):
 // every micro-batch's forward x @ W^T runs on the CPU's bf16 units (AMX,
 // AVX512-BF16) from the packs, where the unpacked path widens each weight to
-// f32 on every call: +9% on a step of one 2048-token micro-batch, +20% with
-// two (docs/benchmarks.md "Packed training weights"). f32 weights stay on the
-// chosen GEMM: packing them, for the forward and for dy @ W, measured no gain
-// (oneDNN's unpacked matmul already runs these shapes at the packed rate) at
-// twice the weights' memory. Dense models at tp = pp = cp = 1 (what
-// rl/memory_plan_phases.cpp counts); freed before the optimizer step.
-static bool train_packs_apply(const model::CausalLM& m) {
-  return m.dtype() == DType::BF16 && m.tp().size() == 1 && m.pp().size() == 1 && m.cp_size() == 1 &&
-         m.num_moe_layers() == 0 && !m.config().mla.enabled && cpu::packed_linear_bytes(64, 64, DType::BF16) > 0;
+// f32 on every call: +11% on a step of one 2048-token micro-batch, +15-20%
+// with four (docs/benchmarks.md "Packed training weights"). f32 weights stay
+// on the chosen GEMM: packing them measured no gain (oneDNN's unpacked
+// matmul already runs these shapes at about the packed rate) at twice the
+// weights' memory. Freed before the optimizer step.
+bool train_packs_apply(DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla) {
+  return dtype == DType::BF16 && tp == 1 && pp == 1 && cp <= 1 && !moe && !mla &&
+         cpu::packed_linear_bytes(64, 64, DType::BF16) > 0;
 }
 
 double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, const std::vector<MicroBatch>& run,
                                         const ObjectiveFn& objective) {
   double loss = 0;
   cpu::WeightPacks packs;
-  const bool packed = train_packs_apply(model_);
+  const bool packed = train_packs_apply(model_.dtype(), model_.tp().size(), model_.pp().size(), model_.cp_size(),
+                                        model_.num_moe_layers() > 0, model_.config().mla.enabled);
   model::TrainPacksScope scope(model_, packed ? &packs : nullptr);
   for (size_t i = 0; i < micro.size(); ++i) {
     const model::PackedBatch& b = run[i].batch;  // what this rank runs (its cp share)

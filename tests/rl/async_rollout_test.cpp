@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
 
 #include "rl/async_rollout.h"
 #include "rl/workers/actor_worker.h"
@@ -104,6 +105,21 @@ void expect_versions_match_tokens(const std::vector<StoredGroup>& gs) {
         EXPECT_EQ(s.tokens[i] % 1000, int32_t(i)) << "a continued response skipped or repeated a position";
       }
     }
+}
+
+// Two schedules handed over the same groups: stream positions, seeds, and
+// every response's tokens and per-token versions.
+void expect_same_groups(const std::vector<StoredGroup>& ga, const std::vector<StoredGroup>& gb) {
+  ASSERT_EQ(ga.size(), gb.size());
+  for (size_t k = 0; k < ga.size(); ++k) {
+    EXPECT_EQ(ga[k].stream, gb[k].stream);
+    EXPECT_EQ(ga[k].seed, gb[k].seed);
+    ASSERT_EQ(ga[k].samples.size(), gb[k].samples.size());
+    for (size_t j = 0; j < ga[k].samples.size(); ++j) {
+      EXPECT_EQ(ga[k].samples[j].tokens, gb[k].samples[j].tokens);
+      EXPECT_EQ(ga[k].samples[j].versions, gb[k].samples[j].versions);
+    }
+  }
 }
 
 // A partial-rollout batch trained at step `step`: every response finished
@@ -212,16 +228,9 @@ TEST(AsyncRollout, RoundsThatFinishEverythingEqualThePipeline) {
   for (int64_t s = 0; s < 4; ++s) {
     std::map<std::string, double> ma, mb;
     const auto ga = whole.step(s, ma), gb = rounds.step(s, mb);
-    ASSERT_EQ(ga.size(), gb.size());
-    for (size_t k = 0; k < ga.size(); ++k) {
-      EXPECT_EQ(ga[k].stream, gb[k].stream);
-      EXPECT_EQ(ga[k].seed, gb[k].seed);
-      for (size_t j = 0; j < ga[k].samples.size(); ++j) {
-        EXPECT_EQ(ga[k].samples[j].tokens, gb[k].samples[j].tokens);
-        EXPECT_EQ(ga[k].samples[j].versions, gb[k].samples[j].versions);
-        EXPECT_EQ(gb[k].samples[j].rounds, 1);
-      }
-    }
+    expect_same_groups(ga, gb);
+    for (const StoredGroup& g : gb)
+      for (const StoredSample& x : g.samples) EXPECT_EQ(x.rounds, 1);
     EXPECT_EQ(mb["fully_async/rollout_rounds"], 1.0);
     EXPECT_EQ(mb["fully_async/partial/total_partial_num"], 0.0);
     EXPECT_EQ(rounds.ar->store().size(), 0) << "nothing carried when everything finished";
@@ -266,15 +275,8 @@ TEST(AsyncRollout, PartialRolloutUnderStalenessWithShortResponsesIsThePipeline) 
     for (int64_t s = 0; s < 6; ++s) {
       std::map<std::string, double> ma, mb;
       const auto ga = whole.step(s, ma), gb = rounds.step(s, mb);
-      ASSERT_EQ(ga.size(), gb.size());
-      for (size_t k = 0; k < ga.size(); ++k) {
-        EXPECT_EQ(ga[k].stream, gb[k].stream) << "t=" << t << " step " << s;
-        EXPECT_EQ(ga[k].seed, gb[k].seed);
-        for (size_t j = 0; j < ga[k].samples.size(); ++j) {
-          EXPECT_EQ(ga[k].samples[j].tokens, gb[k].samples[j].tokens);
-          EXPECT_EQ(ga[k].samples[j].versions, gb[k].samples[j].versions);
-        }
-      }
+      SCOPED_TRACE("t=" + std::to_string(t) + " step " + std::to_string(s));
+      expect_same_groups(ga, gb);
       EXPECT_EQ(ma["fully_async/staleness/max"], mb["fully_async/staleness/max"]);
       EXPECT_EQ(whole.ar->store().next_stream(), rounds.ar->store().next_stream());
     }
