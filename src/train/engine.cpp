@@ -357,9 +357,9 @@ model::MoeStepStats TrainingEngine::reduced_moe_stats() const {
 // AVX512-BF16) from the packs, where the unpacked path widens each weight to
 // f32 on every call: +11% on a step of one 2048-token micro-batch, +15-20%
 // with four (docs/benchmarks.md "Packed training weights"). f32 weights stay
-// on the chosen GEMM: packing them measured no gain (oneDNN's unpacked
-// matmul already runs these shapes at about the packed rate) at twice the
-// weights' memory. Freed before the optimizer step.
+// on the chosen GEMM: packing them gained 0-2% at 256-512-row micro-batches
+// (oneDNN's unpacked matmul already runs these shapes at about the packed
+// rate), not worth a second copy of the weights. Freed before the optimizer step.
 bool train_packs_apply(DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla) {
   return dtype == DType::BF16 && tp == 1 && pp == 1 && cp <= 1 && !moe && !mla &&
          cpu::packed_linear_bytes(64, 64, DType::BF16) > 0;
