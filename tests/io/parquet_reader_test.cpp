@@ -153,6 +153,21 @@ TEST(ParquetEncoding, RleHybridRunsAndBitPacking) {
   EXPECT_THROW(decode_rle_hybrid(s3, 2, 13, 3, out, "levels"), ParquetError);
 }
 
+TEST(ParquetEncoding, StringsMustBeWellFormedUtf8) {
+  // Accepted: ASCII, 2/3/4-byte forms at their bounds (U+0080, U+07FF, U+0800, U+D7FF,
+  // U+E000, U+FFFF, U+10000, U+10FFFF).
+  for (const char* ok : {"plain", "\xC2\x80", "\xDF\xBF", "\xE0\xA0\x80", "\xED\x9F\xBF", "\xEE\x80\x80",
+                         "\xEF\xBF\xBF", "\xF0\x90\x80\x80", "\xF4\x8F\xBF\xBF"})
+    EXPECT_NO_THROW(check_utf8(ok)) << ok;
+  // Refused: overlong forms (C0/C1 leads, E0 80, F0 80), surrogates (ED A0), above U+10FFFF
+  // (F4 90, F5), a lone continuation byte, a truncated sequence, a bad continuation.
+  // The first was found by fuzz_parquet: nlohmann's dump() threw on a row holding it.
+  for (const char* bad : {"ab\xC0\x80", "\xC1\xBF", "\xE0\x80\x80", "\xF0\x80\x80\x80", "\xED\xA0\x80",
+                          "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\x80", "\xE2\x82", "\xE2\x28\xA1"}) {
+    EXPECT_THROW(check_utf8(bad), ParquetError) << bad;
+  }
+}
+
 TEST(ParquetEncoding, DeltaBinaryPackedFromTheSpec) {
   // parquet-format's example 1: 1, 2, 3, 4, 5 -> block 128, 4 miniblocks, 5 values,
   // first 1, min delta 1, bit widths 0: header then min delta and 4 widths.

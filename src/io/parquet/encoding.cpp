@@ -36,6 +36,27 @@ int bit_width_of(uint32_t v) {
   return w;
 }
 
+// RFC 3629 well-formedness (Unicode Table 3-7): no overlong forms, no surrogates, nothing above
+// U+10FFFF. Parquet's STRING is UTF-8 and rows become JSON, whose serialiser rejects exactly these.
+void check_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) { ++i; continue; }
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // bounds of the second byte
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) { len = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
+    else if (c >= 0xf0 && c <= 0xf4) { len = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
+    if (!len || i + len > n) fail("a string value is not valid UTF-8 (byte ", i, ")");
+    if (p[i + 1] < lo || p[i + 1] > hi) fail("a string value is not valid UTF-8 (byte ", i + 1, ")");
+    for (size_t k = 2; k < len; ++k)
+      if ((p[i + k] & 0xc0) != 0x80) fail("a string value is not valid UTF-8 (byte ", i + k, ")");
+    i += len;
+  }
+}
+
 namespace {
 
 uint64_t uleb(Span& s, const char* what) {
@@ -90,19 +111,6 @@ void unpack_bits(const uint8_t* p, int bw, size_t count, F&& emit) {
       ++byte;
     }
     emit(v & mask);
-  }
-}
-
-void check_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!len || i + len > n) fail("a string value is not valid UTF-8");
-    for (size_t k = 1; k < len; ++k)
-      if ((p[i + k] & 0xc0) != 0x80) fail("a string value is not valid UTF-8");
-    i += len;
   }
 }
 

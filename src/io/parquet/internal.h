@@ -211,6 +211,9 @@ int bit_width_of(uint32_t max_value);
 // Decodes `count` values of physical type `phys` in `encoding` (not the
 // dictionary encodings) into out (whose kind the caller set).
 void decode_values(Span s, int32_t encoding, PhysType phys, int32_t type_length, size_t count, Values& out);
+// Throws unless `s` is well-formed UTF-8 (RFC 3629): every STRING value passes through it,
+// so rows always serialise as JSON.
+void check_utf8(const std::string& s);
 
 // ---- one column chunk ------------------------------------------------------
 
