@@ -15,6 +15,10 @@ nlohmann::json LoaderState::to_json() const {
 Result<LoaderState> LoaderState::from_json(const nlohmann::json& j, const std::string& origin) {
   LoaderState s;
   try {
+    // Integers only: get<int64_t>() of a float out of range is undefined behaviour, not an exception.
+    for (const char* k : {"seed", "epoch", "index", "dataset_size", "batch_size"})
+      if (!j.at(k).is_number_integer())
+        return KS_ERR(origin, ": data-loader state key '", k, "' must be an integer, got ", j.at(k).dump());
     s.seed = j.at("seed").get<uint64_t>();
     s.epoch = j.at("epoch").get<int64_t>();
     s.index = j.at("index").get<int64_t>();

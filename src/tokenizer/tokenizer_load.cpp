@@ -84,7 +84,15 @@ Result<std::unique_ptr<Decoder>> load_decoder(const json& j) {
     const std::string c = j.at("content").get<std::string>();
     size_t len;
     const char32_t cp = c.empty() ? 0 : decode_utf8(c, 0, len);
-    return make_strip_decoder(cp, j.at("start").get<size_t>(), j.at("stop").get<size_t>());
+    // A count of characters; nlohmann's get<size_t>() of a float or a negative number is undefined.
+    auto count = [&](const char* k) -> Result<size_t> {
+      const json& v = j.at(k);
+      if (!v.is_number_unsigned()) return KS_ERR("decoder Strip: \"", k, "\" must be a non-negative integer, got ", v.dump());
+      return size_t(v.get<uint64_t>());
+    };
+    KS_ASSIGN(const size_t start, count("start"));
+    KS_ASSIGN(const size_t stop, count("stop"));
+    return make_strip_decoder(cp, start, stop);
   }
   if (t == "Replace") {
     const json& pat = j.at("pattern");

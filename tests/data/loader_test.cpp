@@ -54,6 +54,13 @@ TEST(EpochLoader, RestoreContinuesExactly) {
   EXPECT_NE(s.message().find("ckpt/trainer_state.json"), std::string::npos);
   EXPECT_NE(s.message().find("seed 5"), std::string::npos);
   EXPECT_FALSE(LoaderState::from_json(nlohmann::json{{"seed", 1}}, "x").is_ok());
+  // A corrupt state with a float where an integer belongs is refused by name, not converted.
+  nlohmann::json bad = st.to_json();
+  bad["index"] = 1e300;
+  auto r = LoaderState::from_json(bad, "ckpt/trainer_state.json");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("ckpt/trainer_state.json: data-loader state key 'index' must be an integer"),
+            std::string::npos) << r.status().message();
 }
 
 }  // namespace

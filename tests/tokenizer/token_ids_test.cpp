@@ -64,5 +64,19 @@ TEST(TokenIds, DeepJsonIsRefused) {
   EXPECT_NE(e.find("m/tokenizer.json: JSON nested deeper than 256 levels"), std::string::npos) << e;
 }
 
+// fuzz_tokenizer_load found "start": 4.4e102 reaching nlohmann's get<size_t>(), undefined
+// behaviour (UBSan); the Strip decoder's counts are checked like ids.
+TEST(TokenIds, StripDecoderCountsMustBeNonNegativeIntegers) {
+  for (const json& bad : {json(4.44e102), json(-1), json(1.5), json("1")}) {
+    json j = base();
+    j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", bad}};
+    EXPECT_NE(load_error(j).find("decoder Strip: \"stop\" must be a non-negative integer, got " + bad.dump()),
+              std::string::npos) << load_error(j);
+  }
+  json j = base();
+  j["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}};
+  EXPECT_EQ(load_error(j), "loaded");
+}
+
 }  // namespace
 }  // namespace kestrel::tokenizer
