@@ -18,6 +18,23 @@ void register_device_memory_hooks(Device dev, const DeviceMemoryHooks& hooks) {
   table()[size_t(dev)] = hooks;
 }
 
+namespace {
+std::array<Allocator*, 2>& allocators() {
+  static std::array<Allocator*, 2> a{};
+  return a;
+}
+}  // namespace
+
+void register_device_allocator(Device dev, Allocator* allocator) {
+  KS_CHECK(dev != Device::CPU, "register_device_allocator: the host allocator is built in");
+  KS_CHECK(allocator && allocator->device() == dev, "register_device_allocator: an allocator of another device");
+  allocators()[size_t(dev)] = allocator;
+}
+
+Allocator* device_allocator(Device dev) {
+  return dev == Device::CPU ? &cpu_allocator() : allocators()[size_t(dev)];
+}
+
 const DeviceMemoryHooks& device_memory_hooks(Device dev, const char* what) {
   const DeviceMemoryHooks& h = table()[size_t(dev)];
   if (!h.fill || !h.copy)

@@ -24,4 +24,9 @@ void register_device_memory_hooks(Device dev, const DeviceMemoryHooks& hooks);
 // The hooks of dev for `what` ("Tensor::zero_", ...); fails when dev has none.
 const DeviceMemoryHooks& device_memory_hooks(Device dev, const char* what);
 
+// The allocator Tensor::empty uses for dev (the backend registers it with its hooks;
+// it must outlive every tensor of dev). nullptr until registered.
+void register_device_allocator(Device dev, Allocator* allocator);
+Allocator* device_allocator(Device dev);
+
 }  // namespace kestrel

@@ -37,7 +37,7 @@ Storage::~Storage() {
 }
 
 static Allocator* allocator_for(Device dev) {
-  if (dev == Device::CPU) return &cpu_allocator();
+  if (Allocator* a = device_allocator(dev)) return a;
   KS_FAIL("not supported yet: tensors on device ", device_name(dev), " (build with KESTREL_CUDA=ON)");
 }
 

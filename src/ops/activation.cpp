@@ -2,6 +2,9 @@
 #include "ops/activation.h"
 
 #include "backend/cpu/dense_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -9,8 +12,8 @@ namespace kestrel::ops {
 using namespace detail;
 
 namespace {
-constexpr Kernels<decltype(cpu::swiglu_fwd)> kSwigluFwd{.cpu = cpu::swiglu_fwd};
-constexpr Kernels<decltype(cpu::swiglu_bwd)> kSwigluBwd{.cpu = cpu::swiglu_bwd};
+constexpr Kernels<decltype(cpu::swiglu_fwd)> kSwigluFwd{.cpu = cpu::swiglu_fwd KS_CUDA_KERNEL(cuda::swiglu_fwd)};
+constexpr Kernels<decltype(cpu::swiglu_bwd)> kSwigluBwd{.cpu = cpu::swiglu_bwd KS_CUDA_KERNEL(cuda::swiglu_bwd)};
 }  // namespace
 
 void swiglu_fwd(const Tensor& gate, const Tensor& up, Tensor& h) {

@@ -2,6 +2,9 @@
 #include "ops/copy.h"
 
 #include "backend/cpu/copy_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/copy_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -10,15 +13,15 @@ using namespace detail;
 
 namespace {
 
-constexpr Kernels<decltype(cpu::fill)> kFill{.cpu = cpu::fill};
-constexpr Kernels<decltype(cpu::zero)> kZero{.cpu = cpu::zero};
-constexpr Kernels<decltype(cpu::gather_rows)> kGatherRows{.cpu = cpu::gather_rows};
-constexpr Kernels<decltype(cpu::scatter_rows)> kScatterRows{.cpu = cpu::scatter_rows};
-constexpr Kernels<decltype(cpu::pad_rows)> kPadRows{.cpu = cpu::pad_rows};
-constexpr Kernels<decltype(cpu::copy_cols)> kCopyCols{.cpu = cpu::copy_cols};
-constexpr Kernels<decltype(cpu::sum_rows)> kSumRows{.cpu = cpu::sum_rows};
-constexpr Kernels<decltype(cpu::copy_head_cols)> kCopyHeadCols{.cpu = cpu::copy_head_cols};
-constexpr Kernels<decltype(cpu::sum_head_cols)> kSumHeadCols{.cpu = cpu::sum_head_cols};
+constexpr Kernels<decltype(cpu::fill)> kFill{.cpu = cpu::fill KS_CUDA_KERNEL(cuda::fill)};
+constexpr Kernels<decltype(cpu::zero)> kZero{.cpu = cpu::zero KS_CUDA_KERNEL(cuda::zero)};
+constexpr Kernels<decltype(cpu::gather_rows)> kGatherRows{.cpu = cpu::gather_rows KS_CUDA_KERNEL(cuda::gather_rows)};
+constexpr Kernels<decltype(cpu::scatter_rows)> kScatterRows{.cpu = cpu::scatter_rows KS_CUDA_KERNEL(cuda::scatter_rows)};
+constexpr Kernels<decltype(cpu::pad_rows)> kPadRows{.cpu = cpu::pad_rows KS_CUDA_KERNEL(cuda::pad_rows)};
+constexpr Kernels<decltype(cpu::copy_cols)> kCopyCols{.cpu = cpu::copy_cols KS_CUDA_KERNEL(cuda::copy_cols)};
+constexpr Kernels<decltype(cpu::sum_rows)> kSumRows{.cpu = cpu::sum_rows KS_CUDA_KERNEL(cuda::sum_rows)};
+constexpr Kernels<decltype(cpu::copy_head_cols)> kCopyHeadCols{.cpu = cpu::copy_head_cols KS_CUDA_KERNEL(cuda::copy_head_cols)};
+constexpr Kernels<decltype(cpu::sum_head_cols)> kSumHeadCols{.cpu = cpu::sum_head_cols KS_CUDA_KERNEL(cuda::sum_head_cols)};
 
 // a and b have the same dtype and the same shape past dim 0 (a row shape).
 void check_rows_like(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {

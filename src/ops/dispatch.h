@@ -13,6 +13,14 @@
 #include "core/status.h"
 #include "core/tensor.h"
 
+// KS_CUDA_KERNEL(cuda::f) adds ", .cuda = cuda::f" to a kernel table in a
+// build with the CUDA backend (KESTREL_HAVE_CUDA) and nothing otherwise.
+#if KESTREL_HAVE_CUDA
+#define KS_CUDA_KERNEL(f) , .cuda = f
+#else
+#define KS_CUDA_KERNEL(f)
+#endif
+
 namespace kestrel::ops::detail {
 
 // The kernels of one op, one per backend; nullptr = not written yet.

@@ -2,6 +2,9 @@
 #include "ops/embedding.h"
 
 #include "backend/cpu/dense_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -9,8 +12,8 @@ namespace kestrel::ops {
 using namespace detail;
 
 namespace {
-constexpr Kernels<decltype(cpu::embedding_fwd)> kEmbeddingFwd{.cpu = cpu::embedding_fwd};
-constexpr Kernels<decltype(cpu::embedding_bwd)> kEmbeddingBwd{.cpu = cpu::embedding_bwd};
+constexpr Kernels<decltype(cpu::embedding_fwd)> kEmbeddingFwd{.cpu = cpu::embedding_fwd KS_CUDA_KERNEL(cuda::embedding_fwd)};
+constexpr Kernels<decltype(cpu::embedding_bwd)> kEmbeddingBwd{.cpu = cpu::embedding_bwd KS_CUDA_KERNEL(cuda::embedding_bwd)};
 }  // namespace
 
 void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y, int64_t vocab_start) {

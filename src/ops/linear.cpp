@@ -2,6 +2,9 @@
 #include "ops/linear.h"
 
 #include "backend/cpu/dense_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -9,9 +12,9 @@ namespace kestrel::ops {
 using namespace detail;
 
 namespace {
-constexpr Kernels<decltype(cpu::linear_fwd)> kLinearFwd{.cpu = cpu::linear_fwd};
-constexpr Kernels<decltype(cpu::linear_bwd)> kLinearBwd{.cpu = cpu::linear_bwd};
-constexpr Kernels<decltype(cpu::add)> kAdd{.cpu = cpu::add};
+constexpr Kernels<decltype(cpu::linear_fwd)> kLinearFwd{.cpu = cpu::linear_fwd KS_CUDA_KERNEL(cuda::linear_fwd)};
+constexpr Kernels<decltype(cpu::linear_bwd)> kLinearBwd{.cpu = cpu::linear_bwd KS_CUDA_KERNEL(cuda::linear_bwd)};
+constexpr Kernels<decltype(cpu::add)> kAdd{.cpu = cpu::add KS_CUDA_KERNEL(cuda::add)};
 }  // namespace
 
 void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {

@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "backend/cpu/dense_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/dense_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -11,8 +14,8 @@ namespace kestrel::ops {
 using namespace detail;
 
 namespace {
-constexpr Kernels<decltype(cpu::rmsnorm_fwd)> kRmsnormFwd{.cpu = cpu::rmsnorm_fwd};
-constexpr Kernels<decltype(cpu::rmsnorm_bwd)> kRmsnormBwd{.cpu = cpu::rmsnorm_bwd};
+constexpr Kernels<decltype(cpu::rmsnorm_fwd)> kRmsnormFwd{.cpu = cpu::rmsnorm_fwd KS_CUDA_KERNEL(cuda::rmsnorm_fwd)};
+constexpr Kernels<decltype(cpu::rmsnorm_bwd)> kRmsnormBwd{.cpu = cpu::rmsnorm_bwd KS_CUDA_KERNEL(cuda::rmsnorm_bwd)};
 }  // namespace
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {

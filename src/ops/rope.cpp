@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "backend/cpu/rope_cpu.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/copy_ops.h"
+#endif
 #include "ops/dispatch.h"
 
 // torch rounds every float32 operation; a fused a*b+c would round once and
@@ -146,7 +149,16 @@ void cpu_rope(const char* op, Tensor& x, const Tensor& positions, const RopeTabl
   cpu::rope_apply(x, pos, table.cos.data<float>(), table.sin.data<float>(), layout, inverse);
 }
 
-constexpr detail::Kernels<decltype(cpu_rope)> kRope{.cpu = cpu_rope};
+#if KESTREL_HAVE_CUDA
+// The CUDA path: the table lives on the device with x (rope_table_to).
+void cuda_rope(const char* op, Tensor& x, const Tensor& positions, const RopeTable& table, int64_t n_heads,
+               int64_t rot_offset, bool inverse) {
+  cuda::rope_apply(op, x, positions, table.cos, table.sin, n_heads, rot_offset, table.head_dim, table.interleaved,
+                   inverse);
+}
+#endif
+
+constexpr detail::Kernels<decltype(cpu_rope)> kRope{.cpu = cpu_rope KS_CUDA_KERNEL(cuda_rope)};
 
 }  // namespace
 
@@ -177,6 +189,16 @@ KS_NO_FMA RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions
       c[p * half + i] = std::cos(freq) * att_f;
       s[p * half + i] = std::sin(freq) * att_f;
     }
+  return t;
+}
+
+RopeTable rope_table_to(const RopeTable& table, Device dev) {
+  RopeTable t = table;
+  if (dev == table.cos.device()) return t;
+  t.cos = Tensor::empty(table.cos.shape(), DType::F32, MemCategory::Params, dev);
+  t.sin = Tensor::empty(table.sin.shape(), DType::F32, MemCategory::Params, dev);
+  t.cos.copy_from(table.cos);
+  t.sin.copy_from(table.sin);
   return t;
 }
 

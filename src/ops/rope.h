@@ -37,6 +37,8 @@ struct RopeTable {
 // Computed with HF's float32 arithmetic, in HF's order, so the table matches
 // transformers' LlamaRotaryEmbedding to float32 rounding (libm vs Sleef ulps).
 RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions);
+// The same table on device dev (the kernels read it where x lives); a copy of the handles when already there.
+RopeTable rope_table_to(const RopeTable& table, Device dev);
 // HF inv_freq for the config (exposed for tests): [head_dim/2], float32 values
 // widened to double. *attention_scale (if non-null) receives HF's
 // attention_scaling (1 except yarn).

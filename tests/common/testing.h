@@ -118,7 +118,23 @@ class ScopedEnv {
 
 }  // namespace kestrel::testing
 
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 namespace kestrel::testing {
-// Devices the op harness runs on: CPU always; CUDA when built and present.
-inline std::vector<Device> available_devices() { return {Device::CPU}; }
+// Devices the op harness runs on: CPU always; CUDA when built (the cuda preset)
+// and a device is present (initialised on first use). KESTREL_TEST_CUDA=0 leaves it out.
+inline std::vector<Device> available_devices() {
+#if KESTREL_HAVE_CUDA
+  static const bool cuda = [] {
+    const char* e = std::getenv("KESTREL_TEST_CUDA");
+    if ((e && std::string(e) == "0") || !cuda::available()) return false;
+    cuda::init();
+    return true;
+  }();
+  if (cuda) return {Device::CPU, Device::CUDA};
+#endif
+  return {Device::CPU};
+}
 }  // namespace kestrel::testing

@@ -51,10 +51,12 @@ inline std::vector<double> round_to(std::vector<double> v, DType dt) {
 // A tensor of dtype dt on dev holding v (rounded to dt).
 inline Tensor make_tensor(const std::vector<double>& v, Shape shape, DType dt, Device dev = Device::CPU) {
   KS_CHECK(int64_t(v.size()) == shape_numel(shape), "make_tensor: ", v.size(), " values for ", shape_str(shape));
-  KS_CHECK(dev == Device::CPU, "op_harness: only CPU tensors so far");
-  Tensor t = Tensor::empty(std::move(shape), dt, MemCategory::Other, dev);
+  Tensor t = Tensor::empty(std::move(shape), dt, MemCategory::Other, Device::CPU);
   for (size_t i = 0; i < v.size(); ++i) t.set(int64_t(i), float(v[i]));
-  return t;
+  if (dev == Device::CPU) return t;
+  Tensor d = Tensor::empty(t.shape(), dt, MemCategory::Other, dev);
+  d.copy_from(t);  // host to device, same dtype: the bits as set() rounded them
+  return d;
 }
 // An output tensor pre-filled with NaN: an op that writes (=) every element must overwrite all of them.
 inline Tensor nan_tensor(Shape shape, DType dt, Device dev = Device::CPU) {
@@ -62,8 +64,11 @@ inline Tensor nan_tensor(Shape shape, DType dt, Device dev = Device::CPU) {
   return make_tensor(std::vector<double>(n, kNaN), std::move(shape), dt, dev);
 }
 inline Tensor make_ids(const std::vector<int32_t>& v, Device dev = Device::CPU) {
-  KS_CHECK(dev == Device::CPU, "op_harness: only CPU tensors so far");
-  return Tensor::from_ints(v, {int64_t(v.size())});
+  Tensor t = Tensor::from_ints(v, {int64_t(v.size())});
+  if (dev == Device::CPU) return t;
+  Tensor d = Tensor::empty(t.shape(), t.dtype(), MemCategory::Other, dev);
+  d.copy_from(t);
+  return d;
 }
 
 // Host copy of a tensor's values as double.

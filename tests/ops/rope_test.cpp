@@ -142,14 +142,15 @@ std::vector<RopeCase> rope_cases() {
 }
 
 // Runs the kernel (fwd or bwd) and the double reference on the same rounded input.
-void check_against_reference(DType dt, bool inverse) {
+void check_against_reference(DType dt, bool inverse, Device dev = Device::CPU) {
+  SCOPED_TRACE(testing::case_name(dev, dt));
   const auto pos = packed_positions({1, 17, 40, 5});
   const int64_t T = int64_t(pos.size());
-  const Tensor pos_t = Tensor::from_ints(pos, {T});
+  const Tensor pos_t = testing::make_ids(pos, dev);
   for (const auto& rc : rope_cases()) {
-    const RopeTable table = make_rope_table(rc.cfg, 64);
+    const RopeTable table = rope_table_to(make_rope_table(rc.cfg, 64), dev);
     const int64_t D = rc.n_heads * rc.head_dim;
-    Tensor x = make(randn(T * D, rc.head_dim), {T, D}, dt);
+    Tensor x = testing::make_tensor(to_double(make(randn(T * D, rc.head_dim), {T, D}, dt)), {T, D}, dt, dev);
     std::vector<double> want = to_double(x);
     const auto cos = to_double(table.cos), sin = to_double(table.sin);
     ref::rope_ref(want.data(), T, pos.data(), cos.data(), sin.data(), rc.n_heads, rc.head_dim, inverse);
@@ -165,13 +166,12 @@ void check_against_reference(DType dt, bool inverse) {
 class RopeDtypes : public testing::IsaParamTest<DType> {};
 
 TEST_P(RopeDtypes, ForwardMatchesReference) {
-  for (Device dev : testing::available_devices()) {
-    ASSERT_EQ(dev, Device::CPU);
-    check_against_reference(param(), false);
-  }
+  for (Device dev : testing::available_devices()) check_against_reference(param(), false, dev);
 }
 
-TEST_P(RopeDtypes, BackwardMatchesReference) { check_against_reference(param(), true); }
+TEST_P(RopeDtypes, BackwardMatchesReference) {
+  for (Device dev : testing::available_devices()) check_against_reference(param(), true, dev);
+}
 
 TEST_P(RopeDtypes, NanInfPropagation) {
   const DType dt = param();

@@ -1,0 +1,32 @@
+// The CUDA backend's entry points for the layers above (no CUDA header here:
+// callers compile with the host compiler and never see cuda_runtime.h).
+//
+// A process uses one device (the launcher gives each rank its GPU, as
+// torchrun/srun do with CUDA_VISIBLE_DEVICES or LOCAL_RANK), one stream on it
+// for every kernel and copy, and one cuBLAS handle bound to that stream.
+// Device memory comes from a caching allocator (core/caching_allocator.h):
+// after the first step no cudaMalloc/cudaFree runs. Kernels are asynchronous;
+// Tensor::to_host and copies into host memory synchronise the stream.
+#pragma once
+#include <string>
+
+#include "core/caching_allocator.h"
+
+namespace kestrel::cuda {
+
+// True when this build has the CUDA backend and a device can be used. Never throws.
+bool available();
+// "NVIDIA H200 (sm_90, 139.8 GiB, driver 13.0)" for the device init() would take,
+// or the reason there is none ("no CUDA device: <runtime error>").
+std::string describe();
+// Selects device `ordinal`, creates the stream and the cuBLAS handle, and
+// registers the allocator and Tensor's memory hooks for Device::CUDA.
+// Idempotent; fails with the runtime's message when no device can be used.
+void init(int ordinal = 0);
+// Waits for every kernel and copy queued so far; fails with the first
+// asynchronous error a kernel raised.
+void synchronize();
+// The device allocator (init() first).
+CachingDeviceAllocator& allocator();
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,124 @@
+// Host side of the CUDA dense ops: kernel launches (kernels.cu) and cuBLAS GEMMs.
+#include "backend/cuda/dense_ops.h"
+
+#include "backend/cuda/cuda_util.h"
+
+namespace kestrel::cuda {
+namespace {
+
+using launch::FloatKind;
+
+cudaDataType_t cuda_type(FloatKind k) { return k == FloatKind::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+// An f32 copy of t on the device when t is bf16 and `need` says the GEMM needs f32 (mixed operands).
+Tensor widened(const Tensor& t) {
+  Tensor w = Tensor::empty(t.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
+  w.copy_from(t);
+  return w;
+}
+
+// Column-major C[m, n] = alpha * op(A) op(B) + beta * C, every operand a
+// device float tensor of any kind. cuBLAS takes A and B of one type and C of
+// that type or f32; other mixes go through f32 copies.
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
+          const Tensor& B, int64_t ldb, float beta, Tensor& C, int64_t ldc, const char* op) {
+  if (m == 0 || n == 0) return;
+  FloatKind ka = float_kind(A, op), kb = float_kind(B, op), kc = float_kind(C, op);
+  Tensor a32, b32;
+  const Tensor* pa = &A;
+  const Tensor* pb = &B;
+  if (ka != kb) {  // widen the bf16 side
+    if (ka == FloatKind::BF16) a32 = widened(A), pa = &a32, ka = FloatKind::F32;
+    else b32 = widened(B), pb = &b32, kb = FloatKind::F32;
+  }
+  Tensor c32;
+  Tensor* pc = &C;
+  if (ka == FloatKind::F32 && kc == FloatKind::BF16) {  // f32 inputs, bf16 output: f32 result rounded once
+    c32 = Tensor::empty(C.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
+    if (beta != 0.f) c32.copy_from(C);
+    pc = &c32;
+  }
+  const float alpha = 1.f;
+  KS_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, int(m), int(n), int(k), &alpha, dptr(*pa), cuda_type(ka), int(lda),
+                               dptr(*pb), cuda_type(kb), int(ldb), &beta, dptr(*pc), cuda_type(float_kind(*pc, op)),
+                               int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (pc != &C) C.copy_from(*pc);
+}
+
+}  // namespace
+
+// Row-major y[T, out] = x[T, in] w[out, in]^T is column-major y^T = w^T' x^T:
+// A = w (column-major [in, out], transposed), B = x (column-major [in, T]).
+void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
+  const int64_t T = x.size(0), in = x.size(1), out = w.size(0);
+  const bool bias = b && b->defined();
+  if (bias && y.dtype() == DType::BF16) {  // y rounded once: GEMM and bias in f32
+    Tensor y32 = Tensor::empty(y.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
+    linear_fwd(x, w, b, y32);
+    y.copy_from(y32);
+    return;
+  }
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, T, in, w, in, x, in, 0.f, y, out, "linear_fwd");
+  if (bias) {
+    launch::add_bias(dptr(y), float_kind(y, "linear_fwd"), dptr(*b), float_kind(*b, "linear_fwd"), T, out, stream());
+    check_launch("linear_fwd bias");
+  }
+}
+
+// dx[T, in] = dy w: column-major dx^T = w^T dy^T (A = w as [in, out], B = dy as [out, T]).
+// dw[out, in] += dy^T x: column-major dw^T = x^T dy (A = x as [in, T], B = dy as [out, T] transposed).
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                bool accumulate_dx) {
+  const int64_t T = dy.size(0), out = dy.size(1), in = w.size(1);
+  if (dx) gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, w, in, dy, out, accumulate_dx ? 1.f : 0.f, *dx, in, "linear_bwd");
+  if (dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, x, in, dy, out, 1.f, *dw, in, "linear_bwd");
+  if (db && db->defined()) {
+    launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), T, out, static_cast<float*>(dptr(*db)), stream());
+    check_launch("linear_bwd bias");
+  }
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& y) {
+  launch::add(dptr(a), float_kind(a, "add"), dptr(b), float_kind(b, "add"), dptr(y), float_kind(y, "add"), y.numel(),
+              stream());
+  check_launch("add");
+}
+
+void embedding_fwd(const Tensor& ids, const Tensor& table, Tensor& y, int64_t vocab_start) {
+  launch::embedding_fwd(static_cast<const int32_t*>(dptr(ids)), ids.numel(), dptr(table),
+                        float_kind(table, "embedding_fwd"), table.size(0), table.size(1), vocab_start, dptr(y),
+                        float_kind(y, "embedding_fwd"), stream());
+  check_launch("embedding_fwd");
+}
+
+void embedding_bwd(const Tensor& ids, const Tensor& dy, Tensor& dtable, int64_t vocab_start) {
+  launch::embedding_bwd(static_cast<const int32_t*>(dptr(ids)), ids.numel(), dptr(dy), float_kind(dy, "embedding_bwd"),
+                        dtable.size(0), dtable.size(1), vocab_start, static_cast<float*>(dptr(dtable)), stream());
+  check_launch("embedding_bwd");
+}
+
+void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+  launch::rmsnorm_fwd(dptr(x), float_kind(x, "rmsnorm_fwd"), dptr(w), float_kind(w, "rmsnorm_fwd"), eps, dptr(y),
+                      static_cast<float*>(dptr(rstd)), x.size(0), x.size(1), stream());
+  check_launch("rmsnorm_fwd");
+}
+
+void rmsnorm_bwd(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  launch::rmsnorm_bwd(dptr(x), float_kind(x, "rmsnorm_bwd"), dptr(w), float_kind(w, "rmsnorm_bwd"),
+                      static_cast<const float*>(dptr(rstd)), dptr(dy), float_kind(dy, "rmsnorm_bwd"), dptr(dx),
+                      static_cast<float*>(dptr(dw)), x.size(0), x.size(1), stream());
+  check_launch("rmsnorm_bwd");
+}
+
+void swiglu_fwd(const Tensor& gate, const Tensor& up, Tensor& h) {
+  launch::swiglu_fwd(dptr(gate), dptr(up), dptr(h), float_kind(gate, "swiglu_fwd"), h.numel(), stream());
+  check_launch("swiglu_fwd");
+}
+
+void swiglu_bwd(const Tensor& gate, const Tensor& up, const Tensor& dh, Tensor& dgate, Tensor& dup) {
+  launch::swiglu_bwd(dptr(gate), dptr(up), float_kind(gate, "swiglu_bwd"), dptr(dh), dptr(dgate), dptr(dup),
+                     float_kind(dgate, "swiglu_bwd"), gate.numel(), stream());
+  check_launch("swiglu_bwd");
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,226 @@
+// CUDA kernels of the dense elementwise and row ops. Launchers in kernels.h.
+// Conventions: f32 math; bf16 stored as __nv_bfloat16 and rounded to nearest
+// even on store (__float2bfloat16_rn), the CPU's float_to_bf16; grid-stride
+// loops for elementwise ops; one block per row for row reductions, the block
+// sum in a fixed tree order (warp shuffles, then one warp over the warp sums),
+// so results do not depend on scheduling. Column reductions over rows (weight
+// and embedding gradients) run one thread per column in row order:
+// deterministic, as the CPU kernels are.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda::launch {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
+  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
+}
+__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
+  if (k == FloatKind::F32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+}
+// v rounded to kind k's precision (the CPU's round_to<T>).
+__device__ __forceinline__ float round_to(float v, FloatKind k) {
+  return k == FloatKind::F32 ? v : __bfloat162float(__float2bfloat16_rn(v));
+}
+
+constexpr int kThreads = 256;
+inline int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return int(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
+}
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // warp_sums may still be read by a previous call
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int nwarps = blockDim.x >> 5;
+  float s = lane < nwarps ? warp_sums[lane] : 0.f;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+template <class T>
+__global__ void fill_kernel(T* p, int64_t n, T v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+__global__ void convert_kernel(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(dst, d, i, ld(src, s, i));
+}
+
+__global__ void add_kernel(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(y, ky, i, ld(a, ka, i) + ld(b, kb, i));
+}
+
+__global__ void rmsnorm_fwd_kernel(const void* x, FloatKind kx, const void* w, FloatKind kw, float eps, void* y,
+                                   float* rstd, int64_t D) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * D;
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = ld(x, kx, base + d);
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float rs = 1.f / sqrtf(ss / float(D) + eps);
+  if (threadIdx.x == 0) rstd[r] = rs;
+  // y may be x: each element is read before it is written, by the same thread.
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    st(y, kx, base + d, ld(w, kw, d) * round_to(ld(x, kx, base + d) * rs, kx));
+}
+
+__global__ void rmsnorm_dx_kernel(const void* x, FloatKind kx, const void* w, FloatKind kw, const float* rstd,
+                                  const void* dy, FloatKind kg, void* dx, int64_t D) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * D;
+  const float rs = rstd[r];
+  float dot = 0.f;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    dot += ld(dy, kg, base + d) * ld(w, kw, d) * (ld(x, kx, base + d) * rs);
+  const float c = block_sum(dot) / float(D);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float g = ld(dy, kg, base + d) * ld(w, kw, d);
+    st(dx, kg, base + d, rs * (g - ld(x, kx, base + d) * rs * c));
+  }
+}
+
+__global__ void rmsnorm_dw_kernel(const void* x, FloatKind kx, const float* rstd, const void* dy, FloatKind kg,
+                                  float* dw, int64_t N, int64_t D) {
+  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (d >= D) return;
+  float acc = dw[d];
+  for (int64_t r = 0; r < N; ++r) acc += ld(dy, kg, r * D + d) * (ld(x, kx, r * D + d) * rstd[r]);
+  dw[d] = acc;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+
+__global__ void swiglu_fwd_kernel(const void* gate, const void* up, void* h, FloatKind k, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(h, k, i, round_to(silu(ld(gate, k, i)), k) * ld(up, k, i));
+}
+
+__global__ void swiglu_bwd_kernel(const void* gate, const void* up, FloatKind k, const void* dh, void* dgate,
+                                  void* dup, FloatKind kd, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = ld(gate, k, i), u = ld(up, k, i), g = ld(dh, kd, i);
+    const float s = 1.f / (1.f + expf(-x));
+    // Both read before either is written: dgate/dup may reuse gate's/up's buffer.
+    st(dgate, kd, i, g * u * s * (1.f + x * (1.f - s)));
+    st(dup, kd, i, g * x * s);
+  }
+}
+
+__global__ void embedding_fwd_kernel(const int32_t* ids, const void* table, FloatKind kt, int64_t V, int64_t D,
+                                     int64_t vocab_start, void* y, FloatKind ky) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = int64_t(ids[t]) - vocab_start;
+  const bool own = row >= 0 && row < V;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) st(y, ky, t * D + d, own ? ld(table, kt, row * D + d) : 0.f);
+}
+
+__global__ void embedding_bwd_kernel(const int32_t* ids, int64_t T, const void* dy, FloatKind kg, int64_t V, int64_t D,
+                                     int64_t vocab_start, float* dtable) {
+  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (d >= D) return;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t row = int64_t(ids[t]) - vocab_start;
+    if (row >= 0 && row < V) dtable[row * D + d] += ld(dy, kg, t * D + d);
+  }
+}
+
+__global__ void bias_grad_kernel(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= out) return;
+  float acc = db[c];
+  for (int64_t t = 0; t < T; ++t) acc += ld(dy, kg, t * out + c);
+  db[c] = acc;
+}
+
+__global__ void add_bias_kernel(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out) {
+  const int64_t n = T * out;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(y, ky, i, ld(y, ky, i) + ld(b, kb, i % out));
+}
+
+}  // namespace
+
+void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stream) {
+  if (n <= 0) return;
+  auto s = as_stream(stream);
+  switch (bytes_per_elem) {
+    case 1: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint8_t*>(p), n, uint8_t(bits)); break;
+    case 2: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint16_t*>(p), n, uint16_t(bits)); break;
+    case 4: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint32_t*>(p), n, uint32_t(bits)); break;
+    default: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint64_t*>(p), n, uint64_t(bits)); break;
+  }
+}
+
+void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream) {
+  if (n > 0) convert_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(src, s, dst, d, n);
+}
+
+void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream) {
+  if (n > 0) add_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(a, ka, b, kb, y, ky, n);
+}
+
+void rmsnorm_fwd(const void* x, FloatKind kx, const void* w, FloatKind kw, float eps, void* y, float* rstd, int64_t N,
+                 int64_t D, void* stream) {
+  if (N > 0) rmsnorm_fwd_kernel<<<unsigned(N), kThreads, 0, as_stream(stream)>>>(x, kx, w, kw, eps, y, rstd, D);
+}
+
+void rmsnorm_bwd(const void* x, FloatKind kx, const void* w, FloatKind kw, const float* rstd, const void* dy,
+                 FloatKind kg, void* dx, float* dw, int64_t N, int64_t D, void* stream) {
+  if (N <= 0) return;
+  // dw first: dx may alias dy (stream order runs the two kernels one after the other).
+  rmsnorm_dw_kernel<<<unsigned((D + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(x, kx, rstd, dy, kg,
+                                                                                               dw, N, D);
+  rmsnorm_dx_kernel<<<unsigned(N), kThreads, 0, as_stream(stream)>>>(x, kx, w, kw, rstd, dy, kg, dx, D);
+}
+
+void swiglu_fwd(const void* gate, const void* up, void* h, FloatKind k, int64_t n, void* stream) {
+  if (n > 0) swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, h, k, n);
+}
+
+void swiglu_bwd(const void* gate, const void* up, FloatKind k, const void* dh, void* dgate, void* dup, FloatKind kd,
+                int64_t n, void* stream) {
+  if (n > 0) swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, k, dh, dgate, dup, kd, n);
+}
+
+void embedding_fwd(const int32_t* ids, int64_t T, const void* table, FloatKind kt, int64_t V, int64_t D,
+                   int64_t vocab_start, void* y, FloatKind ky, void* stream) {
+  if (T > 0)
+    embedding_fwd_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(ids, table, kt, V, D, vocab_start, y, ky);
+}
+
+void embedding_bwd(const int32_t* ids, int64_t T, const void* dy, FloatKind kg, int64_t V, int64_t D,
+                   int64_t vocab_start, float* dtable, void* stream) {
+  if (T > 0 && D > 0)
+    embedding_bwd_kernel<<<unsigned((D + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
+        ids, T, dy, kg, V, D, vocab_start, dtable);
+}
+
+void bias_grad(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db, void* stream) {
+  if (out > 0)
+    bias_grad_kernel<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(dy, kg, T, out, db);
+}
+
+void add_bias(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out, void* stream) {
+  if (T * out > 0) add_bias_kernel<<<blocks_for(T * out), kThreads, 0, as_stream(stream)>>>(y, ky, b, kb, T, out);
+}
+
+}  // namespace kestrel::cuda::launch

@@ -1,0 +1,68 @@
+// Launchers of the CUDA kernels (kernels.cu), over raw device pointers: the
+// only interface between nvcc-compiled code and the rest of the backend, so
+// no Kestrel header reaches nvcc and no CUDA header reaches callers beyond
+// backend/cuda. Every launcher enqueues on `stream` (a cudaStream_t) and
+// returns without synchronising. Float storage is F32 or BF16 (FloatKind);
+// math is f32, bf16 results rounded to nearest even once, as the CPU kernels do.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kestrel::cuda::launch {
+
+enum class FloatKind : uint8_t { F32, BF16 };
+
+// Every element of p (n elements of `bytes_per_elem` 1, 2, 4 or 8) = the bit
+// pattern `bits` (the value already encoded in the element's dtype).
+void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stream);
+// dst[i] = src[i] converted (F32 <-> BF16, round to nearest even; NaN stays NaN).
+void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream);
+
+// y = a + b elementwise.
+void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream);
+
+// RMSNorm over rows of x[N, D]: y = w * round(x * rstd), rstd[N] f32.
+void rmsnorm_fwd(const void* x, FloatKind kx, const void* w, FloatKind kw, float eps, void* y, float* rstd,
+                 int64_t N, int64_t D, void* stream);
+// dx = rstd * (g - n * mean(g * n)), g = dy * w, n = x * rstd (dx has dy's kind, may alias dy);
+// dw[D] (f32) += sum over rows in row order of dy * n (one thread per column: deterministic).
+void rmsnorm_bwd(const void* x, FloatKind kx, const void* w, FloatKind kw, const float* rstd, const void* dy,
+                 FloatKind kg, void* dx, float* dw, int64_t N, int64_t D, void* stream);
+
+// h = round(silu(gate)) * up (the bf16 rounding of silu as HF); h may alias gate or up.
+void swiglu_fwd(const void* gate, const void* up, void* h, FloatKind k, int64_t n, void* stream);
+// dgate, dup (kind kd) from gate, up (kind k) and dh (kind kd).
+void swiglu_bwd(const void* gate, const void* up, FloatKind k, const void* dh, void* dgate, void* dup, FloatKind kd,
+                int64_t n, void* stream);
+
+// y[T, D] = table[ids[t] - vocab_start] (zero rows for ids outside [vocab_start, vocab_start + V)).
+void embedding_fwd(const int32_t* ids, int64_t T, const void* table, FloatKind kt, int64_t V, int64_t D,
+                   int64_t vocab_start, void* y, FloatKind ky, void* stream);
+// dtable[V, D] (f32) += dy rows scattered by id, each column summed in token order (deterministic).
+void embedding_bwd(const int32_t* ids, int64_t T, const void* dy, FloatKind kg, int64_t V, int64_t D,
+                   int64_t vocab_start, float* dtable, void* stream);
+
+// db[out] (f32) += sum over rows of dy[T, out], rows in order per column.
+void bias_grad(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db, void* stream);
+// y[T, out] += b[out] broadcast over rows (y f32 or bf16, b f32 or bf16).
+void add_bias(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out, void* stream);
+
+// ---- kernels_copy.cu: data movement (ops/copy.h) and RoPE (ops/rope.h) ----
+// Row i of dst = row index[i] of src (gather) / row index[i] of dst = row i of src (scatter);
+// n rows of row_bytes bytes; indices already checked.
+void gather_rows(const void* src, void* dst, const int32_t* index, int64_t n, size_t row_bytes, void* stream);
+void scatter_rows(const void* src, void* dst, const int32_t* index, int64_t n, size_t row_bytes, void* stream);
+// nbytes of every one of R rows: dst[r*dst_row_bytes + dst_off ...] = src[r*src_row_bytes + src_off ...].
+void copy_cols(const void* src, size_t src_row_bytes, size_t src_off, void* dst, size_t dst_row_bytes, size_t dst_off,
+               int64_t R, size_t nbytes, void* stream);
+// dst[c] = sum over r in row order of src[r, c] (f32 [R, C]).
+void sum_rows(const float* src, int64_t R, int64_t C, float* dst, void* stream);
+// dst[t, j] (f32) = sum over heads in order of src[t, h*Ws + src_col + j].
+void sum_head_cols(const void* src, FloatKind k, int64_t T, int64_t n_heads, int64_t Ws, int64_t src_col, float* dst,
+                   int64_t ncols, void* stream);
+// In place on x [T, n_heads*width]: the rotation of columns [rot_offset, rot_offset + rot_dim) of each
+// head by the f32 tables cos/sin [P, rot_dim/2] at positions pos (already checked); inverse: sin negated.
+void rope(void* x, FloatKind k, int64_t T, const int32_t* pos, const float* cos, const float* sin, int64_t n_heads,
+          int64_t width, int64_t rot_offset, int64_t rot_dim, bool interleaved, bool inverse, void* stream);
+
+}  // namespace kestrel::cuda::launch

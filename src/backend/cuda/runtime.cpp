@@ -1,0 +1,175 @@
+// Device selection, the stream, the cuBLAS handle, the caching allocator and
+// Tensor's memory hooks (fill, and copies between host and device with dtype
+// conversion) for Device::CUDA.
+#include <cstring>
+#include <mutex>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_util.h"
+#include "core/device_hooks.h"
+
+namespace kestrel::cuda {
+namespace {
+
+struct State {
+  std::once_flag once;
+  int ordinal = -1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  CachingDeviceAllocator* allocator = nullptr;
+};
+State& state() {
+  static State s;
+  return s;
+}
+
+void* raw_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so the retry can succeed
+    return nullptr;
+  }
+  return p;
+}
+void raw_free(void* p) {
+  // Blocks are reused in stream order; before one goes back to the driver the
+  // stream must be done with it.
+  cudaStreamSynchronize(state().stream);
+  cudaFree(p);
+}
+
+uint64_t encode(float v, DType dt) {
+  switch (dt) {
+    case DType::F32: { uint32_t u; std::memcpy(&u, &v, 4); return u; }
+    case DType::BF16: return float_to_bf16(v);
+    case DType::F16: return float_to_f16(v);
+    case DType::I32: return uint32_t(int32_t(v));
+    case DType::I64: return uint64_t(int64_t(v));
+    case DType::U8: return uint8_t(v);
+  }
+  return 0;
+}
+
+void fill_hook(Tensor& t, float v) {
+  launch::fill_bits(t.raw(), t.numel(), int(dtype_size(t.dtype())), encode(v, t.dtype()), stream());
+  check_launch("Tensor::fill_");
+}
+
+bool is_float_kind(DType d) { return d == DType::F32 || d == DType::BF16; }
+
+// dst = src for tensors of which at least one lives on the device.
+void copy_hook(Tensor& dst, const Tensor& src) {
+  const bool dd = dst.device() == Device::CUDA, sd = src.device() == Device::CUDA;
+  if (dst.numel() == 0) return;
+  if (dst.dtype() == src.dtype()) {
+    if (dd && sd) {
+      KS_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream()));
+    } else if (dd) {
+      // From pageable host memory: the copy is staged by the driver; synchronous, so
+      // the host buffer may be freed when this returns.
+      KS_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyHostToDevice, stream()));
+      KS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    } else {
+      KS_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToHost, stream()));
+      KS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    }
+    return;
+  }
+  if (dd && sd) {
+    KS_CHECK(is_float_kind(dst.dtype()) && is_float_kind(src.dtype()), "not supported yet: a CUDA copy from ",
+             dtype_name(src.dtype()), " to ", dtype_name(dst.dtype()));
+    launch::convert(src.raw(), float_kind(src, "copy"), dst.raw(), float_kind(dst, "copy"), dst.numel(), stream());
+    check_launch("Tensor::copy_from");
+    return;
+  }
+  if (dd) {  // host src of another dtype: convert on the host, then upload
+    Tensor staged = Tensor::empty(dst.shape(), dst.dtype(), MemCategory::Other, Device::CPU);
+    staged.copy_from(src);
+    copy_hook(dst, staged);
+    return;
+  }
+  Tensor staged = Tensor::empty(src.shape(), src.dtype(), MemCategory::Other, Device::CPU);
+  copy_hook(staged, src);
+  dst.copy_from(staged);
+}
+
+}  // namespace
+
+bool available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+std::string describe() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  }
+  if (n == 0) return "no CUDA device: the runtime sees none";
+  const int ord = state().ordinal >= 0 ? state().ordinal : 0;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, ord) != cudaSuccess) return "no CUDA device: cannot read its properties";
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.1f", double(p.totalGlobalMem) / double(1ull << 30));
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " + gib +
+         " GiB, driver " + std::to_string(driver / 1000) + "." + std::to_string((driver % 1000) / 10) + ")";
+}
+
+void init(int ordinal) {
+  State& s = state();
+  std::call_once(s.once, [&] {
+    int n = 0;
+    KS_CUDA_CHECK(cudaGetDeviceCount(&n));
+    KS_CHECK(ordinal >= 0 && ordinal < n, "CUDA device ", ordinal, " asked; this process sees ", n,
+             " (check CUDA_VISIBLE_DEVICES)");
+    KS_CUDA_CHECK(cudaSetDevice(ordinal));
+    KS_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    KS_CUBLAS_CHECK(cublasCreate(&s.cublas));
+    KS_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
+    // f32 GEMMs stay IEEE f32 (no TF32), so f32 results are comparable to the CPU's.
+    KS_CUBLAS_CHECK(cublasSetMathMode(s.cublas, CUBLAS_DEFAULT_MATH));
+    s.ordinal = ordinal;
+    // Never destroyed: tensors of static lifetime may outlive any owner.
+    s.allocator = new CachingDeviceAllocator(Device::CUDA, RawDeviceMemory{raw_alloc, raw_free});
+    register_device_allocator(Device::CUDA, s.allocator);
+    register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
+  });
+  KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
+}
+
+void synchronize() { KS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+CachingDeviceAllocator& allocator() {
+  KS_CHECK(state().allocator, "cuda::allocator(): call cuda::init() first");
+  return *state().allocator;
+}
+
+cudaStream_t stream() {
+  KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
+  return state().stream;
+}
+cublasHandle_t cublas() {
+  KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
+  return state().cublas;
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) KS_FAIL("CUDA kernel launch in ", what, ": ", cudaGetErrorString(e));
+}
+
+launch::FloatKind float_kind(const Tensor& t, const char* op) {
+  if (t.dtype() == DType::F32) return launch::FloatKind::F32;
+  if (t.dtype() == DType::BF16) return launch::FloatKind::BF16;
+  KS_FAIL("not supported yet: CUDA kernel for ops::", op, " on ", dtype_name(t.dtype()), " tensors");
+}
+
+}  // namespace kestrel::cuda
