@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "backend/cpu/dense_ops.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/loss_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -21,8 +24,10 @@ int64_t check_logits_targets(const char* op, const Tensor& logits, const Tensor&
   if (V < 1) KS_FAIL("ops::", op, ": logits need at least one vocabulary column, got ", logits.describe());
   check_dtype(op, "targets", targets, DType::I32);
   check_shape(op, "targets", targets, {T});
-  if (targets.device() == Device::CPU) {
-    const int32_t* tp = static_cast<const int32_t*>(targets.raw());
+  {
+    // Device targets are read back (a small copy): a target >= V would make the kernel read past its row.
+    const std::vector<int32_t> host = targets.device() == Device::CPU ? std::vector<int32_t>() : targets.to_host<int32_t>();
+    const int32_t* tp = targets.device() == Device::CPU ? static_cast<const int32_t*>(targets.raw()) : host.data();
     for (int64_t t = 0; t < T; ++t)
       if (tp[t] >= V)
         KS_FAIL("ops::", op, ": targets[", t, "] = ", tp[t], " is outside the vocabulary [0, ", V,
@@ -81,10 +86,48 @@ void cpu_cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Te
   cpu::logprob_entropy_bwd(logits, targets, lse, coef.data(), nullptr, dlogits);
 }
 
-constexpr Kernels<decltype(cpu::logprob_entropy_fwd)> kLogprobEntropyFwd{.cpu = cpu::logprob_entropy_fwd};
-constexpr Kernels<decltype(cpu_logprob_entropy_bwd)> kLogprobEntropyBwd{.cpu = cpu_logprob_entropy_bwd};
-constexpr Kernels<decltype(cpu_cross_entropy_fwd)> kCrossEntropyFwd{.cpu = cpu_cross_entropy_fwd};
-constexpr Kernels<decltype(cpu_cross_entropy_bwd)> kCrossEntropyBwd{.cpu = cpu_cross_entropy_bwd};
+#if KESTREL_HAVE_CUDA
+// The CUDA paths: the coefficients are device arrays; the mean of cross_entropy is summed on the host
+// in double in token order, as the CPU path does (it returns a host value either way).
+void cuda_logprob_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dlogprob,
+                              const Tensor* dentropy, Tensor& dlogits) {
+  cuda::logprob_entropy_bwd(logits, targets, lse, static_cast<const float*>(dlogprob.raw()),
+                            dentropy ? static_cast<const float*>(dentropy->raw()) : nullptr, dlogits);
+}
+double cuda_cross_entropy_fwd(const Tensor& logits, const Tensor& targets, Tensor& lse) {
+  const int64_t T = logits.size(0);
+  Tensor logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations, Device::CUDA);
+  cuda::logprob_entropy_fwd(logits, targets, logprob, nullptr, lse);
+  const std::vector<int32_t> tp = targets.to_host<int32_t>();
+  const std::vector<float> lp = logprob.to_host<float>();
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (tp[size_t(t)] < 0) continue;
+    sum -= double(lp[size_t(t)]);
+    ++count;
+  }
+  return sum / double(std::max<int64_t>(1, count));
+}
+void cuda_cross_entropy_bwd(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,
+                            Tensor& dlogits) {
+  const int64_t T = logits.size(0);
+  int64_t count = 0;
+  for (int32_t t : targets.to_host<int32_t>()) count += t >= 0;
+  Tensor coef = Tensor::empty({T}, DType::F32, MemCategory::Activations, Device::CUDA);
+  coef.fill_(float(-dloss / double(std::max<int64_t>(1, count))));
+  cuda::logprob_entropy_bwd(logits, targets, lse, static_cast<const float*>(coef.raw()), nullptr, dlogits);
+}
+#endif
+
+constexpr Kernels<decltype(cpu::logprob_entropy_fwd)> kLogprobEntropyFwd{
+    .cpu = cpu::logprob_entropy_fwd KS_CUDA_KERNEL(cuda::logprob_entropy_fwd)};
+constexpr Kernels<decltype(cpu_logprob_entropy_bwd)> kLogprobEntropyBwd{
+    .cpu = cpu_logprob_entropy_bwd KS_CUDA_KERNEL(cuda_logprob_entropy_bwd)};
+constexpr Kernels<decltype(cpu_cross_entropy_fwd)> kCrossEntropyFwd{
+    .cpu = cpu_cross_entropy_fwd KS_CUDA_KERNEL(cuda_cross_entropy_fwd)};
+constexpr Kernels<decltype(cpu_cross_entropy_bwd)> kCrossEntropyBwd{
+    .cpu = cpu_cross_entropy_bwd KS_CUDA_KERNEL(cuda_cross_entropy_bwd)};
 
 }  // namespace
 

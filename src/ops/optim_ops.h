@@ -14,6 +14,9 @@
 
 #include "backend/adamw_scalars.h"
 #include "backend/cpu/optim_kernels.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/optim_ops.h"
+#endif
 #include "core/tensor.h"
 #include "ops/op_checks.h"
 
@@ -49,7 +52,7 @@ inline void adamw_step(const AdamWScalars& s, Tensor& master, Tensor& exp_avg, T
       KS_FAIL("ops::", op, ": model_copy must be bf16, f16 or f32, got ", copy->describe());
     check_shape(op, "model_copy", *copy, {n});
   }
-  constexpr Kernels<decltype(cpu::adamw_step)> k{.cpu = cpu::adamw_step};
+  constexpr Kernels<decltype(cpu::adamw_step)> k{.cpu = cpu::adamw_step KS_CUDA_KERNEL(cuda::adamw_step)};
   dispatch(op, k, {&master, &exp_avg, &exp_avg_sq, &grad, copy}, s, master, exp_avg, exp_avg_sq, grad, copy);
 }
 
@@ -59,7 +62,7 @@ inline void adamw_step(const AdamWScalars& s, Tensor& master, Tensor& exp_avg, T
 inline double sum_squares(const Tensor& x) {
   using namespace detail;
   check_dtype("sum_squares", "x", x, DType::F32);
-  constexpr Kernels<decltype(cpu::sum_squares)> k{.cpu = cpu::sum_squares};
+  constexpr Kernels<decltype(cpu::sum_squares)> k{.cpu = cpu::sum_squares KS_CUDA_KERNEL(cuda::sum_squares)};
   return dispatch("sum_squares", k, {&x}, x);
 }
 
@@ -67,7 +70,7 @@ inline double sum_squares(const Tensor& x) {
 inline void scale_(Tensor& x, float c) {
   using namespace detail;
   check_dtype("scale_", "x", x, DType::F32);
-  constexpr Kernels<decltype(cpu::scale_)> k{.cpu = cpu::scale_};
+  constexpr Kernels<decltype(cpu::scale_)> k{.cpu = cpu::scale_ KS_CUDA_KERNEL(cuda::scale_)};
   dispatch("scale_", k, {&x}, x, c);
 }
 

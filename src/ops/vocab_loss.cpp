@@ -2,6 +2,9 @@
 #include "ops/vocab_loss.h"
 
 #include "backend/cpu/vocab_loss.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/loss_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -10,10 +13,10 @@ using namespace detail;
 
 namespace {
 
-constexpr Kernels<decltype(cpu::vocab_row_max)> kRowMax{.cpu = cpu::vocab_row_max};
-constexpr Kernels<decltype(cpu::vocab_row_sums)> kRowSums{.cpu = cpu::vocab_row_sums};
-constexpr Kernels<decltype(cpu::vocab_softmax_finish)> kSoftmaxFinish{.cpu = cpu::vocab_softmax_finish};
-constexpr Kernels<decltype(cpu::vocab_logprob_entropy_grad)> kGrad{.cpu = cpu::vocab_logprob_entropy_grad};
+constexpr Kernels<decltype(cpu::vocab_row_max)> kRowMax{.cpu = cpu::vocab_row_max KS_CUDA_KERNEL(cuda::vocab_row_max)};
+constexpr Kernels<decltype(cpu::vocab_row_sums)> kRowSums{.cpu = cpu::vocab_row_sums KS_CUDA_KERNEL(cuda::vocab_row_sums)};
+constexpr Kernels<decltype(cpu::vocab_softmax_finish)> kSoftmaxFinish{.cpu = cpu::vocab_softmax_finish KS_CUDA_KERNEL(cuda::vocab_softmax_finish)};
+constexpr Kernels<decltype(cpu::vocab_logprob_entropy_grad)> kGrad{.cpu = cpu::vocab_logprob_entropy_grad KS_CUDA_KERNEL(cuda::vocab_logprob_entropy_grad)};
 
 // logits [T, Vs] f32/bf16 with 0 <= n_real <= Vs; returns T.
 int64_t check_logits(const char* op, const Tensor& logits, int64_t n_real) {

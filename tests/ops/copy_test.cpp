@@ -302,8 +302,10 @@ TEST(CopyOps, DeviceWithoutKernelsIsNotSupportedYet) {
   // A tensor tagged CUDA over host memory: dispatch must refuse it before any kernel runs.
   std::vector<float> mem(8);
   Tensor cuda = Tensor::from_blob(mem.data(), {4, 2}, DType::F32, nullptr, Device::CUDA);
+#if !KESTREL_HAVE_CUDA  // a build with the CUDA backend has these kernels
   EXPECT_THROW_MSG(ops::fill(cuda, 1.f), "not supported yet: CUDA kernel for ops::fill");
   EXPECT_THROW_MSG(ops::zero(cuda), "not supported yet: CUDA kernel for ops::zero");
+#endif
   Tensor host = Tensor::zeros({4, 2}, DType::F32, MemCategory::Other);
   EXPECT_THROW_MSG(ops::pad_rows(host, cuda), "tensors on different devices (cpu and cuda)");
   EXPECT_EQ(mem, std::vector<float>(8, 0.f));

@@ -159,9 +159,11 @@ TEST(AdamwStep, BadArgumentsFailWithAMessage) {
   std::vector<float> mem(4);
   Tensor cuda = Tensor::from_blob(mem.data(), {4}, DType::F32, nullptr, Device::CUDA);
   EXPECT_THROW_MSG(ops::adamw_step(scalars(1, true), cuda, m, v, m, nullptr), "tensors on different devices");
+#if !KESTREL_HAVE_CUDA  // a build without the CUDA backend names the missing kernel
   Tensor cm = cuda, cv = cuda, cg = cuda;
   EXPECT_THROW_MSG(ops::adamw_step(scalars(1, true), cuda, cm, cv, cg, nullptr),
                    "not supported yet: CUDA kernel for ops::adamw_step");
+#endif
 }
 
 TEST(SumSquares, MatchesReferenceInChunkOrder) {

@@ -65,4 +65,36 @@ void sum_head_cols(const void* src, FloatKind k, int64_t T, int64_t n_heads, int
 void rope(void* x, FloatKind k, int64_t T, const int32_t* pos, const float* cos, const float* sin, int64_t n_heads,
           int64_t width, int64_t rot_offset, int64_t rot_dim, bool interleaved, bool inverse, void* stream);
 
+// ---- kernels_loss.cu: ops/loss.h and ops/vocab_loss.h, one block per row ----
+// lse, logprob (0 where target < 0) and, when entropy != nullptr, the entropy of each row of logits [T, V].
+void logprob_entropy_fwd(const void* logits, FloatKind k, const int32_t* targets, int64_t T, int64_t V, float* logprob,
+                         float* entropy, float* lse, void* stream);
+// dlogits[T, V] (kind ko; may alias logits) from per-row coefficients (device f32 [T]; coef_entropy may be nullptr).
+void logprob_entropy_bwd(const void* logits, FloatKind ki, const int32_t* targets, const float* lse,
+                         const float* coef_logprob, const float* coef_entropy, int64_t T, int64_t V, void* dlogits,
+                         FloatKind ko, void* stream);
+void vocab_row_max(const void* logits, FloatKind k, int64_t T, int64_t V, int64_t n_real, float* row_max,
+                   void* stream);
+void vocab_row_sums(const void* logits, FloatKind k, const int32_t* targets, int64_t T, int64_t V, int64_t vocab_start,
+                    int64_t n_real, const float* row_max, float* sums, void* stream);
+void vocab_softmax_finish(const float* sums, const int32_t* targets, int64_t T, float* lse, float* logprob,
+                          float* entropy, void* stream);
+void vocab_logprob_entropy_grad(const void* logits, FloatKind k, const int32_t* targets, int64_t T, int64_t V,
+                                int64_t vocab_start, int64_t n_real, const float* lse, const float* dlogprob,
+                                const float* dentropy, const float* entropy, float* dlogits, void* stream);
+
+// ---- kernels_optim.cu: ops/optim_ops.h, bit for bit the CPU kernels ----
+// AdamWScalars (backend/adamw_scalars.h) as a plain struct nvcc can take by value.
+struct AdamWArgs {
+  bool decay;
+  float decay_keep, one_m_beta1, beta2, one_m_beta2, neg_step, bc2_sqrt, eps;
+};
+// model_copy kind: 0 none, 1 bf16, 2 f16, 3 f32.
+void adamw(const AdamWArgs& s, float* master, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
+           void* model_copy, int copy_kind, void* stream);
+// part[c] = sum over x[c*chunk, (c+1)*chunk) of double(x)^2 in element order.
+void chunk_squares(const float* x, int64_t n, int64_t chunk, double* part, void* stream);
+// x *= c.
+void scale(float* x, int64_t n, float c, void* stream);
+
 }  // namespace kestrel::cuda::launch
