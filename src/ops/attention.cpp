@@ -6,6 +6,9 @@
 
 #include "backend/cpu/attention_block_cpu.h"
 #include "backend/cpu/attention_cpu.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/attention_ops.h"
+#endif
 #include "ops/dispatch.h"
 
 namespace kestrel::ops {
@@ -106,8 +109,42 @@ void cpu_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const 
   cpu::attention_bwd(q, k, v, out, lse, dout, cu.data<int32_t>(), n, params(s), dq, dk, dv, pre);
 }
 
-constexpr detail::Kernels<decltype(cpu_attention_fwd)> kAttentionFwd{.cpu = cpu_attention_fwd};
-constexpr detail::Kernels<decltype(cpu_attention_bwd)> kAttentionBwd{.cpu = cpu_attention_bwd};
+#if KESTREL_HAVE_CUDA
+// The CUDA paths: cu_seqlens and prefix_of are read back (small) and checked as on the CPU.
+Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), MemCategory::Other, Device::CPU);
+  h.copy_from(t);
+  return h;
+}
+cuda::AttnDims cuda_dims(const AttentionShape& s) {
+  const cpu::AttnParams p = params(s);
+  return {p.n_heads, p.n_kv_heads, p.head_dim, p.scale, p.v_head_dim};
+}
+void cuda_checks(const char* op, const Tensor& cu, int64_t T, const Tensor* prefix_of) {
+  const Tensor hc = host_copy(cu);
+  check_cu_seqlens(op, hc, T);
+  if (prefix_of) {
+    const Tensor hp = host_copy(*prefix_of);
+    check_prefix_of(op, &hp, cu.size(0) - 1);
+  }
+}
+void cuda_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, const AttentionShape& s,
+                        Tensor& out, Tensor& lse, const Tensor* prefix_of) {
+  cuda_checks("attention_fwd", cu, q.size(0), prefix_of);
+  cuda::attention_fwd(q, k, v, cu, cuda_dims(s), out, lse, prefix_of);
+}
+void cuda_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const Tensor& cu, const AttentionShape& s, Tensor& dq, Tensor& dk,
+                        Tensor& dv, const Tensor* prefix_of) {
+  cuda_checks("attention_bwd", cu, q.size(0), prefix_of);
+  cuda::attention_bwd(q, k, v, out, lse, dout, cu, cuda_dims(s), dq, dk, dv, prefix_of);
+}
+#endif
+
+constexpr detail::Kernels<decltype(cpu_attention_fwd)> kAttentionFwd{
+    .cpu = cpu_attention_fwd KS_CUDA_KERNEL(cuda_attention_fwd)};
+constexpr detail::Kernels<decltype(cpu_attention_bwd)> kAttentionBwd{
+    .cpu = cpu_attention_bwd KS_CUDA_KERNEL(cuda_attention_bwd)};
 
 // ---- Block attention ----
 

@@ -97,4 +97,17 @@ void chunk_squares(const float* x, int64_t n, int64_t chunk, double* part, void*
 // x *= c.
 void scale(float* x, int64_t n, float c, void* stream);
 
+// ---- kernels_attention.cu: ops/attention.h (causal GQA, varlen, prefix_of) ----
+// head_dim and value dim above this are refused by the host side.
+int attention_max_head_dim();
+// q [T, H*hd], k [T, Hkv*hd], v [T, Hkv*vd], out [T, H*vd] of one kind; cu i32 [n+1] and prefix_of
+// i32 [n] (or nullptr) on the device, already checked; lse f32 [H, T].
+void attention_fwd(const void* q, const void* k, const void* v, FloatKind kd, const int32_t* cu, int n,
+                   const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd, int vd, float scale, void* out,
+                   float* lse, void* stream);
+// dq, dk, dv written; dsum_scratch f32 [H, T].
+void attention_bwd(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
+                   FloatKind kd, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd,
+                   int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv, void* stream);
+
 }  // namespace kestrel::cuda::launch

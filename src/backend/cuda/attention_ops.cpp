@@ -1,0 +1,40 @@
+// Host side of the CUDA attention kernels (kernels_attention.cu).
+#include "backend/cuda/attention_ops.h"
+
+#include "backend/cuda/cuda_util.h"
+
+namespace kestrel::cuda {
+namespace {
+
+void check_dims(const char* op, const AttnDims& s) {
+  const int64_t lim = launch::attention_max_head_dim();
+  if (s.head_dim > lim || s.v_head_dim > lim)
+    KS_FAIL("not supported yet: CUDA ", op, " with head_dim ", s.head_dim, " / value dim ", s.v_head_dim,
+            " (this kernel takes up to ", lim, ")");
+}
+const int32_t* i32(const Tensor* t) { return t ? static_cast<const int32_t*>(t->raw()) : nullptr; }
+
+}  // namespace
+
+void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, const AttnDims& s, Tensor& out,
+                   Tensor& lse, const Tensor* prefix_of) {
+  check_dims("attention_fwd", s);
+  launch::attention_fwd(q.raw(), k.raw(), v.raw(), float_kind(q, "attention_fwd"), i32(&cu), int(cu.size(0) - 1),
+                        i32(prefix_of), q.size(0), int(s.n_heads), int(s.n_kv_heads), int(s.head_dim),
+                        int(s.v_head_dim), s.scale, out.raw(), static_cast<float*>(lse.raw()), stream());
+  check_launch("attention_fwd");
+}
+
+void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                   const Tensor& dout, const Tensor& cu, const AttnDims& s, Tensor& dq, Tensor& dk, Tensor& dv,
+                   const Tensor* prefix_of) {
+  check_dims("attention_bwd", s);
+  Tensor dsum = Tensor::empty({s.n_heads, q.size(0)}, DType::F32, MemCategory::Activations, Device::CUDA);
+  launch::attention_bwd(q.raw(), k.raw(), v.raw(), out.raw(), static_cast<const float*>(lse.raw()), dout.raw(),
+                        float_kind(q, "attention_bwd"), i32(&cu), int(cu.size(0) - 1), i32(prefix_of), q.size(0),
+                        int(s.n_heads), int(s.n_kv_heads), int(s.head_dim), int(s.v_head_dim), s.scale,
+                        static_cast<float*>(dsum.raw()), dq.raw(), dk.raw(), dv.raw(), stream());
+  check_launch("attention_bwd");
+}
+
+}  // namespace kestrel::cuda

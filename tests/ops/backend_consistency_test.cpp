@@ -1,0 +1,298 @@
+// Every op with a device kernel, run on the device and on the CPU from the
+// same inputs, must agree within the tolerance of the output's dtype (ggml's
+// test-backend-ops in function): the CPU kernels are themselves checked
+// against the scalar references and finite differences by the other tests
+// here, so agreement carries that check over to the device. Skipped where
+// the build has no device backend or the machine no device (every CPU
+// machine, CI included); scripts/device_check.sh runs it on a GPU.
+//
+// Optimizer ops must agree bit for bit (their CUDA kernels spell out every
+// IEEE operation, kernels_optim.cu); sum_squares too (same order).
+#include <gtest/gtest.h>
+
+#include "backend/adamw_scalars.h"
+#include "common/testing.h"
+#include "op_harness.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/copy.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/loss.h"
+#include "ops/norm.h"
+#include "ops/optim_ops.h"
+#include "ops/rope.h"
+#include "ops/vocab_loss.h"
+
+namespace kestrel {
+namespace {
+
+using testing::make_tensor;
+using testing::randn;
+
+class BackendConsistency : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    for (Device d : testing::available_devices())
+      if (d != Device::CPU) dev_ = d;
+    // KESTREL_TEST_CONSISTENCY_ON_CPU=1 runs the CPU against itself: a dry run of this file's
+    // shapes and arguments where no device is present, so device time is not spent on a test's typo.
+    const char* dry = std::getenv("KESTREL_TEST_CONSISTENCY_ON_CPU");
+    if (dev_ == Device::CPU && !(dry && std::string(dry) == "1"))
+      GTEST_SKIP() << "no device backend here (build the cuda preset and run on a machine with a GPU)";
+  }
+  DType dt() const { return GetParam(); }
+  // A host tensor of n random values (scale s) rounded to dt, shaped `shape`.
+  Tensor host(Shape shape, DType dt, uint64_t seed, double s = 1.0) const {
+    const int64_t n = shape_numel(shape);
+    return make_tensor(randn(n, seed, s), std::move(shape), dt);
+  }
+  Tensor on_dev(const Tensor& h) const {
+    Tensor d = Tensor::empty(h.shape(), h.dtype(), MemCategory::Other, dev_);
+    d.copy_from(h);
+    return d;
+  }
+  // Device result against the CPU's, within the tolerance of the stored dtype.
+  static ::testing::AssertionResult agree(const Tensor& dev_t, const Tensor& cpu_t, const std::string& what,
+                                          double widen = 1.0) {
+    testing::Tolerance tol = testing::tolerance_for(cpu_t.dtype());
+    tol.atol *= widen;
+    tol.rtol *= widen;
+    return testing::all_close(testing::to_double(dev_t), testing::to_double(cpu_t), tol, what);
+  }
+  static void expect_bits(const Tensor& dev_t, const Tensor& cpu_t, const std::string& what) {
+    EXPECT_EQ(dev_t.to_float_vector(), cpu_t.to_float_vector()) << what;
+  }
+  Device dev_ = Device::CPU;
+};
+
+TEST_P(BackendConsistency, LinearForwardAndBackward) {
+  const int64_t T = 37, in = 96, out = 80;
+  Tensor x = host({T, in}, dt(), 1), w = host({out, in}, dt(), 2, 0.1), b = host({out}, dt(), 3);
+  Tensor dy = host({T, out}, dt(), 4);
+  Tensor y = Tensor::empty({T, out}, dt()), yd = on_dev(y);
+  Tensor bd = on_dev(b);
+  ops::linear_fwd(x, w, &b, y);
+  ops::linear_fwd(on_dev(x), on_dev(w), &bd, yd);
+  EXPECT_TRUE(agree(yd, y, "linear_fwd"));
+  for (bool acc : {false, true}) {
+    Tensor dx = host({T, in}, DType::F32, 5), dw = host({out, in}, DType::F32, 6), db = host({out}, DType::F32, 7);
+    Tensor dxd = on_dev(dx), dwd = on_dev(dw), dbd = on_dev(db);
+    ops::linear_bwd(x, w, dy, &dx, &dw, &db, acc);
+    ops::linear_bwd(on_dev(x), on_dev(w), on_dev(dy), &dxd, &dwd, &dbd, acc);
+    EXPECT_TRUE(agree(dxd, dx, "linear_bwd dx", 2));
+    EXPECT_TRUE(agree(dwd, dw, "linear_bwd dw", 2));
+    EXPECT_TRUE(agree(dbd, db, "linear_bwd db", 2));
+  }
+  Tensor a = host({T, in}, dt(), 8), s = Tensor::empty({T, in}, dt()), sd = on_dev(s);
+  ops::add(x, a, s);
+  ops::add(on_dev(x), on_dev(a), sd);
+  EXPECT_TRUE(agree(sd, s, "add"));
+}
+
+TEST_P(BackendConsistency, EmbeddingNormAndSwiglu) {
+  const int64_t T = 29, V = 50, D = 72;
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) ids[size_t(t)] = int32_t((t * 7 + 3) % (V + 10)) - 5;  // some outside the shard
+  Tensor idh = Tensor::from_ints(ids, {T}), idd = on_dev(idh);
+  Tensor table = host({V, D}, dt(), 11), y = Tensor::empty({T, D}, dt()), yd = on_dev(y);
+  ops::embedding_fwd(idh, table, y, 2);
+  ops::embedding_fwd(idd, on_dev(table), yd, 2);
+  EXPECT_TRUE(agree(yd, y, "embedding_fwd"));
+  Tensor dy = host({T, D}, dt(), 12), dt_ = host({V, D}, DType::F32, 13), dtd = on_dev(dt_);
+  ops::embedding_bwd(idh, dy, dt_, 2);
+  ops::embedding_bwd(idd, on_dev(dy), dtd, 2);
+  EXPECT_TRUE(agree(dtd, dt_, "embedding_bwd"));
+
+  Tensor x = host({T, D}, dt(), 14), w = host({D}, dt(), 15), n = Tensor::empty({T, D}, dt()), nd = on_dev(n);
+  Tensor rstd = Tensor::empty({T}, DType::F32), rstdd = on_dev(rstd);
+  ops::rmsnorm_fwd(x, w, 1e-6f, n, rstd);
+  ops::rmsnorm_fwd(on_dev(x), on_dev(w), 1e-6f, nd, rstdd);
+  EXPECT_TRUE(agree(nd, n, "rmsnorm_fwd"));
+  EXPECT_TRUE(agree(rstdd, rstd, "rmsnorm rstd"));
+  Tensor dx = Tensor::empty({T, D}, dt()), dxd = on_dev(dx), dw = host({D}, DType::F32, 16), dwd = on_dev(dw);
+  ops::rmsnorm_bwd(x, w, rstd, dy, dx, dw);
+  ops::rmsnorm_bwd(on_dev(x), on_dev(w), rstdd, on_dev(dy), dxd, dwd);
+  EXPECT_TRUE(agree(dxd, dx, "rmsnorm_bwd dx", 2));
+  EXPECT_TRUE(agree(dwd, dw, "rmsnorm_bwd dw", 2));
+
+  Tensor g = host({T, D}, dt(), 17), u = host({T, D}, dt(), 18), h = Tensor::empty({T, D}, dt()), hd = on_dev(h);
+  ops::swiglu_fwd(g, u, h);
+  ops::swiglu_fwd(on_dev(g), on_dev(u), hd);
+  EXPECT_TRUE(agree(hd, h, "swiglu_fwd"));
+  Tensor dg = Tensor::empty({T, D}, dt()), du = Tensor::empty({T, D}, dt()), dgd = on_dev(dg), dud = on_dev(du);
+  ops::swiglu_bwd(g, u, dy, dg, du);
+  ops::swiglu_bwd(on_dev(g), on_dev(u), on_dev(dy), dgd, dud);
+  EXPECT_TRUE(agree(dgd, dg, "swiglu_bwd dgate"));
+  EXPECT_TRUE(agree(dud, du, "swiglu_bwd dup"));
+}
+
+TEST_P(BackendConsistency, CopyOpsAndRope) {
+  const int64_t R = 12, C = 10;
+  Tensor src = host({R, C}, dt(), 21);
+  Tensor idx = Tensor::from_ints({3, 0, 11, 5}, {4});
+  Tensor g = Tensor::empty({4, C}, dt()), gd = on_dev(g);
+  ops::gather_rows(src, idx, g);
+  ops::gather_rows(on_dev(src), on_dev(idx), gd);
+  expect_bits(gd, g, "gather_rows");
+  Tensor dst = host({R, C}, dt(), 22), dstd = on_dev(dst);
+  ops::scatter_rows(g, idx, dst);
+  ops::scatter_rows(gd, on_dev(idx), dstd);
+  expect_bits(dstd, dst, "scatter_rows");
+  Tensor padded = Tensor::empty({R + 3, C}, dt()), paddedd = on_dev(padded);
+  ops::pad_rows(src, padded, -100.f);
+  ops::pad_rows(on_dev(src), paddedd, -100.f);
+  expect_bits(paddedd, padded, "pad_rows");
+  Tensor cols = host({R, 7}, dt(), 23), colsd = on_dev(cols);
+  ops::copy_cols(src, 2, cols, 1, 5);
+  ops::copy_cols(on_dev(src), 2, colsd, 1, 5);
+  expect_bits(colsd, cols, "copy_cols");
+  Tensor f32 = host({3, C}, DType::F32, 24), sum = Tensor::empty({C}, DType::F32), sumd = on_dev(sum);
+  ops::sum_rows(f32, sum);
+  ops::sum_rows(on_dev(f32), sumd);
+  expect_bits(sumd, sum, "sum_rows");
+  // Heads: src [T, 4 heads of 6], broadcast from one head, and the sum back.
+  const int64_t T = 5;
+  Tensor hs = host({T, 24}, dt(), 25), one = host({T, 6}, dt(), 26);
+  Tensor hdst = host({T, 4 * 8}, dt(), 27), hdstd = on_dev(hdst), bdst = host({T, 4 * 8}, dt(), 28), bdstd = on_dev(bdst);
+  ops::copy_head_cols(hs, 4, 1, hdst, 4, 2, 4);
+  ops::copy_head_cols(on_dev(hs), 4, 1, hdstd, 4, 2, 4);
+  expect_bits(hdstd, hdst, "copy_head_cols");
+  ops::copy_head_cols(one, 1, 0, bdst, 4, 3, 5);
+  ops::copy_head_cols(on_dev(one), 1, 0, bdstd, 4, 3, 5);
+  expect_bits(bdstd, bdst, "copy_head_cols broadcast");
+  Tensor hsum = Tensor::empty({T, 3}, DType::F32), hsumd = on_dev(hsum);
+  ops::sum_head_cols(hs, 4, 2, hsum, 3);
+  ops::sum_head_cols(on_dev(hs), 4, 2, hsumd, 3);
+  EXPECT_TRUE(agree(hsumd, hsum, "sum_head_cols"));
+
+  for (bool interleaved : {false, true}) {
+    ops::RopeConfig cfg;
+    cfg.head_dim = 32;
+    cfg.interleaved = interleaved;
+    const ops::RopeTable table = ops::make_rope_table(cfg, 64), tabled = ops::rope_table_to(table, dev_);
+    Tensor pos = Tensor::from_ints({0, 5, 63, 7, 1, 2, 3}, {7}), posd = on_dev(pos);
+    Tensor x = host({7, 3 * 40}, dt(), 29), xd = on_dev(x);  // 3 heads of 40, rotated from column 4
+    ops::rope_fwd(x, pos, table, 3, 4);
+    ops::rope_fwd(xd, posd, tabled, 3, 4);
+    EXPECT_TRUE(agree(xd, x, interleaved ? "rope_fwd interleaved" : "rope_fwd"));
+    ops::rope_bwd(x, pos, table, 3, 4);
+    ops::rope_bwd(xd, posd, tabled, 3, 4);
+    EXPECT_TRUE(agree(xd, x, interleaved ? "rope_bwd interleaved" : "rope_bwd"));
+  }
+}
+
+TEST_P(BackendConsistency, LossesOverTheVocabulary) {
+  const int64_t T = 9, V = 1000;
+  Tensor logits = host({T, V}, dt(), 31, 3.0);
+  Tensor tg = Tensor::from_ints({0, 999, -100, 17, 500, 3, -1, 42, 7}, {T}), tgd = on_dev(tg);
+  Tensor ld = on_dev(logits);
+  Tensor lp = Tensor::empty({T}, DType::F32), en = Tensor::empty({T}, DType::F32), lse = Tensor::empty({T}, DType::F32);
+  Tensor lpd = on_dev(lp), end = on_dev(en), lsed = on_dev(lse);
+  ops::logprob_entropy_fwd(logits, tg, lp, &en, lse);
+  ops::logprob_entropy_fwd(ld, tgd, lpd, &end, lsed);
+  EXPECT_TRUE(agree(lpd, lp, "logprob"));
+  EXPECT_TRUE(agree(end, en, "entropy"));
+  EXPECT_TRUE(agree(lsed, lse, "lse"));
+  Tensor dlp = host({T}, DType::F32, 32), den = host({T}, DType::F32, 33);
+  Tensor dl = Tensor::empty({T, V}, dt()), dld = on_dev(dl);
+  Tensor dend = on_dev(den);
+  ops::logprob_entropy_bwd(logits, tg, lse, dlp, &den, dl);
+  ops::logprob_entropy_bwd(ld, tgd, lsed, on_dev(dlp), &dend, dld);
+  EXPECT_TRUE(agree(dld, dl, "logprob_entropy_bwd", 2));
+  Tensor lse2 = Tensor::empty({T}, DType::F32), lse2d = on_dev(lse2);
+  const double ce = ops::cross_entropy_fwd(logits, tg, lse2), ced = ops::cross_entropy_fwd(ld, tgd, lse2d);
+  EXPECT_NEAR(ced, ce, 1e-5 * std::abs(ce));
+  ops::cross_entropy_bwd(logits, tg, lse2, 0.5, dl);
+  ops::cross_entropy_bwd(ld, tgd, lse2d, 0.5, dld);
+  EXPECT_TRUE(agree(dld, dl, "cross_entropy_bwd", 2));
+
+  // The vocab-parallel pieces on a shard of 400 columns (390 real) starting at 300.
+  const int64_t Vs = 400, n_real = 390, start = 300;
+  Tensor shard = host({T, Vs}, dt(), 34, 3.0), shardd = on_dev(shard);
+  Tensor M = Tensor::empty({T}, DType::F32), Md = on_dev(M);
+  ops::vocab_row_max(shard, n_real, M);
+  ops::vocab_row_max(shardd, n_real, Md);
+  expect_bits(Md, M, "vocab_row_max");
+  Tensor sums = Tensor::empty({3, T}, DType::F32), sumsd = on_dev(sums);
+  ops::vocab_row_sums(shard, tg, start, n_real, M, sums);
+  ops::vocab_row_sums(shardd, tgd, start, n_real, Md, sumsd);
+  EXPECT_TRUE(agree(sumsd, sums, "vocab_row_sums"));
+  Tensor L = M.clone(), Ld = on_dev(M), vlp = Tensor::empty({T}, DType::F32), vlpd = on_dev(vlp);
+  Tensor ven = Tensor::empty({T}, DType::F32), vend = on_dev(ven);
+  ops::vocab_softmax_finish(sums, tg, L, &vlp, &ven);
+  ops::vocab_softmax_finish(sumsd, tgd, Ld, &vlpd, &vend);
+  EXPECT_TRUE(agree(Ld, L, "vocab lse"));
+  EXPECT_TRUE(agree(vlpd, vlp, "vocab logprob"));
+  EXPECT_TRUE(agree(vend, ven, "vocab entropy"));
+  Tensor vg = Tensor::empty({T, Vs}, DType::F32), vgd = on_dev(vg);
+  ops::vocab_logprob_entropy_grad(shard, tg, start, n_real, L, dlp, &den, &ven, vg);
+  ops::vocab_logprob_entropy_grad(shardd, tgd, start, n_real, Ld, on_dev(dlp), &dend, &vend, vgd);
+  EXPECT_TRUE(agree(vgd, vg, "vocab grad", 2));
+}
+
+TEST_P(BackendConsistency, AttentionWithGqaPrefixesAndValueWidth) {
+  // Sequences 0..3; 2 continues 0 and 3 continues 0 (a GRPO group), 1 is plain; lengths straddle 32.
+  const std::vector<int32_t> cu = {0, 40, 73, 80, 113};
+  const int64_t T = cu.back();
+  for (const auto& [H, Hkv, hd, vd, prefixed] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>>{{4, 2, 64, 64, false}, {4, 1, 40, 40, true},
+                                                                          {2, 2, 48, 32, true}}) {
+    SCOPED_TRACE("H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " hd=" + std::to_string(hd) +
+                 " vd=" + std::to_string(vd) + (prefixed ? " prefixed" : ""));
+    const ops::AttentionShape s{H, Hkv, hd, 0.f, vd == hd ? 0 : vd};
+    Tensor q = host({T, H * hd}, dt(), 41), k = host({T, Hkv * hd}, dt(), 42), v = host({T, Hkv * vd}, dt(), 43);
+    Tensor cut = Tensor::from_ints(cu, {int64_t(cu.size())}), cud = on_dev(cut);
+    Tensor pre = Tensor::from_ints({-1, -1, 0, 0}, {4}), pred = on_dev(pre);
+    const Tensor* pp = prefixed ? &pre : nullptr;
+    const Tensor* ppd = prefixed ? &pred : nullptr;
+    Tensor out = Tensor::empty({T, H * vd}, dt()), lse = Tensor::empty({H, T}, DType::F32);
+    Tensor outd = on_dev(out), lsed = on_dev(lse);
+    Tensor qd = on_dev(q), kd = on_dev(k), vdv = on_dev(v);
+    ops::attention_fwd(q, k, v, cut, s, out, lse, pp);
+    ops::attention_fwd(qd, kd, vdv, cud, s, outd, lsed, ppd);
+    EXPECT_TRUE(agree(outd, out, "attention out"));
+    EXPECT_TRUE(agree(lsed, lse, "attention lse"));
+    Tensor dout = host({T, H * vd}, dt(), 44);
+    Tensor dq = Tensor::empty(q.shape(), dt()), dk = Tensor::empty(k.shape(), dt()), dv = Tensor::empty(v.shape(), dt());
+    Tensor dqd = on_dev(dq), dkd = on_dev(dk), dvd = on_dev(dv);
+    ops::attention_bwd(q, k, v, out, lse, dout, cut, s, dq, dk, dv, pp);
+    ops::attention_bwd(qd, kd, vdv, outd, lsed, on_dev(dout), cud, s, dqd, dkd, dvd, ppd);
+    EXPECT_TRUE(agree(dqd, dq, "attention dq", 2));
+    EXPECT_TRUE(agree(dkd, dk, "attention dk", 2));
+    EXPECT_TRUE(agree(dvd, dv, "attention dv", 2));
+  }
+}
+
+TEST_P(BackendConsistency, OptimizerOpsAreBitForBit) {
+  if (dt() != DType::F32) GTEST_SKIP() << "the optimizer's state is f32; one pass suffices";
+  const int64_t n = 10007;
+  for (DType copy_dt : {DType::BF16, DType::F16, DType::F32}) {
+    Tensor w = host({n}, DType::F32, 51), m = host({n}, DType::F32, 52, 0.01), v = host({n}, DType::F32, 53, 0.01);
+    Tensor g = host({n}, DType::F32, 54), c = Tensor::empty({n}, copy_dt);
+    // v must be non-negative: a squared average.
+    Tensor v_abs = Tensor::empty({n}, DType::F32);
+    for (int64_t i = 0; i < n; ++i) v_abs.set(i, std::abs(v.get(i)));
+    Tensor wd = on_dev(w), md = on_dev(m), vd = on_dev(v_abs), gd = on_dev(g), cd = on_dev(c);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const AdamWScalars s = AdamWScalars::make(1e-2, 0.9, 0.999, 1e-8, 0.1, t, t != 2);
+      ops::adamw_step(s, w, m, v_abs, g, &c);
+      ops::adamw_step(s, wd, md, vd, gd, &cd);
+    }
+    expect_bits(wd, w, "adamw master");
+    expect_bits(md, m, "adamw exp_avg");
+    expect_bits(vd, v_abs, "adamw exp_avg_sq");
+    expect_bits(cd, c, std::string("adamw model copy ") + dtype_name(copy_dt));
+  }
+  Tensor x = host({n}, DType::F32, 55), xd = on_dev(x);
+  EXPECT_EQ(ops::sum_squares(xd), ops::sum_squares(x));
+  ops::scale_(x, 0.37f);
+  ops::scale_(xd, 0.37f);
+  expect_bits(xd, x, "scale_");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, BackendConsistency, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace kestrel
