@@ -17,6 +17,7 @@ BUILD=${1:-build/dev}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+ROOT=$(pwd)
 cd "$BUILD"
 ctest --output-on-failure -j 2 --timeout 900
 if [[ "${KESTREL_SECOND_BLAS:-1}" != 0 ]]; then
@@ -25,4 +26,20 @@ if [[ "${KESTREL_SECOND_BLAS:-1}" != 0 ]]; then
   echo "== golden and kernel suites again with OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 (an AVX2 machine's kernels) =="
   OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 ctest --output-on-failure -j 2 --timeout 900 \
     -L '^(model|train|optim|rl|parallel|backend_cpu|ops)$'
+fi
+# The CUDA build (cmake --preset cuda, sm_90a) compiles wherever the toolkit
+# is (nvcc on PATH), and its op and runtime suites run: on a machine without a
+# GPU the device tests skip, naming why, and the CPU kernels must still pass
+# with the CUDA kernels in their tables. KESTREL_CUDA_BUILD=0 skips it.
+if [[ "${KESTREL_CUDA_BUILD:-1}" != 0 ]]; then
+  if command -v nvcc >/dev/null; then
+    echo "== the CUDA build (cmake --preset cuda): compile, then its op and runtime suites =="
+    cd "$ROOT"
+    cmake --preset cuda >/dev/null
+    cmake --build build/cuda -j 2 --target test_ops test_cuda
+    cd build/cuda
+    ctest --output-on-failure -j 2 --timeout 900 -L '^(ops|cuda)$'
+  else
+    echo "== the CUDA build: skipped, nvcc not found (the CUDA toolkit is not installed here) =="
+  fi
 fi

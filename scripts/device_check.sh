@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The device check of the CUDA backend, run on a machine with a GPU from the
+# bundle scripts/device_bundle.sh made here (the device image has the CUDA
+# runtime and cuBLAS but no Debian packages and no network). Writes every
+# result to one file, $OUT/device_check.txt (or ./device_check.txt), and exits
+# non-zero when a check fails. Takes about a minute.
+#
+#   device tool: run(command="bash device_bundle/device_check.sh", carry=["device_bundle"], timeout_s=300)
+#
+# What it runs today (the CUDA backend's first part; see docs/features.md):
+#   - test_cuda: the device runtime (allocator, copies, fills);
+#   - test_ops' backend-consistency harness: every op with a CUDA kernel on the
+#     device against the CPU, f32 and bf16 (the optimizer bit for bit);
+#   - the op tests that loop over available devices, for the ops with CUDA kernels.
+# Not yet: the transformers parity goldens, a GRPO run, CUDA-graph decode and
+# the benchmarks (the model does not run on the device yet).
+set -uo pipefail
+B=$(cd "$(dirname "$0")" && pwd)
+OUTF=${OUT:-.}/device_check.txt
+: > "$OUTF"
+log() { echo "$@" | tee -a "$OUTF"; }
+log "== device_check $(date -u +%FT%TZ), bundle of commit $(cat "$B/commit" 2>/dev/null)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$OUTF"
+# OpenBLAS where the CPU backend looks for it (a fixed Debian path); the other libraries by LD_LIBRARY_PATH.
+OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
+if [[ ! -f $OB/libopenblas.so.0 ]]; then mkdir -p "$OB" && xz -dc "$B/lib/libopenblas.so.0.xz" > "$OB/libopenblas.so.0"; fi
+CUDA_LIBS=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+dirs = []
+for s in site.getsitepackages():
+    dirs += glob.glob(os.path.join(s, "nvidia", "*", "lib"))
+print(":".join(dirs))
+PY
+)
+export LD_LIBRARY_PATH="$B/lib:/usr/local/cuda/lib64:${CUDA_LIBS}:${LD_LIBRARY_PATH:-}"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+if ! nvidia-smi >/dev/null 2>&1; then
+  log "== device_check: no GPU visible (nvidia-smi failed): nothing was checked"
+  exit 2
+fi
+fail=0
+run() {  # name, command...
+  local name=$1; shift
+  log "== $name"
+  if "$@" >>"$OUTF" 2>&1; then log "-- $name: ok"; else log "-- $name: FAILED"; fail=1; fi
+}
+run "test_cuda (runtime)" "$B/bin/test_cuda"
+run "backend consistency (device vs CPU)" "$B/bin/test_ops" --gtest_filter='*BackendConsistency*'
+run "op tests on every device" "$B/bin/test_ops" \
+  --gtest_filter='*Norm*:*Rmsnorm*:*Swiglu*:*Activation*:*Embedding*:*Copy*:*Rope*:*Optim*:*Adamw*:*SumSquares*:*Scale*:*Linear*:*Loss*:*Vocab*'
+grep -E "^\[  (PASSED|FAILED|SKIPPED) \]" "$OUTF" | sort | uniq -c | tee -a /dev/stderr >/dev/null
+log "== device_check: $([[ $fail == 0 ]] && echo ok || echo FAILED)"
+exit $fail
