@@ -6,6 +6,9 @@
 #include <cmath>
 
 #include "backend/cpu/paged_attention_cpu.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/paged_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -42,9 +45,34 @@ void cpu_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tenso
   cpu::paged_attention_fwd(q, k_cache, v_cache, bt, cu, sl, B, p, out);
 }
 
-constexpr detail::Kernels<decltype(cpu_paged_kv_write)> kPagedKvWrite{.cpu = cpu_paged_kv_write};
-constexpr detail::Kernels<decltype(cpu_paged_attention_fwd)> kPagedAttentionFwd{.cpu = cpu_paged_attention_fwd};
-constexpr detail::Kernels<decltype(cpu::copy_kv_blocks)> kCopyKvBlocks{.cpu = cpu::copy_kv_blocks};
+#if KESTREL_HAVE_CUDA
+// The CUDA paths: the metadata is read back (small copies) for the same checks as on the CPU.
+std::vector<int32_t> host_ints(const Tensor& t) { return t.to_host<int32_t>(); }
+void cuda_paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
+                         Tensor& v_cache) {
+  const int64_t T = k.size(0), n_slots = k_cache.size(0) * k_cache.size(1);
+  const std::vector<int32_t> slots = host_ints(slot_mapping);
+  detail::check_slots("paged_kv_write", slots.data(), T, n_slots);
+  cuda::paged_kv_write(k, v, slot_mapping, k_cache, v_cache);
+}
+void cuda_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              const Tensor& block_tables, const Tensor& cu_q, const Tensor& seq_lens,
+                              const AttentionShape& s, Tensor& out) {
+  const int64_t T = q.size(0), B = cu_q.size(0) - 1;
+  const std::vector<int32_t> cu = host_ints(cu_q), sl = host_ints(seq_lens), bt = host_ints(block_tables);
+  detail::check_paged_tables("paged_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
+                             k_cache.size(0), k_cache.size(1));
+  cuda::paged_attention_fwd(q, k_cache, v_cache, block_tables, cu_q, seq_lens, s.n_heads, s.n_kv_heads, s.head_dim,
+                            s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))), out);
+}
+#endif
+
+constexpr detail::Kernels<decltype(cpu_paged_kv_write)> kPagedKvWrite{
+    .cpu = cpu_paged_kv_write KS_CUDA_KERNEL(cuda_paged_kv_write)};
+constexpr detail::Kernels<decltype(cpu_paged_attention_fwd)> kPagedAttentionFwd{
+    .cpu = cpu_paged_attention_fwd KS_CUDA_KERNEL(cuda_paged_attention_fwd)};
+constexpr detail::Kernels<decltype(cpu::copy_kv_blocks)> kCopyKvBlocks{
+    .cpu = cpu::copy_kv_blocks KS_CUDA_KERNEL(cuda::copy_kv_blocks)};
 
 }  // namespace
 
@@ -104,6 +132,14 @@ void copy_kv_blocks(const Tensor& src_cache, Tensor& dst_cache, const std::vecto
     if (s < 0 || s >= src_cache.size(0) || d < 0 || d >= dst_cache.size(0))
       KS_FAIL("ops::", op, ": block pair (", s, ", ", d, ") outside [0, ", src_cache.size(0), ") x [0, ",
               dst_cache.size(0), ")");
+  if (src_cache.device() != dst_cache.device()) {
+    // A swap between host and device memory: block by block through Tensor's copies (the backend's transfers).
+    for (const auto& [s, d] : pairs) {
+      Tensor dst_block = dst_cache.slice_rows(d, d + 1);
+      dst_block.copy_from(src_cache.slice_rows(s, s + 1));
+    }
+    return;
+  }
   detail::dispatch(op, kCopyKvBlocks, {&src_cache, &dst_cache}, src_cache, dst_cache, pairs);
 }
 

@@ -21,6 +21,7 @@
 #include "ops/loss.h"
 #include "ops/norm.h"
 #include "ops/optim_ops.h"
+#include "ops/paged_attention.h"
 #include "ops/rope.h"
 #include "ops/vocab_loss.h"
 
@@ -262,6 +263,44 @@ TEST_P(BackendConsistency, AttentionWithGqaPrefixesAndValueWidth) {
     EXPECT_TRUE(agree(dkd, dk, "attention dk", 2));
     EXPECT_TRUE(agree(dvd, dv, "attention dv", 2));
   }
+}
+
+TEST_P(BackendConsistency, PagedKvCacheAndAttention) {
+  // 3 sequences: a decode row at position 40, a prefill chunk of 5 rows ending at 20, a decode row at 0.
+  const int64_t H = 4, Hkv = 2, hd = 64, bs = 16, nblocks = 12, max_blocks = 4;
+  const ops::AttentionShape s{H, Hkv, hd, 0.f, 0};
+  Tensor kc = Tensor::zeros({nblocks, bs, Hkv, hd}, dt()), vc = Tensor::zeros({nblocks, bs, Hkv, hd}, dt());
+  Tensor kcd = on_dev(kc), vcd = on_dev(vc);
+  // Fill every slot the tables below use: 48 tokens' K/V into slots of blocks 7, 2, 9 (seq 0), 4, 0 (seq 1), 11 (seq 2).
+  std::vector<int32_t> slots;
+  for (int32_t blk : {7, 2, 9, 4, 0, 11})
+    for (int32_t o = 0; o < bs; ++o) slots.push_back(blk * int32_t(bs) + o);
+  const int64_t n = int64_t(slots.size());
+  Tensor k = host({n, Hkv * hd}, dt(), 61), v = host({n, Hkv * hd}, dt(), 62);
+  Tensor sl = Tensor::from_ints(slots, {n});
+  ops::paged_kv_write(k, v, sl, kc, vc);
+  ops::paged_kv_write(on_dev(k), on_dev(v), on_dev(sl), kcd, vcd);
+  expect_bits(kcd, kc, "paged_kv_write k");
+  expect_bits(vcd, vc, "paged_kv_write v");
+  Tensor bt = Tensor::from_ints({7, 2, 9, -1, 4, 0, -1, -1, 11, -1, -1, -1}, {3, max_blocks});
+  Tensor cu = Tensor::from_ints({0, 1, 6, 7}, {4}), lens = Tensor::from_ints({41, 20, 1}, {3});
+  Tensor q = host({7, H * hd}, dt(), 63), out = Tensor::empty({7, H * hd}, dt()), outd = on_dev(out);
+  ops::paged_attention_fwd(q, kc, vc, bt, cu, lens, s, out);
+  ops::paged_attention_fwd(on_dev(q), kcd, vcd, on_dev(bt), on_dev(cu), on_dev(lens), s, outd);
+  EXPECT_TRUE(agree(outd, out, "paged_attention_fwd"));
+  // Block copies within the device cache, and a swap out to the host and back in.
+  const std::vector<std::pair<int32_t, int32_t>> pairs = {{7, 1}, {2, 3}, {11, 5}};
+  ops::copy_kv_blocks(kc, kc, pairs);
+  ops::copy_kv_blocks(kcd, kcd, pairs);
+  expect_bits(kcd, kc, "copy_kv_blocks");
+  Tensor swap = Tensor::zeros({4, bs, Hkv, hd}, dt());
+  ops::copy_kv_blocks(kcd, swap, {{7, 0}, {9, 3}});
+  Tensor back = Tensor::zeros({nblocks, bs, Hkv, hd}, dt(), MemCategory::Other, dev_);
+  ops::copy_kv_blocks(swap, back, {{0, 6}, {3, 8}});
+  ops::copy_kv_blocks(kc, kc, {{7, 6}, {9, 8}});
+  Tensor want = Tensor::zeros({nblocks, bs, Hkv, hd}, dt());
+  ops::copy_kv_blocks(kc, want, {{6, 6}, {8, 8}});
+  expect_bits(back, want, "copy_kv_blocks swap out and in");
 }
 
 TEST_P(BackendConsistency, OptimizerOpsAreBitForBit) {

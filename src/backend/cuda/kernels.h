@@ -110,4 +110,15 @@ void attention_bwd(const void* q, const void* k, const void* v, const void* out,
                    FloatKind kd, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd,
                    int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv, void* stream);
 
+// ---- kernels_paged.cu: ops/paged_attention.h ----
+// k_cache[slots[t]] = k[t] (and v) for rows with slots[t] >= 0; rows of `width` elements of elem_bytes 2 or 4.
+void paged_kv_write(const void* k, const void* v, const int32_t* slots, int64_t T, int64_t width, int elem_bytes,
+                    void* k_cache, void* v_cache, void* stream);
+// Causal GQA attention of packed query chunks against the cache (metadata on the device, checked).
+void paged_attention_fwd(const void* q, const void* k_cache, const void* v_cache, FloatKind kd,
+                         const int32_t* block_tables, const int32_t* cu_q, const int32_t* seq_lens, int B, int64_t T,
+                         int H, int Hkv, int hd, int block_size, int max_blocks, float scale, void* out, void* stream);
+// Within one device cache: block pairs (src, dst) as i32 [n_pairs, 2] on the device; block_bytes % 4 == 0.
+void copy_kv_blocks(const void* src, void* dst, const int32_t* pairs, int n_pairs, int64_t block_bytes, void* stream);
+
 }  // namespace kestrel::cuda::launch

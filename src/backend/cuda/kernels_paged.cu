@@ -1,0 +1,171 @@
+// CUDA kernels of the paged KV cache (ops/paged_attention.h): the slot
+// writes of new tokens' K/V, the attention of a packed batch of query chunks
+// against the cache through each sequence's block table, and block copies
+// within a cache. The attention is the training kernel's scheme (one warp per
+// (query row, head), 32 keys per step, an online softmax), walking the block
+// table instead of contiguous rows. Correctness first: a split-K decode
+// kernel (many warps per long context) is the tuning step once measurable.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda::launch {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256, kWarps = 4, kMaxDim = 256, kSlots = kMaxDim / 32;
+constexpr float kNegInf = -__builtin_huge_valf();
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
+  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
+}
+__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
+  if (k == FloatKind::F32)
+    static_cast<float*>(p)[i] = v;
+  else
+    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Element e of row t: cache[slot[t], e] = src[t, e] (rows with slot < 0 skipped); elem bytes 2 or 4.
+template <class E>
+__global__ void kv_write_kernel(const E* k, const E* v, const int32_t* slots, int64_t T, int64_t width, E* kc, E* vc) {
+  const int64_t total = T * width;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / width, c = e % width;
+    const int64_t s = slots[t];
+    if (s < 0) continue;
+    kc[s * width + c] = k[e];
+    vc[s * width + c] = v[e];
+  }
+}
+
+struct PagedDims {
+  int64_t T;
+  int H, Hkv, hd, block_size, max_blocks;
+  float scale;
+};
+
+__global__ void paged_fwd_kernel(const void* q, const void* kc, const void* vc, FloatKind kd, const int32_t* bt,
+                                 const int32_t* cu, const int32_t* seq_lens, int B, PagedDims D, void* out) {
+  __shared__ float qs_all[kWarps][kMaxDim];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t w = int64_t(blockIdx.x) * kWarps + warp;
+  if (w >= D.T * D.H) return;
+  const int64_t i = w / D.H;
+  const int h = int(w % D.H), g = h / (D.H / D.Hkv);
+  int b = 0, hi = B;  // cu[b] <= i < cu[b+1]
+  while (hi - b > 1) {
+    const int mid = (b + hi) / 2;
+    if (cu[mid] <= i) b = mid; else hi = mid;
+  }
+  const int64_t q_len = cu[b + 1] - cu[b];
+  const int64_t pos = int64_t(seq_lens[b]) - q_len + (i - cu[b]);  // this row's absolute position
+  float* qs = qs_all[warp];
+  for (int d = lane; d < D.hd; d += 32) qs[d] = ld(q, kd, i * D.H * D.hd + int64_t(h) * D.hd + d);
+  __syncwarp();
+  const int32_t* table = bt + int64_t(b) * D.max_blocks;
+  const int64_t row = int64_t(D.Hkv) * D.hd;  // a cache slot's width
+  float m = kNegInf, l = 0.f, acc[kSlots];
+#pragma unroll
+  for (int t = 0; t < kSlots; ++t) acc[t] = 0.f;
+  const int64_t n_keys = pos + 1;
+  for (int64_t c = 0; c < n_keys; c += 32) {
+    const int64_t j = c + lane;
+    float s = kNegInf;
+    if (j < n_keys) {
+      const int64_t slot = int64_t(table[j / D.block_size]) * D.block_size + j % D.block_size;
+      const int64_t kb = slot * row + int64_t(g) * D.hd;
+      float dot = 0.f;
+      for (int d = 0; d < D.hd; ++d) dot += qs[d] * ld(kc, kd, kb + d);
+      s = D.scale * dot;
+    }
+    const float m_new = fmaxf(m, warp_max(s));
+    const float corr = expf(m - m_new);
+    const float pr = j < n_keys ? expf(s - m_new) : 0.f;
+    l = l * corr + warp_sum(pr);
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
+    const int nk = int(n_keys - c < 32 ? n_keys - c : 32);
+    for (int kk = 0; kk < nk; ++kk) {
+      const float pk = __shfl_sync(0xffffffffu, pr, kk);
+      const int64_t jj = c + kk;
+      const int64_t slot = int64_t(table[jj / D.block_size]) * D.block_size + jj % D.block_size;
+      const int64_t vb = slot * row + int64_t(g) * D.hd;
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int d = lane + 32 * t;
+        if (d < D.hd) acc[t] += pk * ld(vc, kd, vb + d);
+      }
+    }
+    m = m_new;
+  }
+  const int64_t ob = i * D.H * D.hd + int64_t(h) * D.hd;
+#pragma unroll
+  for (int t = 0; t < kSlots; ++t) {
+    const int d = lane + 32 * t;
+    if (d < D.hd) st(out, kd, ob + d, acc[t] / l);
+  }
+}
+
+// dst block pairs[p].second = src block pairs[p].first, words of 4 bytes (block bytes are a multiple of 4).
+__global__ void copy_blocks_kernel(const uint32_t* src, uint32_t* dst, const int32_t* pairs, int n_pairs,
+                                   int64_t block_words) {
+  const int64_t total = int64_t(n_pairs) * block_words;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = e / block_words, o = e % block_words;
+    dst[int64_t(pairs[2 * p + 1]) * block_words + o] = src[int64_t(pairs[2 * p]) * block_words + o];
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
+}
+
+}  // namespace
+
+void paged_kv_write(const void* k, const void* v, const int32_t* slots, int64_t T, int64_t width, int elem_bytes,
+                    void* k_cache, void* v_cache, void* stream) {
+  if (T <= 0 || width <= 0) return;
+  auto s = as_stream(stream);
+  if (elem_bytes == 4)
+    kv_write_kernel<<<grid_for(T * width), kThreads, 0, s>>>(static_cast<const uint32_t*>(k),
+                                                             static_cast<const uint32_t*>(v), slots, T, width,
+                                                             static_cast<uint32_t*>(k_cache),
+                                                             static_cast<uint32_t*>(v_cache));
+  else
+    kv_write_kernel<<<grid_for(T * width), kThreads, 0, s>>>(static_cast<const uint16_t*>(k),
+                                                             static_cast<const uint16_t*>(v), slots, T, width,
+                                                             static_cast<uint16_t*>(k_cache),
+                                                             static_cast<uint16_t*>(v_cache));
+}
+
+void paged_attention_fwd(const void* q, const void* k_cache, const void* v_cache, FloatKind kd,
+                         const int32_t* block_tables, const int32_t* cu_q, const int32_t* seq_lens, int B, int64_t T,
+                         int H, int Hkv, int hd, int block_size, int max_blocks, float scale, void* out,
+                         void* stream) {
+  if (T <= 0) return;
+  const PagedDims D{T, H, Hkv, hd, block_size, max_blocks, scale};
+  paged_fwd_kernel<<<unsigned((T * H + kWarps - 1) / kWarps), kWarps * 32, 0, as_stream(stream)>>>(
+      q, k_cache, v_cache, kd, block_tables, cu_q, seq_lens, B, D, out);
+}
+
+void copy_kv_blocks(const void* src, void* dst, const int32_t* pairs, int n_pairs, int64_t block_bytes,
+                    void* stream) {
+  if (n_pairs <= 0) return;
+  const int64_t words = block_bytes / 4;
+  copy_blocks_kernel<<<grid_for(n_pairs * words), kThreads, 0, as_stream(stream)>>>(
+      static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), pairs, n_pairs, words);
+}
+
+}  // namespace kestrel::cuda::launch
