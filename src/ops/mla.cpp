@@ -7,6 +7,11 @@
 #include <cmath>
 
 #include "backend/cpu/mla_cpu.h"
+#if KESTREL_HAVE_CUDA
+#include <vector>
+
+#include "backend/cuda/mla_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -78,10 +83,40 @@ void cpu_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaShape& s, 
   cpu::mla_absorb_out(o_lat, kv_b, params(s), o);
 }
 
-constexpr Kernels<decltype(cpu_absorb_q)> kAbsorbQ{.cpu = cpu_absorb_q};
-constexpr Kernels<decltype(cpu_absorb_out)> kAbsorbOut{.cpu = cpu_absorb_out};
-constexpr Kernels<decltype(cpu_paged_latent_write)> kLatentWrite{.cpu = cpu_paged_latent_write};
-constexpr Kernels<decltype(cpu_paged_latent_attention_fwd)> kLatentAttention{.cpu = cpu_paged_latent_attention_fwd};
+#if KESTREL_HAVE_CUDA
+// The CUDA paths: the metadata is read back (small copies) for the CPU path's checks.
+cuda::MlaArgs cuda_args(const MlaShape& s) {
+  const cpu::MlaParams p = params(s);
+  return {p.n_heads, p.kv_lora_rank, p.qk_nope_head_dim, p.qk_rope_head_dim, p.v_head_dim, p.scale};
+}
+void cuda_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaShape& s, Tensor& q_lat) {
+  cuda::mla_absorb_q(q, kv_b, cuda_args(s), q_lat);
+}
+void cuda_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaShape& s, Tensor& o) {
+  cuda::mla_absorb_out(o_lat, kv_b, cuda_args(s), o);
+}
+void cuda_paged_latent_write(const Tensor& c_kv, const Tensor& k_pe, const Tensor& slot_mapping, Tensor& cache) {
+  const std::vector<int32_t> slots = slot_mapping.to_host<int32_t>();
+  check_slots("paged_latent_write", slots.data(), c_kv.size(0), cache.size(0) * cache.size(1));
+  cuda::paged_latent_write(c_kv, k_pe, slot_mapping, cache);
+}
+void cuda_paged_latent_attention_fwd(const Tensor& q_lat, const Tensor& cache, const Tensor& block_tables,
+                                     const Tensor& cu_q, const Tensor& seq_lens, const MlaShape& s, Tensor& o_lat) {
+  const int64_t T = q_lat.size(0), B = cu_q.size(0) - 1;
+  const std::vector<int32_t> cu = cu_q.to_host<int32_t>(), sl = seq_lens.to_host<int32_t>(),
+                             bt = block_tables.to_host<int32_t>();
+  check_paged_tables("paged_latent_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
+                     cache.size(0), cache.size(1));
+  cuda::paged_latent_attention_fwd(q_lat, cache, block_tables, cu_q, seq_lens, cuda_args(s), o_lat);
+}
+#endif
+
+constexpr Kernels<decltype(cpu_absorb_q)> kAbsorbQ{.cpu = cpu_absorb_q KS_CUDA_KERNEL(cuda_absorb_q)};
+constexpr Kernels<decltype(cpu_absorb_out)> kAbsorbOut{.cpu = cpu_absorb_out KS_CUDA_KERNEL(cuda_absorb_out)};
+constexpr Kernels<decltype(cpu_paged_latent_write)> kLatentWrite{
+    .cpu = cpu_paged_latent_write KS_CUDA_KERNEL(cuda_paged_latent_write)};
+constexpr Kernels<decltype(cpu_paged_latent_attention_fwd)> kLatentAttention{
+    .cpu = cpu_paged_latent_attention_fwd KS_CUDA_KERNEL(cuda_paged_latent_attention_fwd)};
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
+#include "ops/mla.h"
 #include "ops/norm.h"
 #include "ops/optim_ops.h"
 #include "ops/paged_attention.h"
@@ -268,6 +269,36 @@ TEST_P(BackendConsistency, PagedKvCacheAndAttention) {
   Tensor want = Tensor::zeros({nblocks, bs, Hkv, hd}, dt());
   ops::copy_kv_blocks(kc, want, {{6, 6}, {8, 8}});
   expect_bits(back, want, "copy_kv_blocks swap out and in");
+}
+
+TEST_P(BackendConsistency, MlaAbsorbedProjectionsAndLatentCache) {
+  const int64_t H = 2, lora = 48, nope = 16, rope = 8, v = 12, bs = 8, nblocks = 6, max_blocks = 3;
+  const ops::MlaShape s{H, lora, nope, rope, v, 0.f};
+  const int64_t T = 4;  // a decode row at position 17 (seq 0) and a chunk of 3 ending at 9 (seq 1)
+  Tensor q = host({T, H * (nope + rope)}, dt(), 71), kv_b = host({H * (nope + v), lora}, dt(), 72, 0.2);
+  Tensor q_lat = Tensor::empty({T, H * (lora + rope)}, dt()), q_latd = on_dev(q_lat);
+  ops::mla_absorb_q(q, kv_b, s, q_lat);
+  ops::mla_absorb_q(on_dev(q), on_dev(kv_b), s, q_latd);
+  EXPECT_TRUE(agree(q_latd, q_lat, "mla_absorb_q"));
+  std::vector<int32_t> slots;
+  for (int32_t blk : {4, 1, 5, 0, 2})
+    for (int32_t o = 0; o < bs; ++o) slots.push_back(blk * int32_t(bs) + o);
+  const int64_t n = int64_t(slots.size());
+  Tensor c_kv = host({n, lora}, dt(), 73), k_pe = host({n, rope}, dt(), 74), sl = Tensor::from_ints(slots, {n});
+  Tensor cache = Tensor::zeros({nblocks, bs, lora + rope}, dt()), cached = on_dev(cache);
+  ops::paged_latent_write(c_kv, k_pe, sl, cache);
+  ops::paged_latent_write(on_dev(c_kv), on_dev(k_pe), on_dev(sl), cached);
+  expect_bits(cached, cache, "paged_latent_write");
+  Tensor bt = Tensor::from_ints({4, 1, 5, 0, 2, -1}, {2, max_blocks});
+  Tensor cu = Tensor::from_ints({0, 1, 4}, {3}), lens = Tensor::from_ints({18, 10}, {2});
+  Tensor o_lat = Tensor::empty({T, H * lora}, dt()), o_latd = on_dev(o_lat);
+  ops::paged_latent_attention_fwd(q_lat, cache, bt, cu, lens, s, o_lat);
+  ops::paged_latent_attention_fwd(on_dev(q_lat), cached, on_dev(bt), on_dev(cu), on_dev(lens), s, o_latd);
+  EXPECT_TRUE(agree(o_latd, o_lat, "paged_latent_attention_fwd"));
+  Tensor o = Tensor::empty({T, H * v}, dt()), od = on_dev(o);
+  ops::mla_absorb_out(o_lat, kv_b, s, o);
+  ops::mla_absorb_out(on_dev(o_lat), on_dev(kv_b), s, od);
+  EXPECT_TRUE(agree(od, o, "mla_absorb_out"));
 }
 
 TEST_P(BackendConsistency, OptimizerOpsAreBitForBit) {
