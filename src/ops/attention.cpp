@@ -3,6 +3,7 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <vector>
 
 #include "backend/cpu/attention_block_cpu.h"
 #include "backend/cpu/attention_cpu.h"
@@ -216,9 +217,31 @@ void cpu_block_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   cpu::attention_block_bwd(q, k, v, out, lse, dout, rows, params(s), dq, dk, dv);
 }
 
-constexpr detail::Kernels<decltype(cpu_block_fwd)> kBlockFwd{.cpu = cpu_block_fwd};
-constexpr detail::Kernels<decltype(cpu::attention_merge)> kMerge{.cpu = cpu::attention_merge};
-constexpr detail::Kernels<decltype(cpu_block_bwd)> kBlockBwd{.cpu = cpu_block_bwd};
+#if KESTREL_HAVE_CUDA
+// The CUDA paths: the row ranges are read back (small copies) for the CPU path's checks.
+cuda::BlockMeta cuda_block_meta(const char* op, const AttentionBlock& blk, int64_t n, int64_t Tq, int64_t Tk) {
+  const std::vector<int32_t> cq = blk.cu_q.to_host<int32_t>(), ck = blk.cu_k.to_host<int32_t>();
+  check_cu_rows(op, "cu_q", cq.data(), n, Tq);
+  check_cu_rows(op, "cu_k", ck.data(), n, Tk);
+  return {&blk.cu_q, &blk.cu_k, &blk.q_pos, &blk.k_pos, n};
+}
+void cuda_block_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionBlock& blk, int64_t n,
+                    const AttentionShape& s, Tensor& out, Tensor& lse) {
+  const cuda::BlockMeta m = cuda_block_meta("attention_block_fwd", blk, n, q.size(0), k.size(0));
+  cuda::attention_block_fwd(q, k, v, m, cuda_dims(s), out, lse);
+}
+void cuda_block_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                    const Tensor& dout, const AttentionBlock& blk, int64_t n, const AttentionShape& s, Tensor& dq,
+                    Tensor& dk, Tensor& dv) {
+  const cuda::BlockMeta m = cuda_block_meta("attention_block_bwd", blk, n, q.size(0), k.size(0));
+  cuda::attention_block_bwd(q, k, v, out, lse, dout, m, cuda_dims(s), dq, dk, dv);
+}
+#endif
+
+constexpr detail::Kernels<decltype(cpu_block_fwd)> kBlockFwd{.cpu = cpu_block_fwd KS_CUDA_KERNEL(cuda_block_fwd)};
+constexpr detail::Kernels<decltype(cpu::attention_merge)> kMerge{
+    .cpu = cpu::attention_merge KS_CUDA_KERNEL(cuda::attention_merge)};
+constexpr detail::Kernels<decltype(cpu_block_bwd)> kBlockBwd{.cpu = cpu_block_bwd KS_CUDA_KERNEL(cuda_block_bwd)};
 
 }  // namespace
 

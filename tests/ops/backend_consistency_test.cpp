@@ -233,6 +233,60 @@ TEST_P(BackendConsistency, AttentionWithGqaPrefixesAndValueWidth) {
   }
 }
 
+TEST_P(BackendConsistency, RingBlockAttentionMergeAndBackward) {
+  // Two sequences. Block A: seq 0's queries at positions 4..7 see keys at 0..5 in part; seq 1's queries
+  // (positions 0..2) see none of its keys (6..8): their rows stay 0 / -inf. Block B: the same queries over
+  // keys at the queries' own positions, so after the merge every row has seen something.
+  const int64_t H = 4, Hkv = 2, hd = 40, vd = 24, Tq = 7;
+  const ops::AttentionShape s{H, Hkv, hd, 0.f, vd};
+  auto block = [&](std::vector<int32_t> cu_k, std::vector<int32_t> k_pos) {
+    ops::AttentionBlock b;
+    b.cu_q = Tensor::from_ints({0, 4, 7}, {3});
+    b.cu_k = Tensor::from_ints(cu_k, {3});
+    b.q_pos = Tensor::from_ints({4, 5, 6, 7, 0, 1, 2}, {Tq});
+    b.k_pos = Tensor::from_ints(k_pos, {int64_t(k_pos.size())});
+    return b;
+  };
+  auto to_dev = [&](const ops::AttentionBlock& b) {
+    ops::AttentionBlock d;
+    d.cu_q = on_dev(b.cu_q), d.cu_k = on_dev(b.cu_k), d.q_pos = on_dev(b.q_pos), d.k_pos = on_dev(b.k_pos);
+    return d;
+  };
+  const ops::AttentionBlock A = block({0, 6, 9}, {0, 1, 2, 3, 4, 5, 6, 7, 8}), B = block({0, 4, 7}, {4, 5, 6, 7, 0, 1, 2});
+  const ops::AttentionBlock Ad = to_dev(A), Bd = to_dev(B);
+  Tensor q = host({Tq, H * hd}, dt(), 81), qd = on_dev(q);
+  Tensor ka = host({9, Hkv * hd}, dt(), 82), va = host({9, Hkv * vd}, dt(), 83);
+  Tensor kb = host({7, Hkv * hd}, dt(), 84), vb = host({7, Hkv * vd}, dt(), 85);
+  Tensor kad = on_dev(ka), vad = on_dev(va), kbd = on_dev(kb), vbd = on_dev(vb);
+  Tensor out = Tensor::empty({Tq, H * vd}, DType::F32), lse = Tensor::empty({H, Tq}, DType::F32);
+  Tensor outd = on_dev(out), lsed = on_dev(lse);
+  ops::attention_block_fwd(q, ka, va, A, s, out, lse);
+  ops::attention_block_fwd(qd, kad, vad, Ad, s, outd, lsed);
+  EXPECT_TRUE(agree(outd, out, "attention_block_fwd out (block A)"));
+  EXPECT_TRUE(agree(lsed, lse, "attention_block_fwd lse (block A, -inf rows included)"));
+  Tensor outb = Tensor::empty({Tq, H * vd}, dt()), lseb = Tensor::empty({H, Tq}, DType::F32);
+  Tensor outbd = on_dev(outb), lsebd = on_dev(lseb);
+  ops::attention_block_fwd(q, kb, vb, B, s, outb, lseb);
+  ops::attention_block_fwd(qd, kbd, vbd, Bd, s, outbd, lsebd);
+  ops::attention_merge(out, lse, outb, lseb);
+  ops::attention_merge(outd, lsed, outbd, lsebd);
+  EXPECT_TRUE(agree(outd, out, "attention_merge out"));
+  EXPECT_TRUE(agree(lsed, lse, "attention_merge lse"));
+  Tensor dout = host({Tq, H * vd}, DType::F32, 86), doutd = on_dev(dout);
+  Tensor dq = host({Tq, H * hd}, DType::F32, 87), dqd = on_dev(dq);  // accumulated into
+  for (int blk = 0; blk < 2; ++blk) {
+    const Tensor& k = blk ? kb : ka;
+    const Tensor& v = blk ? vb : va;
+    Tensor dk = Tensor::empty(k.shape(), DType::F32), dv = Tensor::empty(v.shape(), DType::F32);
+    Tensor dkd = on_dev(dk), dvd = on_dev(dv);
+    ops::attention_block_bwd(q, k, v, out, lse, dout, blk ? B : A, s, dq, dk, dv);
+    ops::attention_block_bwd(qd, blk ? kbd : kad, blk ? vbd : vad, outd, lsed, doutd, blk ? Bd : Ad, s, dqd, dkd, dvd);
+    EXPECT_TRUE(agree(dkd, dk, "attention_block_bwd dk", 2));
+    EXPECT_TRUE(agree(dvd, dv, "attention_block_bwd dv", 2));
+  }
+  EXPECT_TRUE(agree(dqd, dq, "attention_block_bwd dq (two blocks accumulated)", 2));
+}
+
 TEST_P(BackendConsistency, PagedKvCacheAndAttention) {
   // 3 sequences: a decode row at position 40, a prefill chunk of 5 rows ending at 20, a decode row at 0.
   const int64_t H = 4, Hkv = 2, hd = 64, bs = 16, nblocks = 12, max_blocks = 4;
