@@ -18,6 +18,9 @@
 
 #include "backend/adamw_scalars.h"
 #include "backend/cpu/reuse_fp32_kernels.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/optim_ops.h"
+#endif
 #include "core/tensor.h"
 #include "ops/op_checks.h"
 
@@ -48,7 +51,7 @@ inline void adamw_step_reuse_fp32(const AdamWScalars& s, Tensor& copy, Tensor& r
   check_shape(op, "exp_avg", exp_avg, {n});
   check_dtype(op, "grad", grad, DType::F32);
   check_shape(op, "grad", grad, {n});
-  constexpr Kernels<decltype(cpu::adamw_step_reuse_fp32)> k{.cpu = cpu::adamw_step_reuse_fp32};
+  constexpr Kernels<decltype(cpu::adamw_step_reuse_fp32)> k{.cpu = cpu::adamw_step_reuse_fp32 KS_CUDA_KERNEL(cuda::adamw_step_reuse_fp32)};
   dispatch(op, k, {&copy, &residual, &exp_avg, &exp_avg_sq, &grad}, s, copy, residual, exp_avg, exp_avg_sq, grad);
 }
 
@@ -59,7 +62,7 @@ inline void reuse_fp32_split(const Tensor& master, Tensor& copy, Tensor& residua
   check_reuse_args(op, copy, residual, exp_avg_sq);
   check_dtype(op, "master", master, DType::F32);
   check_shape(op, "master", master, {copy.numel()});
-  constexpr Kernels<decltype(cpu::reuse_fp32_split)> k{.cpu = cpu::reuse_fp32_split};
+  constexpr Kernels<decltype(cpu::reuse_fp32_split)> k{.cpu = cpu::reuse_fp32_split KS_CUDA_KERNEL(cuda::reuse_fp32_split)};
   dispatch(op, k, {&master, &copy, &residual, &exp_avg_sq}, master, copy, residual, exp_avg_sq);
 }
 
@@ -75,7 +78,7 @@ inline void reuse_fp32_recover(const Tensor& copy, const Tensor& residual, const
     check_dtype(op, "v_clean", *v_clean, DType::F32);
     check_shape(op, "v_clean", *v_clean, {copy.numel()});
   }
-  constexpr Kernels<decltype(cpu::reuse_fp32_recover)> k{.cpu = cpu::reuse_fp32_recover};
+  constexpr Kernels<decltype(cpu::reuse_fp32_recover)> k{.cpu = cpu::reuse_fp32_recover KS_CUDA_KERNEL(cuda::reuse_fp32_recover)};
   dispatch(op, k, {&copy, &residual, &exp_avg_sq, &master, v_clean}, copy, residual, exp_avg_sq, master, v_clean);
 }
 

@@ -24,6 +24,7 @@
 #include "ops/norm.h"
 #include "ops/optim_ops.h"
 #include "ops/paged_attention.h"
+#include "ops/reuse_fp32_ops.h"
 #include "ops/rope.h"
 #include "ops/vocab_loss.h"
 
@@ -374,6 +375,28 @@ TEST_P(BackendConsistency, OptimizerOpsAreBitForBit) {
     expect_bits(md, m, "adamw exp_avg");
     expect_bits(vd, v_abs, "adamw exp_avg_sq");
     expect_bits(cd, c, std::string("adamw model copy ") + dtype_name(copy_dt));
+  }
+  // reuse_fp32_param: split, three steps on (copy, residual, flags), recover.
+  {
+    Tensor master = host({n}, DType::F32, 56), m = host({n}, DType::F32, 57, 0.01), g = host({n}, DType::F32, 58);
+    Tensor v = Tensor::empty({n}, DType::F32);
+    for (int64_t i = 0; i < n; ++i) v.set(i, std::abs(0.01f * g.get(i)));
+    Tensor copy = Tensor::empty({n}, DType::BF16), res = Tensor::empty({n}, DType::BF16);
+    Tensor copyd = on_dev(copy), resd = on_dev(res), md = on_dev(m), vd = on_dev(v), gd = on_dev(g);
+    ops::reuse_fp32_split(master, copy, res, v);
+    ops::reuse_fp32_split(on_dev(master), copyd, resd, vd);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const AdamWScalars s = AdamWScalars::make(1e-2, 0.9, 0.999, 1e-8, 0.1, t, true);
+      ops::adamw_step_reuse_fp32(s, copy, res, m, v, g);
+      ops::adamw_step_reuse_fp32(s, copyd, resd, md, vd, gd);
+    }
+    Tensor back = Tensor::empty({n}, DType::F32), backd = on_dev(back);
+    Tensor vc = Tensor::empty({n}, DType::F32), vcd = on_dev(vc);
+    ops::reuse_fp32_recover(copy, res, v, back, &vc);
+    ops::reuse_fp32_recover(copyd, resd, vd, backd, &vcd);
+    expect_bits(backd, back, "reuse_fp32 master after three steps");
+    expect_bits(vcd, vc, "reuse_fp32 exp_avg_sq");
+    expect_bits(md, m, "reuse_fp32 exp_avg");
   }
   Tensor x = host({n}, DType::F32, 55), xd = on_dev(x);
   EXPECT_EQ(ops::sum_squares(xd), ops::sum_squares(x));

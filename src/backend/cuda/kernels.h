@@ -92,6 +92,14 @@ struct AdamWArgs {
 // model_copy kind: 0 none, 1 bf16, 2 f16, 3 f32.
 void adamw(const AdamWArgs& s, float* master, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
            void* model_copy, int copy_kind, void* stream);
+// reuse_fp32_param (ops/reuse_fp32_ops.h): the step on (copy, residual, flags in bit 31 of exp_avg_sq),
+// the split of f32 masters and their recovery (v_clean may be nullptr).
+void adamw_reuse_fp32(const AdamWArgs& s, uint16_t* copy, uint16_t* residual, float* exp_avg, float* exp_avg_sq,
+                      const float* grad, int64_t n, void* stream);
+void reuse_fp32_split(const float* master, uint16_t* copy, uint16_t* residual, float* exp_avg_sq, int64_t n,
+                      void* stream);
+void reuse_fp32_recover(const uint16_t* copy, const uint16_t* residual, const float* exp_avg_sq, float* master,
+                        float* v_clean, int64_t n, void* stream);
 // part[c] = sum over x[c*chunk, (c+1)*chunk) of double(x)^2 in element order.
 void chunk_squares(const float* x, int64_t n, int64_t chunk, double* part, void* stream);
 // x *= c.

@@ -7,6 +7,32 @@
 
 namespace kestrel::cuda {
 
+namespace {
+launch::AdamWArgs args_of(const AdamWScalars& s) {
+  return {s.decay, s.decay_keep, s.one_m_beta1, s.beta2, s.one_m_beta2, s.neg_step, s.bc2_sqrt, s.eps};
+}
+uint16_t* u16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
+float* f32(const Tensor& t) { return static_cast<float*>(t.raw()); }
+}  // namespace
+
+void adamw_step_reuse_fp32(const AdamWScalars& s, Tensor& copy, Tensor& residual, Tensor& exp_avg, Tensor& exp_avg_sq,
+                           const Tensor& grad) {
+  launch::adamw_reuse_fp32(args_of(s), u16(copy), u16(residual), f32(exp_avg), f32(exp_avg_sq), f32(grad),
+                           copy.numel(), stream());
+  check_launch("adamw_step_reuse_fp32");
+}
+
+void reuse_fp32_split(const Tensor& master, Tensor& copy, Tensor& residual, Tensor& v) {
+  launch::reuse_fp32_split(f32(master), u16(copy), u16(residual), f32(v), master.numel(), stream());
+  check_launch("reuse_fp32_split");
+}
+
+void reuse_fp32_recover(const Tensor& copy, const Tensor& residual, const Tensor& v, Tensor& master, Tensor* v_clean) {
+  launch::reuse_fp32_recover(u16(copy), u16(residual), f32(v), f32(master), v_clean ? f32(*v_clean) : nullptr,
+                             copy.numel(), stream());
+  check_launch("reuse_fp32_recover");
+}
+
 void adamw_step(const AdamWScalars& s, Tensor& master, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 Tensor* model_copy) {
   const launch::AdamWArgs a{s.decay, s.decay_keep, s.one_m_beta1, s.beta2, s.one_m_beta2, s.neg_step, s.bc2_sqrt, s.eps};
