@@ -11,14 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v nvcc >/dev/null || { echo "device_bundle: nvcc not found (the CUDA toolkit builds the cuda preset)" >&2; exit 1; }
 cmake --preset cuda >/dev/null
-cmake --build build/cuda -j "${JOBS:-2}" --target test_ops test_cuda
+cmake --build build/cuda -j "${JOBS:-2}" --target test_ops test_cuda bench_cuda_ops
 rm -rf device_bundle
 mkdir -p device_bundle/bin device_bundle/lib
-for t in test_ops test_cuda; do strip -o "device_bundle/bin/$t" "build/cuda/$t"; done
+for t in test_ops test_cuda bench_cuda_ops; do strip -o "device_bundle/bin/$t" "build/cuda/$t"; done
 L=/usr/lib/x86_64-linux-gnu
 for f in libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do cp -L "$L/$f" device_bundle/lib/; done
 xz -T2 -6 -c "$L/openblas-openmp/libopenblas.so.0" > device_bundle/lib/libopenblas.so.0.xz
-cp scripts/device_check.sh device_bundle/
+cp scripts/device_check.sh bench/peers/torch_cuda_ops.py device_bundle/
 git rev-parse --short HEAD > device_bundle/commit 2>/dev/null || echo unknown > device_bundle/commit
 du -sh device_bundle
 echo "device_bundle: ready; on the device: bash device_bundle/device_check.sh (carry device_bundle)"

@@ -11,9 +11,11 @@
 #   - test_cuda: the device runtime (allocator, copies, fills);
 #   - test_ops' backend-consistency harness: every op with a CUDA kernel on the
 #     device against the CPU, f32 and bf16 (the optimizer bit for bit);
-#   - the op tests that loop over available devices, for the ops with CUDA kernels.
+#   - the op tests that loop over available devices, for the ops with CUDA kernels;
+#   - the kernel timings (bench/cuda/ops_bench.cpp) beside PyTorch's on the same
+#     shapes (bench/peers/torch_cuda_ops.py), one JSON line each.
 # Not yet: the transformers parity goldens, a GRPO run, CUDA-graph decode and
-# the benchmarks (the model does not run on the device yet).
+# the training-step and decode benchmarks (the model does not run on the device yet).
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)
 OUTF=${OUT:-.}/device_check.txt
@@ -48,6 +50,9 @@ run "test_cuda (runtime)" "$B/bin/test_cuda"
 run "backend consistency (device vs CPU)" "$B/bin/test_ops" --gtest_filter='*BackendConsistency*'
 run "op tests on every device" "$B/bin/test_ops" \
   --gtest_filter='*Norm*:*Rmsnorm*:*Swiglu*:*Activation*:*Embedding*:*Copy*:*Rope*:*Optim*:*Adamw*:*SumSquares*:*Scale*:*Linear*:*Loss*:*Vocab*'
+log "== kernel timings: Kestrel, then PyTorch (same shapes)"
+"$B/bin/bench_cuda_ops" --reps 10 >>"$OUTF" 2>&1 || { log "-- bench_cuda_ops: FAILED"; fail=1; }
+python3 "$B/torch_cuda_ops.py" --reps 10 >>"$OUTF" 2>&1 || log "-- torch_cuda_ops.py: FAILED (the peer; not a Kestrel failure)"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]" "$OUTF" | sort | uniq -c | tee -a /dev/stderr >/dev/null
 log "== device_check: $([[ $fail == 0 ]] && echo ok || echo FAILED)"
 exit $fail
