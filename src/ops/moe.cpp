@@ -6,6 +6,11 @@
 #include <string>
 
 #include "backend/cpu/moe_cpu.h"
+#if KESTREL_HAVE_CUDA
+#include <vector>
+
+#include "backend/cuda/moe_ops.h"
+#endif
 #include "ops/op_checks.h"
 
 namespace kestrel::ops {
@@ -13,23 +18,6 @@ namespace kestrel::ops {
 using namespace detail;
 
 namespace {
-
-constexpr Kernels<decltype(cpu::moe_router_fwd)> kRouterFwd{.cpu = cpu::moe_router_fwd};
-constexpr Kernels<decltype(cpu::moe_router_bwd)> kRouterBwd{.cpu = cpu::moe_router_bwd};
-constexpr Kernels<decltype(cpu::moe_aux_loss_fwd)> kAuxFwd{.cpu = cpu::moe_aux_loss_fwd};
-constexpr Kernels<decltype(cpu::moe_aux_loss_bwd)> kAuxBwd{.cpu = cpu::moe_aux_loss_bwd};
-constexpr Kernels<decltype(cpu::moe_z_loss_fwd)> kZFwd{.cpu = cpu::moe_z_loss_fwd};
-constexpr Kernels<decltype(cpu::moe_z_loss_bwd)> kZBwd{.cpu = cpu::moe_z_loss_bwd};
-constexpr Kernels<decltype(cpu::moe_drop_to_capacity)> kDrop{.cpu = cpu::moe_drop_to_capacity};
-constexpr Kernels<decltype(cpu::moe_update_expert_bias)> kBiasUpdate{.cpu = cpu::moe_update_expert_bias};
-constexpr Kernels<decltype(cpu::moe_permute_fwd)> kPermuteFwd{.cpu = cpu::moe_permute_fwd};
-constexpr Kernels<decltype(cpu::moe_permute_bwd)> kPermuteBwd{.cpu = cpu::moe_permute_bwd};
-constexpr Kernels<decltype(cpu::moe_unpermute_fwd)> kUnpermuteFwd{.cpu = cpu::moe_unpermute_fwd};
-constexpr Kernels<decltype(cpu::moe_unpermute_bwd)> kUnpermuteBwd{.cpu = cpu::moe_unpermute_bwd};
-constexpr Kernels<decltype(cpu::grouped_linear_fwd)> kGroupedFwd{.cpu = cpu::grouped_linear_fwd};
-constexpr Kernels<decltype(cpu::grouped_linear_bwd)> kGroupedBwd{.cpu = cpu::grouped_linear_bwd};
-constexpr Kernels<decltype(cpu::sigmoid_gate_add_fwd)> kGateFwd{.cpu = cpu::sigmoid_gate_add_fwd};
-constexpr Kernels<decltype(cpu::sigmoid_gate_add_bwd)> kGateBwd{.cpu = cpu::sigmoid_gate_add_bwd};
 
 cpu::MoeScoreFn score_fn(MoeScore s) {
   return s == MoeScore::Sigmoid ? cpu::MoeScoreFn::Sigmoid : cpu::MoeScoreFn::Softmax;
@@ -126,6 +114,151 @@ Tensor index_tensor(const std::vector<int32_t>& v, Shape shape, Device dev) {
   t.copy_from(host);
   return t;
 }
+
+#if KESTREL_HAVE_CUDA
+// The CUDA paths. The CPU kernels check index contents where they read them
+// (backend/cpu/moe_cpu*.cpp); here the device metadata is read back (small
+// copies) for the same checks with the same messages, before a kernel could
+// read out of bounds, and what was read is passed on where the host needs it.
+std::vector<int32_t> host_ints(const Tensor& t) { return t.to_host<int32_t>(); }
+
+// Every entry of idx ([rows, k]) is an expert in [0, E) or -1 (dropped).
+void check_expert_ids(const char* op, const std::vector<int32_t>& idx, int64_t k, int64_t E) {
+  for (size_t i = 0; i < idx.size(); ++i)
+    if (idx[i] < -1 || idx[i] >= E)
+      KS_FAIL("ops::", op, ": topk_idx[", int64_t(i) / k, ", ", int64_t(i) % k, "] = ", idx[i],
+              " is not an expert in [0, ", E, ") nor -1 (dropped)");
+}
+
+// Every entry of a routing index is a row in [0, rows) or -1.
+void check_rows(const char* op, const char* name, const std::vector<int32_t>& index, int64_t rows) {
+  for (size_t i = 0; i < index.size(); ++i)
+    if (index[i] < -1 || index[i] >= rows)
+      KS_FAIL("ops::", op, ": ", name, "[", i, "] = ", index[i], " is outside [-1, ", rows,
+              "); the MoeRouting does not belong to these tensors");
+}
+
+// cu_groups runs from 0 to the T rows of logits without decreasing.
+void check_cu_values(const char* op, const std::vector<int32_t>& cu, int64_t T) {
+  const size_t G = cu.size() - 1;
+  if (cu[0] != 0 || cu[G] != T)
+    KS_FAIL("ops::", op, ": cu_groups must run from 0 to the ", T, " rows of logits, got ", cu[0], " .. ", cu[G]);
+  for (size_t g = 0; g < G; ++g)
+    if (cu[g + 1] < cu[g])
+      KS_FAIL("ops::", op, ": cu_groups must not decrease, got cu_groups[", g, "] = ", cu[g], " > cu_groups[", g + 1,
+              "] = ", cu[g + 1]);
+}
+
+cuda::MoeRouterArgs cuda_router_args(const cpu::MoeRouterParams& p) {
+  cuda::MoeRouterArgs a;
+  a.num_experts = p.num_experts;
+  a.top_k = p.top_k;
+  a.sigmoid = p.score == cpu::MoeScoreFn::Sigmoid;
+  a.group = p.group == cpu::MoeGroupRule::SumTop2 ? 1 : p.group == cpu::MoeGroupRule::Max ? 2 : 0;
+  a.n_group = p.n_group;
+  a.topk_group = p.topk_group;
+  a.norm_topk_prob = p.norm_topk_prob;
+  a.scaling_factor = p.scaling_factor;
+  return a;
+}
+
+void cuda_router_fwd(const Tensor& logits, const Tensor* bias, const cpu::MoeRouterParams& p, Tensor& topk_idx,
+                     Tensor& topk_w, Tensor& scores, bool replay) {
+  if (replay) check_expert_ids("moe_router_fwd", host_ints(topk_idx), p.top_k, p.num_experts);
+  cuda::moe_router_fwd(logits, bias, cuda_router_args(p), topk_idx, topk_w, scores, replay);
+}
+
+void cuda_router_bwd(const Tensor& scores, const Tensor& topk_idx, const Tensor& dtopk_w,
+                     const cpu::MoeRouterParams& p, Tensor& dlogits) {
+  check_expert_ids("moe_router_bwd", host_ints(topk_idx), p.top_k, p.num_experts);
+  cuda::moe_router_bwd(scores, topk_idx, dtopk_w, cuda_router_args(p), dlogits);
+}
+
+double cuda_aux_loss_fwd(const Tensor& logits, const Tensor& cu_groups, cpu::MoeScoreFn score, int64_t top_k,
+                         double coeff, Tensor& counts) {
+  const std::vector<int32_t> cu = host_ints(cu_groups);
+  check_cu_values("moe_aux_loss_fwd", cu, logits.size(0));
+  return cuda::moe_aux_loss_fwd(logits, cu_groups, cu, score == cpu::MoeScoreFn::Sigmoid, top_k, coeff, counts);
+}
+
+void cuda_aux_loss_bwd(const Tensor& logits, const Tensor& cu_groups, cpu::MoeScoreFn score, int64_t top_k,
+                       double coeff, double scale, Tensor& dlogits) {
+  const std::vector<int32_t> cu = host_ints(cu_groups);
+  check_cu_values("moe_aux_loss_bwd", cu, logits.size(0));
+  cuda::moe_aux_loss_bwd(logits, cu_groups, cu, score == cpu::MoeScoreFn::Sigmoid, top_k, coeff, scale, dlogits);
+}
+
+int64_t cuda_drop_to_capacity(Tensor& topk_idx, Tensor& topk_w, int64_t num_experts, int64_t capacity,
+                              bool by_probs) {
+  const std::vector<int32_t> idx = host_ints(topk_idx);
+  check_expert_ids("moe_drop_to_capacity", idx, topk_idx.size(1), num_experts);
+  return cuda::moe_drop_to_capacity(topk_idx, topk_w, idx, num_experts, capacity, by_probs);
+}
+
+void cuda_permute_fwd(const Tensor& x, const Tensor& source, Tensor& xs) {
+  check_rows("moe_permute_fwd", "source", host_ints(source), x.size(0));
+  cuda::moe_permute_fwd(x, source, xs);
+}
+
+void cuda_permute_bwd(const Tensor& dxs, const Tensor& dest, Tensor& dx) {
+  check_rows("moe_permute_bwd", "dest", host_ints(dest), dxs.size(0));
+  cuda::moe_permute_bwd(dxs, dest, dx);
+}
+
+void cuda_unpermute_fwd(const Tensor& ys, const Tensor& topk_w, const Tensor& dest, Tensor& y) {
+  check_rows("moe_unpermute_fwd", "dest", host_ints(dest), ys.size(0));
+  cuda::moe_unpermute_fwd(ys, topk_w, dest, y);
+}
+
+void cuda_unpermute_bwd(const Tensor& ys, const Tensor& topk_w, const Tensor& dy, const Tensor& dest,
+                        const Tensor& source, Tensor& dys, Tensor& dtopk_w) {
+  const char* op = "moe_unpermute_bwd";
+  const int64_t T = dy.size(0), k = dest.size(1), N = ys.size(0);
+  const std::vector<int32_t> dst = host_ints(dest), src = host_ints(source);
+  check_rows(op, "dest", dst, N);
+  check_rows(op, "source", src, T);
+  // Each row receives one slot's gradient (the kernel finds a row's slot through source).
+  std::vector<int64_t> owner(size_t(N), -1);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int32_t r = dst[size_t(i)];
+    if (r < 0) continue;
+    if (owner[size_t(r)] >= 0 || src[size_t(r)] != i / k)
+      KS_FAIL("ops::", op, ": dest[", i / k, ", ", i % k, "] = ", r, " is another slot's row or not a row of token ",
+              i / k, "; the MoeRouting is inconsistent");
+    owner[size_t(r)] = i;
+  }
+  cuda::moe_unpermute_bwd(ys, topk_w, dy, dest, source, dys, dtopk_w);
+}
+#endif
+
+constexpr Kernels<decltype(cpu::moe_router_fwd)> kRouterFwd{.cpu = cpu::moe_router_fwd KS_CUDA_KERNEL(cuda_router_fwd)};
+constexpr Kernels<decltype(cpu::moe_router_bwd)> kRouterBwd{.cpu = cpu::moe_router_bwd KS_CUDA_KERNEL(cuda_router_bwd)};
+constexpr Kernels<decltype(cpu::moe_aux_loss_fwd)> kAuxFwd{
+    .cpu = cpu::moe_aux_loss_fwd KS_CUDA_KERNEL(cuda_aux_loss_fwd)};
+constexpr Kernels<decltype(cpu::moe_aux_loss_bwd)> kAuxBwd{
+    .cpu = cpu::moe_aux_loss_bwd KS_CUDA_KERNEL(cuda_aux_loss_bwd)};
+constexpr Kernels<decltype(cpu::moe_z_loss_fwd)> kZFwd{.cpu = cpu::moe_z_loss_fwd KS_CUDA_KERNEL(cuda::moe_z_loss_fwd)};
+constexpr Kernels<decltype(cpu::moe_z_loss_bwd)> kZBwd{.cpu = cpu::moe_z_loss_bwd KS_CUDA_KERNEL(cuda::moe_z_loss_bwd)};
+constexpr Kernels<decltype(cpu::moe_drop_to_capacity)> kDrop{
+    .cpu = cpu::moe_drop_to_capacity KS_CUDA_KERNEL(cuda_drop_to_capacity)};
+constexpr Kernels<decltype(cpu::moe_update_expert_bias)> kBiasUpdate{
+    .cpu = cpu::moe_update_expert_bias KS_CUDA_KERNEL(cuda::moe_update_expert_bias)};
+constexpr Kernels<decltype(cpu::moe_permute_fwd)> kPermuteFwd{
+    .cpu = cpu::moe_permute_fwd KS_CUDA_KERNEL(cuda_permute_fwd)};
+constexpr Kernels<decltype(cpu::moe_permute_bwd)> kPermuteBwd{
+    .cpu = cpu::moe_permute_bwd KS_CUDA_KERNEL(cuda_permute_bwd)};
+constexpr Kernels<decltype(cpu::moe_unpermute_fwd)> kUnpermuteFwd{
+    .cpu = cpu::moe_unpermute_fwd KS_CUDA_KERNEL(cuda_unpermute_fwd)};
+constexpr Kernels<decltype(cpu::moe_unpermute_bwd)> kUnpermuteBwd{
+    .cpu = cpu::moe_unpermute_bwd KS_CUDA_KERNEL(cuda_unpermute_bwd)};
+constexpr Kernels<decltype(cpu::grouped_linear_fwd)> kGroupedFwd{
+    .cpu = cpu::grouped_linear_fwd KS_CUDA_KERNEL(cuda::grouped_linear_fwd)};
+constexpr Kernels<decltype(cpu::grouped_linear_bwd)> kGroupedBwd{
+    .cpu = cpu::grouped_linear_bwd KS_CUDA_KERNEL(cuda::grouped_linear_bwd)};
+constexpr Kernels<decltype(cpu::sigmoid_gate_add_fwd)> kGateFwd{
+    .cpu = cpu::sigmoid_gate_add_fwd KS_CUDA_KERNEL(cuda::sigmoid_gate_add_fwd)};
+constexpr Kernels<decltype(cpu::sigmoid_gate_add_bwd)> kGateBwd{
+    .cpu = cpu::sigmoid_gate_add_bwd KS_CUDA_KERNEL(cuda::sigmoid_gate_add_bwd)};
 
 }  // namespace
 
