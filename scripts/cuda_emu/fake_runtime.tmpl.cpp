@@ -1,0 +1,77 @@
+// Emulated replacement for src/backend/cuda/runtime.cpp: Device::CUDA is host memory
+// (emu::dev_alloc: poisoned with 0xFF on every allocation, guard bytes after each block).
+// The fill/copy hooks below are copied verbatim from runtime.cpp by gen.py.
+#include <cstring>
+#include <mutex>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_util.h"
+#include "core/device_hooks.h"
+
+namespace kestrel::cuda {
+namespace {
+
+struct State {
+  std::once_flag once;
+  int ordinal = -1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  CachingDeviceAllocator* allocator = nullptr;
+};
+State& state() {
+  static State s;
+  return s;
+}
+
+void* raw_alloc(size_t bytes) { return emu::dev_alloc(bytes); }
+void raw_free(void* p) { emu::dev_free(p); }
+
+// Not caching: every allocation is fresh poisoned memory, so stale data never hides a missing write.
+class EmuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes, MemCategory) override { return emu::dev_alloc(bytes ? bytes : 1); }
+  void deallocate(void* p, size_t, MemCategory) override { emu::dev_free(p); }
+  Device device() const override { return Device::CUDA; }
+};
+
+//@@HOOKS@@
+
+}  // namespace
+
+bool available() { return true; }
+std::string describe() { return "emulated CUDA device (host fibers)"; }
+
+void init(int ordinal) {
+  State& s = state();
+  std::call_once(s.once, [&] {
+    KS_CHECK(ordinal == 0, "emu: one device");
+    s.cublas = reinterpret_cast<cublasHandle_t>(&s);
+    s.ordinal = ordinal;
+    s.allocator = new CachingDeviceAllocator(Device::CUDA, RawDeviceMemory{raw_alloc, raw_free});
+    register_device_allocator(Device::CUDA, new EmuAllocator);
+    register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
+  });
+  KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
+}
+
+void synchronize() {}
+
+CachingDeviceAllocator& allocator() {
+  KS_CHECK(state().allocator, "cuda::allocator(): call cuda::init() first");
+  return *state().allocator;
+}
+
+cudaStream_t stream() {
+  KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
+  return state().stream;
+}
+cublasHandle_t cublas() {
+  KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
+  return state().cublas;
+}
+
+void check_launch(const char*) {}
+
+//@@FLOAT_KIND@@
+
+}  // namespace kestrel::cuda
