@@ -14,42 +14,12 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
+#include "backend/cuda/device_util.cuh"
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-// v rounded to kind k's precision (the CPU's round_to<T>).
-__device__ __forceinline__ float round_to(float v, FloatKind k) {
-  return k == FloatKind::F32 ? v : __bfloat162float(__float2bfloat16_rn(v));
-}
+
 
 constexpr int kThreads = 256;
-inline int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return int(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
-}
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // warp_sums may still be read by a previous call
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x >> 5;
-  float s = lane < nwarps ? warp_sums[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
 
 template <class T>
 __global__ void fill_kernel(T* p, int64_t n, T v) {
@@ -163,19 +133,19 @@ void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stre
   if (n <= 0) return;
   auto s = as_stream(stream);
   switch (bytes_per_elem) {
-    case 1: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint8_t*>(p), n, uint8_t(bits)); break;
-    case 2: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint16_t*>(p), n, uint16_t(bits)); break;
-    case 4: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint32_t*>(p), n, uint32_t(bits)); break;
-    default: fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint64_t*>(p), n, uint64_t(bits)); break;
+    case 1: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint8_t*>(p), n, uint8_t(bits)); break;
+    case 2: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint16_t*>(p), n, uint16_t(bits)); break;
+    case 4: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint32_t*>(p), n, uint32_t(bits)); break;
+    default: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint64_t*>(p), n, uint64_t(bits)); break;
   }
 }
 
 void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream) {
-  if (n > 0) convert_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(src, s, dst, d, n);
+  if (n > 0) convert_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, s, dst, d, n);
 }
 
 void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream) {
-  if (n > 0) add_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(a, ka, b, kb, y, ky, n);
+  if (n > 0) add_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(a, ka, b, kb, y, ky, n);
 }
 
 void rmsnorm_fwd(const void* x, FloatKind kx, const void* w, FloatKind kw, float eps, void* y, float* rstd, int64_t N,
@@ -193,12 +163,12 @@ void rmsnorm_bwd(const void* x, FloatKind kx, const void* w, FloatKind kw, const
 }
 
 void swiglu_fwd(const void* gate, const void* up, void* h, FloatKind k, int64_t n, void* stream) {
-  if (n > 0) swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, h, k, n);
+  if (n > 0) swiglu_fwd_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, h, k, n);
 }
 
 void swiglu_bwd(const void* gate, const void* up, FloatKind k, const void* dh, void* dgate, void* dup, FloatKind kd,
                 int64_t n, void* stream) {
-  if (n > 0) swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, k, dh, dgate, dup, kd, n);
+  if (n > 0) swiglu_bwd_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, k, dh, dgate, dup, kd, n);
 }
 
 void embedding_fwd(const int32_t* ids, int64_t T, const void* table, FloatKind kt, int64_t V, int64_t D,
@@ -220,7 +190,7 @@ void bias_grad(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db, 
 }
 
 void add_bias(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out, void* stream) {
-  if (T * out > 0) add_bias_kernel<<<blocks_for(T * out), kThreads, 0, as_stream(stream)>>>(y, ky, b, kb, T, out);
+  if (T * out > 0) add_bias_kernel<<<grid_for(T * out), kThreads, 0, as_stream(stream)>>>(y, ky, b, kb, T, out);
 }
 
 }  // namespace kestrel::cuda::launch

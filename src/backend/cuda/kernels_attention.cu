@@ -20,39 +20,12 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
+#include "backend/cuda/device_util.cuh"
+
 constexpr int kWarps = 4;              // warps per block
 constexpr int kMaxDim = 256;           // head_dim and value dim limit of this kernel
 constexpr int kSlots = kMaxDim / 32;   // per-lane output elements
-constexpr float kNegInf = -__builtin_huge_valf();
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// The sequence holding row i: the b with cu[b] <= i < cu[b+1] (empty sequences skipped).
-__device__ int seq_of(const int32_t* cu, int n, int64_t i) {
-  int lo = 0, hi = n;  // cu[lo] <= i < cu[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (cu[mid] <= i) lo = mid; else hi = mid;
-  }
-  return lo;
-}
 
 struct Dims {
   int64_t T;

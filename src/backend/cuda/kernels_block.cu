@@ -14,36 +14,10 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
-constexpr int kThreads = 256, kWarps = 4, kMaxDim = 256, kSlots = kMaxDim / 32;
-constexpr float kNegInf = -__builtin_huge_valf();
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+#include "backend/cuda/device_util.cuh"
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ int seq_of(const int32_t* cu, int n, int64_t i) {
-  int lo = 0, hi = n;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (cu[mid] <= i) lo = mid; else hi = mid;
-  }
-  return lo;
-}
+constexpr int kThreads = 256, kWarps = 4, kMaxDim = 256, kSlots = kMaxDim / 32;
+
 
 __global__ void block_fwd_kernel(const void* q, const void* k, const void* v, FloatKind kd, BlockArgs a, void* out,
                                  FloatKind ko, float* lse) {

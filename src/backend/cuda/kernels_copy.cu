@@ -9,13 +9,9 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
+#include "backend/cuda/device_util.cuh"
+
 constexpr int kThreads = 256;
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-inline unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
-}
 
 // The word size (1, 2, 4, 8 or 16 bytes) that divides every row offset and base pointer.
 int word_for(size_t row_bytes, const void* a, const void* b) {
@@ -79,23 +75,13 @@ __global__ void sum_rows_kernel(const float* src, int64_t R, int64_t C, float* d
   dst[c] = acc;
 }
 
-__device__ __forceinline__ float ldf(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void stf(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-
 __global__ void sum_head_cols_kernel(const void* src, FloatKind k, int64_t T, int64_t n_heads, int64_t Ws,
                                      int64_t src_col, float* dst, int64_t ncols) {
   const int64_t total = T * ncols;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = e / ncols, j = e % ncols;
     float acc = 0.f;
-    for (int64_t h = 0; h < n_heads; ++h) acc += ldf(src, k, t * n_heads * Ws + h * Ws + src_col + j);
+    for (int64_t h = 0; h < n_heads; ++h) acc += ld(src, k, t * n_heads * Ws + h * Ws + src_col + j);
     dst[e] = acc;
   }
 }
@@ -114,9 +100,9 @@ __global__ void rope_kernel(void* x, FloatKind k, int64_t T, const int32_t* pos,
     const int64_t base = t * row + h * width + rot_offset;
     const int64_t ia = interleaved ? base + 2 * i : base + i;
     const int64_t ib = interleaved ? base + 2 * i + 1 : base + i + half;
-    const float a = ldf(x, k, ia), b = ldf(x, k, ib);
-    stf(x, k, ia, a * c - b * s);
-    stf(x, k, ib, b * c + a * s);
+    const float a = ld(x, k, ia), b = ld(x, k, ib);
+    st(x, k, ia, a * c - b * s);
+    st(x, k, ib, b * c + a * s);
   }
 }
 

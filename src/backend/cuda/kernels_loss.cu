@@ -13,19 +13,10 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
-constexpr int kThreads = 256;  // a multiple of 32, <= 1024: block_reduce's assumption
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+#include "backend/cuda/device_util.cuh"
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
+constexpr int kThreads = 256;  // a multiple of 32, <= 1024: block_reduce's assumption
+
 
 struct Sum {
   template <class T>
@@ -49,7 +40,6 @@ __device__ T block_reduce(T v, Op op) {
   return r;
 }
 
-constexpr float kNegInf = -__builtin_huge_valf();
 
 __global__ void logprob_entropy_fwd_kernel(const void* logits, FloatKind k, const int32_t* tgt, int64_t V,
                                            float* logprob, float* entropy, float* lse) {

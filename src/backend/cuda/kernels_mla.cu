@@ -14,34 +14,12 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
+#include "backend/cuda/device_util.cuh"
+
 constexpr int kThreads = 256, kWarps = 4;
 constexpr int kMaxLatent = 1024;          // kv_lora + rope limit (DeepSeek-V3: 512 + 64)
 constexpr int kSlots = kMaxLatent / 32;   // per-lane output elements of o_lat
-constexpr float kNegInf = -__builtin_huge_valf();
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-inline unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
-}
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // One thread per q_lat element (t, h, c), c < kv_lora + rope.
 __global__ void absorb_q_kernel(const void* q, FloatKind kq, const void* kv_b, FloatKind kw, MlaDims d, void* q_lat,

@@ -28,50 +28,18 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
+#include "backend/cuda/device_util.cuh"
+
 constexpr int kThreads = 256;      // elementwise and block-sum kernels (a multiple of 32, <= 1024)
 constexpr int kRowThreads = 128;   // one-thread-per-row kernels
-constexpr float kNegInf = -__builtin_huge_valf();
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-inline int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return int(b < 65535 * 8 ? (b > 0 ? b : 1) : 65535 * 8);
-}
 inline unsigned row_blocks(int64_t rows) { return unsigned((rows + kRowThreads - 1) / kRowThreads); }
 // Grid of the block-per-output kernels (they loop over outputs with a stride of gridDim.x).
 inline unsigned out_blocks(int64_t n) { return unsigned(n < 65535 * 8 ? n : 65535 * 8); }
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-// v rounded to kind k's precision (the CPU's round_to<T>).
-__device__ __forceinline__ float round_to(float v, FloatKind k) {
-  return k == FloatKind::F32 ? v : __bfloat162float(__float2bfloat16_rn(v));
-}
 // std::max(a, b) as the CPU kernels call it: (a < b) ? b : a (a NaN b is skipped, a NaN a kept).
 __device__ __forceinline__ float std_max(float a, float b) { return a < b ? b : a; }
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 
-// Sum of v over the block (blockDim.x a multiple of 32, at most 1024), fixed
-// tree order; every thread gets it. Called by every thread of the block.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();  // warp_sums may still be read by a previous call
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  const int nwarps = blockDim.x >> 5;
-  float s = lane < nwarps ? warp_sums[lane] : 0.f;
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  return s;
-}
 
 // ---- top-k, as backend/cpu/moe_cpu.cpp ------------------------------------------
 
@@ -470,7 +438,7 @@ void moe_row_lse(const void* logits, FloatKind kl, int64_t T, int64_t E, float* 
 void moe_z_loss_bwd(const void* logits, FloatKind kl, const float* lse, int64_t T, int64_t E, float c, float* dlogits,
                     void* stream) {
   if (T * E > 0)
-    z_loss_bwd_kernel<<<blocks_for(T * E), kThreads, 0, as_stream(stream)>>>(logits, kl, lse, T, E, c, dlogits);
+    z_loss_bwd_kernel<<<grid_for(T * E), kThreads, 0, as_stream(stream)>>>(logits, kl, lse, T, E, c, dlogits);
 }
 
 void moe_drop_rank(const int32_t* topk_idx, const float* topk_w, const int32_t* pairs, int64_t n_pairs,
@@ -481,30 +449,30 @@ void moe_drop_rank(const int32_t* topk_idx, const float* topk_w, const int32_t* 
 }
 
 void moe_drop_apply(const int32_t* drop, int64_t n, int32_t* topk_idx, float* topk_w, void* stream) {
-  if (n > 0) drop_apply_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(drop, n, topk_idx, topk_w);
+  if (n > 0) drop_apply_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(drop, n, topk_idx, topk_w);
 }
 
 void moe_permute_fwd(const void* x, const int32_t* source, int64_t N, int64_t D, int elem_bytes, void* xs,
                      void* stream) {
   if (N * D <= 0) return;
   if (elem_bytes == 4)
-    permute_fwd_kernel<<<blocks_for(N * D), kThreads, 0, as_stream(stream)>>>(
+    permute_fwd_kernel<<<grid_for(N * D), kThreads, 0, as_stream(stream)>>>(
         static_cast<const uint32_t*>(x), source, N, D, static_cast<uint32_t*>(xs));
   else
-    permute_fwd_kernel<<<blocks_for(N * D), kThreads, 0, as_stream(stream)>>>(
+    permute_fwd_kernel<<<grid_for(N * D), kThreads, 0, as_stream(stream)>>>(
         static_cast<const uint16_t*>(x), source, N, D, static_cast<uint16_t*>(xs));
 }
 
 void moe_permute_bwd(const void* dxs, FloatKind kg, const int32_t* dest, int64_t T, int64_t k, int64_t D, float* dx,
                      void* stream) {
   if (T * D > 0)
-    permute_bwd_kernel<<<blocks_for(T * D), kThreads, 0, as_stream(stream)>>>(dxs, kg, dest, T, k, D, dx);
+    permute_bwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(dxs, kg, dest, T, k, D, dx);
 }
 
 void moe_unpermute_fwd(const void* ys, FloatKind ky, const float* topk_w, const int32_t* dest, int64_t T, int64_t k,
                        int64_t D, void* y, FloatKind ko, void* stream) {
   if (T * D > 0)
-    unpermute_fwd_kernel<<<blocks_for(T * D), kThreads, 0, as_stream(stream)>>>(ys, ky, topk_w, dest, T, k, D, y, ko);
+    unpermute_fwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(ys, ky, topk_w, dest, T, k, D, y, ko);
 }
 
 void moe_unpermute_bwd(const void* ys, FloatKind ky, const float* topk_w, const void* dy, FloatKind kg,
@@ -512,13 +480,13 @@ void moe_unpermute_bwd(const void* ys, FloatKind ky, const float* topk_w, const 
                        float* dys, float* dtopk_w, void* stream) {
   auto s = as_stream(stream);
   if (N * D > 0)
-    unpermute_dys_kernel<<<blocks_for(N * D), kThreads, 0, s>>>(topk_w, dy, kg, dest, source, k, N, D, dys);
+    unpermute_dys_kernel<<<grid_for(N * D), kThreads, 0, s>>>(topk_w, dy, kg, dest, source, k, N, D, dys);
   if (T * k > 0) unpermute_dw_kernel<<<out_blocks(T * k), kThreads, 0, s>>>(ys, ky, dy, kg, dest, T, k, D, dtopk_w);
 }
 
 void sigmoid_gate_add_fwd(const void* g, FloatKind kg, const void* s, FloatKind ks, int64_t T, int64_t D, void* y,
                           FloatKind ky, void* stream) {
-  if (T * D > 0) gate_fwd_kernel<<<blocks_for(T * D), kThreads, 0, as_stream(stream)>>>(g, kg, s, ks, T, D, y, ky);
+  if (T * D > 0) gate_fwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(g, kg, s, ks, T, D, y, ky);
 }
 
 void sigmoid_gate_add_bwd(const void* g, FloatKind kg, const void* s, FloatKind ks, const void* dy, FloatKind kd,

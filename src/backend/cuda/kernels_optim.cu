@@ -15,12 +15,9 @@
 namespace kestrel::cuda::launch {
 namespace {
 
+#include "backend/cuda/device_util.cuh"
+
 constexpr int kThreads = 256;
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-inline unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
-}
 
 // copy_kind: 0 none, 1 bf16, 2 f16, 3 f32.
 // The AdamW update of one element, every operation spelled out (the CPU's adamw_loop).

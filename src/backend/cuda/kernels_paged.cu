@@ -13,28 +13,10 @@
 namespace kestrel::cuda::launch {
 namespace {
 
-using bf16 = __nv_bfloat16;
-constexpr int kThreads = 256, kWarps = 4, kMaxDim = 256, kSlots = kMaxDim / 32;
-constexpr float kNegInf = -__builtin_huge_valf();
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+#include "backend/cuda/device_util.cuh"
 
-__device__ __forceinline__ float ld(const void* p, FloatKind k, int64_t i) {
-  return k == FloatKind::F32 ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const bf16*>(p)[i]);
-}
-__device__ __forceinline__ void st(void* p, FloatKind k, int64_t i, float v) {
-  if (k == FloatKind::F32)
-    static_cast<float*>(p)[i] = v;
-  else
-    static_cast<bf16*>(p)[i] = __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+constexpr int kThreads = 256, kWarps = 4, kMaxDim = 256, kSlots = kMaxDim / 32;
+
 
 // Element e of row t: cache[slot[t], e] = src[t, e] (rows with slot < 0 skipped); elem bytes 2 or 4.
 template <class E>
@@ -127,10 +109,6 @@ __global__ void copy_blocks_kernel(const uint32_t* src, uint32_t* dst, const int
   }
 }
 
-unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return unsigned(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
-}
 
 }  // namespace
 
