@@ -60,6 +60,7 @@ using bench::time_best;
 
 // One packing: cu_seqlens, optional prefix_of, and the attended pair count.
 struct Layout {
+  explicit Layout(std::string n) : name(std::move(n)) {}
   std::string name;
   std::vector<int32_t> cu{0}, prefix_of;  // prefix_of empty = none
   double pairs = 0;

@@ -60,7 +60,7 @@ TEST_P(SamplingCpu, WeightsAreTheScalarLoopBitForBit) {
           ASSERT_EQ(bits(w[size_t(i)]), bits(want)) << "i=" << i << " z=" << z[size_t(i)];
           want_alive += want > 0.f;
           const double ref = std::exp(double((z[size_t(i)] - mx) * inv_t));  // exp_f32's ~2 ulp
-          if (want > 0.f) EXPECT_NEAR(w[size_t(i)], ref, 4e-7 * ref) << "i=" << i;
+          if (want > 0.f) { EXPECT_NEAR(w[size_t(i)], ref, 4e-7 * ref) << "i=" << i; }
         }
         EXPECT_EQ(alive, want_alive);
         EXPECT_GE(alive, 1);  // the maximum itself weighs 1

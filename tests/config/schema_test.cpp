@@ -109,7 +109,7 @@ TEST(ConfigSchema, EveryTreeLoadsItsDefaultsAndDocumentsEveryKey) {
     const std::string text = docs(*s);
     for (const auto& d : s->keys()) {
       EXPECT_NE(text.find("\n" + d.path + "\n"), std::string::npos) << s->name() << " docs miss " << d.path;
-      if (s->parent()) EXPECT_NE(s->parent()->find(d.path), nullptr) << s->name() << ": " << d.path;
+      if (s->parent()) { EXPECT_NE(s->parent()->find(d.path), nullptr) << s->name() << ": " << d.path; }
     }
     EXPECT_EQ(find_schema(s->name()), s);
   }

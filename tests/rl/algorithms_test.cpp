@@ -188,7 +188,7 @@ TEST(PolicyLoss, GradientMatchesFiniteDifferencesWithKlAndEntropy) {
         double fm = f(lp);
         double fd = (fp - fm) / 2e-6;
         // The straight-through variant's gradient is k2's by design, not its value's derivative.
-        if (std::string(kl) != "low_var_kl+") EXPECT_NEAR(out.dloss_dlogp[t], fd, 1e-6) << kl << " t=" << t;
+        if (std::string(kl) != "low_var_kl+") { EXPECT_NEAR(out.dloss_dlogp[t], fd, 1e-6) << kl << " t=" << t; }
       }
       // d loss / d H = -entropy_coeff * weight
       auto w = agg_weights(L, std::vector<double>(5, 1.0), cfg.agg);
