@@ -28,6 +28,10 @@ cublasHandle_t cublas();
 // a kernel surface at the next synchronisation).
 void check_launch(const char* what);
 
+// Tensor's memory hooks for Device::CUDA (memory_hooks.cpp; runtime.cpp registers them).
+void fill_hook(Tensor& t, float v);
+void copy_hook(Tensor& dst, const Tensor& src);
+
 // The FloatKind of a float tensor (F32 or BF16; anything else fails naming `op`).
 launch::FloatKind float_kind(const Tensor& t, const char* op);
 // A device tensor's data pointer.

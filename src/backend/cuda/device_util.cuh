@@ -5,6 +5,13 @@
 // anonymous namespace, after cuda_runtime.h and cuda_bf16.h.
 #pragma once
 
+// KS_LAUNCH(kernel, grid, block, stream)(args...): a kernel launch. Under nvcc it is
+// kernel<<<grid, block, 0, stream>>>(args...); tests/cuda_emu defines it first to run
+// the kernel in its CPU emulator, so `make test` checks the kernels' logic without a GPU.
+#ifndef KS_LAUNCH
+#define KS_LAUNCH(kernel, grid, block, stream) kernel<<<(grid), (block), 0, (stream)>>>
+#endif
+
 using bf16 = __nv_bfloat16;
 constexpr float kNegInf = -__builtin_huge_valf();
 

@@ -133,64 +133,64 @@ void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stre
   if (n <= 0) return;
   auto s = as_stream(stream);
   switch (bytes_per_elem) {
-    case 1: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint8_t*>(p), n, uint8_t(bits)); break;
-    case 2: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint16_t*>(p), n, uint16_t(bits)); break;
-    case 4: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint32_t*>(p), n, uint32_t(bits)); break;
-    default: fill_kernel<<<grid_for(n), kThreads, 0, s>>>(static_cast<uint64_t*>(p), n, uint64_t(bits)); break;
+    case 1: KS_LAUNCH(fill_kernel, grid_for(n), kThreads, s)(static_cast<uint8_t*>(p), n, uint8_t(bits)); break;
+    case 2: KS_LAUNCH(fill_kernel, grid_for(n), kThreads, s)(static_cast<uint16_t*>(p), n, uint16_t(bits)); break;
+    case 4: KS_LAUNCH(fill_kernel, grid_for(n), kThreads, s)(static_cast<uint32_t*>(p), n, uint32_t(bits)); break;
+    default: KS_LAUNCH(fill_kernel, grid_for(n), kThreads, s)(static_cast<uint64_t*>(p), n, uint64_t(bits)); break;
   }
 }
 
 void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream) {
-  if (n > 0) convert_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(src, s, dst, d, n);
+  if (n > 0) KS_LAUNCH(convert_kernel, grid_for(n), kThreads, as_stream(stream))(src, s, dst, d, n);
 }
 
 void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream) {
-  if (n > 0) add_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(a, ka, b, kb, y, ky, n);
+  if (n > 0) KS_LAUNCH(add_kernel, grid_for(n), kThreads, as_stream(stream))(a, ka, b, kb, y, ky, n);
 }
 
 void rmsnorm_fwd(const void* x, FloatKind kx, const void* w, FloatKind kw, float eps, void* y, float* rstd, int64_t N,
                  int64_t D, void* stream) {
-  if (N > 0) rmsnorm_fwd_kernel<<<unsigned(N), kThreads, 0, as_stream(stream)>>>(x, kx, w, kw, eps, y, rstd, D);
+  if (N > 0) KS_LAUNCH(rmsnorm_fwd_kernel, unsigned(N), kThreads, as_stream(stream))(x, kx, w, kw, eps, y, rstd, D);
 }
 
 void rmsnorm_bwd(const void* x, FloatKind kx, const void* w, FloatKind kw, const float* rstd, const void* dy,
                  FloatKind kg, void* dx, float* dw, int64_t N, int64_t D, void* stream) {
   if (N <= 0) return;
   // dw first: dx may alias dy (stream order runs the two kernels one after the other).
-  rmsnorm_dw_kernel<<<unsigned((D + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(x, kx, rstd, dy, kg,
+  KS_LAUNCH(rmsnorm_dw_kernel, unsigned((D + kThreads - 1) / kThreads), kThreads, as_stream(stream))(x, kx, rstd, dy, kg,
                                                                                                dw, N, D);
-  rmsnorm_dx_kernel<<<unsigned(N), kThreads, 0, as_stream(stream)>>>(x, kx, w, kw, rstd, dy, kg, dx, D);
+  KS_LAUNCH(rmsnorm_dx_kernel, unsigned(N), kThreads, as_stream(stream))(x, kx, w, kw, rstd, dy, kg, dx, D);
 }
 
 void swiglu_fwd(const void* gate, const void* up, void* h, FloatKind k, int64_t n, void* stream) {
-  if (n > 0) swiglu_fwd_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, h, k, n);
+  if (n > 0) KS_LAUNCH(swiglu_fwd_kernel, grid_for(n), kThreads, as_stream(stream))(gate, up, h, k, n);
 }
 
 void swiglu_bwd(const void* gate, const void* up, FloatKind k, const void* dh, void* dgate, void* dup, FloatKind kd,
                 int64_t n, void* stream) {
-  if (n > 0) swiglu_bwd_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(gate, up, k, dh, dgate, dup, kd, n);
+  if (n > 0) KS_LAUNCH(swiglu_bwd_kernel, grid_for(n), kThreads, as_stream(stream))(gate, up, k, dh, dgate, dup, kd, n);
 }
 
 void embedding_fwd(const int32_t* ids, int64_t T, const void* table, FloatKind kt, int64_t V, int64_t D,
                    int64_t vocab_start, void* y, FloatKind ky, void* stream) {
   if (T > 0)
-    embedding_fwd_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(ids, table, kt, V, D, vocab_start, y, ky);
+    KS_LAUNCH(embedding_fwd_kernel, unsigned(T), kThreads, as_stream(stream))(ids, table, kt, V, D, vocab_start, y, ky);
 }
 
 void embedding_bwd(const int32_t* ids, int64_t T, const void* dy, FloatKind kg, int64_t V, int64_t D,
                    int64_t vocab_start, float* dtable, void* stream) {
   if (T > 0 && D > 0)
-    embedding_bwd_kernel<<<unsigned((D + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
+    KS_LAUNCH(embedding_bwd_kernel, unsigned((D + kThreads - 1) / kThreads), kThreads, as_stream(stream))(
         ids, T, dy, kg, V, D, vocab_start, dtable);
 }
 
 void bias_grad(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db, void* stream) {
   if (out > 0)
-    bias_grad_kernel<<<unsigned((out + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(dy, kg, T, out, db);
+    KS_LAUNCH(bias_grad_kernel, unsigned((out + kThreads - 1) / kThreads), kThreads, as_stream(stream))(dy, kg, T, out, db);
 }
 
 void add_bias(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out, void* stream) {
-  if (T * out > 0) add_bias_kernel<<<grid_for(T * out), kThreads, 0, as_stream(stream)>>>(y, ky, b, kb, T, out);
+  if (T * out > 0) KS_LAUNCH(add_bias_kernel, grid_for(T * out), kThreads, as_stream(stream))(y, ky, b, kb, T, out);
 }
 
 }  // namespace kestrel::cuda::launch

@@ -233,7 +233,7 @@ void attention_fwd(const void* q, const void* k, const void* v, FloatKind kd, co
                    float* lse, void* stream) {
   if (T <= 0) return;
   const Dims D{T, H, Hkv, hd, vd, scale};
-  fwd_kernel<<<blocks_for(T * H), kWarps * 32, 0, as_stream(stream)>>>(q, k, v, kd, cu, n, prefix_of, D, out, lse);
+  KS_LAUNCH(fwd_kernel, blocks_for(T * H), kWarps * 32, as_stream(stream))(q, k, v, kd, cu, n, prefix_of, D, out, lse);
 }
 
 void attention_bwd(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
@@ -242,9 +242,9 @@ void attention_bwd(const void* q, const void* k, const void* v, const void* out,
   if (T <= 0) return;
   const Dims D{T, H, Hkv, hd, vd, scale};
   auto s = as_stream(stream);
-  dsum_kernel<<<blocks_for(T * H), kWarps * 32, 0, s>>>(out, dout, kd, D, dsum_scratch);
-  dq_kernel<<<blocks_for(T * H), kWarps * 32, 0, s>>>(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D, dq);
-  dkdv_kernel<<<blocks_for(T * Hkv), kWarps * 32, 0, s>>>(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D,
+  KS_LAUNCH(dsum_kernel, blocks_for(T * H), kWarps * 32, s)(out, dout, kd, D, dsum_scratch);
+  KS_LAUNCH(dq_kernel, blocks_for(T * H), kWarps * 32, s)(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D, dq);
+  KS_LAUNCH(dkdv_kernel, blocks_for(T * Hkv), kWarps * 32, s)(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D,
                                                           dk, dv);
 }
 

@@ -227,14 +227,14 @@ unsigned warps_grid(int64_t warps) { return unsigned((warps + kWarps - 1) / kWar
 void attention_block_fwd(const void* q, const void* k, const void* v, FloatKind kd, const BlockArgs& a, void* out,
                          FloatKind ko, float* lse, void* stream) {
   if (a.Tq <= 0) return;
-  block_fwd_kernel<<<warps_grid(a.Tq * a.H), kWarps * 32, 0, as_stream(stream)>>>(q, k, v, kd, a, out, ko, lse);
+  KS_LAUNCH(block_fwd_kernel, warps_grid(a.Tq * a.H), kWarps * 32, as_stream(stream))(q, k, v, kd, a, out, ko, lse);
 }
 
 void attention_merge(void* out, FloatKind ko, float* lse, const void* out_b, FloatKind kb, const float* lse_b, int H,
                      int64_t Tq, int vd, void* stream) {
   const int64_t n = Tq * H;
   if (n > 0)
-    merge_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(out, ko, lse, out_b, kb,
+    KS_LAUNCH(merge_kernel, unsigned((n + kThreads - 1) / kThreads), kThreads, as_stream(stream))(out, ko, lse, out_b, kb,
                                                                                               lse_b, H, Tq, vd);
 }
 
@@ -243,11 +243,11 @@ void attention_block_bwd(const void* q, const void* k, const void* v, FloatKind 
                          float* dv, void* stream) {
   auto s = as_stream(stream);
   if (a.Tq > 0) {
-    dsum_kernel<<<warps_grid(a.Tq * a.H), kWarps * 32, 0, s>>>(out, dout, ko, a, dsum_scratch);
-    block_dq_kernel<<<warps_grid(a.Tq * a.H), kWarps * 32, 0, s>>>(q, k, v, kd, dout, ko, lse, dsum_scratch, a, dq);
+    KS_LAUNCH(dsum_kernel, warps_grid(a.Tq * a.H), kWarps * 32, s)(out, dout, ko, a, dsum_scratch);
+    KS_LAUNCH(block_dq_kernel, warps_grid(a.Tq * a.H), kWarps * 32, s)(q, k, v, kd, dout, ko, lse, dsum_scratch, a, dq);
   }
   if (a.Tk > 0)
-    block_dkdv_kernel<<<warps_grid(a.Tk * a.Hkv), kWarps * 32, 0, s>>>(q, k, v, kd, dout, ko, lse, dsum_scratch, a, dk,
+    KS_LAUNCH(block_dkdv_kernel, warps_grid(a.Tk * a.Hkv), kWarps * 32, s)(q, k, v, kd, dout, ko, lse, dsum_scratch, a, dk,
                                                                        dv);
 }
 

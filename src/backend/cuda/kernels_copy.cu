@@ -54,7 +54,7 @@ template <int W>
 void rows_as(const void* src, void* dst, const int32_t* index, int64_t n, size_t row_bytes, int mode, cudaStream_t s) {
   using Wt = typename Word<W>::type;
   const int64_t words = int64_t(row_bytes / W);
-  rows_kernel<Wt><<<grid_for(n * words), kThreads, 0, s>>>(static_cast<const Wt*>(src), static_cast<Wt*>(dst), index,
+  KS_LAUNCH(rows_kernel<Wt>, grid_for(n * words), kThreads, s)(static_cast<const Wt*>(src), static_cast<Wt*>(dst), index,
                                                             n, words, mode);
 }
 
@@ -62,7 +62,7 @@ template <int W>
 void cols_as(const void* src, size_t src_row, size_t src_off, void* dst, size_t dst_row, size_t dst_off, int64_t R,
              size_t nbytes, cudaStream_t s) {
   using Wt = typename Word<W>::type;
-  cols_kernel<Wt><<<grid_for(R * int64_t(nbytes / W)), kThreads, 0, s>>>(
+  KS_LAUNCH(cols_kernel<Wt>, grid_for(R * int64_t(nbytes / W)), kThreads, s)(
       static_cast<const Wt*>(src), int64_t(src_row / W), int64_t(src_off / W), static_cast<Wt*>(dst),
       int64_t(dst_row / W), int64_t(dst_off / W), R, int64_t(nbytes / W));
 }
@@ -147,13 +147,13 @@ void copy_cols(const void* src, size_t src_row_bytes, size_t src_off, void* dst,
 }
 
 void sum_rows(const float* src, int64_t R, int64_t C, float* dst, void* stream) {
-  if (C > 0) sum_rows_kernel<<<grid_for(C), kThreads, 0, as_stream(stream)>>>(src, R, C, dst);
+  if (C > 0) KS_LAUNCH(sum_rows_kernel, grid_for(C), kThreads, as_stream(stream))(src, R, C, dst);
 }
 
 void sum_head_cols(const void* src, FloatKind k, int64_t T, int64_t n_heads, int64_t Ws, int64_t src_col, float* dst,
                    int64_t ncols, void* stream) {
   if (T * ncols > 0)
-    sum_head_cols_kernel<<<grid_for(T * ncols), kThreads, 0, as_stream(stream)>>>(src, k, T, n_heads, Ws, src_col, dst,
+    KS_LAUNCH(sum_head_cols_kernel, grid_for(T * ncols), kThreads, as_stream(stream))(src, k, T, n_heads, Ws, src_col, dst,
                                                                                 ncols);
 }
 
@@ -161,7 +161,7 @@ void rope(void* x, FloatKind k, int64_t T, const int32_t* pos, const float* cos,
           int64_t width, int64_t rot_offset, int64_t rot_dim, bool interleaved, bool inverse, void* stream) {
   const int64_t total = T * n_heads * (rot_dim / 2);
   if (total > 0)
-    rope_kernel<<<grid_for(total), kThreads, 0, as_stream(stream)>>>(x, k, T, pos, cos, sin, n_heads, width,
+    KS_LAUNCH(rope_kernel, grid_for(total), kThreads, as_stream(stream))(x, k, T, pos, cos, sin, n_heads, width,
                                                                      rot_offset, rot_dim, interleaved,
                                                                      inverse ? -1.f : 1.f);
 }

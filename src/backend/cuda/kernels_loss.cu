@@ -161,7 +161,7 @@ __global__ void vocab_grad_kernel(const void* logits, FloatKind k, const int32_t
 void logprob_entropy_fwd(const void* logits, FloatKind k, const int32_t* targets, int64_t T, int64_t V, float* logprob,
                          float* entropy, float* lse, void* stream) {
   if (T > 0)
-    logprob_entropy_fwd_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(logits, k, targets, V, logprob,
+    KS_LAUNCH(logprob_entropy_fwd_kernel, unsigned(T), kThreads, as_stream(stream))(logits, k, targets, V, logprob,
                                                                                entropy, lse);
 }
 
@@ -169,26 +169,26 @@ void logprob_entropy_bwd(const void* logits, FloatKind ki, const int32_t* target
                          const float* coef_logprob, const float* coef_entropy, int64_t T, int64_t V, void* dlogits,
                          FloatKind ko, void* stream) {
   if (T > 0)
-    logprob_entropy_bwd_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(logits, ki, targets, lse, coef_logprob,
+    KS_LAUNCH(logprob_entropy_bwd_kernel, unsigned(T), kThreads, as_stream(stream))(logits, ki, targets, lse, coef_logprob,
                                                                                coef_entropy, V, dlogits, ko);
 }
 
 void vocab_row_max(const void* logits, FloatKind k, int64_t T, int64_t V, int64_t n_real, float* row_max,
                    void* stream) {
-  if (T > 0) vocab_row_max_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(logits, k, V, n_real, row_max);
+  if (T > 0) KS_LAUNCH(vocab_row_max_kernel, unsigned(T), kThreads, as_stream(stream))(logits, k, V, n_real, row_max);
 }
 
 void vocab_row_sums(const void* logits, FloatKind k, const int32_t* targets, int64_t T, int64_t V, int64_t vocab_start,
                     int64_t n_real, const float* row_max, float* sums, void* stream) {
   if (T > 0)
-    vocab_row_sums_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(logits, k, targets, V, vocab_start, n_real,
+    KS_LAUNCH(vocab_row_sums_kernel, unsigned(T), kThreads, as_stream(stream))(logits, k, targets, V, vocab_start, n_real,
                                                                           row_max, sums, T);
 }
 
 void vocab_softmax_finish(const float* sums, const int32_t* targets, int64_t T, float* lse, float* logprob,
                           float* entropy, void* stream) {
   if (T > 0)
-    vocab_softmax_finish_kernel<<<unsigned((T + kThreads - 1) / kThreads), kThreads, 0, as_stream(stream)>>>(
+    KS_LAUNCH(vocab_softmax_finish_kernel, unsigned((T + kThreads - 1) / kThreads), kThreads, as_stream(stream))(
         sums, targets, T, lse, logprob, entropy);
 }
 
@@ -196,7 +196,7 @@ void vocab_logprob_entropy_grad(const void* logits, FloatKind k, const int32_t* 
                                 int64_t vocab_start, int64_t n_real, const float* lse, const float* dlogprob,
                                 const float* dentropy, const float* entropy, float* dlogits, void* stream) {
   if (T > 0)
-    vocab_grad_kernel<<<unsigned(T), kThreads, 0, as_stream(stream)>>>(logits, k, targets, vocab_start, n_real, V, lse,
+    KS_LAUNCH(vocab_grad_kernel, unsigned(T), kThreads, as_stream(stream))(logits, k, targets, vocab_start, n_real, V, lse,
                                                                       dlogprob, dentropy, entropy, dlogits);
 }
 

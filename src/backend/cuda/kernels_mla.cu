@@ -137,20 +137,20 @@ __global__ void latent_attention_kernel(const void* q_lat, const void* cache, Fl
 void mla_absorb_q(const void* q, FloatKind kq, const void* kv_b, FloatKind kw, const MlaDims& d, void* q_lat,
                   FloatKind ko, void* stream) {
   const int64_t n = d.T * d.H * (d.kv_lora + d.rope);
-  if (n > 0) absorb_q_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(q, kq, kv_b, kw, d, q_lat, ko);
+  if (n > 0) KS_LAUNCH(absorb_q_kernel, grid_for(n), kThreads, as_stream(stream))(q, kq, kv_b, kw, d, q_lat, ko);
 }
 
 void mla_absorb_out(const void* o_lat, FloatKind ki, const void* kv_b, FloatKind kw, const MlaDims& d, void* o,
                     FloatKind ko, void* stream) {
   const int64_t n = d.T * d.H * d.v;
-  if (n > 0) absorb_out_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(o_lat, ki, kv_b, kw, d, o, ko);
+  if (n > 0) KS_LAUNCH(absorb_out_kernel, grid_for(n), kThreads, as_stream(stream))(o_lat, ki, kv_b, kw, d, o, ko);
 }
 
 void paged_latent_write(const void* c_kv, const void* k_pe, FloatKind k, const int32_t* slots, int64_t T, int kv_lora,
                         int rope, void* cache, void* stream) {
   const int64_t n = T * (kv_lora + rope);
   if (n > 0)
-    latent_write_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(c_kv, k_pe, k, slots, T, kv_lora, rope,
+    KS_LAUNCH(latent_write_kernel, grid_for(n), kThreads, as_stream(stream))(c_kv, k_pe, k, slots, T, kv_lora, rope,
                                                                          cache);
 }
 
@@ -160,7 +160,7 @@ void paged_latent_attention_fwd(const void* q_lat, const void* cache, FloatKind 
                                 const int32_t* cu_q, const int32_t* seq_lens, int B, const MlaDims& d, int block_size,
                                 int max_blocks, void* o_lat, void* stream) {
   if (d.T <= 0) return;
-  latent_attention_kernel<<<unsigned((d.T * d.H + kWarps - 1) / kWarps), kWarps * 32, 0, as_stream(stream)>>>(
+  KS_LAUNCH(latent_attention_kernel, unsigned((d.T * d.H + kWarps - 1) / kWarps), kWarps * 32, as_stream(stream))(
       q_lat, cache, k, block_tables, cu_q, seq_lens, B, d, block_size, max_blocks, o_lat);
 }
 

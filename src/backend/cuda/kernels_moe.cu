@@ -401,78 +401,78 @@ void moe_router_fwd(const void* logits, FloatKind kl, const float* bias, const M
                     int32_t* topk_idx, float* topk_w, float* scores, float* choice, float* group_score, int32_t* best,
                     void* stream) {
   if (d.T > 0)
-    router_fwd_kernel<<<row_blocks(d.T), kRowThreads, 0, as_stream(stream)>>>(
+    KS_LAUNCH(router_fwd_kernel, row_blocks(d.T), kRowThreads, as_stream(stream))(
         logits, kl, bias, d, replay, topk_idx, topk_w, scores, choice, group_score, best);
 }
 
 void moe_router_bwd(const float* scores, const int32_t* topk_idx, const float* dtopk_w, const MoeRouterDims& d,
                     float* dlogits, void* stream) {
   if (d.T > 0)
-    router_bwd_kernel<<<row_blocks(d.T), kRowThreads, 0, as_stream(stream)>>>(scores, topk_idx, dtopk_w, d, dlogits);
+    KS_LAUNCH(router_bwd_kernel, row_blocks(d.T), kRowThreads, as_stream(stream))(scores, topk_idx, dtopk_w, d, dlogits);
 }
 
 void moe_aux_probs(const void* logits, FloatKind kl, int64_t T, int64_t E, bool sigmoid, int64_t k, float* p,
                    int32_t* sel, void* stream) {
   if (T > 0)
-    aux_probs_kernel<<<row_blocks(T), kRowThreads, 0, as_stream(stream)>>>(logits, kl, T, E, sigmoid, k, p, sel);
+    KS_LAUNCH(aux_probs_kernel, row_blocks(T), kRowThreads, as_stream(stream))(logits, kl, T, E, sigmoid, k, p, sel);
 }
 
 void moe_aux_group_sums(const float* p, const int32_t* sel, const int32_t* cu, int64_t G, int64_t E, int64_t k,
                         double* P, int64_t* c, void* stream) {
   if (G * E > 0)
-    aux_group_sums_kernel<<<row_blocks(G * E), kRowThreads, 0, as_stream(stream)>>>(p, sel, cu, G, E, k, P, c);
+    KS_LAUNCH(aux_group_sums_kernel, row_blocks(G * E), kRowThreads, as_stream(stream))(p, sel, cu, G, E, k, P, c);
 }
 
 void moe_aux_loss_bwd(const void* logits, FloatKind kl, const float* p, const int32_t* group_of, const int32_t* cu,
                       const int64_t* c, int64_t T, int64_t E, int64_t G, int64_t k, bool sigmoid, double coeff,
                       double scale, float* dlogits, void* stream) {
   if (T > 0)
-    aux_bwd_kernel<<<row_blocks(T), kRowThreads, 0, as_stream(stream)>>>(logits, kl, p, group_of, cu, c, T, E, G, k,
+    KS_LAUNCH(aux_bwd_kernel, row_blocks(T), kRowThreads, as_stream(stream))(logits, kl, p, group_of, cu, c, T, E, G, k,
                                                                          sigmoid, coeff, scale, dlogits);
 }
 
 void moe_row_lse(const void* logits, FloatKind kl, int64_t T, int64_t E, float* lse, void* stream) {
-  if (T > 0) row_lse_kernel<<<row_blocks(T), kRowThreads, 0, as_stream(stream)>>>(logits, kl, T, E, lse);
+  if (T > 0) KS_LAUNCH(row_lse_kernel, row_blocks(T), kRowThreads, as_stream(stream))(logits, kl, T, E, lse);
 }
 
 void moe_z_loss_bwd(const void* logits, FloatKind kl, const float* lse, int64_t T, int64_t E, float c, float* dlogits,
                     void* stream) {
   if (T * E > 0)
-    z_loss_bwd_kernel<<<grid_for(T * E), kThreads, 0, as_stream(stream)>>>(logits, kl, lse, T, E, c, dlogits);
+    KS_LAUNCH(z_loss_bwd_kernel, grid_for(T * E), kThreads, as_stream(stream))(logits, kl, lse, T, E, c, dlogits);
 }
 
 void moe_drop_rank(const int32_t* topk_idx, const float* topk_w, const int32_t* pairs, int64_t n_pairs,
                    const int32_t* start, int64_t capacity, bool by_probs, int32_t* drop, void* stream) {
   if (n_pairs > 0)
-    drop_rank_kernel<<<row_blocks(n_pairs), kRowThreads, 0, as_stream(stream)>>>(topk_idx, topk_w, pairs, n_pairs,
+    KS_LAUNCH(drop_rank_kernel, row_blocks(n_pairs), kRowThreads, as_stream(stream))(topk_idx, topk_w, pairs, n_pairs,
                                                                                  start, capacity, by_probs, drop);
 }
 
 void moe_drop_apply(const int32_t* drop, int64_t n, int32_t* topk_idx, float* topk_w, void* stream) {
-  if (n > 0) drop_apply_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(drop, n, topk_idx, topk_w);
+  if (n > 0) KS_LAUNCH(drop_apply_kernel, grid_for(n), kThreads, as_stream(stream))(drop, n, topk_idx, topk_w);
 }
 
 void moe_permute_fwd(const void* x, const int32_t* source, int64_t N, int64_t D, int elem_bytes, void* xs,
                      void* stream) {
   if (N * D <= 0) return;
   if (elem_bytes == 4)
-    permute_fwd_kernel<<<grid_for(N * D), kThreads, 0, as_stream(stream)>>>(
+    KS_LAUNCH(permute_fwd_kernel, grid_for(N * D), kThreads, as_stream(stream))(
         static_cast<const uint32_t*>(x), source, N, D, static_cast<uint32_t*>(xs));
   else
-    permute_fwd_kernel<<<grid_for(N * D), kThreads, 0, as_stream(stream)>>>(
+    KS_LAUNCH(permute_fwd_kernel, grid_for(N * D), kThreads, as_stream(stream))(
         static_cast<const uint16_t*>(x), source, N, D, static_cast<uint16_t*>(xs));
 }
 
 void moe_permute_bwd(const void* dxs, FloatKind kg, const int32_t* dest, int64_t T, int64_t k, int64_t D, float* dx,
                      void* stream) {
   if (T * D > 0)
-    permute_bwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(dxs, kg, dest, T, k, D, dx);
+    KS_LAUNCH(permute_bwd_kernel, grid_for(T * D), kThreads, as_stream(stream))(dxs, kg, dest, T, k, D, dx);
 }
 
 void moe_unpermute_fwd(const void* ys, FloatKind ky, const float* topk_w, const int32_t* dest, int64_t T, int64_t k,
                        int64_t D, void* y, FloatKind ko, void* stream) {
   if (T * D > 0)
-    unpermute_fwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(ys, ky, topk_w, dest, T, k, D, y, ko);
+    KS_LAUNCH(unpermute_fwd_kernel, grid_for(T * D), kThreads, as_stream(stream))(ys, ky, topk_w, dest, T, k, D, y, ko);
 }
 
 void moe_unpermute_bwd(const void* ys, FloatKind ky, const float* topk_w, const void* dy, FloatKind kg,
@@ -480,18 +480,18 @@ void moe_unpermute_bwd(const void* ys, FloatKind ky, const float* topk_w, const 
                        float* dys, float* dtopk_w, void* stream) {
   auto s = as_stream(stream);
   if (N * D > 0)
-    unpermute_dys_kernel<<<grid_for(N * D), kThreads, 0, s>>>(topk_w, dy, kg, dest, source, k, N, D, dys);
-  if (T * k > 0) unpermute_dw_kernel<<<out_blocks(T * k), kThreads, 0, s>>>(ys, ky, dy, kg, dest, T, k, D, dtopk_w);
+    KS_LAUNCH(unpermute_dys_kernel, grid_for(N * D), kThreads, s)(topk_w, dy, kg, dest, source, k, N, D, dys);
+  if (T * k > 0) KS_LAUNCH(unpermute_dw_kernel, out_blocks(T * k), kThreads, s)(ys, ky, dy, kg, dest, T, k, D, dtopk_w);
 }
 
 void sigmoid_gate_add_fwd(const void* g, FloatKind kg, const void* s, FloatKind ks, int64_t T, int64_t D, void* y,
                           FloatKind ky, void* stream) {
-  if (T * D > 0) gate_fwd_kernel<<<grid_for(T * D), kThreads, 0, as_stream(stream)>>>(g, kg, s, ks, T, D, y, ky);
+  if (T * D > 0) KS_LAUNCH(gate_fwd_kernel, grid_for(T * D), kThreads, as_stream(stream))(g, kg, s, ks, T, D, y, ky);
 }
 
 void sigmoid_gate_add_bwd(const void* g, FloatKind kg, const void* s, FloatKind ks, const void* dy, FloatKind kd,
                           int64_t T, int64_t D, float* ds, float* dg, void* stream) {
-  if (T > 0) gate_bwd_kernel<<<out_blocks(T), kThreads, 0, as_stream(stream)>>>(g, kg, s, ks, dy, kd, T, D, ds, dg);
+  if (T > 0) KS_LAUNCH(gate_bwd_kernel, out_blocks(T), kThreads, as_stream(stream))(g, kg, s, ks, dy, kd, T, D, ds, dg);
 }
 
 }  // namespace kestrel::cuda::launch

@@ -113,36 +113,36 @@ __global__ void scale_kernel(float* x, int64_t n, float c) {
 void adamw(const AdamWArgs& s, float* master, float* exp_avg, float* exp_avg_sq, const float* grad, int64_t n,
            void* model_copy, int copy_kind, void* stream) {
   if (n > 0)
-    adamw_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(s, master, exp_avg, exp_avg_sq, grad, n, model_copy,
+    KS_LAUNCH(adamw_kernel, grid_for(n), kThreads, as_stream(stream))(s, master, exp_avg, exp_avg_sq, grad, n, model_copy,
                                                                    copy_kind);
 }
 
 void adamw_reuse_fp32(const AdamWArgs& s, uint16_t* copy, uint16_t* residual, float* exp_avg, float* exp_avg_sq,
                       const float* grad, int64_t n, void* stream) {
   if (n > 0)
-    adamw_reuse_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(s, copy, residual, exp_avg, exp_avg_sq, grad,
+    KS_LAUNCH(adamw_reuse_kernel, grid_for(n), kThreads, as_stream(stream))(s, copy, residual, exp_avg, exp_avg_sq, grad,
                                                                          n);
 }
 
 void reuse_fp32_split(const float* master, uint16_t* copy, uint16_t* residual, float* exp_avg_sq, int64_t n,
                       void* stream) {
-  if (n > 0) reuse_split_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(master, copy, residual, exp_avg_sq, n);
+  if (n > 0) KS_LAUNCH(reuse_split_kernel, grid_for(n), kThreads, as_stream(stream))(master, copy, residual, exp_avg_sq, n);
 }
 
 void reuse_fp32_recover(const uint16_t* copy, const uint16_t* residual, const float* exp_avg_sq, float* master,
                         float* v_clean, int64_t n, void* stream) {
   if (n > 0)
-    reuse_recover_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(copy, residual, exp_avg_sq, master, v_clean,
+    KS_LAUNCH(reuse_recover_kernel, grid_for(n), kThreads, as_stream(stream))(copy, residual, exp_avg_sq, master, v_clean,
                                                                            n);
 }
 
 void chunk_squares(const float* x, int64_t n, int64_t chunk, double* part, void* stream) {
   const int64_t chunks = (n + chunk - 1) / chunk;
-  if (chunks > 0) chunk_squares_kernel<<<grid_for(chunks), kThreads, 0, as_stream(stream)>>>(x, n, chunk, chunks, part);
+  if (chunks > 0) KS_LAUNCH(chunk_squares_kernel, grid_for(chunks), kThreads, as_stream(stream))(x, n, chunk, chunks, part);
 }
 
 void scale(float* x, int64_t n, float c, void* stream) {
-  if (n > 0) scale_kernel<<<grid_for(n), kThreads, 0, as_stream(stream)>>>(x, n, c);
+  if (n > 0) KS_LAUNCH(scale_kernel, grid_for(n), kThreads, as_stream(stream))(x, n, c);
 }
 
 }  // namespace kestrel::cuda::launch

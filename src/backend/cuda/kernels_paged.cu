@@ -117,12 +117,12 @@ void paged_kv_write(const void* k, const void* v, const int32_t* slots, int64_t 
   if (T <= 0 || width <= 0) return;
   auto s = as_stream(stream);
   if (elem_bytes == 4)
-    kv_write_kernel<<<grid_for(T * width), kThreads, 0, s>>>(static_cast<const uint32_t*>(k),
+    KS_LAUNCH(kv_write_kernel, grid_for(T * width), kThreads, s)(static_cast<const uint32_t*>(k),
                                                              static_cast<const uint32_t*>(v), slots, T, width,
                                                              static_cast<uint32_t*>(k_cache),
                                                              static_cast<uint32_t*>(v_cache));
   else
-    kv_write_kernel<<<grid_for(T * width), kThreads, 0, s>>>(static_cast<const uint16_t*>(k),
+    KS_LAUNCH(kv_write_kernel, grid_for(T * width), kThreads, s)(static_cast<const uint16_t*>(k),
                                                              static_cast<const uint16_t*>(v), slots, T, width,
                                                              static_cast<uint16_t*>(k_cache),
                                                              static_cast<uint16_t*>(v_cache));
@@ -134,7 +134,7 @@ void paged_attention_fwd(const void* q, const void* k_cache, const void* v_cache
                          void* stream) {
   if (T <= 0) return;
   const PagedDims D{T, H, Hkv, hd, block_size, max_blocks, scale};
-  paged_fwd_kernel<<<unsigned((T * H + kWarps - 1) / kWarps), kWarps * 32, 0, as_stream(stream)>>>(
+  KS_LAUNCH(paged_fwd_kernel, unsigned((T * H + kWarps - 1) / kWarps), kWarps * 32, as_stream(stream))(
       q, k_cache, v_cache, kd, block_tables, cu_q, seq_lens, B, D, out);
 }
 
@@ -142,7 +142,7 @@ void copy_kv_blocks(const void* src, void* dst, const int32_t* pairs, int n_pair
                     void* stream) {
   if (n_pairs <= 0) return;
   const int64_t words = block_bytes / 4;
-  copy_blocks_kernel<<<grid_for(n_pairs * words), kThreads, 0, as_stream(stream)>>>(
+  KS_LAUNCH(copy_blocks_kernel, grid_for(n_pairs * words), kThreads, as_stream(stream))(
       static_cast<const uint32_t*>(src), static_cast<uint32_t*>(dst), pairs, n_pairs, words);
 }
 

@@ -113,6 +113,22 @@ T do_shfl(unsigned mask, T v, int lane_arg, bool is_xor, int width, Site s) {
 }
 }  // namespace emu
 
+// Kestrel's launch macro (backend/cuda/device_util.cuh): the kernel runs in the emulator.
+namespace emu {
+template <class F>
+struct Launcher {
+  const char* name;
+  long long grid, block;
+  F f;
+  template <class... A>
+  void operator()(A... args) const { launch(name, grid, block, f, args...); }
+};
+template <class F>
+Launcher<F> make_launcher(const char* name, long long grid, long long block, F f) { return {name, grid, block, f}; }
+}  // namespace emu
+#define KS_LAUNCH(kernel, grid, block, stream) \
+  ::emu::make_launcher(#kernel, (grid), (block), [&](auto&&... a_) { kernel(a_...); })
+
 inline void __syncthreads(emu::Site s = emu::Site::current()) { emu::syncthreads(s); }
 inline void __syncwarp(unsigned mask = 0xffffffffu, emu::Site s = emu::Site::current()) { emu::syncwarp(mask, s); }
 template <class T>

@@ -300,7 +300,7 @@ void check_guards() {
         const std::string e = "emu: write past the end of a device allocation of " + std::to_string(a.bytes) +
                               " bytes (byte " + std::to_string(i) + ") after a kernel launch";
         std::fprintf(stderr, "%s\n", e.c_str());
-        std::memset(c == nullptr ? nullptr : const_cast<unsigned char*>(c) + a.bytes, 0xFF, a.total - a.bytes);
+        std::memset(const_cast<unsigned char*>(c) + a.bytes, 0xFF, a.total - a.bytes);
         throw std::runtime_error(e);
       }
   }

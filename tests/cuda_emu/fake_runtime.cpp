@@ -1,6 +1,6 @@
 // Emulated replacement for src/backend/cuda/runtime.cpp: Device::CUDA is host memory
 // (emu::dev_alloc: poisoned with 0xFF on every allocation, guard bytes after each block).
-// The fill/copy hooks below are copied verbatim from runtime.cpp by gen.py.
+// Tensor's fill/copy hooks and float_kind are the real ones (memory_hooks.cpp).
 #include <cstring>
 #include <mutex>
 
@@ -33,8 +33,6 @@ class EmuAllocator final : public Allocator {
   void deallocate(void* p, size_t, MemCategory) override { emu::dev_free(p); }
   Device device() const override { return Device::CUDA; }
 };
-
-//@@HOOKS@@
 
 }  // namespace
 
@@ -71,7 +69,5 @@ cublasHandle_t cublas() {
 }
 
 void check_launch(const char*) {}
-
-//@@FLOAT_KIND@@
 
 }  // namespace kestrel::cuda

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The CUDA kernels on the CPU, by hand: builds tests/cuda_emu's targets in the
+# dev build and runs the backend-consistency tests on the emulated device
+# (`make test` runs the same as ops.cuda_kernels_emulated). The emulator:
+# every src/backend/cuda/*.cu compiled as C++ against shim/ (a fiber per CUDA
+# thread; warp-level shuffles and __syncwarp, block-level __syncthreads, each
+# checked for divergence and deadlock; device memory is host memory poisoned
+# with 0xFF and guarded; cudaMemcpy directions checked; cublasGemmEx a
+# column-major GEMM that enforces cuBLAS's argument rules), the kernel launch
+# macro KS_LAUNCH (backend/cuda/device_util.cuh) routed to it, the real
+# host-side files and ops. It cannot see CUDA's math-library ulps, real warp
+# scheduling or races between blocks. To check that a test catches a bug,
+# break the kernel, rerun, and restore it.
+#   bash tests/cuda_emu/run.sh ['<gtest filter>']
+# EMU_REVERSE=1 runs each block's threads in reverse order;
+# EMU_LAUNCH_REPORT=<file> writes the launch count of every kernel.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cmake --preset dev -S "$ROOT" >/dev/null
+cmake --build "$ROOT/build/dev" -j "${JOBS:-2}" --target test_cuda_emu test_cuda_emu_selftest
+"$ROOT/build/dev/test_cuda_emu_selftest" >/dev/null
+"$ROOT/build/dev/test_cuda_emu" --gtest_filter="${1:-*BackendConsistency*}"
