@@ -10,7 +10,7 @@ using launch::FloatKind;
 
 cudaDataType_t cuda_type(FloatKind k) { return k == FloatKind::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-// An f32 copy of t on the device when t is bf16 and `need` says the GEMM needs f32 (mixed operands).
+// An f32 copy of device tensor t (a bf16 operand of a GEMM whose other operand is f32).
 Tensor widened(const Tensor& t) {
   Tensor w = Tensor::empty(t.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
   w.copy_from(t);

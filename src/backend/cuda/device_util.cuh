@@ -71,3 +71,49 @@ __device__ int seq_of(const int32_t* cu, int n, int64_t i) {
   }
   return lo;
 }
+
+// One warp's online softmax over keys taken 32 at a time (one key per lane),
+// the weighted sum of their value rows spread over the lanes: element
+// d = lane + 32 t of the output row is acc[t]. The attention forward kernels
+// (training, block, paged, latent) share it.
+template <int kSlots>
+struct OnlineSoftmax {
+  float m = kNegInf, l = 0.f, acc[kSlots] = {};
+  // One step over nk keys: this lane's score s and whether its key is visible (masked
+  // lanes carry no weight); the value row of key kk (< nk) starts at vsrc[row_of(kk)],
+  // vd elements wide. A step in which no lane is visible leaves the state as it was.
+  template <class RowOf>
+  __device__ void step(float s, bool visible, int nk, const void* vsrc, FloatKind kd, int vd, RowOf row_of) {
+    const int lane = threadIdx.x & 31;
+    if (warp_sum(visible ? 1.f : 0.f) == 0.f) return;
+    const float m_new = fmaxf(m, warp_max(visible ? s : kNegInf));
+    const float corr = expf(m - m_new);  // 0 while m is -inf
+    const float pr = visible ? expf(s - m_new) : 0.f;
+    l = l * corr + warp_sum(pr);
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
+    for (int kk = 0; kk < nk; ++kk) {
+      const float pk = __shfl_sync(0xffffffffu, pr, kk);
+      if (__shfl_sync(0xffffffffu, visible ? 1 : 0, kk) == 0) continue;  // a masked key: uniform over the warp
+      const int64_t vb = row_of(kk);
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int d = lane + 32 * t;
+        if (d < vd) acc[t] += pk * ld(vsrc, kd, vb + d);
+      }
+    }
+    m = m_new;
+  }
+  // Writes the normalised row to out[base, base + vd) (0 when no key was seen) and
+  // returns its log-sum-exp (-inf when no key was seen).
+  __device__ float finish(void* out, FloatKind ko, int64_t base, int vd) const {
+    const int lane = threadIdx.x & 31;
+    const bool none = l == 0.f;
+#pragma unroll
+    for (int t = 0; t < kSlots; ++t) {
+      const int d = lane + 32 * t;
+      if (d < vd) st(out, ko, base + d, none ? 0.f : acc[t] / l);
+    }
+    return none ? kNegInf : m + logf(l);
+  }
+};

@@ -47,9 +47,7 @@ __global__ void fwd_kernel(const void* q, const void* k, const void* v, FloatKin
   __syncwarp();
   const int b = seq_of(cu, n, i);
   const int p = prefix_of ? prefix_of[b] : -1;
-  float m = kNegInf, l = 0.f, acc[kSlots];
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) acc[t] = 0.f;
+  OnlineSoftmax<kSlots> sm;
   // Keys [k0, k1): the prefix's, then this sequence's up to i.
   auto segment = [&](int64_t k0, int64_t k1) {
     for (int64_t c = k0; c < k1; c += 32) {
@@ -61,34 +59,14 @@ __global__ void fwd_kernel(const void* q, const void* k, const void* v, FloatKin
         for (int d = 0; d < D.hd; ++d) dot += qs[d] * ld(k, kd, kb + d);
         s = D.scale * dot;
       }
-      const float m_new = fmaxf(m, warp_max(s));
-      const float corr = expf(m - m_new);  // 0 while m is -inf
-      const float pr = j < k1 ? expf(s - m_new) : 0.f;
-      l = l * corr + warp_sum(pr);
-#pragma unroll
-      for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
       const int nk = int(k1 - c < 32 ? k1 - c : 32);
-      for (int kk = 0; kk < nk; ++kk) {
-        const float pk = __shfl_sync(0xffffffffu, pr, kk);
-        const int64_t vb = (c + kk) * D.Hkv * D.vd + int64_t(g) * D.vd;
-#pragma unroll
-        for (int t = 0; t < kSlots; ++t) {
-          const int d = lane + 32 * t;
-          if (d < D.vd) acc[t] += pk * ld(v, kd, vb + d);
-        }
-      }
-      m = m_new;
+      sm.step(s, j < k1, nk, v, kd, D.vd, [&](int kk) { return (c + kk) * D.Hkv * D.vd + int64_t(g) * D.vd; });
     }
   };
   if (p >= 0) segment(cu[p], cu[p + 1]);
   segment(cu[b], i + 1);
-  const int64_t ob = i * D.H * D.vd + int64_t(h) * D.vd;
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) {
-    const int d = lane + 32 * t;
-    if (d < D.vd) st(out, kd, ob + d, acc[t] / l);
-  }
-  if (lane == 0) lse[int64_t(h) * D.T + i] = m + logf(l);
+  const float row_lse = sm.finish(out, kd, i * D.H * D.vd + int64_t(h) * D.vd, D.vd);
+  if (lane == 0) lse[int64_t(h) * D.T + i] = row_lse;
 }
 
 // Dsum[h, i] = sum_d dout[i, h, d] * out[i, h, d].

@@ -33,9 +33,7 @@ __global__ void block_fwd_kernel(const void* q, const void* k, const void* v, Fl
   const int b = seq_of(a.cu_q, a.n_seqs, i);
   const int32_t qp = a.q_pos[i];
   const int64_t k0 = a.cu_k[b], k1 = a.cu_k[b + 1];
-  float m = kNegInf, l = 0.f, acc[kSlots];
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) acc[t] = 0.f;
+  OnlineSoftmax<kSlots> sm;
   for (int64_t c = k0; c < k1; c += 32) {
     const int64_t j = c + lane;
     const bool vis = j < k1 && a.k_pos[j] <= qp;
@@ -46,34 +44,12 @@ __global__ void block_fwd_kernel(const void* q, const void* k, const void* v, Fl
       for (int d = 0; d < a.hd; ++d) dot += qs[d] * ld(k, kd, kb + d);
       s = a.scale * dot;
     }
-    const float m_new = fmaxf(m, warp_max(s));
-    if (m_new == kNegInf) continue;  // nothing visible yet: the running state stays empty
-    const float corr = expf(m - m_new);  // 0 while m is -inf
-    const float pr = vis ? expf(s - m_new) : 0.f;
-    l = l * corr + warp_sum(pr);
-#pragma unroll
-    for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
     const int nk = int(k1 - c < 32 ? k1 - c : 32);
-    for (int kk = 0; kk < nk; ++kk) {
-      const float pk = __shfl_sync(0xffffffffu, pr, kk);
-      if (pk == 0.f) continue;  // uniform across the warp: pk is broadcast
-      const int64_t vb = (c + kk) * a.Hkv * a.vd + int64_t(g) * a.vd;
-#pragma unroll
-      for (int t = 0; t < kSlots; ++t) {
-        const int d = lane + 32 * t;
-        if (d < a.vd) acc[t] += pk * ld(v, kd, vb + d);
-      }
-    }
-    m = m_new;
+    sm.step(s, vis, nk, v, kd, a.vd, [&](int kk) { return (c + kk) * a.Hkv * a.vd + int64_t(g) * a.vd; });
   }
-  const int64_t ob = i * a.H * a.vd + int64_t(h) * a.vd;
-  const bool any = l > 0.f;
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) {
-    const int d = lane + 32 * t;
-    if (d < a.vd) st(out, ko, ob + d, any ? acc[t] / l : 0.f);
-  }
-  if (lane == 0) lse[int64_t(h) * a.Tq + i] = any ? m + logf(l) : kNegInf;
+  // 0 / -inf for a row that sees no key of this block.
+  const float row_lse = sm.finish(out, ko, i * a.H * a.vd + int64_t(h) * a.vd, a.vd);
+  if (lane == 0) lse[int64_t(h) * a.Tq + i] = row_lse;
 }
 
 // One thread per (row, head): the CPU's merge_rows formula.

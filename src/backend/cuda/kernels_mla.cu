@@ -93,43 +93,23 @@ __global__ void latent_attention_kernel(const void* q_lat, const void* cache, Fl
   for (int c = lane; c < lat; c += 32) qs[c] = ld(q_lat, k, i * d.H * lat + int64_t(h) * lat + c);
   __syncwarp();
   const int32_t* table = bt + int64_t(b) * max_blocks;
-  float m = kNegInf, l = 0.f, acc[kSlots];
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) acc[t] = 0.f;
+  // Cache row offset of key j of this sequence, through the block table.
+  auto row_of = [&](int64_t j) { return (int64_t(table[j / block_size]) * block_size + j % block_size) * lat; };
+  OnlineSoftmax<kSlots> sm;
   for (int64_t c0 = 0; c0 < n_keys; c0 += 32) {
     const int64_t j = c0 + lane;
     float s = kNegInf;
     if (j < n_keys) {
-      const int64_t row = (int64_t(table[j / block_size]) * block_size + j % block_size) * lat;
+      const int64_t row = row_of(j);
       float dot = 0.f;
       for (int c = 0; c < lat; ++c) dot += qs[c] * ld(cache, k, row + c);
       s = d.scale * dot;
     }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float corr = expf(m - m_new);
-    const float pr = j < n_keys ? expf(s - m_new) : 0.f;
-    l = l * corr + warp_sum(pr);
-#pragma unroll
-    for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
     const int nk = int(n_keys - c0 < 32 ? n_keys - c0 : 32);
-    for (int kk = 0; kk < nk; ++kk) {
-      const float pk = __shfl_sync(0xffffffffu, pr, kk);
-      const int64_t jj = c0 + kk;
-      const int64_t row = (int64_t(table[jj / block_size]) * block_size + jj % block_size) * lat;
-#pragma unroll
-      for (int t = 0; t < kSlots; ++t) {
-        const int c = lane + 32 * t;
-        if (c < d.kv_lora) acc[t] += pk * ld(cache, k, row + c);
-      }
-    }
-    m = m_new;
+    // Values: the first kv_lora columns of the same cache rows.
+    sm.step(s, j < n_keys, nk, cache, k, d.kv_lora, [&](int kk) { return row_of(c0 + kk); });
   }
-  const int64_t ob = i * d.H * d.kv_lora + int64_t(h) * d.kv_lora;
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) {
-    const int c = lane + 32 * t;
-    if (c < d.kv_lora) st(o_lat, k, ob + c, acc[t] / l);
-  }
+  sm.finish(o_lat, k, i * d.H * d.kv_lora + int64_t(h) * d.kv_lora, d.kv_lora);
 }
 
 }  // namespace

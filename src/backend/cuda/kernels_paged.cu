@@ -57,46 +57,23 @@ __global__ void paged_fwd_kernel(const void* q, const void* kc, const void* vc, 
   __syncwarp();
   const int32_t* table = bt + int64_t(b) * D.max_blocks;
   const int64_t row = int64_t(D.Hkv) * D.hd;  // a cache slot's width
-  float m = kNegInf, l = 0.f, acc[kSlots];
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) acc[t] = 0.f;
+  // Cache row of key j of this sequence, through the block table.
+  auto slot_of = [&](int64_t j) { return int64_t(table[j / D.block_size]) * D.block_size + j % D.block_size; };
+  OnlineSoftmax<kSlots> sm;
   const int64_t n_keys = pos + 1;
   for (int64_t c = 0; c < n_keys; c += 32) {
     const int64_t j = c + lane;
     float s = kNegInf;
     if (j < n_keys) {
-      const int64_t slot = int64_t(table[j / D.block_size]) * D.block_size + j % D.block_size;
-      const int64_t kb = slot * row + int64_t(g) * D.hd;
+      const int64_t kb = slot_of(j) * row + int64_t(g) * D.hd;
       float dot = 0.f;
       for (int d = 0; d < D.hd; ++d) dot += qs[d] * ld(kc, kd, kb + d);
       s = D.scale * dot;
     }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float corr = expf(m - m_new);
-    const float pr = j < n_keys ? expf(s - m_new) : 0.f;
-    l = l * corr + warp_sum(pr);
-#pragma unroll
-    for (int t = 0; t < kSlots; ++t) acc[t] *= corr;
     const int nk = int(n_keys - c < 32 ? n_keys - c : 32);
-    for (int kk = 0; kk < nk; ++kk) {
-      const float pk = __shfl_sync(0xffffffffu, pr, kk);
-      const int64_t jj = c + kk;
-      const int64_t slot = int64_t(table[jj / D.block_size]) * D.block_size + jj % D.block_size;
-      const int64_t vb = slot * row + int64_t(g) * D.hd;
-#pragma unroll
-      for (int t = 0; t < kSlots; ++t) {
-        const int d = lane + 32 * t;
-        if (d < D.hd) acc[t] += pk * ld(vc, kd, vb + d);
-      }
-    }
-    m = m_new;
+    sm.step(s, j < n_keys, nk, vc, kd, D.hd, [&](int kk) { return slot_of(c + kk) * row + int64_t(g) * D.hd; });
   }
-  const int64_t ob = i * D.H * D.hd + int64_t(h) * D.hd;
-#pragma unroll
-  for (int t = 0; t < kSlots; ++t) {
-    const int d = lane + 32 * t;
-    if (d < D.hd) st(out, kd, ob + d, acc[t] / l);
-  }
+  sm.finish(out, kd, i * D.H * D.hd + int64_t(h) * D.hd, D.hd);
 }
 
 // dst block pairs[p].second = src block pairs[p].first, words of 4 bytes (block bytes are a multiple of 4).
