@@ -27,6 +27,20 @@ if [[ "${KESTREL_SECOND_BLAS:-1}" != 0 ]]; then
   OPENBLAS_CORETYPE=Haswell KESTREL_ISA=avx2 DNNL_MAX_CPU_ISA=AVX2 ctest --output-on-failure -j 2 --timeout 900 \
     -L '^(model|train|optim|rl|parallel|backend_cpu|ops)$'
 fi
+# The device suites on the CUDA emulator (cmake --preset cuda-emu,
+# tests/cuda_emu): the CUDA kernels compiled as C++ and run on fibers, the
+# rest of Kestrel built as for a GPU, so the runtime tests (tests/cuda), the
+# model, training and rollout on the device (tests/on_device) and the
+# backend-consistency harness run where no GPU is. KESTREL_CUDA_EMU=0 skips it.
+if [[ "${KESTREL_CUDA_EMU:-1}" != 0 ]]; then
+  echo "== the device suites on the CUDA emulator (cmake --preset cuda-emu) =="
+  cd "$ROOT"
+  cmake --preset cuda-emu >/dev/null
+  cmake --build build/cuda-emu -j 2 --target test_cuda_emu_selftest test_cuda test_ops test_on_device
+  cd build/cuda-emu
+  ctest --output-on-failure -j 2 --timeout 900 -L '^(cuda|on_device)$'
+  ctest --output-on-failure -j 2 --timeout 900 -L '^ops$' -R 'BackendConsistency'
+fi
 # The CUDA build (cmake --preset cuda, sm_90a) compiles wherever the toolkit
 # is (nvcc on PATH), and its op and runtime suites run: on a machine without a
 # GPU the device tests skip, naming why, and the CPU kernels must still pass

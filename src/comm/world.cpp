@@ -45,8 +45,9 @@ volatile sig_atomic_t g_aborting = 0;
 
 // SIGTERM under a launcher: mpirun/srun terminate the surviving ranks when one
 // dies. Their own report names the lost rank; this line adds where each
-// survivor was, then the default action ends the process.
-void termination_notice(int sig) {
+// survivor was, then the default action ends the process. (Installed only in
+// a build with MPI; [[maybe_unused]] keeps a build without it warning-free.)
+[[maybe_unused]] void termination_notice(int sig) {
   if (g_aborting) {
     signal(sig, SIG_DFL);
     raise(sig);

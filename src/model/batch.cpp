@@ -49,6 +49,27 @@ void upload(PackedBatch& b) {
 
 }  // namespace
 
+PackedBatch to_device(const PackedBatch& b, Device dev) {
+  if (b.input_ids.device() == dev) return b;
+  KS_CHECK(!b.cp, "not supported yet: a context-parallel batch share on ", device_name(dev));
+  KS_CHECK(!b.record_routing || b.record_routing->device() == dev, "to_device: the routing record of a batch moved "
+           "to ", device_name(dev), " must be allocated there too");
+  const auto moved = [dev](const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    Tensor out = Tensor::empty(t.shape(), t.dtype(), MemCategory::Activations, dev);
+    out.copy_from(t);
+    return out;
+  };
+  PackedBatch out = b;
+  out.input_ids = moved(b.input_ids);
+  out.positions = moved(b.positions);
+  out.cu_seqlens = moved(b.cu_seqlens);
+  out.targets = moved(b.targets);
+  out.prefix_of = moved(b.prefix_of);
+  out.routed_experts = moved(b.routed_experts);
+  return out;
+}
+
 PackedBatch pack_sequences(const std::vector<std::vector<int32_t>>& seqs) {
   KS_CHECK(!seqs.empty(), "pack_sequences: no sequences");
   int64_t total = 0;

@@ -72,4 +72,10 @@ struct PrefixGroup {
 // and predicts token j + 1 of c.
 PackedBatch pack_prefix_groups(const std::vector<PrefixGroup>& groups);
 
+// The batch with its tensors on device dev (the model's, CausalLM::device()):
+// ids, positions, targets, cu_seqlens, prefix_of and routed_experts copied
+// there, the host mirrors and counts kept. The batch itself when already
+// there. Not for a context-parallel share (its layout's tensors stay on the host).
+PackedBatch to_device(const PackedBatch& b, Device dev);
+
 }  // namespace kestrel::model

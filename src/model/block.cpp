@@ -77,7 +77,7 @@ Tensor Block::forward(BlockExec& ex, int64_t layer, const Tensor& x, LayerActiva
 // which every tp rank runs at the same point of its backward).
 Tensor Block::norm_again(TrainExec& ex, BlockBuf slot, const Tensor& x, const Param& w) const {
   Tensor n = ex.buffer(slot, {ex.Tl, dims_.D}, dims_.dtype);
-  Tensor rstd = Tensor::empty({ex.Tl}, DType::F32, MemCategory::Activations);  // equals the kept one; dropped
+  Tensor rstd = ex.scratch({ex.Tl}, DType::F32);  // equals the kept one; dropped
   ops::rmsnorm_fwd(x, w.weight, dims_.eps, n, rstd);
   return ex.enter(n);
 }

@@ -73,6 +73,14 @@ class BlockExec {
   const ops::RopeTable* rope = nullptr;  // the model's RoPE table
   Tensor positions;                     // i32 [Tp] RoPE position of each row
   Tensor cu_seqlens;                    // i32 [B+1] the batch's sequences (training and scoring only)
+  // Where the block's tensors live (the model's ModelOptions::device): every
+  // buffer, scratch and partial sum a block allocates goes there.
+  Device device = Device::CPU;
+  // A tensor for one op's scratch on the exec's device, zeroed when asked.
+  Tensor scratch(Shape shape, DType dt, bool zeroed = false) const {
+    return zeroed ? Tensor::zeros(std::move(shape), dt, MemCategory::Activations, device)
+                  : Tensor::empty(std::move(shape), dt, MemCategory::Activations, device);
+  }
 
   // A buffer for `slot` of `shape`: fresh (training, kept by the activation
   // store) or one per slot reused by every layer (rollout).
@@ -142,6 +150,7 @@ struct BlockDims {
   parallel::TpHeads heads;  // local query / kv heads
   float eps = 0;        // rms_norm_eps
   DType dtype = DType::F32;
+  Device device = Device::CPU;  // where the block's params and buffers live (ModelOptions::device)
   MoeTrainOptions moe;  // MoE layers' training knobs
   int64_t tp = 1;        // tensor-parallel size (F, heads and the shared experts' FFN are this rank's share)
   int64_t etp = 1;       // expert-tensor-parallel size (each routed expert's FFN is this rank's share)

@@ -90,8 +90,8 @@ void DenseAttention::kv_linear_bwd(TrainExec& ex, const Tensor& x, Param& w, Par
     ops::linear_bwd(x, w.weight, dy, &dx, &w.grad, grad_of(bias), /*accumulate_dx=*/true);
     return;
   }
-  Tensor sw = Tensor::zeros(w.grad.shape(), DType::F32, MemCategory::Activations);
-  Tensor sb = bias.weight.defined() ? Tensor::zeros(bias.grad.shape(), DType::F32, MemCategory::Activations) : Tensor();
+  Tensor sw = ex.scratch(w.grad.shape(), DType::F32, /*zeroed=*/true);
+  Tensor sb = bias.weight.defined() ? ex.scratch(bias.grad.shape(), DType::F32, /*zeroed=*/true) : Tensor();
   ops::linear_bwd(x, w.weight, dy, &dx, &sw, bias.weight.defined() ? &sb : nullptr, /*accumulate_dx=*/true);
   parallel::reduce_kv_replica_grad(ex.tp, dims_.heads, sw, w.grad);
   if (bias.weight.defined()) parallel::reduce_kv_replica_grad(ex.tp, dims_.heads, sb, bias.grad);
@@ -120,7 +120,7 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
   ops::rope_bwd(dk, ex.positions, *ex.rope, Hkv);
   Tensor dq_in = dq, dk_in = dk;  // gradients of the q/k projections' outputs
   if (qk_norm_) {
-    const auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); };
+    const auto f32 = [&](Shape s) { return ex.scratch(std::move(s), DType::F32); };
     dq_in = f32({Tp, H * hd});
     dk_in = f32({Tp, Hkv * hd});
     Tensor dql = dq_in.view({Tp * H, hd}), dkl = dk_in.view({Tp * Hkv, hd});
@@ -130,8 +130,8 @@ void DenseAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& 
                        k_norm.grad);
     } else {
       // Each rank normalises only its own heads: the per-head norm weights' grads are summed over tp.
-      Tensor pq = Tensor::zeros({hd}, DType::F32, MemCategory::Activations);
-      Tensor pk = Tensor::zeros({hd}, DType::F32, MemCategory::Activations);
+      Tensor pq = ex.scratch({hd}, DType::F32, /*zeroed=*/true);
+      Tensor pk = ex.scratch({hd}, DType::F32, /*zeroed=*/true);
       ops::rmsnorm_bwd(A.q_lin.view({Tp * H, hd}), q_norm.weight, A.rstd_q, dq.view({Tp * H, hd}), dql, pq);
       ops::rmsnorm_bwd(A.k_lin.view({Tp * Hkv, hd}), k_norm.weight, A.rstd_k, dk.view({Tp * Hkv, hd}), dkl, pk);
       parallel::reduce_replicated_grad(ex.tp, pq, q_norm.grad);

@@ -17,9 +17,9 @@ namespace kestrel::model {
 
 namespace {
 
-Tensor act_tensor(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
-
 TrainExec exec_for(const CausalLM& m, const PackedBatch& b) {
+  KS_CHECK(b.input_ids.device() == m.device(), "a batch on ", device_name(b.input_ids.device()), " for a model on ",
+           device_name(m.device()), ": move it with model::to_device(batch, model.device())");
   TrainExec ex(m.tp(), m.sequence_parallel(), b, m.rope(), m.heads(), m.config().head_dim, m.cp_groups());
   if (m.ep().size() > 1) {
     ex.ep = &m.ep();
@@ -52,7 +52,7 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
   Tensor x;  // [Tl, D] residual stream
   if (embed) {
     KS_CHECK(!hidden.defined(), "forward of a slice with the embedding takes token ids, not hidden states");
-    x = act_tensor({Tl, D}, dt);
+    x = ex.scratch({Tl, D}, dt);
     parallel::vocab_embedding_fwd(tp(), ex.sp, ex.ids, embed_.weight, vocab_.start, x);
   } else {
     KS_CHECK(hidden.defined() && hidden.dtype() == dt && hidden.dim() == 2 && hidden.size(0) == Tl &&
@@ -86,19 +86,19 @@ Tensor CausalLM::run_forward(const PackedBatch& b, const Tensor& hidden, Activat
     return x;
   }
   acts.x_final = x;
-  Tensor normf = act_tensor({Tl, D}, dt);
-  acts.rstdf = act_tensor({Tl}, DType::F32);
+  Tensor normf = ex.scratch({Tl, D}, dt);
+  acts.rstdf = ex.scratch({Tl}, DType::F32);
   ops::rmsnorm_fwd(x, final_norm_.weight, float(c.rms_norm_eps), normf, acts.rstdf);
   acts.normf = parallel::tp_enter_fwd(tp(), ex.sp, normf);  // [Tp, D] lm_head input
   if (is_value_model()) {
     // [Tp, 1]: the replicated score head gives every tp rank the full values.
-    Tensor values = act_tensor({Tp, 1}, dt);
+    Tensor values = ex.scratch({Tp, 1}, dt);
     ops::linear_fwd(acts.normf, score_.weight, bias_of(score_bias_), values);
     if (!keep) acts.clear();
     return ex.real_rows(values);
   }
   // [Tp, V/tp]; padded vocabulary rows of lm_head are zero, so their columns are 0.
-  Tensor logits = act_tensor({Tp, local_vocab()}, dt);
+  Tensor logits = ex.scratch({Tp, local_vocab()}, dt);
   ex.linear(acts.normf, lm_head().weight, nullptr, logits);  // ops::linear_fwd unless packed (forward-only)
   if (!keep) acts.clear();
   return ex.real_rows(logits);
@@ -153,7 +153,7 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
   KS_CHECK(int64_t(acts.layers.size()) == nb, "backward without a kept forward");
   const std::vector<Param*> ps = params();
   KS_CHECK(ps.empty() || ps.front()->grad.defined(), "backward before enable_grads()");
-  const auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); };
+  const auto f32 = [&](Shape s) { return ex.scratch(std::move(s), DType::F32); };
 
   // Activation gradients stay f32 in both precisions; only parameters are bf16.
   Tensor dx = f32({Tl, D});  // gradient of the residual stream
@@ -163,7 +163,7 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
              opts_.value_head ? "]" : "] (this rank's vocab columns)", ", got ", dout.describe());
     Tensor dlog = dout;  // [Tp, V/tp] ([Tp, 1] for values): padding rows get zero gradient
     if (Tp != T) {
-      dlog = Tensor::empty({Tp, output_dim()}, DType::F32, MemCategory::Activations);
+      dlog = f32({Tp, output_dim()});
       ops::pad_rows(dout.view({T, output_dim()}), dlog);
     }
     Tensor dnorm = ex.grad_buf(GradBuf::DNorm, {Tp, D});  // [Tp, D] (partial under tp)

@@ -8,14 +8,13 @@
 namespace kestrel::model {
 
 namespace {
-Tensor f32(Shape s) { return Tensor::empty(std::move(s), DType::F32, MemCategory::Activations); }
-
 // The gradient of a replicated tensor inside the tp region: under tp each
 // rank sees only its heads' part (a partial sum), summed over the group into
 // the grad; at tp = 1 the grad itself.
 struct ReplicatedGrad {
   ReplicatedGrad(comm::ProcessGroup& tp, Tensor* grad) : tp_(tp), grad_(grad) {
-    if (grad_ && tp_.size() > 1) part_ = Tensor::zeros(grad_->shape(), DType::F32, MemCategory::Activations);
+    if (grad_ && tp_.size() > 1)
+      part_ = Tensor::zeros(grad_->shape(), DType::F32, MemCategory::Activations, grad_->device());
   }
   Tensor* get() { return !grad_ ? nullptr : part_.defined() ? &part_ : grad_; }
   void reduce() {
@@ -113,7 +112,7 @@ Tensor MlaAttention::forward(BlockExec& ex, int64_t layer, const Tensor& x, Laye
     return out;
   }
   // Decompressed keys and values: k_h = [(kv_b ckv)_h nope | kpe], v_h = (kv_b ckv)_h v.
-  Tensor kv = Tensor::empty({T, H * (nope + vd)}, dt, MemCategory::Activations);
+  Tensor kv = ex.scratch({T, H * (nope + vd)}, dt);
   ex.linear(M.ckv_n, kv_b.weight, nullptr, kv);
   A.k = ex.buffer(BlockBuf::K, {T, H * qk}, dt);
   ops::copy_head_cols(kv, H, 0, A.k, H, 0, nope);
@@ -138,11 +137,10 @@ void MlaAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy
   MlaActivations& M = A.mla;
   const Tensor& x = A.norm1;
   if (A.rc.core_attn) ex.attend(0, A.q, A.k, A.v, attn_shape(), A);
-  Tensor dattn = f32({T, H * vd});
+  Tensor dattn = ex.scratch({T, H * vd}, DType::F32);
   parallel::row_linear_bwd(ex.tp, ex.sp, A.attn, o.weight, dy, &dattn, &o.grad, grad_of(o_bias));
   // attend_bwd writes the real rows only: sequence parallelism's padding rows start (and stay) zero.
-  const auto grad = [&](Shape sh) { return T == ex.T ? f32(std::move(sh)) : Tensor::zeros(std::move(sh), DType::F32,
-                                                                                         MemCategory::Activations); };
+  const auto grad = [&](Shape sh) { return ex.scratch(std::move(sh), DType::F32, /*zeroed=*/T != ex.T); };
   Tensor dq = grad({T, H * qk}), dk = grad({T, H * qk}), dv = grad({T, H * vd});
   ex.attend_bwd(A, dattn, attn_shape(), dq, dk, dv);
   if (A.rc.core_attn) {
@@ -153,29 +151,29 @@ void MlaAttention::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy
   dattn = Tensor();
   ops::rope_bwd(dq, ex.positions, *ex.rope, H, nope);
   // Back into kv_b's output [T, H*(nope+v)] and the shared rope key (summed over heads).
-  Tensor dkv = f32({T, H * (nope + vd)});
+  Tensor dkv = ex.scratch({T, H * (nope + vd)}, DType::F32);
   ops::copy_head_cols(dk, H, 0, dkv, H, 0, nope);
   ops::copy_head_cols(dv, H, 0, dkv, H, nope, vd);
-  Tensor dkpe = f32({T, rope});
+  Tensor dkpe = ex.scratch({T, rope}, DType::F32);
   ops::sum_head_cols(dk, H, nope, dkpe, rope);
   ops::rope_bwd(dkpe, ex.positions, *ex.rope, 1);
   dk = dv = Tensor();
-  Tensor dckv_n = f32({T, kvl});
+  Tensor dckv_n = ex.scratch({T, kvl}, DType::F32);
   ops::linear_bwd(M.ckv_n, kv_b.weight, dkv, &dckv_n, &kv_b.grad, nullptr);
   // Under tp dckv_n and dkpe are this rank's heads' part: so are the
   // gradients of the replicated kv_a_layernorm and kv_a_proj (summed over
   // tp) and dx (summed by the caller's tp_enter_bwd).
-  Tensor dckv = f32({T, kvl});
+  Tensor dckv = ex.scratch({T, kvl}, DType::F32);
   ReplicatedGrad g_kv_norm(ex.tp, &kv_a_norm.grad), g_kv_a(ex.tp, &kv_a.grad), g_kv_a_b(ex.tp, grad_of(kv_a_bias));
   ops::rmsnorm_bwd(M.ckv, kv_a_norm.weight, M.rstd_kv, dckv_n, dckv, *g_kv_norm.get());
-  Tensor dkva = f32({T, kvl + rope});
+  Tensor dkva = ex.scratch({T, kvl + rope}, DType::F32);
   ops::copy_cols(dckv, 0, dkva, 0, kvl);
   ops::copy_cols(dkpe, 0, dkva, kvl, rope);
   ops::linear_bwd(x, kv_a.weight, dkva, &dx, g_kv_a.get(), g_kv_a_b.get());
   for (ReplicatedGrad* g : {&g_kv_norm, &g_kv_a, &g_kv_a_b}) g->reduce();
-  Tensor tmp = f32({T, D});
+  Tensor tmp = ex.scratch({T, D}, DType::F32);
   if (q_lora_ > 0) {
-    Tensor dcq_n = f32({T, q_lora_}), dcq = f32({T, q_lora_});
+    Tensor dcq_n = ex.scratch({T, q_lora_}, DType::F32), dcq = ex.scratch({T, q_lora_}, DType::F32);
     ops::linear_bwd(M.cq_n, q_b.weight, dq, &dcq_n, &q_b.grad, nullptr);
     ReplicatedGrad g_q_norm(ex.tp, &q_a_norm.grad), g_q_a(ex.tp, &q_a.grad), g_q_a_b(ex.tp, grad_of(q_a_bias));
     ops::rmsnorm_bwd(M.cq, q_a_norm.weight, M.rstd_q, dcq_n, dcq, *g_q_norm.get());

@@ -17,8 +17,6 @@ namespace kestrel::model {
 
 namespace {
 
-Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
-Tensor f32(Shape s) { return act(std::move(s), DType::F32); }
 
 std::string shared_prefix(const io::ModelConfig& c) {
   // Qwen2-MoE names one shared expert, DeepSeek a block of n_shared_experts fused into one FFN.
@@ -116,7 +114,7 @@ MoeMlp::MoeMlp(const io::ModelConfig& c, const BlockDims& dims, int64_t layer, c
     // precision, as HF keeps it (_keep_in_fp32_modules_strict) and Megatron its expert bias.
     bias_.name = p + "mlp.gate.e_score_correction_bias";
     bias_.full_shape = {E_};
-    bias_.weight = Tensor::zeros({E_}, DType::F32, MemCategory::Params);
+    bias_.weight = Tensor::zeros({E_}, DType::F32, MemCategory::Params, dims.device);
     bias_.weight_decay = false;
   }
 }
@@ -166,11 +164,11 @@ void MoeMlp::route(BlockExec& ex, const Tensor& x, LayerActivations& A) const {
   const int64_t T = x.size(0), k = rcfg_.top_k;
   // [T, E]: DeepSeek's router runs in f32 (HF casts x and the weight to f32);
   // Qwen's in the model dtype, its softmax then in f32.
-  M.logits = act({T, E_}, router_fp32_ ? DType::F32 : dims_.dtype);
+  M.logits = ex.scratch({T, E_}, router_fp32_ ? DType::F32 : dims_.dtype);
   ex.linear(x, router.weight, nullptr, M.logits);
-  M.topk_idx = act({T, k}, DType::I32);
-  M.topk_w = f32({T, k});
-  M.scores = f32({T, E_});
+  M.topk_idx = ex.scratch({T, k}, DType::I32);
+  M.topk_w = ex.scratch({T, k}, DType::F32);
+  M.scores = ex.scratch({T, E_}, DType::F32);
   const bool replay = ex.routing_replay != nullptr;
   if (replay) {
     const Tensor& r = *ex.routing_replay;  // [T, n_moe_layers, k] (or [Tp, ...]: the padding rows are not read)
@@ -228,7 +226,9 @@ namespace {
 // The row ranges of the load-balancing loss: the whole micro-batch, or each sequence.
 Tensor aux_groups(const MoeTrainOptions& o, const Tensor& cu_seqlens, int64_t T) {
   if (o.load_balancing_type == "seq_aux_loss") return cu_seqlens;
-  return Tensor::from_ints({0, int32_t(T)}, {2});
+  Tensor whole = Tensor::empty({2}, DType::I32, MemCategory::Activations, cu_seqlens.device());
+  whole.copy_from(Tensor::from_ints({0, int32_t(T)}, {2}));
+  return whole;
 }
 bool aux_on(const MoeTrainOptions& o) { return o.aux_loss_coeff > 0 && o.load_balancing_type != "none"; }
 }  // namespace
@@ -238,7 +238,7 @@ void MoeMlp::router_losses(BlockExec& ex, const LayerActivations& A, double* aux
   const int64_t T = A.moe.logits.size(0);
   if (aux_on(o)) {
     KS_CHECK(ex.cu_seqlens.defined(), "internal: the load-balancing loss needs the batch's sequences");
-    Tensor counts = act({E_}, DType::I32);
+    Tensor counts = ex.scratch({E_}, DType::I32);
     *aux = ops::moe_aux_loss_fwd(A.moe.logits, aux_groups(o, ex.cu_seqlens, T), rcfg_.score, rcfg_.top_k,
                                  o.aux_loss_coeff, counts);
   }
@@ -272,7 +272,7 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   // This rank's rows to their experts: [N, D] sorted by expert.
   const Tensor x_own = M.row_lo == 0 && M.row_hi == Tp ? x : x.slice_rows(M.row_lo, M.row_hi);
   const int64_t N = M.routing.rows();
-  M.xs = act({N, D}, dt);
+  M.xs = ex.scratch({N, D}, dt);
   ops::moe_permute_fwd(x_own, M.routing, M.xs);
   if (ep_ > 1) {  // the rows go to their experts' ranks: [Nr, D] sorted by local expert
     KS_CHECK(ex.ep && ex.ep->size() == ep_, "layer ", layer_, ": expert parallelism over ", ep_,
@@ -289,13 +289,13 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
   }
   const std::vector<int64_t>& gs = expert_group_sizes(M);
   const int64_t Nr = M.xs.size(0);  // the rows this rank's experts run (N without expert or tensor parallelism)
-  M.gate = act({Nr, Fe}, dt);
-  M.up = act({Nr, Fe}, dt);
+  M.gate = ex.scratch({Nr, Fe}, dt);
+  M.up = ex.scratch({Nr, Fe}, dt);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(gate), M.gate);
   ops::grouped_linear_fwd(M.xs, gs, expert_weights(up), M.up);
-  M.act = act({Nr, Fe}, dt);
+  M.act = ex.scratch({Nr, Fe}, dt);
   ops::swiglu_fwd(M.gate, M.up, M.act);
-  M.ys = act({Nr, D}, dt);
+  M.ys = ex.scratch({Nr, D}, dt);
   ops::grouped_linear_fwd(M.act, gs, expert_weights(down), M.ys);
   // This rank's rows summed over the shards (replicated rows: the partial sums stay, reduced with the output).
   if (M.etp) M.ys = parallel::etp_reduce_scatter(*ex.etp, *M.etp, M.ys);
@@ -309,16 +309,16 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
     ops::moe_unpermute_fwd(M.ys, M.topk_w.slice_rows(M.row_lo, M.row_hi), M.routing, mine);
   }
   if (Fs_ > 0) {  // under tp column/row parallel like the dense MLP: sh_out is this rank's partial sum
-    M.sh_gate = act({Tp, Fs}, dt);
-    M.sh_up = act({Tp, Fs}, dt);
+    M.sh_gate = ex.scratch({Tp, Fs}, dt);
+    M.sh_up = ex.scratch({Tp, Fs}, dt);
     ex.linear(x, sh_gate.weight, nullptr, M.sh_gate);
     ex.linear(x, sh_up.weight, nullptr, M.sh_up);
-    M.sh_act = act({Tp, Fs}, dt);
+    M.sh_act = ex.scratch({Tp, Fs}, dt);
     ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
-    M.sh_out = act({Tp, D}, dt);
+    M.sh_out = ex.scratch({Tp, D}, dt);
     ex.linear(M.sh_act, sh_down.weight, nullptr, M.sh_out);
     if (sh_gated_) {
-      M.sh_gate_logit = act({Tp, 1}, dt);
+      M.sh_gate_logit = ex.scratch({Tp, 1}, dt);
       ex.linear(x, sh_gate_logit.weight, nullptr, M.sh_gate_logit);
     }
     if (!tp) {  // (replicated rows: sh_out, like the routed part, is this rank's partial sum)
@@ -327,7 +327,7 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
     } else {
       Tensor part = M.sh_out;
       if (sh_gated_) {  // sigmoid(g) * sum of partials = sum of sigmoid(g) * partial
-        part = Tensor::zeros({Tp, D}, dt, MemCategory::Activations);
+        part = ex.scratch({Tp, D}, dt, /*zeroed=*/true);
         ops::sigmoid_gate_add_fwd(M.sh_gate_logit, M.sh_out, part);
       }
       ops::add(out, parallel::reduce_scatter_sequence(*tp, part), out);
@@ -366,16 +366,16 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   const DType dt = dims_.dtype;
   KS_CHECK(!ex.replicated_tp, "internal: the MoE backward under tp runs with sequence parallelism");
   if (A.rc.act) {  // the forward's SwiGLU again, on the same gate/up
-    M.act = act({Nr, Fe}, dt);
+    M.act = ex.scratch({Nr, Fe}, dt);
     ops::swiglu_fwd(M.gate, M.up, M.act);
     if (Fs_ > 0) {
-      M.sh_act = act({Tp, Fs}, dt);
+      M.sh_act = ex.scratch({Tp, Fs}, dt);
       ops::swiglu_fwd(M.sh_gate, M.sh_up, M.sh_act);
     }
   }
   // Routed experts, back through the combine, the down, SwiGLU and gate/up
   // projections and the permutation.
-  Tensor dys = f32({N, D}), dw = f32({hi - lo, k});
+  Tensor dys = ex.scratch({N, D}, DType::F32), dw = ex.scratch({hi - lo, k}, DType::F32);
   if (!tp) {
     ops::moe_unpermute_bwd(M.ys, M.topk_w, dy, M.routing, dys, dw);
   } else {
@@ -389,13 +389,13 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
     for (int64_t e = first_local_; e < first_local_ + n_local_; ++e) g.push_back(&ps[size_t(e)].grad);
     return g;
   };
-  Tensor dact = f32({Nr, Fe});
+  Tensor dact = ex.scratch({Nr, Fe}, DType::F32);
   ops::grouped_linear_bwd(M.act, gs, expert_weights(down), dys, &dact, grads(down));
   dys = Tensor();
-  Tensor dg = f32({Nr, Fe}), du = f32({Nr, Fe});
+  Tensor dg = ex.scratch({Nr, Fe}, DType::F32), du = ex.scratch({Nr, Fe}, DType::F32);
   ops::swiglu_bwd(M.gate, M.up, dact, dg, du);
   dact = Tensor();
-  Tensor dxs = f32({Nr, D}), tmp_s = f32({Nr, D});
+  Tensor dxs = ex.scratch({Nr, D}, DType::F32), tmp_s = ex.scratch({Nr, D}, DType::F32);
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(gate), dg, &dxs, grads(gate));
   ops::grouped_linear_bwd(M.xs, gs, expert_weights(up), du, &tmp_s, grads(up));
   ops::add_inplace(dxs, tmp_s);
@@ -417,22 +417,22 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
     Tensor d = dx.slice_rows(a, b);
     ops::add_inplace(d, t.slice_rows(a, b));
   };
-  Tensor tmp = f32({Tp, D});
+  Tensor tmp = ex.scratch({Tp, D}, DType::F32);
   // Shared experts (under tp: dy of every row, column/row parallel like the dense MLP).
   if (Fs_ > 0) {
     const Tensor dy_all = tp ? parallel::gather_sequence(*tp, dy) : dy;  // [Tp, D]
     Tensor ds = dy_all;  // d of the shared output
     if (sh_gated_) {
-      ds = f32({Tp, D});
-      Tensor dgl = f32({Tp, 1});
+      ds = ex.scratch({Tp, D}, DType::F32);
+      Tensor dgl = ex.scratch({Tp, 1}, DType::F32);
       ops::sigmoid_gate_add_bwd(M.sh_gate_logit, M.sh_out, dy_all, ds, dgl);
       if (tp) tp->all_reduce(dgl);  // sh_out was this rank's partial sum
       ops::linear_bwd(x, sh_gate_logit.weight, dgl, &tmp, &sh_gate_logit.grad, nullptr);
       add_replicated(tmp);
     }
-    Tensor dsa = f32({Tp, Fs});
+    Tensor dsa = ex.scratch({Tp, Fs}, DType::F32);
     ops::linear_bwd(M.sh_act, sh_down.weight, ds, &dsa, &sh_down.grad, nullptr);
-    Tensor dsg = f32({Tp, Fs}), dsu = f32({Tp, Fs});
+    Tensor dsg = ex.scratch({Tp, Fs}, DType::F32), dsu = ex.scratch({Tp, Fs}, DType::F32);
     ops::swiglu_bwd(M.sh_gate, M.sh_up, dsa, dsg, dsu);
     ops::linear_bwd(x, sh_gate.weight, dsg, &tmp, &sh_gate.grad, nullptr);
     ops::add_inplace(dx, tmp);
@@ -445,18 +445,18 @@ void MoeMlp::backward(TrainExec& ex, LayerActivations& A, const Tensor& dy, Tens
   // load-balancing and z losses'.
   Tensor dw_all = dw;  // [Tr, k]
   if (tp) {
-    Tensor block = Tensor::empty({ex.Tl, k}, DType::F32, MemCategory::Activations);
+    Tensor block = ex.scratch({ex.Tl, k}, DType::F32);
     ops::pad_rows(dw, block);
     dw_all = parallel::gather_sequence(*tp, block).slice_rows(0, Tr);
   }
-  Tensor dlogits = Tensor::zeros({Tr, E_}, DType::F32, MemCategory::Activations);
+  Tensor dlogits = ex.scratch({Tr, E_}, DType::F32, /*zeroed=*/true);
   ops::moe_router_bwd(M.scores, M.chosen_idx.defined() ? M.chosen_idx : M.topk_idx, M.topk_w, dw_all, rcfg_, dlogits);
   const MoeTrainOptions& o = dims_.moe;
   if (aux_on(o))
     ops::moe_aux_loss_bwd(M.logits, aux_groups(o, ex.batch.cu_seqlens, Tr), rcfg_.score, rcfg_.top_k,
                           o.aux_loss_coeff, ex.moe_loss_scale, dlogits);
   if (o.z_loss_coeff > 0) ops::moe_z_loss_bwd(M.logits, o.z_loss_coeff, ex.moe_loss_scale, dlogits);
-  Tensor tmp_r = Tr == Tp ? tmp : f32({Tr, D});
+  Tensor tmp_r = Tr == Tp ? tmp : ex.scratch({Tr, D}, DType::F32);
   ops::linear_bwd(Tr == Tp ? x : x.slice_rows(0, Tr), router.weight, dlogits, &tmp_r,
                   o.freeze_router ? nullptr : &router.grad, nullptr);
   add_replicated(tmp_r);

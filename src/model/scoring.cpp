@@ -25,9 +25,10 @@ TokenScores score_tokens(const CausalLM& model, const PackedBatch& batch) {
 TokenScores score_logits(const CausalLM& model, const PackedBatch& batch, const Tensor& logits) {
   TokenScores s;
   const int64_t T = batch.num_tokens;
-  s.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  s.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  const Device dev = logits.device();
+  s.logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
+  s.entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
+  Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
   logprob_entropy_fwd(model, logits, batch.targets, s.logprob, &s.entropy, lse);
   s.logprob = cp_full_rows(model, batch, s.logprob);  // the full batch's rows under context parallelism
   s.entropy = cp_full_rows(model, batch, s.entropy);

@@ -11,7 +11,7 @@ namespace {
 // i32 [n]: t's values, then `fill` (ids -1: a zero embedding; positions 0).
 Tensor pad_i32(const Tensor& t, int64_t n, int32_t fill) {
   if (t.numel() == n) return t;
-  Tensor out = Tensor::empty({n}, DType::I32, MemCategory::Activations);
+  Tensor out = Tensor::empty({n}, DType::I32, MemCategory::Activations, t.device());
   ops::pad_rows(t, out, float(fill));
   return out;
 }
@@ -26,6 +26,7 @@ TrainExec::TrainExec(comm::ProcessGroup& tp_group, bool sequence_parallel, const
   KS_CHECK(!b.cp || cp, "a context-parallel rank's batch needs the model's cp groups (ModelParallel::cp)");
   KS_CHECK(!b.cp || b.cp->cp == cp->cp->size(), "a batch split for cp ", b.cp ? b.cp->cp : 1, " on a model with cp ",
            cp ? cp->cp->size() : 1);
+  device = b.input_ids.device();
   const int64_t n = tp.size();
   Tp = sp ? (T + n - 1) / n * n : T;
   Tl = sp ? Tp / n : Tp;
@@ -41,7 +42,7 @@ TrainExec::TrainExec(comm::ProcessGroup& tp_group, bool sequence_parallel, const
 }
 
 Tensor TrainExec::buffer(BlockBuf, Shape shape, DType dt) {
-  return Tensor::empty(std::move(shape), dt, MemCategory::Activations);
+  return scratch(std::move(shape), dt);
 }
 
 Tensor TrainExec::enter(const Tensor& x) { return parallel::tp_enter_fwd(tp, sp, x); }
@@ -61,9 +62,8 @@ Tensor TrainExec::attend(int64_t, const Tensor& q, const Tensor& k, const Tensor
   const int64_t H = shape.n_heads, dt_cols = H * (shape.v_head_dim > 0 ? shape.v_head_dim : shape.head_dim);
   const DType dt = q.dtype();
   // Padding rows (SP only) stay zero: attention runs on the real tokens.
-  A.attn = Tp == T ? Tensor::empty({T, dt_cols}, dt, MemCategory::Activations)
-                   : Tensor::zeros({Tp, dt_cols}, dt, MemCategory::Activations);
-  A.lse = batch.cp ? Tensor() : Tensor::empty({H, T}, DType::F32, MemCategory::Activations);
+  A.attn = Tp == T ? scratch({T, dt_cols}, dt) : scratch({Tp, dt_cols}, dt, /*zeroed=*/true);
+  A.lse = batch.cp ? Tensor() : scratch({H, T}, DType::F32);
   Tensor out = real_rows(A.attn);
   if (batch.cp) {
     // The cp attention keeps its own lse (of the work layout's rows and heads).
@@ -97,8 +97,7 @@ Tensor TrainExec::grad_buf(GradBuf kind, Shape shape) {
     return t;
   }
   const bool zeroed = Tp != T && (kind == GradBuf::DQ || kind == GradBuf::DK || kind == GradBuf::DV);
-  t = zeroed ? Tensor::zeros(std::move(shape), DType::F32, MemCategory::Activations)
-             : Tensor::empty(std::move(shape), DType::F32, MemCategory::Activations);
+  t = scratch(std::move(shape), DType::F32, zeroed);
   return t;
 }
 
@@ -107,7 +106,7 @@ void TrainExec::norm_bwd(const Tensor& x, Param& w, const Tensor& rstd, const Te
     ops::rmsnorm_bwd(x, w.weight, rstd, dy, dx, w.grad);
     return;
   }
-  Tensor part = Tensor::zeros(w.grad.shape(), DType::F32, MemCategory::Activations);
+  Tensor part = scratch(w.grad.shape(), DType::F32, /*zeroed=*/true);
   ops::rmsnorm_bwd(x, w.weight, rstd, dy, dx, part);
   parallel::reduce_replicated_grad(tp, part, w.grad);
 }

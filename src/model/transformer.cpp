@@ -16,13 +16,13 @@ namespace kestrel::model {
 namespace {
 
 // The shard of a full HF tensor this tp rank keeps (the full tensor at tp = 1).
-Param make_param(std::string name, Shape shape, DType dt, bool decay, const comm::ProcessGroup& tp,
+Param make_param(std::string name, Shape shape, DType dt, Device dev, bool decay, const comm::ProcessGroup& tp,
                  const parallel::TpHeads& heads, int64_t n_kv_heads, int64_t vocab_multiple) {
   Param p;
   p.shard = parallel::hf_shard_spec(name, n_kv_heads);
   if (p.shard.kind == parallel::ShardKind::Vocab) p.shard.pad_multiple = vocab_multiple;
   p.full_shape = shape;
-  p.weight = Tensor::zeros(parallel::shard_shape(shape, p.shard, tp.size(), name), dt, MemCategory::Params);
+  p.weight = Tensor::zeros(parallel::shard_shape(shape, p.shard, tp.size(), name), dt, MemCategory::Params, dev);
   p.weight_decay = decay;
   if (p.shard.kind == parallel::ShardKind::Replicated) p.norm_counted = tp.rank() == 0;
   if (p.shard.kind == parallel::ShardKind::KvHeads) p.norm_counted = heads.kv_owner;
@@ -137,6 +137,7 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   if (cfg_.intermediate_size % n != 0)
     KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
             "; choose a tp size dividing it");
+  check_device();
   allocate_params();
   build_rope();
   // One statistics entry per MoE layer the slice holds, in layer order, from
@@ -146,6 +147,17 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
     if (cfg_.is_moe_layer(b->index()))
       moe_stats_.layers.push_back(
           MoeLayerStats{b->index(), std::vector<int64_t>(size_t(cfg_.moe.num_experts), 0), 0, 0, 0, 0, 0});
+}
+
+void CausalLM::check_device() const {
+  if (opts_.device == Device::CPU) return;
+  const auto size_of = [](const std::shared_ptr<comm::ProcessGroup>& g) { return g ? g->size() : 1; };
+  const int64_t n = size_of(opts_.parallel.tp) * size_of(opts_.parallel.pp) * size_of(opts_.parallel.ep) *
+                    size_of(opts_.parallel.etp) * cp_size();
+  if (n > 1)
+    KS_FAIL("not supported yet: a model on ", device_name(opts_.device), " split over processes (tp ",
+            size_of(opts_.parallel.tp), ", pp ", size_of(opts_.parallel.pp), ", ep ", size_of(opts_.parallel.ep),
+            ", cp ", cp_size(), "): the comm layer has no NCCL backend yet; run one process per model");
 }
 
 void CausalLM::check_chunks() {
@@ -179,8 +191,8 @@ void CausalLM::allocate_params() {
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const auto make_param = [&](std::string name, Shape shape, DType t, bool decay) {
     const comm::ProcessGroup& g = is_routed_expert_param(name) ? etp() : tp();
-    return model::make_param(std::move(name), std::move(shape), t, decay, g, heads_, c.num_key_value_heads,
-                             opts_.make_vocab_size_divisible_by);
+    return model::make_param(std::move(name), std::move(shape), t, opts_.device, decay, g, heads_,
+                             c.num_key_value_heads, opts_.make_vocab_size_divisible_by);
   };
   const bool tied_head = opts_.has_head && !opts_.value_head && c.tie_word_embeddings;
   if (opts_.has_embedding || tied_head) embed_ = make_param("model.embed_tokens.weight", {V, D}, dt, true);
@@ -194,6 +206,7 @@ void CausalLM::allocate_params() {
   dims.heads = heads_;
   dims.eps = float(c.rms_norm_eps);
   dims.dtype = dt;
+  dims.device = opts_.device;
   dims.moe = opts_.moe;
   dims.tp = opts_.parallel.tp->size();
   dims.etp = etp().size();
@@ -225,7 +238,7 @@ void CausalLM::build_rope() {
   KS_CHECK(n > 0, "max_position_embeddings must be positive");
   ops::RopeConfig rc = cfg_.rope;
   if (cfg_.mla.enabled) rc.interleaved = cfg_.mla.rope_interleave;  // DeepSeek rotates interleaved pairs
-  rope_ = ops::make_rope_table(rc, n);
+  rope_ = ops::rope_table_to(ops::make_rope_table(rc, n), opts_.device);
 }
 
 std::vector<Param*> CausalLM::params() {
@@ -291,7 +304,7 @@ int64_t CausalLM::num_parameters() const {
 
 void CausalLM::enable_grads() {
   for (Param* p : params())
-    if (!p->grad.defined()) p->grad = Tensor::zeros(p->weight.shape(), DType::F32, MemCategory::Grads);
+    if (!p->grad.defined()) p->grad = Tensor::zeros(p->weight.shape(), DType::F32, MemCategory::Grads, device());
 }
 
 void CausalLM::zero_grads() {
@@ -363,14 +376,18 @@ Result<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& dir, const M
     // the shard's pages stay hot).
     KS_ASSIGN(Tensor t, src.load(p->name, p->full_shape, opts.dtype,
                                  tp.size() == 1 ? MemCategory::Params : MemCategory::Other));
-    p->weight = tp.size() == 1 ? std::move(t) : parallel::shard_tensor(t, p->shard, tp.rank(), tp.size(), p->name);
+    Tensor shard = tp.size() == 1 ? std::move(t) : parallel::shard_tensor(t, p->shard, tp.rank(), tp.size(), p->name);
+    if (o.device == Device::CPU) p->weight = std::move(shard);
+    else p->weight.copy_from(shard);  // allocated on the device by the constructor
   }
   // Buffers keep their own dtype (f32), whatever the folder stores them in.
   for (Param* p : m->buffers()) {
     if (!src.contains(p->name))
       return KS_ERR(dir, ": the weights have no '", p->name, "' (", io::arch_name(fc.cfg.arch),
                     " keeps it beside the router; save the model with transformers or Kestrel)");
-    KS_ASSIGN(p->weight, src.load(p->name, p->full_shape, p->weight.dtype()));
+    KS_ASSIGN(Tensor t, src.load(p->name, p->full_shape, p->weight.dtype()));
+    if (o.device == Device::CPU) p->weight = std::move(t);
+    else p->weight.copy_from(t);
   }
   return m;
 }

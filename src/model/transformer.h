@@ -97,6 +97,12 @@ struct ModelParallel {
 
 struct ModelOptions {
   DType dtype = DType::F32;  // compute/storage dtype of weights and activations
+  // Where the weights, gradients, activations and RoPE table live. A device
+  // other than the CPU needs its backend initialised first (cuda::init) and,
+  // until NCCL backs the comm layer, every process group of size 1. Batches
+  // go there with model::to_device; load() and init_random() copy the host
+  // values over.
+  Device device = Device::CPU;
   ModelParallel parallel;
   int64_t max_positions = 0;  // RoPE table length; 0 = config's max_position_embeddings
   // Value model: score head [1, D] instead of lm_head (see the file comment).
@@ -156,6 +162,7 @@ class CausalLM {
   const io::ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return opts_; }
   DType dtype() const { return opts_.dtype; }
+  Device device() const { return opts_.device; }
 
   // Every parameter in HF order (embedding, layers, final norm, lm_head when
   // untied; score.weight and score.bias instead of lm_head in a value model).
@@ -252,13 +259,19 @@ class CausalLM {
   // call's, or the rollout engine's when it reads these weights in place);
   // the fingerprint guard repacks a weight that changed since. The training
   // forward never uses them. See ForwardPacksScope.
-  void set_forward_packs(cpu::WeightPacks* packs) const { forward_packs_ = packs; }
+  void set_forward_packs(cpu::WeightPacks* packs) const {
+    check_packs_on_host(packs);
+    forward_packs_ = packs;
+  }
   cpu::WeightPacks* forward_packs() const { return forward_packs_; }
   // Weights packed for the training forward's x @ W^T (and recompute's
   // reruns of it) at tp = 1: the training engine packs bf16 weights once per
   // mini-batch and drops the packs before the optimizer step
   // (train/engine.cpp). nullptr: never.
-  void set_train_packs(cpu::WeightPacks* packs) { train_packs_ = packs; }
+  void set_train_packs(cpu::WeightPacks* packs) {
+    check_packs_on_host(packs);
+    train_packs_ = packs;
+  }
   cpu::WeightPacks* train_packs() const { return train_packs_; }
 
   // Tensor parallelism.
@@ -322,6 +335,7 @@ class CausalLM {
   // kept input, filling acts.layers[first..last] completely.
   void rerun_chunk(TrainExec& ex, Activations& acts, int64_t base, int64_t first, int64_t last) const;
   void check_chunks();
+  void check_device() const;
   void ready(int64_t stage) const {
     if (grad_hook_) grad_hook_(stage);
   }
@@ -344,6 +358,11 @@ class CausalLM {
   std::function<void(int64_t)> grad_hook_;
   double moe_loss_scale_ = 1.0;
   mutable MoeStepStats moe_stats_;  // filled by the training forward (a router's running counts, as Megatron's)
+  // Packed weights are the CPU GEMM's: a model on a device never takes them.
+  void check_packs_on_host(const cpu::WeightPacks* packs) const {
+    KS_CHECK(!packs || opts_.device == Device::CPU, "weight packs are for a model on the cpu; this one is on ",
+             device_name(opts_.device));
+  }
   mutable cpu::WeightPacks* forward_packs_ = nullptr;  // set_forward_packs
   cpu::WeightPacks* train_packs_ = nullptr;            // set_train_packs
 };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CUDA kernels on the CPU, by hand: builds tests/cuda_emu's targets in the
-# dev build and runs the backend-consistency tests on the emulated device
-# (`make test` runs the same as ops.cuda_kernels_emulated). The emulator:
+# The CUDA kernels on the CPU, by hand: builds the cuda-emu preset (the CUDA
+# backend on this emulator, build/cuda-emu) and runs the backend-consistency
+# tests on the emulated device (`make test` runs them, the runtime suite and
+# tests/on_device there; scripts/run_tests.sh). The emulator:
 # every src/backend/cuda/*.cu compiled as C++ against shim/ (a fiber per CUDA
 # thread; warp-level shuffles and __syncwarp, block-level __syncthreads, each
 # checked for divergence and deadlock; device memory is host memory poisoned
@@ -16,7 +17,8 @@
 # EMU_LAUNCH_REPORT=<file> writes the launch count of every kernel.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cmake --preset dev -S "$ROOT" >/dev/null
-cmake --build "$ROOT/build/dev" -j "${JOBS:-2}" --target test_cuda_emu test_cuda_emu_selftest
-"$ROOT/build/dev/test_cuda_emu_selftest" >/dev/null
-"$ROOT/build/dev/test_cuda_emu" --gtest_filter="${1:-*BackendConsistency*}"
+cd "$ROOT"
+cmake --preset cuda-emu >/dev/null
+cmake --build build/cuda-emu -j "${JOBS:-2}" --target test_ops test_cuda_emu_selftest
+build/cuda-emu/test_cuda_emu_selftest >/dev/null
+build/cuda-emu/test_ops --gtest_filter="${1:-*BackendConsistency*}"
