@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   opts.max_positions = std::max<int64_t>(seq, 16);
   auto m = model::CausalLM::init_random(cfg.value(), opts, 1234);
   if (train_packs < 0)  // the training engine's rule
-    train_packs = train::train_packs_apply(dt, 1, 1, 1, m->num_moe_layers() > 0, cfg->mla.enabled) ? 1 : 0;
+    train_packs = train::train_packs_apply(Device::CPU, dt, 1, 1, 1, m->num_moe_layers() > 0, cfg->mla.enabled) ? 1 : 0;
   m->enable_grads();
   std::vector<optim::ParamSlot> slots;
   std::vector<Tensor> masters;

@@ -112,9 +112,6 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
       return KS_ERR(path, ": invalid tensor name '", nt.name, "'");
     if (!seen.insert(nt.name).second) return KS_ERR(path, ": tensor '", nt.name, "' given twice");
     if (!nt.tensor.defined()) return KS_ERR(path, ": tensor '", nt.name, "' is undefined");
-    if (nt.tensor.device() != Device::CPU)
-      return KS_ERR(path, ": tensor '", nt.name, "' is on ", device_name(nt.tensor.device()),
-                    "; copy it to the host before saving");
   }
   // Data order: larger elements first, stable otherwise (as the Rust reference
   // writer sorts by alignment), so with an 8-aligned header every tensor is
@@ -151,7 +148,14 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
   std::vector<char> buf;
   for (const NamedTensor* nt : order) {
     const DType dt = out_dtype(*nt);
-    const Tensor& t = nt->tensor;
+    // The file is written from host memory: a device tensor (a model or
+    // optimizer on the GPU) is copied out first, one tensor at a time.
+    Tensor host;
+    if (nt->tensor.device() != Device::CPU) {
+      host = Tensor::empty(nt->tensor.shape(), nt->tensor.dtype(), MemCategory::Other, Device::CPU);
+      host.copy_from(nt->tensor);
+    }
+    const Tensor& t = host.defined() ? host : nt->tensor;
     if (dt == t.dtype()) {
       KS_TRY(f.write(t.raw(), t.nbytes()));
       continue;

@@ -35,7 +35,11 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
     : params_(std::move(params)), cfg_(cfg), reuse_(reuse_fp32) {
   offsets_.reserve(params_.size() + 1);
   offsets_.push_back(0);
+  if (!params_.empty()) device_ = params_[0].grad.device();
   for (auto& p : params_) {
+    for (const Tensor* t : {&p.master, &p.model_copy, &p.grad})
+      KS_CHECK(!t->defined() || t->device() == device_, "AdamW: '", p.name, "' has tensors on ", device_name(device_),
+               " and on ", device_name(t->device()), "; one optimizer steps tensors on one device");
     if (!p.master.defined()) {
       KS_CHECK(p.model_copy.defined(), "AdamW: '", p.name, "' has neither a master nor a model copy");
       // An f32 model copy needs no separate master: step it in place.
@@ -66,8 +70,8 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
   state_end_ = state_end < 0 ? numel() : state_end;
   KS_CHECK(0 <= state_begin_ && state_begin_ <= state_end_ && state_end_ <= numel(), "AdamW: owned range [",
            state_begin_, ", ", state_end_, ") outside the flat space of ", numel(), " elements");
-  m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState);
-  v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState);
+  m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, device_);
+  v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, device_);
 
   // Held masters: the owned elements of every master-less slot, end to end in
   // flat order (one contiguous buffer when all slots are held).
@@ -87,10 +91,10 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
   if (reuse_) {
     // Residual 0 and no flags: the master starts equal to the copy widened to
     // f32, exactly as a full master made with model_copy.to(F32).
-    held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState);
+    held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState, device_);
     return;
   }
-  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState);
+  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (held_off_[i] < 0) continue;
     auto [lo, hi] = owned_of(i);
@@ -127,7 +131,7 @@ Tensor AdamW::master_range(size_t i, int64_t lo, int64_t hi) const {
 Tensor AdamW::master_view(size_t i) const {
   auto [lo, hi] = owned_of(i);
   if (reuse_ && held_off_[i] >= 0) {
-    Tensor out = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other);
+    Tensor out = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other, device_);
     if (lo < hi) ops::reuse_fp32_recover(copy_range(i, lo, hi), residual_range(i, lo, hi), v_range(lo, hi), out, nullptr);
     return out;
   }
@@ -174,7 +178,7 @@ void AdamW::set_step_count(int64_t step) {
 }
 
 Tensor AdamW::recovered_masters() const {
-  Tensor out = Tensor::empty({held_.numel()}, DType::F32, MemCategory::Other);
+  Tensor out = Tensor::empty({held_.numel()}, DType::F32, MemCategory::Other, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (held_off_[i] < 0) continue;
     auto [lo, hi] = owned_of(i);
@@ -194,7 +198,7 @@ Tensor AdamW::exp_avg_sq_clean() const {
     if (held_off_[i] < 0) continue;
     auto [lo, hi] = owned_of(i);
     if (lo == hi) continue;
-    if (!scratch.defined() || scratch.numel() < hi - lo) scratch = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other);
+    if (!scratch.defined() || scratch.numel() < hi - lo) scratch = Tensor::empty({hi - lo}, DType::F32, MemCategory::Other, device_);
     Tensor w = scratch.slice_rows(0, hi - lo), vc = out.slice_rows(lo - state_begin_, hi - state_begin_);
     ops::reuse_fp32_recover(copy_range(i, lo, hi), residual_range(i, lo, hi), v_range(lo, hi), w, &vc);
   }

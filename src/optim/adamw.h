@@ -213,6 +213,9 @@ class AdamW {
   bool held_any_ = false;          // some slot is held (possibly with no owned elements on this rank)
   bool reuse_ = false;             // held slots keep (bf16 model copy, residual) instead of an f32 master
   int64_t step_ = 0;
+  // Where the slots' tensors live (one device for all, checked): the moments,
+  // held masters and every scratch buffer go there too.
+  Device device_ = Device::CPU;
 };
 
 }  // namespace kestrel::optim

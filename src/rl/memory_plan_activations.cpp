@@ -20,7 +20,7 @@ namespace kestrel::rl {
 bool train_packs_planned(const PlanShapes& s, const PlanInputs& in, int64_t T, DType dt) {
   const PlanLayout& l = in.layout;
   // The engine's rule, and micro-batches long enough to take the packed path (WeightPacks::linear).
-  return train::train_packs_apply(dt, l.tp, l.pp, l.cp, s.moe_layers > 0, in.model.mla.enabled) &&
+  return train::train_packs_apply(Device::CPU, dt, l.tp, l.pp, l.cp, s.moe_layers > 0, in.model.mla.enabled) &&
          T > cpu::packed_linear_min_rows(dt);
 }
 

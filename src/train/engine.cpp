@@ -61,12 +61,15 @@ bool inject_spec_matches(const std::string& spec, const std::string& name, int64
 
 // The micro-batches as this rank runs them: under context parallelism each
 // one's cp share (model/cp_batch.h; seqs and rows, the objective's
-// bookkeeping, stay the full batch's), else the caller's own.
+// bookkeeping, stay the full batch's); for a model on a device, each one's
+// tensors moved there (the host mirrors stay); else the caller's own (empty).
 std::vector<MicroBatch> rank_micro_batches(const model::CausalLM& m, const std::vector<MicroBatch>& micro) {
   std::vector<MicroBatch> out;
-  if (!m.cp_groups()) return out;
+  if (!m.cp_groups() && m.device() == Device::CPU) return out;
   out.reserve(micro.size());
-  for (const MicroBatch& mb : micro) out.push_back({model::cp_local_batch(m, mb.batch), mb.seqs, mb.rows});
+  for (const MicroBatch& mb : micro)
+    out.push_back({m.cp_groups() ? model::cp_local_batch(m, mb.batch) : model::to_device(mb.batch, m.device()),
+                   mb.seqs, mb.rows});
   return out;
 }
 
@@ -76,7 +79,7 @@ std::vector<MicroBatch> rank_micro_batches(const model::CausalLM& m, const std::
 double value_loss(const model::CausalLM& m, const model::PackedBatch& run, const ValueObjective& objective,
                   const Tensor& values, Tensor& dvalues_local) {
   const Tensor full = model::cp_full_rows(m, run, values);  // [T, 1]
-  Tensor dv = Tensor::zeros({full.size(0), 1}, DType::F32, MemCategory::Activations);
+  Tensor dv = Tensor::zeros({full.size(0), 1}, DType::F32, MemCategory::Activations, full.device());
   const double loss = objective(full, dv);
   dvalues_local = model::cp_rank_rows(run, dv, 0.f);
   return loss;
@@ -360,8 +363,8 @@ model::MoeStepStats TrainingEngine::reduced_moe_stats() const {
 // on the chosen GEMM: packing them gained 0-2% at 256-512-row micro-batches
 // (oneDNN's unpacked matmul already runs these shapes at about the packed
 // rate), not worth a second copy of the weights. Freed before the optimizer step.
-bool train_packs_apply(DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla) {
-  return dtype == DType::BF16 && tp == 1 && pp == 1 && cp <= 1 && !moe && !mla &&
+bool train_packs_apply(Device device, DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla) {
+  return device == Device::CPU && dtype == DType::BF16 && tp == 1 && pp == 1 && cp <= 1 && !moe && !mla &&
          cpu::packed_linear_bytes(64, 64, DType::BF16) > 0;
 }
 
@@ -369,7 +372,7 @@ double TrainingEngine::train_sequential(const std::vector<MicroBatch>& micro, co
                                         const ObjectiveFn& objective) {
   double loss = 0;
   cpu::WeightPacks packs;
-  const bool packed = train_packs_apply(model_.dtype(), model_.tp().size(), model_.pp().size(), model_.cp_size(),
+  const bool packed = train_packs_apply(model_.device(), model_.dtype(), model_.tp().size(), model_.pp().size(), model_.cp_size(),
                                         model_.num_moe_layers() > 0, model_.config().mla.enabled);
   model::TrainPacksScope scope(model_, packed ? &packs : nullptr);
   for (size_t i = 0; i < micro.size(); ++i) {

@@ -281,10 +281,11 @@ class TrainingEngine {
 
 // Whether a mini-batch's forward multiplies by weights packed once for it
 // (model::TrainPacksScope): bf16 weights of a dense model (no MoE layer, no
-// MLA) at tp = pp = cp = 1, where this CPU packs bf16 (AMX, AVX512-BF16).
+// MLA) on the CPU at tp = pp = cp = 1, where this CPU packs bf16 (AMX,
+// AVX512-BF16); never for a model on a device (the packs are the CPU GEMM's).
 // The training engine decides by it, and the memory plan counts the packs by
 // it (rl/memory_plan_activations.cpp train_packs_planned).
-bool train_packs_apply(DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla);
+bool train_packs_apply(Device device, DType dtype, int64_t tp, int64_t pp, int64_t cp, bool moe, bool mla);
 
 // score() for any model (e.g. a frozen reference policy that has no engine).
 void score_micro_batches(const model::CausalLM& model, const std::vector<MicroBatch>& micro,

@@ -10,9 +10,10 @@ HeadLoss token_head_loss(const model::CausalLM& m, const model::PackedBatch& b, 
   const int64_t T = b.num_tokens;  // this rank's rows (a cp rank's share under context parallelism)
   HeadLoss h;
   ForwardBackwardResult& r = h.result;
-  Tensor logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  Tensor entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations);
-  Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations);
+  const Device dev = logits.device();
+  Tensor logprob = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
+  Tensor entropy = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
+  Tensor lse = Tensor::empty({T}, DType::F32, MemCategory::Activations, dev);
   model::logprob_entropy_fwd(m, logits, b.targets, logprob, &entropy, lse);
   // The objective sees the full batch's rows: under context parallelism every
   // cp rank gathers them and runs the same objective (model/cp_batch.h).
@@ -25,9 +26,16 @@ HeadLoss token_head_loss(const model::CausalLM& m, const model::PackedBatch& b, 
   std::vector<float> dlp(size_t(Tf), 0.f), dent(size_t(Tf), 0.f);
   TokenView view{lp.data(), ent.data(), Tf};
   r.loss = objective(view, dlp.data(), dent.data());
-  // This rank's rows of the gradients (pad rows: none).
-  const Tensor dlogprob = model::cp_rank_rows(b, Tensor::from_host(dlp, {Tf}, MemCategory::Activations), 0.f);
-  const Tensor dentropy = model::cp_rank_rows(b, Tensor::from_host(dent, {Tf}, MemCategory::Activations), 0.f);
+  // This rank's rows of the gradients (pad rows: none), where the logits are.
+  const auto on_dev = [dev](const std::vector<float>& v) {
+    Tensor h = Tensor::from_host(v, {int64_t(v.size())}, MemCategory::Activations);
+    if (dev == Device::CPU) return h;
+    Tensor t = Tensor::empty(h.shape(), DType::F32, MemCategory::Activations, dev);
+    t.copy_from(h);
+    return t;
+  };
+  const Tensor dlogprob = model::cp_rank_rows(b, on_dev(dlp), 0.f);
+  const Tensor dentropy = model::cp_rank_rows(b, on_dev(dent), 0.f);
 
   bool any_entropy = false;
   if (need_entropy_grad)
@@ -35,7 +43,7 @@ HeadLoss token_head_loss(const model::CausalLM& m, const model::PackedBatch& b, 
   // f32 logits are overwritten by their gradient: the single [T, V] buffer
   // (under tensor parallelism, this rank's [T, V/tp] shard).
   h.dlogits = logits.dtype() == DType::F32 ? logits
-                                           : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations);
+                                           : Tensor::empty(logits.shape(), DType::F32, MemCategory::Activations, dev);
   model::logprob_entropy_bwd(m, logits, b.targets, lse, dlogprob, any_entropy ? &dentropy : nullptr, &entropy,
                              h.dlogits);
   return h;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <functional>
 #include <optional>
@@ -66,11 +67,21 @@ inline std::vector<double> to_double(const Tensor& t) {
 }
 
 // Max |a-b| / max(max|b|, tiny): "relative to its scale", the golden-file criterion.
+// A NaN, an Inf or a length mismatch is an infinite error: std::max alone
+// would skip a NaN (every comparison with it is false) and pass a broken result.
 inline double rel_to_scale(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
   double scale = 1e-30, err = 0;
   for (size_t i = 0; i < want.size(); ++i) {
+    // Equal values (the same infinity included) and NaN where NaN is wanted are exact.
+    if (got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))) {
+      if (std::isfinite(want[i])) scale = std::max(scale, std::abs(want[i]));
+      continue;
+    }
+    const double d = std::abs(got[i] - want[i]);
+    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
     scale = std::max(scale, std::abs(want[i]));
-    err = std::max(err, std::abs(got[i] - want[i]));
+    err = std::max(err, d);
   }
   return err / scale;
 }

@@ -31,8 +31,9 @@ void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    const Tensor* prefix_of) {
   check_dims("attention_bwd", s);
   Tensor dsum = Tensor::empty({s.n_heads, q.size(0)}, DType::F32, MemCategory::Activations, Device::CUDA);
-  launch::attention_bwd(q.raw(), k.raw(), v.raw(), out.raw(), static_cast<const float*>(lse.raw()), dout.raw(),
-                        float_kind(q, "attention_bwd"), i32(&cu), int(cu.size(0) - 1), i32(prefix_of), q.size(0),
+  launch::attention_bwd(q.raw(), k.raw(), v.raw(), out.raw(), float_kind(q, "attention_bwd"),
+                        static_cast<const float*>(lse.raw()), dout.raw(), float_kind(dout, "attention_bwd"), i32(&cu),
+                        int(cu.size(0) - 1), i32(prefix_of), q.size(0),
                         int(s.n_heads), int(s.n_kv_heads), int(s.head_dim), int(s.v_head_dim), s.scale,
                         static_cast<float*>(dsum.raw()), dq.raw(), dk.raw(), dv.raw(), stream());
   check_launch("attention_bwd");

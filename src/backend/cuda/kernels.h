@@ -113,10 +113,12 @@ int attention_max_head_dim();
 void attention_fwd(const void* q, const void* k, const void* v, FloatKind kd, const int32_t* cu, int n,
                    const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd, int vd, float scale, void* out,
                    float* lse, void* stream);
-// dq, dk, dv written; dsum_scratch f32 [H, T].
-void attention_bwd(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
-                   FloatKind kd, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd,
-                   int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv, void* stream);
+// q, k, v, out of kind kd; dout, dq, dk, dv of kind gk (f32 grads of bf16 activations in bf16
+// training). dq, dk, dv written; dsum_scratch f32 [H, T].
+void attention_bwd(const void* q, const void* k, const void* v, const void* out, FloatKind kd, const float* lse,
+                   const void* dout, FloatKind gk, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H,
+                   int Hkv, int hd, int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv,
+                   void* stream);
 
 // ---- kernels_paged.cu: ops/paged_attention.h ----
 // k_cache[slots[t]] = k[t] (and v) for rows with slots[t] >= 0; rows of `width` elements of elem_bytes 2 or 4.

@@ -69,8 +69,9 @@ __global__ void fwd_kernel(const void* q, const void* k, const void* v, FloatKin
   if (lane == 0) lse[int64_t(h) * D.T + i] = row_lse;
 }
 
-// Dsum[h, i] = sum_d dout[i, h, d] * out[i, h, d].
-__global__ void dsum_kernel(const void* out, const void* dout, FloatKind kd, Dims D, float* Dsum) {
+// Dsum[h, i] = sum_d dout[i, h, d] * out[i, h, d]. The gradients (dout, dq, dk, dv) have their own
+// kind gk: bf16 training keeps activation gradients in f32 while q, k, v and out are bf16.
+__global__ void dsum_kernel(const void* out, FloatKind kd, const void* dout, FloatKind gk, Dims D, float* Dsum) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t w = int64_t(blockIdx.x) * kWarps + warp;
   if (w >= D.T * D.H) return;
@@ -78,13 +79,13 @@ __global__ void dsum_kernel(const void* out, const void* dout, FloatKind kd, Dim
   const int h = int(w % D.H);
   const int64_t ob = i * D.H * D.vd + int64_t(h) * D.vd;
   float s = 0.f;
-  for (int d = lane; d < D.vd; d += 32) s += ld(dout, kd, ob + d) * ld(out, kd, ob + d);
+  for (int d = lane; d < D.vd; d += 32) s += ld(dout, gk, ob + d) * ld(out, kd, ob + d);
   s = warp_sum(s);
   if (lane == 0) Dsum[int64_t(h) * D.T + i] = s;
 }
 
 // dq of query row i, head h: sum over its visible keys j of scale * ds_ij * k_j.
-__global__ void dq_kernel(const void* q, const void* k, const void* v, const void* dout, FloatKind kd,
+__global__ void dq_kernel(const void* q, const void* k, const void* v, FloatKind kd, const void* dout, FloatKind gk,
                           const float* lse, const float* Dsum, const int32_t* cu, int n, const int32_t* prefix_of,
                           Dims D, void* dq) {
   __shared__ float qs_all[kWarps][kMaxDim];
@@ -97,7 +98,7 @@ __global__ void dq_kernel(const void* q, const void* k, const void* v, const voi
   float* qs = qs_all[warp];
   float* gs = gs_all[warp];
   for (int d = lane; d < D.hd; d += 32) qs[d] = ld(q, kd, i * D.H * D.hd + int64_t(h) * D.hd + d);
-  for (int d = lane; d < D.vd; d += 32) gs[d] = ld(dout, kd, i * D.H * D.vd + int64_t(h) * D.vd + d);
+  for (int d = lane; d < D.vd; d += 32) gs[d] = ld(dout, gk, i * D.H * D.vd + int64_t(h) * D.vd + d);
   __syncwarp();
   const float L = lse[int64_t(h) * D.T + i], Di = Dsum[int64_t(h) * D.T + i];
   const int b = seq_of(cu, n, i);
@@ -135,13 +136,13 @@ __global__ void dq_kernel(const void* q, const void* k, const void* v, const voi
 #pragma unroll
   for (int t = 0; t < kSlots; ++t) {
     const int d = lane + 32 * t;
-    if (d < D.hd) st(dq, kd, qb + d, D.scale * acc[t]);
+    if (d < D.hd) st(dq, gk, qb + d, D.scale * acc[t]);
   }
 }
 
 // dk, dv of key row j, kv head g: sums over the heads of the group, then over the
 // queries that see j (its own sequence's from j on, then every continuation's).
-__global__ void dkdv_kernel(const void* q, const void* k, const void* v, const void* dout, FloatKind kd,
+__global__ void dkdv_kernel(const void* q, const void* k, const void* v, FloatKind kd, const void* dout, FloatKind gk,
                             const float* lse, const float* Dsum, const int32_t* cu, int n, const int32_t* prefix_of,
                             Dims D, void* dk, void* dv) {
   __shared__ float ks_all[kWarps][kMaxDim];
@@ -168,7 +169,7 @@ __global__ void dkdv_kernel(const void* q, const void* k, const void* v, const v
         const int64_t qb = i * D.H * D.hd + int64_t(h) * D.hd, ob = i * D.H * D.vd + int64_t(h) * D.vd;
         float dot = 0.f, dp = 0.f;
         for (int d = 0; d < D.hd; ++d) dot += ks[d] * ld(q, kd, qb + d);
-        for (int d = 0; d < D.vd; ++d) dp += vs[d] * ld(dout, kd, ob + d);
+        for (int d = 0; d < D.vd; ++d) dp += vs[d] * ld(dout, gk, ob + d);
         pr = expf(D.scale * dot - lse[int64_t(h) * D.T + i]);
         ds = pr * (dp - Dsum[int64_t(h) * D.T + i]);
       }
@@ -179,7 +180,7 @@ __global__ void dkdv_kernel(const void* q, const void* k, const void* v, const v
 #pragma unroll
         for (int t = 0; t < kSlots; ++t) {
           const int d = lane + 32 * t;
-          if (d < D.vd) av[t] += pq * ld(dout, kd, ob + d);
+          if (d < D.vd) av[t] += pq * ld(dout, gk, ob + d);
           if (d < D.hd) ak[t] += dq * ld(q, kd, qb + d);
         }
       }
@@ -195,8 +196,8 @@ __global__ void dkdv_kernel(const void* q, const void* k, const void* v, const v
 #pragma unroll
   for (int t = 0; t < kSlots; ++t) {
     const int d = lane + 32 * t;
-    if (d < D.hd) st(dk, kd, kb + d, D.scale * ak[t]);
-    if (d < D.vd) st(dv, kd, vb + d, av[t]);
+    if (d < D.hd) st(dk, gk, kb + d, D.scale * ak[t]);
+    if (d < D.vd) st(dv, gk, vb + d, av[t]);
   }
 }
 
@@ -214,16 +215,18 @@ void attention_fwd(const void* q, const void* k, const void* v, FloatKind kd, co
   KS_LAUNCH(fwd_kernel, blocks_for(T * H), kWarps * 32, as_stream(stream))(q, k, v, kd, cu, n, prefix_of, D, out, lse);
 }
 
-void attention_bwd(const void* q, const void* k, const void* v, const void* out, const float* lse, const void* dout,
-                   FloatKind kd, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H, int Hkv, int hd,
-                   int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv, void* stream) {
+void attention_bwd(const void* q, const void* k, const void* v, const void* out, FloatKind kd, const float* lse,
+                   const void* dout, FloatKind gk, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T, int H,
+                   int Hkv, int hd, int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv,
+                   void* stream) {
   if (T <= 0) return;
   const Dims D{T, H, Hkv, hd, vd, scale};
   auto s = as_stream(stream);
-  KS_LAUNCH(dsum_kernel, blocks_for(T * H), kWarps * 32, s)(out, dout, kd, D, dsum_scratch);
-  KS_LAUNCH(dq_kernel, blocks_for(T * H), kWarps * 32, s)(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D, dq);
-  KS_LAUNCH(dkdv_kernel, blocks_for(T * Hkv), kWarps * 32, s)(q, k, v, dout, kd, lse, dsum_scratch, cu, n, prefix_of, D,
-                                                          dk, dv);
+  KS_LAUNCH(dsum_kernel, blocks_for(T * H), kWarps * 32, s)(out, kd, dout, gk, D, dsum_scratch);
+  KS_LAUNCH(dq_kernel, blocks_for(T * H), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu, n, prefix_of, D,
+                                                        dq);
+  KS_LAUNCH(dkdv_kernel, blocks_for(T * Hkv), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu, n,
+                                                          prefix_of, D, dk, dv);
 }
 
 }  // namespace kestrel::cuda::launch

@@ -1,0 +1,137 @@
+// The training engine with its model on the device: the same mini-batches
+// (two micro-batches each, clipping on) stepped by AdamW three times on the
+// device and on the CPU from the same weights must give the same losses,
+// gradient norms and weights within the arithmetic's tolerance (the GEMMs
+// differ: cuBLAS or the emulator's against the CPU's BLAS, so not bit for
+// bit). f32, and bf16 weights with f32 masters. The optimizer state lives on
+// the device, and a checkpoint written from there resumes on the CPU.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "backend/cuda/cuda_backend.h"
+#include "common/testing.h"
+#include "model/batch.h"
+#include "train/checkpoint.h"
+#include "train/optimizer_checkpoint.h"
+#include "train/engine.h"
+#include "../train/engine_testing.h"
+
+namespace kestrel::train {
+namespace {
+
+namespace fs = std::filesystem;
+using engine_testing::mean_nll;
+using engine_testing::sequences;
+using engine_testing::split;
+using engine_testing::tiny_config;
+
+class TrainOnDevice : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda::available()) GTEST_SKIP() << cuda::describe();
+    cuda::init();
+  }
+};
+
+std::unique_ptr<model::CausalLM> tiny(DType dt, Device dev) {
+  model::ModelOptions o;
+  o.dtype = dt;
+  o.device = dev;
+  return model::CausalLM::init_random(tiny_config(), o, /*seed=*/7);
+}
+
+std::vector<double> weights_of(model::CausalLM& m) {
+  std::vector<double> out;
+  for (const model::Param* p : m.params())
+    for (double x : testing::to_double(p->weight)) out.push_back(x);
+  return out;
+}
+
+// Three updates of 2 micro-batches each, clipping at 0.5 (it clips here).
+std::vector<MiniBatchResult> three_steps(TrainingEngine& e) {
+  std::vector<MiniBatchResult> out;
+  for (int s = 0; s < 3; ++s) {
+    const auto seqs = sequences(6, s);
+    out.push_back(e.train_mini_batch(split(seqs, 3), mean_nll(seqs), e.lr(s), s + 1));
+  }
+  return out;
+}
+
+// f32: the losses and norms agree to float rounding of differently ordered
+// sums (~1e-6 relative); AdamW's first steps move each weight by about lr in
+// the sign of its gradient, so the weights agree to lr times the gradients'
+// relative difference (measured 2e-7 of the weights' scale). bf16: every op
+// output is rounded to 8 bits on both sides in different orders, so the
+// losses are a few bf16 ulps (2^-8 each) apart; the f32 masters stay close
+// and the bf16 weights rounded from them differ by at most one bf16 ulp of
+// the largest weight, 2^-8 = 3.9e-3 of the scale (measured 9.5e-4).
+struct Tol {
+  double scalar, weights;
+};
+Tol tol_for(DType dt) { return dt == DType::F32 ? Tol{2e-5, 1e-5} : Tol{2e-2, 4e-3}; }
+
+TEST_P(TrainOnDevice, ThreeStepsEqualTheCpuSteps) {
+  const DType dt = GetParam();
+  auto cpu = tiny(dt, Device::CPU), dev = tiny(dt, Device::CUDA);
+  EngineOptions o = engine_testing::options(0.5);
+  TrainingEngine ec(*cpu, o), ed(*dev, o);
+  for (const optim::ParamSlot& s : ed.optimizer().params()) {
+    ASSERT_EQ(s.grad.device(), Device::CUDA) << s.name;
+    if (s.master.defined()) {
+      ASSERT_EQ(s.master.device(), Device::CUDA) << s.name;
+    }
+  }
+  const std::vector<MiniBatchResult> rc = three_steps(ec), rd = three_steps(ed);
+  const Tol tol = tol_for(dt);
+  for (size_t s = 0; s < rc.size(); ++s) {
+    ASSERT_TRUE(rd[s].finite) << "step " << s << ": loss " << rd[s].loss << ", grad norm " << rd[s].grad_norm;
+    EXPECT_NEAR(rd[s].loss, rc[s].loss, tol.scalar * std::abs(rc[s].loss)) << "step " << s;
+    EXPECT_NEAR(rd[s].grad_norm, rc[s].grad_norm, tol.scalar * rc[s].grad_norm) << "step " << s;
+  }
+  EXPECT_GT(rc[0].grad_norm, 0.5) << "clipping should act in this test";
+  EXPECT_LE(testing::rel_to_scale(weights_of(*dev), weights_of(*cpu)), tol.weights);
+  // The step did move the weights (the comparison above is not of two untouched copies).
+  auto fresh = tiny(dt, Device::CPU);
+  EXPECT_GT(testing::rel_to_scale(weights_of(*fresh), weights_of(*cpu)), 5 * tol.weights);
+}
+
+TEST_P(TrainOnDevice, CheckpointFromTheDeviceResumesOnTheCpu) {
+  const DType dt = GetParam();
+  auto dev = tiny(dt, Device::CUDA);
+  EngineOptions o = engine_testing::options(0.5);
+  TrainingEngine ed(*dev, o);
+  const auto seqs = sequences(6, 0);
+  ed.train_mini_batch(split(seqs, 3), mean_nll(seqs), ed.lr(0), 1);
+  const fs::path dir = fs::temp_directory_path() / ("kestrel_train_on_device_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const Status model_saved = dev->save((dir / "model").string(), dt);
+  ASSERT_TRUE(model_saved.is_ok()) << model_saved.message();
+  fs::create_directories(dir / "optim");
+  const Status saved = save_optimizer_checkpoint(ed, (dir / "optim").string());
+  ASSERT_TRUE(saved.is_ok()) << saved.message();
+  // The CPU engine loads both and takes the next step; so does the device engine.
+  model::ModelOptions mo;
+  mo.dtype = dt;
+  auto cpu = model::CausalLM::load((dir / "model").string(), mo);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().message();
+  TrainingEngine ec(*cpu.value(), o);
+  const Status loaded = load_optimizer_checkpoint(ec, (dir / "optim").string());
+  ASSERT_TRUE(loaded.is_ok()) << loaded.message();
+  EXPECT_EQ(ec.optimizer().step_count(), 1);
+  const auto next = sequences(6, 1);
+  const MiniBatchResult rc = ec.train_mini_batch(split(next, 3), mean_nll(next), ec.lr(1), 2);
+  const MiniBatchResult rd = ed.train_mini_batch(split(next, 3), mean_nll(next), ed.lr(1), 2);
+  const Tol tol = tol_for(dt);
+  EXPECT_NEAR(rd.loss, rc.loss, tol.scalar * std::abs(rc.loss));
+  EXPECT_LE(testing::rel_to_scale(weights_of(*dev), weights_of(*cpu.value())), tol.weights);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, TrainOnDevice, ::testing::Values(DType::F32, DType::BF16),
+                         [](const auto& i) { return std::string(dtype_name(i.param)); });
+
+}  // namespace
+}  // namespace kestrel::train
