@@ -61,7 +61,14 @@ train::ValueObjective value_objective(const RolloutBatch& b, const std::vector<i
       d[k] = float(out.dloss_dvalue[k]);
       at[k] = int32_t(rows[k]);
     }
-    if (n > 0) ops::scatter_rows(Tensor::from_host(d, {n, 1}), Tensor::from_host(at, {n}), dv);
+    if (n > 0) {
+      // The gradient rows and their positions go where dv is (the critic's device).
+      Tensor rows_d = Tensor::empty({n, 1}, DType::F32, MemCategory::Activations, dv.device());
+      Tensor at_d = Tensor::empty({n}, DType::I32, MemCategory::Activations, dv.device());
+      rows_d.copy_from(Tensor::from_host(d, {n, 1}));
+      at_d.copy_from(Tensor::from_host(at, {n}));
+      ops::scatter_rows(rows_d, at_d, dv);
+    }
     if (totals) {
       const double n = double(rows.size());
       totals->loss += out.loss;
@@ -79,12 +86,12 @@ double value_forward_backward(model::CausalLM& critic, const RolloutBatch& b, co
                               bool share_prompts) {
   KS_CHECK(critic.is_value_model(), "critic: the model has no value head (load it with ModelOptions::value_head)");
   const PackedSequences packed = pack_rollout_sequences(b, seqs, share_prompts);
-  const model::PackedBatch& pb = packed.batch;
+  const model::PackedBatch pb = model::to_device(packed.batch, critic.device());
   const train::ValueObjective obj =
       value_objective(b, seqs, packed.rows, returns, old_values, cliprange_value, scope, totals);
   model::Activations acts;
   const Tensor v = critic.forward(pb, acts);  // [T, 1], compute dtype
-  Tensor dv = Tensor::zeros({pb.num_tokens, 1}, DType::F32, MemCategory::Activations);  // [T, 1]
+  Tensor dv = Tensor::zeros({pb.num_tokens, 1}, DType::F32, MemCategory::Activations, critic.device());  // [T, 1]
   const double loss = obj(v, dv);
   critic.backward(pb, acts, dv);
   return loss;

@@ -4,7 +4,9 @@
 // the whole matrix on every call. Larger steps (prefill chunks, decode of
 // many sequences) multiply by the weight packed once per weight version
 // (backend/cpu/packed_linear.h) when the engine keeps packs and the library
-// can pack; every other case goes to ops::linear_fwd.
+// can pack; every other case goes to ops::linear_fwd, and so does every
+// step of a model on a device (its backend's GEMM; the skinny kernel and the
+// packs are the CPU's, and the runner gives a device model no packs).
 //
 // TODO(ops): this belongs in ops::linear_fwd as its small-M and packed
 // paths; it lives here until the ops layer takes them.

@@ -9,6 +9,13 @@
 // pick the same tokens and their schedulers make the same decisions. The
 // caller adds the same requests, in the same order, on every rank; each step
 // checks that the ranks agree (one 8-byte all-gather) and fails loudly if not.
+//
+// A model on a device (CausalLM::device()) gets its KV cache there and runs
+// every step there (model_runner.h); the sampler stays on the host for now:
+// each step reads its [S, V] logits and [S] log-sum-exps back and samples
+// from the host copies (S rows of V values: small next to the step's forward,
+// and it keeps the sampler one implementation with one keyed RNG). The swap
+// area stays on the host.
 #include "rollout/engine.h"
 
 #include <omp.h>
@@ -63,10 +70,11 @@ void check_lockstep(comm::ProcessGroup& tp, const StepBatch& b, int64_t step) {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const model::CausalLM& m, const EngineConfig& cfg, const KVGeometry& g, int64_t max_model_len)
-      : model_(m), cfg_(cfg), max_model_len_(max_model_len), kv_(g), pool_(g.num_blocks, cfg.enable_prefix_caching),
-        swap_(kv_), sched_(SchedulerConfig{cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs,
-                                           cfg.enable_chunked_prefill, cfg.preemption_mode == "swap"},
-                           pool_, &swap_),
+      : model_(m), cfg_(cfg), max_model_len_(max_model_len), kv_(g, m.device()),
+        pool_(g.num_blocks, cfg.enable_prefix_caching), swap_(kv_),
+        sched_(SchedulerConfig{cfg.block_size, cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                               cfg.enable_chunked_prefill, cfg.preemption_mode == "swap"},
+               pool_, &swap_),
         runner_(m, kv_) {
     for (int64_t e : m.config().eos_token_ids) eos_.insert(int32_t(e));
     const double swap_bytes = cfg.swap_space_gib * double(int64_t(1) << 30);
@@ -210,8 +218,11 @@ void EngineImpl::collect_routing(Sequence* s, const Sequence& rows_of) {
            " tokens read through ", rows_of.blocks.size(), " blocks");
   std::vector<int32_t> slots(static_cast<size_t>(n));
   for (int64_t p = 0; p < n; ++p) slots[size_t(p)] = int32_t(rows_of.blocks[size_t(p / bs)] * bs + p % bs);
-  Tensor rows = Tensor::empty({n, W}, DType::I32, MemCategory::Activations);  // [L-1, n_moe_layers * k]
-  ops::gather_rows(kv_.routing_rows(), Tensor::from_host(slots, {n}, MemCategory::Activations), rows);
+  const Device dev = kv_.device();  // the routing cache's (the model's)
+  Tensor rows = Tensor::empty({n, W}, DType::I32, MemCategory::Activations, dev);  // [L-1, n_moe_layers * k]
+  Tensor idx = Tensor::empty({n}, DType::I32, MemCategory::Activations, dev);     // [L-1] cache slots
+  idx.copy_from(Tensor::from_host(slots, {n}, MemCategory::Activations));
+  ops::gather_rows(kv_.routing_rows(), idx, rows);
   s->routed_experts = rows.to_host<int32_t>();
   s->routed_experts.resize(size_t(L * W), -1);
 }
@@ -275,14 +286,18 @@ std::vector<RequestOutput> EngineImpl::step() {
   if (S == 0) return finished;
 
   // log-sum-exp of every sampled row with the trainer's own op, so
-  // logprob = logit - lse is computed exactly as in scoring.
-  Tensor lse = Tensor::empty({S}, DType::F32, MemCategory::Activations);
+  // logprob = logit - lse is computed exactly as in scoring; on the logits'
+  // device (the model's).
+  const Device dev = logits.device();
+  Tensor lse = Tensor::empty({S}, DType::F32, MemCategory::Activations, dev);  // [S]
   {
-    const Tensor none = Tensor::from_host(std::vector<int32_t>(size_t(S), -1), {S}, MemCategory::Activations);
-    Tensor lp = Tensor::empty({S}, DType::F32, MemCategory::Activations);
+    Tensor none = Tensor::empty({S}, DType::I32, MemCategory::Activations, dev);  // [S] no target: lse only
+    none.copy_from(Tensor::from_host(std::vector<int32_t>(size_t(S), -1), {S}, MemCategory::Activations));
+    Tensor lp = Tensor::empty({S}, DType::F32, MemCategory::Activations, dev);  // [S]
     ops::logprob_entropy_fwd(logits, none, lp, nullptr, lse);
   }
-  // Host copies for the sampler: [S, V] logits (bf16/f16 widen exactly) and [S] lse.
+  // Host copies for the sampler, which runs on the host whatever the model's
+  // device (see the file comment): [S, V] logits (bf16/f16 widen exactly) and [S] lse.
   const std::vector<float> lf = logits.dtype() == DType::F32 ? logits.to_host<float>() : logits.to_float_vector();
   const std::vector<float> lse_h = lse.to_host<float>();
   const float* L = lf.data();

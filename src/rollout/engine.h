@@ -149,7 +149,8 @@ class Engine {
   virtual void update_weights_version() = 0;
   // The weights this engine packed for its GEMMs (rollout/decode_linear.h),
   // keyed by weight tensor: a scoring pass over the same weights (the actor
-  // the engine reads in place) may multiply by them too.
+  // the engine reads in place) may multiply by them too. Always empty for a
+  // model on a device: do not hand them to CausalLM::set_forward_packs there.
   virtual cpu::WeightPacks& weight_packs() = 0;
   // Frees KV memory (colocated training runs meanwhile) / allocates it again.
   virtual void sleep() = 0;

@@ -16,7 +16,7 @@ Shape layer_shape(const KVGeometry& g, int64_t blocks) {
 
 }  // namespace
 
-KVCache::KVCache(const KVGeometry& g) : g_(g) {
+KVCache::KVCache(const KVGeometry& g, Device device) : g_(g), device_(device) {
   const bool gqa = g.n_kv_heads > 0 && g.head_dim > 0 && g.latent_dim == 0;
   const bool mla = g.latent_dim > 0 && g.n_kv_heads == 0 && g.head_dim == 0;
   KS_CHECK(g.n_layers > 0 && g.num_blocks >= 2 && g.block_size > 0 && g.routing_width >= 0 && (gqa || mla),
@@ -51,12 +51,13 @@ void KVCache::allocate() {
   for (int64_t l = 0; l < g_.n_layers; ++l) {
     // Not zeroed: attention reads only slots written before it (the causal
     // limit), and untouched pages of a large cache then cost no time.
-    k_.push_back(Tensor::empty(s, g_.dtype, MemCategory::KVCache));
-    if (!g_.latent()) v_.push_back(Tensor::empty(s, g_.dtype, MemCategory::KVCache));
+    k_.push_back(Tensor::empty(s, g_.dtype, MemCategory::KVCache, device_));
+    if (!g_.latent()) v_.push_back(Tensor::empty(s, g_.dtype, MemCategory::KVCache, device_));
   }
   // Rows are read only for positions a forward wrote (a finished sequence's computed tokens).
   if (has_routing())
-    routing_ = Tensor::empty({g_.num_blocks, g_.block_size, g_.routing_width}, DType::I32, MemCategory::KVCache);
+    routing_ = Tensor::empty({g_.num_blocks, g_.block_size, g_.routing_width}, DType::I32, MemCategory::KVCache,
+                             device_);
 }
 
 void KVCache::release() {
@@ -91,8 +92,9 @@ std::vector<Tensor*> KVCache::host_arrays() {
 
 void KVCache::ensure_swap_area() {
   if (!swap_k_.empty() || swap_capacity_ <= 0) return;
-  // On a GPU this is pinned host memory; on the CPU backend it is plain host
-  // memory of the same category, so sleep() accounts it too.
+  // Host memory whatever device the cache is on (plain, not yet pinned: the
+  // block copies are synchronous), of the same category, so sleep() accounts
+  // it too.
   const Shape s = layer_shape(g_, swap_capacity_);
   for (int64_t l = 0; l < g_.n_layers; ++l) {
     swap_k_.push_back(Tensor::empty(s, g_.dtype, MemCategory::KVCache, Device::CPU));

@@ -12,6 +12,10 @@
 // sits beside them: i32 [num_blocks, block_size, n_moe_layers * top_k], the
 // experts each cached token was routed to, so swaps, forks and prefix-cache
 // hits move it with the K/V it belongs to.
+// The K/V arrays and the routing cache live on the device of the model the
+// cache serves (KVCache's `device`: Device::CUDA for a model on the GPU); the
+// swap area always lives on the host (Device::CPU), which is what swapping
+// buys: ops::copy_kv_blocks moves blocks between the two.
 // Sleep frees everything; wake re-allocates the device arrays.
 #pragma once
 #include <cstdint>
@@ -42,8 +46,10 @@ struct KVGeometry {
 
 class KVCache {
  public:
-  explicit KVCache(const KVGeometry& g);
+  // device: where the K/V arrays and routing cache go (the model's, CausalLM::device()).
+  explicit KVCache(const KVGeometry& g, Device device = Device::CPU);
   const KVGeometry& geometry() const { return g_; }
+  Device device() const { return device_; }
 
   bool allocated() const { return !k_.empty(); }
   void allocate();
@@ -80,6 +86,7 @@ class KVCache {
   std::vector<Tensor*> host_arrays();
 
   KVGeometry g_;
+  Device device_;
   // Per layer, device: K and V (GQA), or the latent array in k_ and v_ empty (MLA).
   std::vector<Tensor> k_, v_;
   Tensor routing_;                       // i32 [num_blocks, block_size, routing_width], device

@@ -16,8 +16,18 @@ namespace kestrel::rollout {
 
 namespace {
 
-Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
-Tensor ints(const std::vector<int32_t>& v, Shape s) { return Tensor::from_host(v, std::move(s), MemCategory::Activations); }
+// A step's activation on `dev` (the model's device).
+Tensor act(Shape s, DType dt, Device dev) { return Tensor::empty(std::move(s), dt, MemCategory::Activations, dev); }
+// The host-built index vector v as an i32 tensor on `dev`, where the ops that
+// read it next to the model's tensors run (one synchronous upload per tensor:
+// a handful of small copies per step, against a forward over every weight).
+Tensor ints(const std::vector<int32_t>& v, Shape s, Device dev) {
+  Tensor host = Tensor::from_host(v, std::move(s), MemCategory::Activations);
+  if (dev == Device::CPU) return host;
+  Tensor t = act(host.shape(), DType::I32, dev);
+  t.copy_from(host);
+  return t;
+}
 
 }  // namespace
 
@@ -64,9 +74,12 @@ namespace {
 // off (BlockExec::apply_capacity): an inference engine never drops tokens.
 class RolloutExec final : public model::BlockExec {
  public:
+  // packs: the CPU weight packs (nullptr for a model on a device: packs are
+  // the CPU GEMM's, and ops::linear_fwd runs the device's).
   RolloutExec(comm::ProcessGroup& tp, KVCache& kv, Tensor residual, WeightPacks* packs)
       : tp_(tp), kv_(kv), residual_(std::move(residual)), packs_(packs) {
     Tl = Tp = residual_.size(0);
+    device = residual_.device();  // the model's: every buffer and scratch goes there
     if (tp_.size() > 1) replicated_tp = &tp_;
   }
   Tensor slots, cu_q, seq_lens, tables;  // i32 [T], [B+1], [B], [B, max_blocks]
@@ -82,7 +95,7 @@ class RolloutExec final : public model::BlockExec {
     if (slot == BlockBuf::Act) slot = BlockBuf::Gate;
     Tensor& t = bufs_[size_t(slot)];
     if (!t.defined()) {
-      t = act(std::move(shape), dt);
+      t = act(std::move(shape), dt, device);
       ++allocated;
       return t;
     }
@@ -114,7 +127,7 @@ class RolloutExec final : public model::BlockExec {
     }
     // bf16: reduce the f32 partials and round once, as the single-process GEMM
     // and training's row_linear_fwd do.
-    Tensor partial = act({x.size(0), w.size(0)}, DType::F32);  // [T, out]
+    Tensor partial = act({x.size(0), w.size(0)}, DType::F32, device);  // [T, out]
     decode_linear(x, w, b0, partial, packs_);
     tp_.all_reduce(partial, comm::ReduceOp::Sum);
     y.copy_from(partial);
@@ -197,6 +210,9 @@ ModelRunner::ModelRunner(const model::CausalLM& model, KVCache& kv) : m_(model),
   KS_CHECK(g.n_layers == want.n_layers && g.n_kv_heads == want.n_kv_heads && g.head_dim == want.head_dim &&
                g.latent_dim == want.latent_dim && g.dtype == want.dtype && g.routing_width == want.routing_width,
            "KV cache geometry (", describe(g), ") does not match the model on this tp rank (", describe(want), ")");
+  KS_CHECK(kv.device() == model.device(), "internal: the KV cache is on ", device_name(kv.device()),
+           " but the model it serves is on ", device_name(model.device()),
+           "; create the KVCache on the model's device (CausalLM::device())");
 }
 
 Tensor ModelRunner::gather_vocab(const Tensor& local) {
@@ -204,11 +220,11 @@ Tensor ModelRunner::gather_vocab(const Tensor& local) {
   if (tp.size() == 1) return local;
   const int n = tp.size();
   const int64_t S = local.size(0), Vl = local.size(1), V = m_.config().vocab_size;
-  Tensor blocks = act({n, S, Vl}, local.dtype());  // [tp, S, V/tp]: rank r's vocab slice r
+  Tensor blocks = act({n, S, Vl}, local.dtype(), local.device());  // [tp, S, V/tp]: rank r's vocab slice r
   tp.all_gather(local, blocks);
   // [S, V]: the vocabulary padding columns (past V, on the last ranks) are
   // dropped, so no caller can sample them.
-  Tensor full = act({S, V}, local.dtype());
+  Tensor full = act({S, V}, local.dtype(), local.device());
   for (int r = 0; r < n; ++r) {
     const int64_t cols = std::min<int64_t>(Vl, V - int64_t(r) * Vl);
     if (cols <= 0) break;
@@ -227,26 +243,27 @@ Tensor ModelRunner::execute(const StepBatch& b) {
 
   // Buffers reused by every layer: the decode rows of all sequences share
   // each GEMM, so one step costs one read of every weight.
-  Tensor x = act({T, D}, dt);  // [T, D] residual stream, replicated over tp
-  RolloutExec ex(m_.tp(), kv_, x, &packs_);
+  const Device dev = m_.device();
+  Tensor x = act({T, D}, dt, dev);  // [T, D] residual stream, replicated over tp
+  RolloutExec ex(m_.tp(), kv_, x, gemm_packs());
   if (m_.ep().size() > 1) {  // the MoE layers dispatch over the model's ep group (its experts in place)
     ex.ep = &m_.ep();
     ex.ep_hier = m_.options().parallel.ep_hier.get();
   }
   ex.rope = &m_.rope();
-  ex.positions = ints(b.positions, {T});
-  ex.slots = ints(b.slot_mapping, {T});
-  ex.cu_q = ints(b.cu_q, {B + 1});
-  ex.seq_lens = ints(b.seq_lens, {B});
-  ex.tables = ints(b.block_tables, {B, b.max_blocks});
-  const Tensor ids = ints(b.input_ids, {T});
+  ex.positions = ints(b.positions, {T}, dev);
+  ex.slots = ints(b.slot_mapping, {T}, dev);
+  ex.cu_q = ints(b.cu_q, {B + 1}, dev);
+  ex.seq_lens = ints(b.seq_lens, {B}, dev);
+  ex.tables = ints(b.block_tables, {B, b.max_blocks}, dev);
+  const Tensor ids = ints(b.input_ids, {T}, dev);
   // Vocab-parallel: each id's row lives on one rank, the others add zeros.
   parallel::vocab_embedding_fwd(m_.tp(), false, ids, m_.embedding().weight, m_.vocab_start(), x);
   // The routing the MoE layers use, recorded for router replay (R3) into
   // the routing cache by slot, like the K/V of the same tokens.
   Tensor record;  // i32 [T, n_moe_layers, k]
   if (kv_.has_routing()) {
-    record = Tensor::empty({T, m_.num_moe_layers(), c.moe.top_k}, DType::I32, MemCategory::Activations);
+    record = act({T, m_.num_moe_layers(), c.moe.top_k}, DType::I32, dev);
     ex.routing_record = &record;
   }
   model::LayerActivations scratch;  // the block's activation handles; nothing is kept
@@ -259,12 +276,12 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   if (S == 0) return Tensor();
 
   // Final norm and lm_head on the sampled rows only (the norm is per row).
-  Tensor xs = act({S, D}, dt);  // [S, D]: x's rows b.sample_rows
-  ops::gather_rows(x, ints(b.sample_rows, {S}), xs);
-  Tensor normf = act({S, D}, dt), rstdf = act({S}, DType::F32);
+  Tensor xs = act({S, D}, dt, dev);  // [S, D]: x's rows b.sample_rows
+  ops::gather_rows(x, ints(b.sample_rows, {S}, dev), xs);
+  Tensor normf = act({S, D}, dt, dev), rstdf = act({S}, DType::F32, dev);  // [S, D], [S]
   ops::rmsnorm_fwd(xs, m_.final_norm().weight, float(c.rms_norm_eps), normf, rstdf);
-  Tensor logits = act({S, m_.local_vocab()}, dt);  // [S, V/tp]: this rank's vocab rows
-  decode_linear(normf, m_.lm_head().weight, nullptr, logits, &packs_);
+  Tensor logits = act({S, m_.local_vocab()}, dt, dev);  // [S, V/tp]: this rank's vocab rows
+  decode_linear(normf, m_.lm_head().weight, nullptr, logits, gemm_packs());
   return gather_vocab(logits);  // [S, V]
 }
 

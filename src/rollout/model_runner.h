@@ -19,6 +19,12 @@
 // gathers too), so every rank samples the same tokens from the same logits and
 // the schedulers stay in lockstep; a padded vocabulary's columns past vocab_size
 // are dropped there (they can never be sampled).
+//
+// A model on a device (CausalLM::device(), tp 1: the comm layer has no NCCL
+// yet) runs the step there: the cache, every buffer and the step's index
+// tensors (positions, slots, block tables, cu_q, seq_lens) are on the model's
+// device, uploaded from the host-built StepBatch, and the logits come back on
+// it too; no CPU weight packs are made.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -77,11 +83,14 @@ class ModelRunner {
   // expert buffers are its own and not counted).
   int64_t last_slot_buffers() const { return last_slot_buffers_; }
   // The weights packed for this runner's GEMMs (rollout/decode_linear.h):
-  // the engine drops them when the weights change or it sleeps.
+  // the engine drops them when the weights change or it sleeps. Always empty
+  // for a model on a device (packs are the CPU GEMM's).
   WeightPacks& packs() { return packs_; }
   const WeightPacks& packs() const { return packs_; }
 
  private:
+  // What the GEMMs may pack into: packs_ for a model on the CPU, nullptr on a device.
+  WeightPacks* gemm_packs() { return m_.device() == Device::CPU ? &packs_ : nullptr; }
   // [S, V/tp] on every rank -> [S, V] on every rank (vocabulary padding dropped).
   Tensor gather_vocab(const Tensor& local);
 

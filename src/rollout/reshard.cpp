@@ -15,10 +15,13 @@ std::vector<model::Param*> state_of(const model::CausalLM& m) {
   return const_cast<model::CausalLM&>(m).state_tensors();
 }
 
-// The rollout copy: the whole model in dtype `dt`, sharded over `tp`.
+// The rollout copy: the whole model in dtype `dt`, sharded over `tp`, on the
+// training model's device (a device model is one process: tp 1, and the
+// copy's weights are refreshed by device copies, Tensor::copy_from).
 model::ModelOptions copy_options(const model::CausalLM& train, DType dt, std::shared_ptr<comm::ProcessGroup> tp) {
   model::ModelOptions mo;
   mo.dtype = dt;
+  mo.device = train.device();
   // The same padded vocabulary rule as the training model (a copy with another
   // rule would pad to another shape and not fit the shards).
   mo.make_vocab_size_divisible_by = train.options().make_vocab_size_divisible_by;
@@ -145,7 +148,7 @@ void RolloutWeights::refresh_pipelined() {
     model::Param& d = *dst_[i];
     if (!d.weight.defined())  // after release()
       d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
-                               MemCategory::Params);
+                               MemCategory::Params, copy_->device());
     // A buffer is f32 on both sides: it travels in f32, never rounded.
     const DType on_wire = s.buffer ? DType::F32 : wire;
     Tensor buf;  // the full HF tensor [full_shape], in `on_wire`
@@ -208,7 +211,7 @@ void RolloutWeights::refresh_expert_parallel() {
     model::Param& d = *dst_[i];
     if (!d.weight.defined())  // after release()
       d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
-                               MemCategory::Params);
+                               MemCategory::Params, copy_->device());
     const model::RoutedExpertTensor& e = experts_[i];
     if (e.owner < 0) {  // every ep rank holds it (under tp its shard: gathered over the training tp group)
       const model::Param& s = *src_[i];
@@ -248,7 +251,7 @@ const ReshardStats& RolloutWeights::refresh() {
     model::Param& d = *dst_[i];
     if (!d.weight.defined())  // after release()
       d.weight = Tensor::empty(parallel::shard_shape(d.full_shape, d.shard, rtp.size(), d.name), dst_dtype_[i],
-                               MemCategory::Params);
+                               MemCategory::Params, copy_->device());
     bytes += parallel::reshard_tensor(train_.shard_group(s), s.weight, s.shard, s.full_shape, rtp.rank(), rtp.size(),
                                       d.weight, s.name);
     ++last_.tensors;

@@ -18,6 +18,10 @@
 // every precision, which training's aux-loss-free balancing moves), so a
 // refreshed copy routes as the training model does.
 //
+// The copy lives on the training model's device (CausalLM::device()); a
+// model on a device is a single process (tp, pp and ep 1), so there the copy
+// is the other-dtype case, refreshed by device-to-device copies.
+//
 // refresh() is collective over the training tp group only; the rollout group
 // never communicates here. Call it after every optimizer step, at the
 // train -> rollout switch, then Engine::update_weights_version().

@@ -27,10 +27,19 @@ void* raw_alloc(size_t bytes) { return emu::dev_alloc(bytes); }
 void raw_free(void* p) { emu::dev_free(p); }
 
 // Not caching: every allocation is fresh poisoned memory, so stale data never hides a missing write.
+// Live bytes are accounted by category as the caching allocator does, so memory tests run here too.
 class EmuAllocator final : public Allocator {
  public:
-  void* allocate(size_t bytes, MemCategory) override { return emu::dev_alloc(bytes ? bytes : 1); }
-  void deallocate(void* p, size_t, MemCategory) override { emu::dev_free(p); }
+  void* allocate(size_t bytes, MemCategory cat) override {
+    void* p = emu::dev_alloc(bytes ? bytes : 1);
+    account(cat, int64_t(bytes));
+    return p;
+  }
+  void deallocate(void* p, size_t bytes, MemCategory cat) override {
+    if (!p) return;
+    account(cat, -int64_t(bytes));
+    emu::dev_free(p);
+  }
   Device device() const override { return Device::CUDA; }
 };
 

@@ -13,6 +13,10 @@
 # scheduling or races between blocks. To check that a test catches a bug,
 # break the kernel, rerun, and restore it.
 #   bash tests/cuda_emu/run.sh ['<gtest filter>']
+# Device memory is PROT_NONE to host code (the emulator opens it only for its
+# launches, copies, memsets and GEMMs): a host dereference of a Device::CUDA
+# tensor's pointer aborts with the allocation it hit and a backtrace, as it
+# would segfault on a GPU; EMU_HOST_ACCESS=allow turns that off for debugging.
 # EMU_REVERSE=1 runs each block's threads in reverse order;
 # EMU_LAUNCH_REPORT=<file> writes the launch count of every kernel.
 set -euo pipefail

@@ -1,6 +1,15 @@
 // Self-test of the emulator's warp semantics and diagnostics (no Kestrel code).
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <vector>
+#include "cublas_v2.h"
 #include "emu.h"
 
 // Warps do different numbers of shuffles; warp 3 returns early; block sync afterwards.
@@ -43,20 +52,106 @@ __global__ void deadlock(float* out) {
   __syncthreads();
 }
 __global__ void overrun(float* out, int n) { if (threadIdx.x == 0) out[n] = 1.f; }
+__global__ void add_one(float* x) { x[blockIdx.x * blockDim.x + threadIdx.x] += 1.f; }
+__global__ void far_write(float* out, long n) { if (threadIdx.x == 0) out[n] = 1.f; }
 
-int main() {
+// Child modes (run by host_access_check through fork + exec of this binary). Not
+// inlined, so the backtrace of a host touch names it even without debug info.
+__attribute__((noinline)) int child(const std::string& mode) {
+  float* d = static_cast<float*>(emu::dev_alloc(1000 * sizeof(float)));
+  cudaMemset(d, 0, 1000 * sizeof(float));
+  if (mode == "--host-read") {
+    volatile float* v = d;
+    std::printf("read %g\n", double(v[100]));  // a host read of device memory
+  } else if (mode == "--host-write") {
+    volatile float* v = d;
+    v[1003] = 1.f;  // past the end, inside the allocation's guard bytes
+  } else if (mode == "--kernel-far") {  // a kernel writing far beyond every allocation
+    emu::launch("far_write", 1, 32, [&](auto&&... a) { far_write(a...); }, d, 64L << 20);
+  } else if (mode == "--null-read") {
+    volatile float* v = nullptr;
+    std::printf("read %g\n", double(v[1]));  // an ordinary fault: not the emulator's business
+  }
+  emu::dev_free(d);
+  return 0;
+}
+
+// Runs this binary in `mode` (with EMU_HOST_ACCESS=allow if `allow`); returns its wait
+// status and its stderr.
+std::pair<int, std::string> run_child(const char* self, const char* mode, bool allow) {
+  int fds[2];
+  if (pipe(fds) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    if (FILE* null = std::fopen("/dev/null", "w")) dup2(fileno(null), 1);
+    close(fds[0]);
+    close(fds[1]);
+    const rlimit no_core{0, 0};  // the deaths are expected: no core files
+    setrlimit(RLIMIT_CORE, &no_core);
+    if (allow) setenv("EMU_HOST_ACCESS", "allow", 1);
+    else unsetenv("EMU_HOST_ACCESS");
+    execl(self, self, mode, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {status, err};
+}
+
+// A host touch of device memory aborts with the message (and a backtrace); an
+// ordinary fault still dies of SIGSEGV; EMU_HOST_ACCESS=allow lets the touch through.
+int host_access_check(const char* self) {
+  int bad = 0;
+  auto expect = [&](const char* mode, bool allow, int sig, std::vector<const char*> needles) {
+    const auto [st, err] = run_child(self, mode, allow);
+    bool ok = sig ? WIFSIGNALED(st) && WTERMSIG(st) == sig : WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    for (const char* n : needles) ok = ok && err.find(n) != std::string::npos;
+    if (!ok) {
+      std::printf("NOT AS EXPECTED: %s%s (status %d): %s\n", mode, allow ? " with EMU_HOST_ACCESS=allow" : "", st,
+                  err.c_str());
+      ++bad;
+    } else {
+      std::printf("%s%s: as expected\n", mode, allow ? " with EMU_HOST_ACCESS=allow" : "");
+    }
+  };
+  std::vector<const char*> read_says = {"emu: host code read device memory at ", "(allocation of 4000 bytes at +400)",
+                                        "a CPU pointer dereference of a Device::CUDA tensor", "Backtrace:"};
+  if (std::system("command -v addr2line >/dev/null 2>&1") == 0)
+    read_says.push_back("child(std::");  // the symbolized backtrace names the culprit
+  expect("--host-read", false, SIGABRT, read_says);
+  expect("--host-write", false, SIGABRT, {"emu: host code wrote device memory at ", "+4012, past its end"});
+  expect("--kernel-far", false, SIGABRT,
+         {"emu: kernel far_write block 0 wrote unallocated device memory at ", "beyond every live allocation"});
+  expect("--null-read", false, SIGSEGV, {});
+  expect("--host-read", true, 0, {});
+  return bad;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1) return child(argv[1]);
   int bad = 0;
   float* out = static_cast<float*>(emu::dev_alloc(4 * 1024));
   double* dout = static_cast<double*>(emu::dev_alloc(8 * 1024));
   emu::launch("varied", 2, 128, [&](auto&&... a) { varied(a...); }, out, dout);
+  // Host code reads device memory through cudaMemcpy, as on a GPU (a direct read would abort).
+  std::vector<float> hout(1024);
+  std::vector<double> hdout(1024);
+  cudaMemcpy(hout.data(), out, 4 * 1024, cudaMemcpyDeviceToHost);
+  cudaMemcpy(hdout.data(), dout, 8 * 1024, cudaMemcpyDeviceToHost);
   for (int b = 0; b < 2; ++b) {
     float want = 0;
     for (int w = 0; w < 3; ++w) for (int it = 0; it < w + 1 + b; ++it) want += 32.f * 15.5f + 32.f * it;
     for (int t = 0; t < 128; ++t) {
       const int w = t >> 5;
-      if (w == 3) { if (!std::isnan(out[b * 128 + t])) { std::printf("warp 3 wrote\n"); ++bad; } continue; }
-      if (out[b * 128 + t] != want) { std::printf("varied b%d t%d: %g want %g\n", b, t, out[b*128+t], want); ++bad; break; }
-      if (dout[b * 128 + t] != 496.0 * (w + 1 + b)) { std::printf("double shfl wrong\n"); ++bad; break; }
+      if (w == 3) { if (!std::isnan(hout[b * 128 + t])) { std::printf("warp 3 wrote\n"); ++bad; } continue; }
+      if (hout[b * 128 + t] != want) { std::printf("varied b%d t%d: %g want %g\n", b, t, hout[b*128+t], want); ++bad; break; }
+      if (hdout[b * 128 + t] != 496.0 * (w + 1 + b)) { std::printf("double shfl wrong\n"); ++bad; break; }
     }
   }
   auto expect_error = [&](const char* what, auto fn) {
@@ -69,6 +164,36 @@ int main() {
   expect_error("write past the end", [&] { emu::launch("overrun", 1, 32, [&](auto&&... a) { overrun(a...); }, out, 1024); });
   float host[4];
   expect_error("host pointer argument", [&] { emu::launch("overrun", 1, 32, [&](auto&&... a) { overrun(a...); }, host, 0); });
+  {  // Copies both ways, memset, a launch and a GEMM with device memory closed to host code.
+    if (!emu::host_access_protected()) std::printf("note: EMU_HOST_ACCESS=allow, device memory is open\n");
+    std::vector<float> h(256), back(256);
+    for (int i = 0; i < 256; ++i) h[size_t(i)] = float(i);
+    float* x = static_cast<float*>(emu::dev_alloc(256 * sizeof(float)));
+    float* y = static_cast<float*>(emu::dev_alloc(256 * sizeof(float)));
+    cudaMemcpy(x, h.data(), 256 * sizeof(float), cudaMemcpyHostToDevice);
+    emu::launch("add_one", 4, 64, [&](auto&&... a) { add_one(a...); }, x);
+    cudaMemcpy(y, x, 256 * sizeof(float), cudaMemcpyDeviceToDevice);
+    cudaMemcpy(back.data(), y, 256 * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 256; ++i)
+      if (back[size_t(i)] != float(i) + 1.f) { std::printf("copy/launch round trip wrong at %d\n", i); ++bad; break; }
+    cudaMemset(y, 0, 256 * sizeof(float));
+    cudaMemcpy(back.data(), y, 256 * sizeof(float), cudaMemcpyDeviceToHost);
+    if (back[7] != 0.f) { std::printf("cudaMemset wrong\n"); ++bad; }
+    // C (2x2) = A (2x3) B (3x2), column-major, from x = 1..256: A = [1 3 5; 2 4 6], B = [7 10; 8 11; 9 12].
+    const float one = 1.f, zero = 0.f;
+    int dummy = 0;
+    const auto st = cublasGemmEx(reinterpret_cast<cublasHandle_t>(&dummy), CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, x,
+                                 CUDA_R_32F, 2, x + 6, CUDA_R_32F, 3, &zero, y, CUDA_R_32F, 2, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+    cudaMemcpy(back.data(), y, 4 * sizeof(float), cudaMemcpyDeviceToHost);
+    if (st != CUBLAS_STATUS_SUCCESS || back[0] != 76.f || back[1] != 100.f || back[2] != 103.f || back[3] != 136.f) {
+      std::printf("cublasGemmEx wrong: %g %g %g %g\n", back[0], back[1], back[2], back[3]);
+      ++bad;
+    }
+    emu::dev_free(x);
+    emu::dev_free(y);
+  }
+  bad += host_access_check(argv[0]);
   std::printf(bad ? "SELFTEST FAILED (%d)\n" : "SELFTEST OK\n", bad);
   return bad != 0;
 }

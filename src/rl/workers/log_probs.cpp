@@ -8,7 +8,10 @@ namespace kestrel::rl {
 
 Tensor routing_record_tensor(const model::CausalLM& model, int64_t T) {
   const int64_t L = model.num_moe_layers(), k = model.config().moe.top_k;
-  return Tensor::from_host(std::vector<int32_t>(size_t(T * L * k), -1), {T, L, k}, MemCategory::Activations);
+  // On the model's device: its MoE layers write it there (-1: rows no layer routed).
+  Tensor t = Tensor::empty({T, L, k}, DType::I32, MemCategory::Activations, model.device());
+  t.fill_(-1.f);
+  return t;
 }
 
 void unpack_micro_batch_routing(const RolloutBatch& b, const std::vector<std::vector<int64_t>>& seqs,

@@ -107,9 +107,11 @@ class RolloutWorker {
   rollout::Engine& engine() { return *engine_; }
   // The engine's packed weights when they are the actor's (the rollout reads
   // the actor's weights in place and is awake), for the actor's scoring
-  // passes; nullptr otherwise.
+  // passes; nullptr otherwise, and for a model on a device (packs are the CPU GEMM's).
   cpu::WeightPacks* actor_packs() {
-    return view_.in_place() && !engine_->is_sleeping() ? &engine_->weight_packs() : nullptr;
+    return view_.in_place() && !engine_->is_sleeping() && view_.model().device() == Device::CPU
+               ? &engine_->weight_packs()
+               : nullptr;
   }
   const RolloutOptions& options() const { return opt_; }
   // The version the rollout generates with (the view's).

@@ -26,7 +26,20 @@ cudaError_t cudaDeviceSynchronize();
 
 namespace emu {
 // Emulated device memory: allocations poisoned with 0xFF, guard bytes checked after launches.
+// It is inaccessible to host code (PROT_NONE; a touch aborts with a message and a backtrace)
+// except inside a DeviceAccess, which the emulator holds while a launch, copy, memset or GEMM
+// runs, unless EMU_HOST_ACCESS=allow.
 void* dev_alloc(size_t bytes);
 void dev_free(void* p);
 bool is_device(const void* p, size_t n = 1);
+// Device memory readable and writable for the guard's lifetime (process-wide; nests).
+class DeviceAccess {
+ public:
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+// Whether host access to device memory is trapped (false with EMU_HOST_ACCESS=allow).
+bool host_access_protected();
 }  // namespace emu

@@ -12,7 +12,9 @@
 //  - __syncthreads reached at different sites, deadlock (e.g. some lanes at
 //    a shuffle while others are at __syncthreads),
 //  - kernel pointer arguments that are not emulated device memory,
-//  - writes past the end of device allocations (guard bytes, after each launch).
+//  - writes past the end of device allocations (guard bytes, after each launch),
+//  - host code touching device memory (PROT_NONE outside the emulator's own
+//    accesses; emu_runtime.cpp, EMU_HOST_ACCESS=allow turns it off).
 #pragma once
 #include <bit>
 #include <cmath>
