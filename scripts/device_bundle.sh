@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Builds what scripts/device_check.sh runs on a GPU machine and gathers it in
 # device_bundle/ (ignored by git; name it in the device tool's `carry`):
-# the cuda preset's test binaries, stripped, and the shared libraries they
-# reach that the device image lacks (it has the CUDA runtime and cuBLAS, no
-# Debian packages): libgomp, OpenBLAS (xz-compressed; the CPU side of the
-# consistency harness) and OpenBLAS's Fortran runtime. Well under the 64 MiB
-# a device call carries.
+# the cuda preset's test binaries and the kestrel binary (built without MPI
+# in build/cuda-bundle: one process per GPU until NCCL lands, and the image
+# has no OpenMPI), stripped, and the shared libraries they reach that the
+# device image lacks (it has the CUDA runtime and cuBLAS, no Debian
+# packages): libgomp, OpenBLAS (xz-compressed; the CPU side of the
+# consistency harness and of the CPU-against-GPU runs) and its Fortran
+# runtime, ICU (its data xz-compressed), yaml-cpp, snappy, zstd, xxhash and
+# this machine's libstdc++. About 40 MB, under the 64 MiB a device call carries.
 #   bash scripts/device_bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v nvcc >/dev/null || { echo "device_bundle: nvcc not found (the CUDA toolkit builds the cuda preset)" >&2; exit 1; }
-cmake --preset cuda >/dev/null
-cmake --build build/cuda -j "${JOBS:-2}" --target test_ops test_cuda bench_cuda_ops
+cmake --preset cuda -B build/cuda-bundle -DKESTREL_MPI=OFF >/dev/null
+cmake --build build/cuda-bundle -j "${JOBS:-2}" --target test_ops test_cuda test_on_device kestrel bench_cuda_ops
 rm -rf device_bundle
 mkdir -p device_bundle/bin device_bundle/lib
-for t in test_ops test_cuda bench_cuda_ops; do strip -o "device_bundle/bin/$t" "build/cuda/$t"; done
+for t in test_ops test_cuda test_on_device kestrel bench_cuda_ops; do strip -o "device_bundle/bin/$t" "build/cuda-bundle/$t"; done
 L=/usr/lib/x86_64-linux-gnu
-for f in libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do cp -L "$L/$f" device_bundle/lib/; done
+for f in libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuuc.so.72 libicui18n.so.72 libyaml-cpp.so.0.7 \
+         libsnappy.so.1 libzstd.so.1 libxxhash.so.0 libstdc++.so.6; do
+  cp -L "$L/$f" device_bundle/lib/
+done
 xz -T2 -6 -c "$L/openblas-openmp/libopenblas.so.0" > device_bundle/lib/libopenblas.so.0.xz
-cp scripts/device_check.sh bench/peers/torch_cuda_ops.py device_bundle/
+xz -T2 -6 -c "$L/libicudata.so.72" > device_bundle/lib/libicudata.so.72.xz
+cp scripts/device_check.sh bench/peers/torch_cuda_ops.py tests/cuda_emu/grpo_on_device.sh device_bundle/
 git rev-parse --short HEAD > device_bundle/commit 2>/dev/null || echo unknown > device_bundle/commit
 du -sh device_bundle
 echo "device_bundle: ready; on the device: bash device_bundle/device_check.sh (carry device_bundle)"

@@ -7,15 +7,20 @@
 #
 #   device tool: run(command="bash device_bundle/device_check.sh", carry=["device_bundle"], timeout_s=300)
 #
-# What it runs today (the CUDA backend's first part; see docs/features.md):
+# What it runs today (see docs/features.md, "CUDA backend"):
 #   - test_cuda: the device runtime (allocator, copies, fills);
 #   - test_ops' backend-consistency harness: every op with a CUDA kernel on the
 #     device against the CPU, f32 and bf16 (the optimizer bit for bit);
 #   - the op tests that loop over available devices, for the ops with CUDA kernels;
+#   - test_on_device: the transformers parity goldens with the model on the GPU
+#     (dense, MoE, MLA), three AdamW steps against the CPU's, a checkpoint from
+#     the GPU resumed on the CPU, the rollout's tokens and log-probs against the CPU's;
+#   - a GRPO run with trainer.device=cuda against the same run on the CPU
+#     (tests/cuda_emu/grpo_on_device.sh with the bundle's kestrel);
 #   - the kernel timings (bench/cuda/ops_bench.cpp) beside PyTorch's on the same
 #     shapes (bench/peers/torch_cuda_ops.py), one JSON line each.
-# Not yet: the transformers parity goldens, a GRPO run, CUDA-graph decode and
-# the training-step and decode benchmarks (the model does not run on the device yet).
+# Not yet: CUDA-graph decode, offload and swap optimizer, the training-step
+# and decode benchmarks against PyTorch / HF generate (not built).
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)
 OUTF=${OUT:-.}/device_check.txt
@@ -26,6 +31,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # OpenBLAS where the CPU backend looks for it (a fixed Debian path); the other libraries by LD_LIBRARY_PATH.
 OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
 if [[ ! -f $OB/libopenblas.so.0 ]]; then mkdir -p "$OB" && xz -dc "$B/lib/libopenblas.so.0.xz" > "$OB/libopenblas.so.0"; fi
+[[ -f $B/lib/libicudata.so.72 ]] || xz -dc "$B/lib/libicudata.so.72.xz" > "$B/lib/libicudata.so.72"
+# The tests read the goldens of the carried source tree (the repository root the device tool runs in).
+export KESTREL_SOURCE_DIR=${KESTREL_SOURCE_DIR:-$(pwd)}
 CUDA_LIBS=$(python3 - <<'PY' 2>/dev/null
 import glob, os, site
 dirs = []
@@ -50,6 +58,9 @@ run "test_cuda (runtime)" "$B/bin/test_cuda"
 run "backend consistency (device vs CPU)" "$B/bin/test_ops" --gtest_filter='*BackendConsistency*'
 run "op tests on every device" "$B/bin/test_ops" \
   --gtest_filter='*Norm*:*Rmsnorm*:*Swiglu*:*Activation*:*Embedding*:*Copy*:*Rope*:*Optim*:*Adamw*:*SumSquares*:*Scale*:*Linear*:*Loss*:*Vocab*'
+run "models, training and rollout on the device (test_on_device)" "$B/bin/test_on_device"
+# The GRPO comparison sources compare_runs.sh from the repository's tests/scripts/lib (carried with the tree).
+run "GRPO with trainer.device=cuda against the CPU" bash "$B/grpo_on_device.sh" "$B/bin/kestrel"
 log "== kernel timings: Kestrel, then PyTorch (same shapes)"
 "$B/bin/bench_cuda_ops" --reps 10 >>"$OUTF" 2>&1 || { log "-- bench_cuda_ops: FAILED"; fail=1; }
 python3 "$B/torch_cuda_ops.py" --reps 10 >>"$OUTF" 2>&1 || log "-- torch_cuda_ops.py: FAILED (the peer; not a Kestrel failure)"

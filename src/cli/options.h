@@ -156,6 +156,15 @@ void check_num_layers(const config::Config& c, const TrainInputs& in, int64_t nu
 // whose trainer runs on the CPU fails saying what to do. train_inputs calls
 // it (options_verl.cpp).
 void read_verl_choices(const config::Config& c);
+// trainer.device as this build and machine can honour it: cpu is the CPU;
+// cuda (verl's default) is the GPU where the build has the CUDA backend and a
+// device is present (initialised here), the CPU otherwise when left at the
+// default; an explicit cuda that cannot run (no backend, no device, several
+// processes before NCCL lands) is an error naming the key.
+Device trainer_device(const config::Config& c, int world_size);
+// The device's memory in bytes (KESTREL_DEVICE_MEMORY overrides it), which
+// rollout.gpu_memory_utilization is a fraction of on the GPU.
+Result<int64_t> device_total_memory();
 // A set trainer.n_gpus_per_node x nnodes other than the process count fails
 // saying what to do.
 void check_launch(const config::Config& c, int world_size);

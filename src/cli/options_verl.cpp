@@ -2,23 +2,19 @@
 // choose among equivalent paths (strategy, rollout.name, load_format, the
 // optimizer's spelling), and the settings a run must match (trainer.device,
 // trainer.n_gpus_per_node x nnodes against the processes mpirun started).
+#include <cstdlib>
 #include <string>
 
 #include "cli/options.h"
+#include "rollout/engine.h"
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace kestrel::cli {
 
 namespace {
 const std::string A = "actor_rollout_ref.actor.", R = "actor_rollout_ref.rollout.";
-
-// True when this build can place tensors on a CUDA device. The CUDA backend
-// does not run the trainer yet (KESTREL_HAVE_CUDA_TRAINER is never defined).
-constexpr bool kCudaTrainer =
-#ifdef KESTREL_HAVE_CUDA_TRAINER
-    true;
-#else
-    false;
-#endif
 }  // namespace
 
 void read_verl_choices(const config::Config& c) {
@@ -33,13 +29,50 @@ void read_verl_choices(const config::Config& c) {
   (void)c.get_string(R + "mode");
   (void)c.get_string(R + "load_format");
   for (const std::string& o : {A + "optim.optimizer", std::string("critic.optim.optimizer")}) (void)c.get_string(o);
-  const std::string dev = c.get_string("trainer.device");
-  if (dev == "cuda" && !kCudaTrainer && c.origin("trainer.device") != "default")
-    KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"),
-            "): this Kestrel build trains on its CPU backend only; set trainer.device=cpu, or leave "
-            "trainer.device unset (verl's default cuda then runs on the CPU)");
+  (void)c.get_string("trainer.device");  // resolved by trainer_device(), where the models are placed
   for (const char* k : {"trainer.n_gpus_per_node", "trainer.nnodes"})
     if (c.get_int(k) < 1) KS_FAIL(c.origin(k), ": ", k, "=", c.get_int(k), " must be >= 1");
+}
+
+Device trainer_device(const config::Config& c, int world_size) {
+  const std::string dev = c.get_string("trainer.device");
+  const bool explicit_choice = c.origin("trainer.device") != "default";
+  if (dev == "cpu") return Device::CPU;
+#if KESTREL_HAVE_CUDA
+  if (!cuda::available()) {
+    if (explicit_choice)
+      KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"), "): ", cuda::describe(),
+              "; set trainer.device=cpu to train on the CPU");
+    return Device::CPU;  // verl's default where no GPU is: the CPU backend
+  }
+  if (world_size > 1) {
+    if (explicit_choice)
+      KS_FAIL("not supported yet: trainer.device=cuda (from ", c.origin("trainer.device"), ") with ", world_size,
+              " processes: the comm layer has no NCCL backend yet; run one process on the GPU, or set "
+              "trainer.device=cpu to train over MPI on the CPU");
+    return Device::CPU;
+  }
+  cuda::init();
+  return Device::CUDA;
+#else
+  (void)world_size;
+  if (explicit_choice)
+    KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"),
+            "): this Kestrel build has no CUDA backend (build it with cmake --preset cuda on a machine with the CUDA "
+            "toolkit); set trainer.device=cpu, or leave trainer.device unset (verl's default cuda then runs on the "
+            "CPU)");
+  return Device::CPU;
+#endif
+}
+
+Result<int64_t> device_total_memory() {
+  // KESTREL_DEVICE_MEMORY overrides the device's size as it does the host's (rollout::device_memory_bytes reads it).
+  if (const char* env = std::getenv("KESTREL_DEVICE_MEMORY"); env && *env) return rollout::device_memory_bytes(1);
+#if KESTREL_HAVE_CUDA
+  return cuda::total_memory();
+#else
+  return KS_ERR("internal: device memory asked of a build without the CUDA backend");
+#endif
 }
 
 void check_launch(const config::Config& c, int world_size) {

@@ -473,6 +473,8 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
+  // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
+  mopt.device = trainer_device(c, world_size);
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
   mopt.moe = actor_moe;
@@ -500,7 +502,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   rl::RlOptions o = rl_options(c, source->batches_per_epoch());
   // The rollout reads the actor's weights in place: its share of the memory
   // (gpu_memory_utilization) holds those weights and the KV cache.
-  auto mem = rollout::device_memory_bytes(local_ranks());
+  auto mem = mopt.device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
   if (!mem) KS_FAIL(mem.status().message());
   // Under pipeline parallelism the rollout holds a whole-model copy
   // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
@@ -549,8 +551,9 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   if (leader)
     std::fprintf(stderr,
-               "train: %s on %s (%lld params); %lld steps of %lld prompts x %lld responses; rewards: %s\n",
+               "train: %s on %s (%lld params, on %s); %lld steps of %lld prompts x %lld responses; rewards: %s\n",
                rl::adv_estimator_name(o.adv_estimator), model_dir.c_str(), (long long)actor.num_parameters(),
+               device_name(actor.device()),
                (long long)o.total_steps, (long long)o.train_batch_size, (long long)o.n, (*rm)->describe().c_str());
   if (leader) write_run_info_file(o.ckpt_root, "kestrel train", world_size);
   const bool val_only = in.val_only;

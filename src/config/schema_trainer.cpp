@@ -216,7 +216,7 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("validation_data_dir", S, "null", NO, "Dump validation generations as JSONL here.");
   b.k("nnodes", I, "1", NOP, "Nodes; Kestrel's processes are the ones mpirun/srun starts (-np).");
   b.k("n_gpus_per_node", I, "8", NOP, "Devices (ranks) per node; Kestrel's processes are the ones mpirun/srun starts.");
-  b.k("device", S, "cuda", NOP, "Device type; Kestrel's trainer runs on its CPU backend so far (the CUDA backend has op kernels, not yet the model): unset, verl's default cuda runs there; set to cuda it is refused.",
+  b.k("device", S, "cuda", NOP, "Device type: cuda (the GPU, where the build has the CUDA backend and a device; else, left unset, the CPU) or cpu.",
       {"cuda", "npu", "cpu"}, {"cuda", "cpu"});
   b.k("save_freq", I, "-1", YES, "Save a checkpoint every N steps and at the end; -1 never saves.").at_least(-1);
   b.k("esi_redundant_time", I, "0", NO, "Save before an ESI instance expires (seconds of margin).");

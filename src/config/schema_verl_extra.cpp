@@ -318,8 +318,10 @@ void amend_for_verl(Builder& b) {
            "[console, wandb].";
   KeyDecl& dev = b.existing("trainer.device");
   dev.status = YES;
-  dev.doc = "Device type. Kestrel's trainer runs on its CPU backend: cpu, or cuda left at verl's default; cuda set "
-            "explicitly on a build without a CUDA backend is an error (kestrel train says what to do).";
+  dev.doc = "Device type. cuda: the actor, reference, critic and rollout engine on the GPU (a build with the CUDA "
+            "backend, cmake --preset cuda, and a device; one process until NCCL lands); left at verl's default on a "
+            "machine without either, the CPU. cpu: the CPU backend. An explicit cuda that cannot run is an error "
+            "naming the reason.";
   for (const char* k : {"trainer.n_gpus_per_node", "trainer.nnodes"}) {
     KeyDecl& d = b.existing(k);
     d.status = YES;

@@ -366,17 +366,19 @@ void RlTrainer::take_rewards(RolloutBatch& b, const std::vector<RewardStream::Ke
 // place (packed during the rollout, same version), otherwise by packs made
 // for this call and freed after it; the reference model by packs made for
 // its call. kestrel plan counts them in the scoring phase.
+// A model on a device takes no packs (they are the CPU GEMM's).
 void RlTrainer::compute_log_probs(RolloutBatch& b, bool old, bool ref) {
+  const auto on_cpu = [](const model::CausalLM& m) { return m.device() == Device::CPU; };
   if (old) {
     cpu::WeightPacks local;
     cpu::WeightPacks* shared = rollout_ ? rollout_->actor_packs() : nullptr;
-    model::ForwardPacksScope scope(actor_->model(), shared ? shared : &local);
+    model::ForwardPacksScope scope(actor_->model(), !on_cpu(actor_->model()) ? nullptr : shared ? shared : &local);
     actor_->compute_log_probs(b);
   }
   if (ref) {
     KS_CHECK(ref_ != nullptr, "RL: reference log-probs need a reference model");
     cpu::WeightPacks local;
-    model::ForwardPacksScope scope(ref_->model(), &local);
+    model::ForwardPacksScope scope(ref_->model(), on_cpu(ref_->model()) ? &local : nullptr);
     ref_->compute_log_probs(b);
   }
 }

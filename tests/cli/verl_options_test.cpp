@@ -69,14 +69,18 @@ TEST(VerlNames, LoggersWithoutAClientGetOneNoticeEach) {
   EXPECT_FALSE(train_inputs(ok({"trainer.logger=[wandb]"})).console_logger);
 }
 
+// This suite runs in the dev build, which has no CUDA backend (the device runs of trainer.device=cuda
+// are scripts/device_check.sh's and tests/cuda_emu/grpo_on_device.sh's).
 TEST(VerlNames, LaunchChecksDevice) {
-  EXPECT_NO_THROW(train_inputs(ok({})));                    // verl's default cuda, unset: runs on the CPU
-  EXPECT_NO_THROW(train_inputs(ok({"trainer.device=cpu"})));
+  EXPECT_NO_THROW(train_inputs(ok({})));
+  EXPECT_EQ(trainer_device(ok({}), 1), Device::CPU);  // verl's default cuda, unset: the CPU here
+  EXPECT_EQ(trainer_device(ok({"trainer.device=cpu"}), 4), Device::CPU);
   try {
-    train_inputs(ok({"trainer.device=cuda"}));
+    trainer_device(ok({"trainer.device=cuda"}), 1);
     ADD_FAILURE() << "trainer.device=cuda accepted on a CPU-only build";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("set trainer.device=cpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
   }
 }
 

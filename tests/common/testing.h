@@ -15,7 +15,13 @@
 
 namespace kestrel::testing {
 
-inline std::string source_path(const std::string& rel) { return std::string(KESTREL_SOURCE_DIR) + "/" + rel; }
+// A file of the source tree: under KESTREL_SOURCE_DIR when the environment
+// sets it (a test binary carried to another machine, scripts/device_check.sh),
+// else under the tree the binary was built from.
+inline std::string source_path(const std::string& rel) {
+  const char* env = std::getenv("KESTREL_SOURCE_DIR");
+  return std::string(env && *env ? env : KESTREL_SOURCE_DIR) + "/" + rel;
+}
 
 struct Tolerance {
   double atol = 1e-5;

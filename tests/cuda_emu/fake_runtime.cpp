@@ -1,7 +1,10 @@
-// Emulated replacement for src/backend/cuda/runtime.cpp: Device::CUDA is host memory
-// (emu::dev_alloc: poisoned with 0xFF on every allocation, guard bytes after each block).
+// Emulated replacement for src/backend/cuda/runtime.cpp: Device::CUDA is emulated device
+// memory (emu::dev_alloc: one arena closed to host code outside kernel launches, copies and
+// GEMMs; poisoned with 0xFF on every allocation, guard bytes after each block).
 // Tensor's fill/copy hooks and float_kind are the real ones (memory_hooks.cpp).
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <mutex>
 
 #include "backend/cuda/cuda_backend.h"
@@ -66,6 +69,14 @@ void synchronize() {}
 CachingDeviceAllocator& allocator() {
   KS_CHECK(state().allocator, "cuda::allocator(): call cuda::init() first");
   return *state().allocator;
+}
+
+// 2 GiB unless KESTREL_DEVICE_MEMORY (bytes) says otherwise: the emulated device's memory is this
+// machine's, and every allocation is poisoned, so a KV cache sized as on an H200 would not fit.
+int64_t total_memory() {
+  KS_CHECK(state().ordinal >= 0, "cuda::total_memory(): call cuda::init() first");
+  const char* env = std::getenv("KESTREL_DEVICE_MEMORY");
+  return env && *env ? std::stoll(env) : int64_t(2) << 30;
 }
 
 cudaStream_t stream() {

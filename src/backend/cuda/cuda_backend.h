@@ -8,6 +8,7 @@
 // after the first step no cudaMalloc/cudaFree runs. Kernels are asynchronous;
 // Tensor::to_host and copies into host memory synchronise the stream.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "core/caching_allocator.h"
@@ -28,5 +29,7 @@ void init(int ordinal = 0);
 void synchronize();
 // The device allocator (init() first).
 CachingDeviceAllocator& allocator();
+// The device's memory in bytes (init() first): what gpu_memory_utilization is a fraction of.
+int64_t total_memory();
 
 }  // namespace kestrel::cuda

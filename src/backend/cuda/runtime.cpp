@@ -96,6 +96,13 @@ CachingDeviceAllocator& allocator() {
   return *state().allocator;
 }
 
+int64_t total_memory() {
+  KS_CHECK(state().ordinal >= 0, "cuda::total_memory(): call cuda::init() first");
+  size_t free_bytes = 0, total_bytes = 0;
+  KS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return int64_t(total_bytes);
+}
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;
