@@ -15,11 +15,13 @@
 #   - test_on_device: the transformers parity goldens with the model on the GPU
 #     (dense, MoE, MLA), three AdamW steps against the CPU's, a checkpoint from
 #     the GPU resumed on the CPU, the rollout's tokens and log-probs against the CPU's;
-#   - a GRPO run with trainer.device=cuda against the same run on the CPU
-#     (tests/cuda_emu/grpo_on_device.sh with the bundle's kestrel);
+#   - a GRPO run with trainer.device=cuda against the same run on the CPU, and
+#     one with the swap optimizer against the plain device run (bit for bit)
+#     (tests/cuda_emu/grpo_on_device.sh with the bundle's kestrel); offload and
+#     the swap optimizer's device peak are test_on_device's;
 #   - the kernel timings (bench/cuda/ops_bench.cpp) beside PyTorch's on the same
 #     shapes (bench/peers/torch_cuda_ops.py), one JSON line each.
-# Not yet: CUDA-graph decode, offload and swap optimizer, the training-step
+# Not yet: CUDA-graph decode, parameter/gradient offload, the training-step
 # and decode benchmarks against PyTorch / HF generate (not built).
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)

@@ -162,6 +162,9 @@ void read_verl_choices(const config::Config& c);
 // default; an explicit cuda that cannot run (no backend, no device, several
 // processes before NCCL lands) is an error naming the key.
 Device trainer_device(const config::Config& c, int world_size);
+// The parameter, gradient and activation offload keys (Megatron's, verl
+// FSDP's): no effect on the CPU; true on a device fails "not supported yet".
+void check_offload_on_device(const config::Config& c, Device dev);
 // The device's memory in bytes (KESTREL_DEVICE_MEMORY overrides it), which
 // rollout.gpu_memory_utilization is a fraction of on the GPU.
 Result<int64_t> device_total_memory();

@@ -29,6 +29,17 @@ std::vector<std::string> list_or_empty(const config::Config& c, const std::strin
   return c.is_null(key) ? std::vector<std::string>{} : c.get_string_list(key);
 }
 
+// The optimizer state in host memory (train::EngineOptions::optimizer_offload_pieces):
+// MindSpeed's swap optimizer in swap_optimizer_times pieces, else Megatron's or
+// verl FSDP's optimizer_offload in one; it acts for a model on the GPU only.
+// fsdp: the owner's fsdp_config scope ("critic.model.fsdp_config." for the critic).
+int64_t optimizer_offload_pieces(const config::Config& c, const std::string& P, const std::string& fsdp) {
+  const std::string ot = P + "megatron.override_transformer_config.";
+  const int64_t times = c.get_int(ot + "swap_optimizer_times");
+  if (c.get_bool(ot + "swap_optimizer")) return times;
+  return c.get_bool(P + "megatron.optimizer_offload") || c.get_bool(fsdp + "optimizer_offload") ? 1 : 0;
+}
+
 optim::AdamWConfig adamw_config(const config::Config& c, const std::string& P) {
   const auto betas = c.get_float_list(P + "optim.betas");
   if (betas.size() != 2) KS_FAIL(c.origin(P + "optim.betas"), ": ", P, "optim.betas must hold two numbers");
@@ -501,6 +512,7 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.lam = c.get_float("algorithm.lam");
   o.adamw = adamw_config(c, A);
   o.reuse_fp32_param = c.get_bool(A + "megatron.override_transformer_config.reuse_fp32_param");
+  o.optimizer_offload_pieces = optimizer_offload_pieces(c, A, A + "fsdp_config.");
   o.max_consecutive_skipped_steps = c.get_int("trainer.max_consecutive_skipped_steps");
   o.clip_grad = c.get_float_or(A + "grad_clip", c.get_float(A + "optim.clip_grad"));  // verl FSDP's name wins
   const int64_t epochs = c.get_int("trainer.total_epochs");
@@ -564,6 +576,7 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   co.response_length = o.response_length;
   co.adamw = adamw_config(c, C);
   co.reuse_fp32_param = c.get_bool(C + "megatron.override_transformer_config.reuse_fp32_param");
+  co.optimizer_offload_pieces = optimizer_offload_pieces(c, C, C + "model.fsdp_config.");
   co.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   co.lr = lr_schedule_config(c, C, o.total_steps);
   co.clip_grad = c.get_float_or(C + "grad_clip", c.get_float(C + "optim.clip_grad"));  // verl FSDP's name wins

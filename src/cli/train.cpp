@@ -475,6 +475,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   mopt.dtype = in.dtype;
   // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
   mopt.device = trainer_device(c, world_size);
+  check_offload_on_device(c, mopt.device);
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
   mopt.moe = actor_moe;

@@ -148,8 +148,13 @@ namespace schema_detail {
 
 // Why the offload keys are "no effect in Kestrel" today (appended to their docs).
 inline constexpr const char* kOffloadOnCpu =
-    " On the CPU backend (the only one built) parameters, gradients, optimizer state and activations already live "
-    "in host memory, so offloading moves nothing; with the CUDA backend (not built yet) it will act.";
+    " On the CPU backend parameters, gradients, optimizer state and activations already live in host memory, so "
+    "offloading moves nothing; on the GPU (trainer.device=cuda) it is not built yet and true is refused.";
+// optimizer_offload (Megatron's and verl FSDP's): acts on the GPU.
+inline constexpr const char* kOptimizerOffload =
+    "Offload optimizer state to host memory between steps. On the GPU (trainer.device=cuda) AdamW's moments and "
+    "f32 masters live in host memory and stream through the device for each step (bit-identical to keeping them "
+    "there); on the CPU backend they are in host memory already, so it moves nothing.";
 // Builders used by the schema_*.cpp declaration files.
 class Builder {
  public:

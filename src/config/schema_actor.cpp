@@ -137,7 +137,15 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add_own("use_distributed_optimizer", is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer."
              : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
-  add("swap_optimizer", B, "false", NO, "MindSpeed: swap optimizer state to host memory between steps.");
+  add("swap_optimizer", B, "false", is_ref ? NOP : YES,
+      is_ref ? "The reference model has no optimizer."
+             : "MindSpeed: AdamW's moments and f32 masters live in host memory and each step swaps them through the "
+               "device in swap_optimizer_times pieces (the device holds one at a time; bit-identical). Acts on the GPU "
+               "(trainer.device=cuda); on the CPU backend the state is in host memory already. Not with "
+               "reuse_fp32_param (as MindSpeed).");
+  add("swap_optimizer_times", I, "16", is_ref ? NOP : YES,
+      is_ref ? "The reference model has no optimizer."
+             : "MindSpeed: the pieces of one swap-optimizer step (swap_optimizer).").at_least(1);
   // BF16 parameter-copy reuse (optim/adamw.h): the f32 master held as the bf16 weights + a 16-bit residual.
   add("reuse_fp32_param", B, "false", is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer (it follows the actor's value)."
@@ -242,7 +250,8 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   };
   b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
   b.k("grad_offload", B, "false", NOP, std::string("Offload gradients to host memory between phases.") + kOffloadOnCpu);
-  b.k("optimizer_offload", B, "false", NOP, std::string("Offload optimizer state to host memory between phases.") + kOffloadOnCpu);
+  b.k("optimizer_offload", B, "false", is_ref ? NOP : YES,
+      is_ref ? std::string("The reference model has no optimizer.") : std::string(kOptimizerOffload));
   const bool critic = owner == "critic";
   // The reference model is built with the actor's layout and dtype; its keys follow the actor's.
   const Support own = YES;

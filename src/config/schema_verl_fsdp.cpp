@@ -25,7 +25,8 @@ void declare_fsdp_engine(Builder& b, const std::string& at, const std::string& o
   b.scope(at);
   b.k("wrap_policy.min_num_params", I, "0", NOP, std::string("FSDP wrapping threshold: ") + kWhyShard);
   b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
-  b.k("optimizer_offload", B, "false", NOP, std::string("Offload optimizer state to host memory between steps.") + kOffloadOnCpu);
+  b.k("optimizer_offload", B, "false", forward_only ? NOP : YES,
+      forward_only ? std::string("A forward-only model has no optimizer.") : std::string(kOptimizerOffload));
   b.k("offload_policy", B, "false", NOP, std::string("FSDP2 CPU offload of parameters, gradients and optimizer state.") + kOffloadOnCpu);
   b.k("reshard_after_forward", B, "true", NOP, std::string("Free gathered parameters after the forward: ") + kWhyShard);
   b.k("fsdp_size", I, "-1", NOP, std::string("Ranks per FSDP shard group (-1 = all): ") + kWhyShard);

@@ -31,11 +31,17 @@ std::string OptimizerMemory::to_string() const {
 }
 
 AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin, int64_t state_end,
-             bool reuse_fp32)
+             bool reuse_fp32, int64_t offload_pieces)
     : params_(std::move(params)), cfg_(cfg), reuse_(reuse_fp32) {
   offsets_.reserve(params_.size() + 1);
   offsets_.push_back(0);
   if (!params_.empty()) device_ = params_[0].grad.device();
+  KS_CHECK(offload_pieces >= 0, "AdamW: offload_pieces must be >= 0, got ", offload_pieces);
+  KS_CHECK(offload_pieces == 0 || !reuse_, "AdamW: the swap optimizer (and optimizer offload) cannot be combined "
+           "with reuse_fp32_param (MindSpeed: --swap-optimizer does not support --reuse-fp32-param); turn one of "
+           "them off");
+  swap_chunks_ = device_ == Device::CPU ? 0 : offload_pieces;  // host memory already on the CPU
+  state_device_ = swap_chunks_ > 0 ? Device::CPU : device_;
   for (auto& p : params_) {
     for (const Tensor* t : {&p.master, &p.model_copy, &p.grad})
       KS_CHECK(!t->defined() || t->device() == device_, "AdamW: '", p.name, "' has tensors on ", device_name(device_),
@@ -70,8 +76,8 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
   state_end_ = state_end < 0 ? numel() : state_end;
   KS_CHECK(0 <= state_begin_ && state_begin_ <= state_end_ && state_end_ <= numel(), "AdamW: owned range [",
            state_begin_, ", ", state_end_, ") outside the flat space of ", numel(), " elements");
-  m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, device_);
-  v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, device_);
+  m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, state_device_);
+  v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, state_device_);
 
   // Held masters: the owned elements of every master-less slot, end to end in
   // flat order (one contiguous buffer when all slots are held).
@@ -91,10 +97,10 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
   if (reuse_) {
     // Residual 0 and no flags: the master starts equal to the copy widened to
     // f32, exactly as a full master made with model_copy.to(F32).
-    held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState, device_);
+    held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState, state_device_);
     return;
   }
-  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState, device_);
+  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState, state_device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (held_off_[i] < 0) continue;
     auto [lo, hi] = owned_of(i);
@@ -225,7 +231,65 @@ void AdamW::step_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges, 
     KS_CHECK(state_begin_ <= b && b <= e && e <= state_end_, "AdamW: step range [", b, ", ", e,
              ") outside the owned range [", state_begin_, ", ", state_end_, ")");
   ++step_;
-  for (auto [b, e] : ranges) step_one(b, e, lr);
+  for (auto [b, e] : ranges) {
+    if (swap_chunks_ > 0) step_swapped(b, e, lr);
+    else step_one(b, e, lr);
+  }
+}
+
+std::pair<int64_t, int64_t> AdamW::held_span(int64_t lo, int64_t hi) const {
+  int64_t h0 = -1, h1 = -1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (held_off_[i] < 0) continue;
+    const auto [olo, ohi] = owned_of(i);
+    const int64_t a = std::max(lo, olo), b = std::min(hi, ohi);
+    if (a >= b) continue;
+    const int64_t base = held_off_[i] - std::max(state_begin_, offsets_[i]);
+    if (h0 < 0) h0 = base + a;
+    h1 = base + b;
+  }
+  return h0 < 0 ? std::pair<int64_t, int64_t>{0, 0} : std::pair<int64_t, int64_t>{h0, h1};
+}
+
+void AdamW::step_swapped(int64_t begin, int64_t end, double lr) {
+  const int64_t n = state_end_ - state_begin_, piece = (n + swap_chunks_ - 1) / swap_chunks_;
+  if (n == 0) return;
+  const auto on_device = [this](const Tensor& host) {
+    Tensor d = Tensor::empty(host.shape(), host.dtype(), MemCategory::OptimizerState, device_);
+    d.copy_from(host);
+    return d;
+  };
+  for (int64_t c0 = state_begin_; c0 < state_end_; c0 += piece) {
+    const int64_t lo = std::max(begin, c0), hi = std::min(end, std::min(state_end_, c0 + piece));
+    if (lo >= hi) continue;
+    const auto [h0, h1] = held_span(lo, hi);
+    Tensor hm = m_.slice_rows(lo - state_begin_, hi - state_begin_), hv = v_.slice_rows(lo - state_begin_, hi - state_begin_);
+    Tensor hh = h1 > h0 ? held_.slice_rows(h0, h1) : Tensor();
+    // step_one runs on the piece as if it were the whole state: m_, v_ and
+    // held_ become the piece's device copies and state_begin_ / held_off_
+    // index into them; the members come back however step_one leaves.
+    struct Restore {
+      AdamW& a;
+      Tensor m, v, held;
+      int64_t begin;
+      std::vector<int64_t> off;
+      ~Restore() {
+        a.m_ = m, a.v_ = v, a.held_ = held, a.state_begin_ = begin;
+        a.held_off_ = off;
+      }
+    } restore{*this, m_, v_, held_, state_begin_, held_off_};
+    m_ = on_device(hm);
+    v_ = on_device(hv);
+    held_ = hh.defined() ? on_device(hh) : Tensor();
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (held_off_[i] >= 0)
+        held_off_[i] += std::max(lo, offsets_[i]) - std::max(restore.begin, offsets_[i]) - h0;
+    state_begin_ = lo;
+    step_one(lo, hi, lr);
+    hm.copy_from(m_);
+    hv.copy_from(v_);
+    if (hh.defined()) hh.copy_from(held_);
+  }
 }
 
 void AdamW::step_one(int64_t begin, int64_t end, double lr) {

@@ -108,8 +108,11 @@ class AdamW {
   // Slots without a master get one held by the optimizer for the owned range
   // (an f32 model copy is simply used as the master).
   // reuse_fp32: hold the masters of master-less bf16 slots as (model copy, residual) (see the file comment).
+  // offload_pieces: 0 keeps the state on the parameters' device; k >= 1 keeps
+  // it in host memory and streams each step through the device in k pieces
+  // (offload_chunks() below).
   AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin = 0, int64_t state_end = -1,
-        bool reuse_fp32 = false);
+        bool reuse_fp32 = false, int64_t offload_pieces = 0);
 
   // The flat space: params end to end in construction order; param i covers
   // [offsets()[i], offsets()[i+1]).
@@ -174,6 +177,21 @@ class AdamW {
 
   OptimizerMemory memory() const;
 
+  // Optimizer-state offload (Megatron's optimizer_offload) and MindSpeed's
+  // swap optimizer, for parameters on a device: m, v and the held masters move
+  // to host memory, and every step streams them through the device in
+  // `chunks` pieces of the owned range (each piece copied in, stepped, copied
+  // out), so the device holds 1/chunks of the state during a step and none
+  // between steps. The same kernel on the same values: bit-identical to the
+  // state kept on the device. chunks = 1 is plain offload. Full masters a slot
+  // brings (an f32 weight is its own master) stay where they are, so the
+  // caller holds bf16 weights' masters here (masters left undefined) to move
+  // them too. A no-op for parameters on the CPU (host memory already). Not
+  // with reuse_fp32_param (MindSpeed refuses the pair). Set by the
+  // constructor's offload_pieces, so the state is never whole on the device.
+  // 0: the state lives on the parameters' device; else the pieces a step streams.
+  int64_t offload_chunks() const { return swap_chunks_; }
+
   // Checkpoint state: "exp_avg", "exp_avg_sq" (f32 [owned numel], borrowed, not
   // copied), "step" (i64 [1]) and, with held masters, "master" (f32
   // [held_masters().numel()], borrowed: the owned master slice; full masters
@@ -192,6 +210,10 @@ class AdamW {
 
  private:
   void step_one(int64_t begin, int64_t end, double lr);
+  // step_one over [begin, end) with the state in host memory, piece by piece through the device.
+  void step_swapped(int64_t begin, int64_t end, double lr);
+  // The held_ indices [h0, h1) of the held elements of the flat range [lo, hi) (contiguous: held_ is in flat order).
+  std::pair<int64_t, int64_t> held_span(int64_t lo, int64_t hi) const;
   // View of param i's f32 master over the flat range [lo, hi) (inside owned_of(i) for held slots).
   Tensor master_range(size_t i, int64_t lo, int64_t hi) const;
   // reuse_fp32_param: views over the flat range [lo, hi) (inside owned_of(i)) of
@@ -216,6 +238,9 @@ class AdamW {
   // Where the slots' tensors live (one device for all, checked): the moments,
   // held masters and every scratch buffer go there too.
   Device device_ = Device::CPU;
+  int64_t swap_chunks_ = 0;           // the constructor's offload_pieces (0 on the CPU)
+  Device state_device_ = Device::CPU;  // where m_, v_ and held_ live
+
 };
 
 }  // namespace kestrel::optim

@@ -157,6 +157,7 @@ train::EngineOptions engine_options(const CriticOptions& o, const RlParallel& pa
   eo.parallel.distributed_optimizer = o.distributed_optimizer.value_or(par.distributed_optimizer);
   eo.parallel.expert_dp = par.expert_dp;  // nullptr without expert parallelism
   eo.reuse_fp32_param = o.reuse_fp32_param;
+  eo.optimizer_offload_pieces = o.optimizer_offload_pieces;
   eo.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   eo.name = "critic";
   return eo;

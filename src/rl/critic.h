@@ -57,6 +57,7 @@ struct CriticOptions {
   optim::LrScheduleConfig lr;       // critic.optim.lr (verl default 1e-5), warmup, style
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
+  int64_t optimizer_offload_pieces = 0;  // train::EngineOptions::optimizer_offload_pieces
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
   // critic.megatron.use_distributed_optimizer; unset = the process layout's

@@ -49,6 +49,7 @@ RlWorkerOptions split_options(const RlOptions& o) {
   a.lr = o.lr;
   a.clip_grad = o.clip_grad;
   a.reuse_fp32_param = o.reuse_fp32_param;
+  a.optimizer_offload_pieces = o.optimizer_offload_pieces;
   a.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   a.log_prob = lp;
   a.rollout_corr = o.rollout_corr;

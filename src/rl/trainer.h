@@ -160,6 +160,7 @@ struct RlOptions {
   optim::LrScheduleConfig lr;      // total_steps filled from total_steps when 0
   double clip_grad = 1.0;          // <= 0: no clipping
   bool reuse_fp32_param = false;   // the actor's train::EngineOptions::reuse_fp32_param
+  int64_t optimizer_offload_pieces = 0;  // the actor's train::EngineOptions::optimizer_offload_pieces
   int64_t max_consecutive_skipped_steps = 10;  // the actor's NaN/Inf guard (train::EngineOptions); 0 = never
   // Trainer (trainer.*).
   int64_t total_steps = 1;

@@ -32,12 +32,10 @@ void check_reuse_fp32(const EngineOptions& o, model::CausalLM& m) {
               p->weight.dtype() == DType::F32 ? ": f32 training keeps no separate bf16 copy, so there is nothing to "
                                                 "reuse" : "",
               "; set reuse_fp32_param=false or train in bf16");
-  // Incompatible options check point. MindSpeed refuses reuse with
-  // --swap-optimizer and with the fused EMA AdamW; neither exists in Kestrel
-  // yet. When the swap optimizer lands (EngineOptions::swap_optimizer or the
-  // like), refuse the pair here:
-  //   KS_FAIL(o.name, ": reuse_fp32_param=true cannot be combined with the swap optimizer (MindSpeed: "
-  //           "\"--swap-optimizer dose not support --reuse-fp32-param\"); turn one of them off");
+  // MindSpeed refuses reuse with --swap-optimizer (and with its fused EMA AdamW, which Kestrel has not).
+  if (o.optimizer_offload_pieces > 0 && m.device() != Device::CPU)
+    KS_FAIL(o.name, ": reuse_fp32_param=true cannot be combined with the swap optimizer or optimizer offload "
+            "(MindSpeed: \"--swap-optimizer dose not support --reuse-fp32-param\"); turn one of them off");
 }
 
 // "3", "3,5", "2-4", optionally "actor:" first: does update `n` of engine `name` match?
@@ -109,7 +107,9 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
   // the plain path.
   std::vector<model::Param*> order = model_.params();
   int64_t lo = 0, hi = -1;
-  bool held_masters = false;
+  // Offloaded state takes the bf16 weights' masters with it: the optimizer holds them (held masters).
+  const bool offload = opt_.optimizer_offload_pieces > 0 && model_.device() != Device::CPU;
+  bool held_masters = offload;
   if (dp_group_->size() > 1 || model_.tp().size() > 1 || model_.pp().size() > 1 || experts_apart) {
     parallel::DpOptions dpo;
     dpo.distributed_optimizer = opt_.parallel.distributed_optimizer;
@@ -124,10 +124,11 @@ TrainingEngine::TrainingEngine(model::CausalLM& model, EngineOptions opt) : mode
     order.clear();
     for (const auto& d : dp_->flat_params()) order.push_back(model_.find_param(d.name));
     std::tie(lo, hi) = dp_->owned_range();
-    held_masters = dpo.distributed_optimizer;  // f32 masters of the owned range only (12/dp bytes per param)
+    held_masters = dpo.distributed_optimizer || offload;  // f32 masters of the owned range only (12/dp bytes per param)
     if (experts_apart) build_expert_optimizer(std::move(experts));
   }
-  optim_ = std::make_unique<optim::AdamW>(make_slots(order, held_masters), opt_.adamw, lo, hi, opt_.reuse_fp32_param);
+  optim_ = std::make_unique<optim::AdamW>(make_slots(order, held_masters), opt_.adamw, lo, hi, opt_.reuse_fp32_param,
+                                          offload ? opt_.optimizer_offload_pieces : 0);
   sched_ = std::make_unique<optim::LrSchedule>(opt_.lr);
 }
 

@@ -106,6 +106,14 @@ struct EngineOptions {
   // MindSpeed does ("--reuse-fp32-param only support for `bf16`"; an f32
   // model has no bf16 copy to reuse).
   bool reuse_fp32_param = false;
+  // Optimizer state in host memory for a model on a device (optim::AdamW::
+  // offload_state): 0 keeps it on the device; 1 is Megatron's / verl's
+  // optimizer_offload (streamed in for the step, out after); k > 1 is
+  // MindSpeed's swap optimizer with swap_optimizer_times k (the step in k
+  // pieces, the device holding one at a time). bf16 weights' f32 masters go to
+  // the host with the state. Bit-identical to 0. No effect for a model on the
+  // CPU (host memory already); not with reuse_fp32_param.
+  int64_t optimizer_offload_pieces = 0;
   // The NaN/Inf guard: abort after this many consecutive skipped updates
   // (0 = never abort; skips are still counted and logged).
   int64_t max_consecutive_skipped_steps = 10;

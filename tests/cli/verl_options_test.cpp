@@ -84,6 +84,20 @@ TEST(VerlNames, LaunchChecksDevice) {
   }
 }
 
+// Parameter, gradient and activation offload move nothing on the CPU and are not built for the GPU.
+TEST(VerlNames, OffloadKeysOnTheGpuAreRefusedUntilBuilt) {
+  const std::string k = "actor_rollout_ref.actor.megatron.param_offload";
+  EXPECT_NO_THROW(check_offload_on_device(ok({k + "=true"}), Device::CPU));
+  EXPECT_NO_THROW(check_offload_on_device(ok({}), Device::CUDA));
+  EXPECT_NO_THROW(check_offload_on_device(ok({"actor_rollout_ref.actor.megatron.optimizer_offload=true"}), Device::CUDA));
+  try {
+    check_offload_on_device(ok({k + "=true"}), Device::CUDA);
+    ADD_FAILURE() << k << "=true accepted on the GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not supported yet: " + k + "=true"), std::string::npos) << e.what();
+  }
+}
+
 TEST(VerlNames, LaunchChecksProcessCount) {
   EXPECT_NO_THROW(check_launch(ok({}), 1));  // unset: the processes mpirun started
   EXPECT_NO_THROW(check_launch(ok({}), 4));

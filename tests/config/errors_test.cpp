@@ -92,9 +92,10 @@ TEST(ConfigErrors, UnsupportedKeyAtNonDefault) {
   EXPECT_EQ(load_error({"reward_model.rollout.expert_parallel_size=2"}),
             "not supported yet: reward_model.rollout.expert_parallel_size=2 "
             "(from command line; only the default 1 works)");
-  EXPECT_EQ(load_error({"+actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=True"}),
-            "not supported yet: actor_rollout_ref.actor.megatron.override_transformer_config.swap_optimizer=true "
-            "(from command line; only the default false works)");
+  EXPECT_EQ(load_error({"+actor_rollout_ref.actor.megatron.override_transformer_config."
+                        "account_for_embedding_in_pipeline_split=True"}),
+            "not supported yet: actor_rollout_ref.actor.megatron.override_transformer_config."
+            "account_for_embedding_in_pipeline_split=true (from command line; only the default false works)");
 }
 
 TEST(ConfigErrors, UnsupportedKeyAtItsDefaultLoads) {

@@ -3,7 +3,8 @@
 # tiny random-init model (builtin:tiny), KL loss against the reference, two
 # updates per step, a validation; every compared metric of every step within
 # 1e-4 relative (tests/scripts/lib/compare_runs.sh), and the saved actor
-# weights score alike. On the CPU emulator by hand (the kestrel binary of the
+# weights score alike. A third run with MindSpeed's swap optimizer (3 pieces)
+# on the device must match the plain device run too. On the CPU emulator by hand (the kestrel binary of the
 # cuda-emu preset: `bash tests/cuda_emu/grpo_on_device.sh`), and on a GPU by
 # scripts/device_check.sh with the cuda preset's binary:
 #   bash tests/cuda_emu/grpo_on_device.sh [<kestrel-binary>]
@@ -35,8 +36,13 @@ run() { "$KESTREL" train "${COMMON[@]}" "$@" >"$W/log.txt" 2>&1 || fail "kestrel
 run trainer.device=cpu trainer.default_local_dir="$W/cpu"
 run trainer.device=cuda trainer.default_local_dir="$W/cuda"
 grep -q "params, on cuda)" "$W/log.txt" || fail "the trainer.device=cuda run did not say it ran on cuda"
+OT=actor_rollout_ref.actor.megatron.override_transformer_config
+run trainer.device=cuda trainer.default_local_dir="$W/swap" "+$OT.swap_optimizer=True" "+$OT.swap_optimizer_times=3"
 KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean'
 source "$ROOT/tests/scripts/lib/compare_runs.sh"
 same_metrics "$W/cpu" "$W/cuda" "trainer.device=cuda against cpu"
 same_logprobs "$W/cpu/global_step_2/actor/model" "$W/cuda/global_step_2/actor/model" "saved actor weights"
-echo "grpo_on_device: OK (2 GRPO steps with trainer.device=cuda equal the CPU run's metrics and weights)"
+same_metrics "$W/cuda" "$W/swap" "the swap optimizer against the state on the device"
+cmp -s "$W/cuda/global_step_2/actor/model/model.safetensors" "$W/swap/global_step_2/actor/model/model.safetensors" ||
+  fail "the swap optimizer's saved weights differ from the plain device run's (they must be bit-identical)"
+echo "grpo_on_device: OK (2 GRPO steps with trainer.device=cuda equal the CPU run's metrics and weights; the swap optimizer's weights equal the device run's bit for bit)"

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "common/testing.h"
+#include "core/device_hooks.h"
 #include "model/batch.h"
 #include "train/checkpoint.h"
 #include "train/optimizer_checkpoint.h"
@@ -132,6 +133,57 @@ TEST_P(TrainOnDevice, CheckpointFromTheDeviceResumesOnTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, TrainOnDevice, ::testing::Values(DType::F32, DType::BF16),
                          [](const auto& i) { return std::string(dtype_name(i.param)); });
+
+}  // namespace
+}  // namespace kestrel::train
+
+namespace kestrel::train {
+namespace {
+
+// Live and peak device bytes of the optimizer state.
+struct OptimBytes {
+  int64_t live, peak;
+};
+OptimBytes optim_bytes() {
+  const MemStats s = device_allocator(Device::CUDA)->stats();
+  return {s.live_of(MemCategory::OptimizerState), s.peak_of(MemCategory::OptimizerState)};
+}
+
+// Optimizer offload (1 piece) and the swap optimizer (4 pieces): three steps
+// of a bf16 model give bit for bit the weights of the state kept on the
+// device; between steps the device holds none of the state, and during the
+// swapped step at most about a quarter of it.
+TEST_F(TrainOnDevice, OptimizerOffloadAndSwapOptimizerAreBitIdenticalWithLessDeviceMemory) {
+  std::vector<std::vector<float>> weights;  // bf16 weights widened exactly
+  std::vector<OptimBytes> bytes;
+  for (int64_t pieces : {0, 1, 4}) {
+    auto dev = tiny(DType::BF16, Device::CUDA);
+    EngineOptions o = engine_testing::options(0.5);
+    o.optimizer_offload_pieces = pieces;
+    device_allocator(Device::CUDA)->reset_peak();
+    const int64_t before = optim_bytes().live;
+    {
+      TrainingEngine e(*dev, o);
+      EXPECT_EQ(e.optimizer().offload_chunks(), pieces);
+      three_steps(e);
+      bytes.push_back({optim_bytes().live - before, optim_bytes().peak - before});
+    }
+    std::vector<float> w;
+    for (const model::Param* p : dev->params()) {
+      const std::vector<float> f = p->weight.to_float_vector();
+      w.insert(w.end(), f.begin(), f.end());
+    }
+    weights.push_back(std::move(w));
+  }
+  EXPECT_EQ(weights[1], weights[0]) << "optimizer offload changed the weights";
+  EXPECT_EQ(weights[2], weights[0]) << "the swap optimizer changed the weights";
+  // On the device: m, v and the f32 masters, 12 bytes a parameter.
+  EXPECT_GT(bytes[0].live, 0);
+  EXPECT_EQ(bytes[1].live, 0);
+  EXPECT_EQ(bytes[2].live, 0);
+  EXPECT_LE(bytes[1].peak, bytes[0].peak);
+  EXPECT_LE(bytes[2].peak, bytes[0].peak / 4 + 64);
+}
 
 }  // namespace
 }  // namespace kestrel::train

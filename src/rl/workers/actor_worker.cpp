@@ -52,6 +52,7 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.parallel.distributed_optimizer = parallel_.distributed_optimizer;
   eo.parallel.expert_dp = parallel_.expert_dp;  // nullptr without expert parallelism
   eo.reuse_fp32_param = opt_.reuse_fp32_param;
+  eo.optimizer_offload_pieces = opt_.optimizer_offload_pieces;
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
   eo.name = "actor";
   engine_ = std::make_unique<train::TrainingEngine>(model_, std::move(eo));

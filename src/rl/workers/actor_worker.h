@@ -41,6 +41,7 @@ struct ActorOptions {
   optim::LrScheduleConfig lr;       // total_steps resolved (> 0)
   double clip_grad = 1.0;           // <= 0: no clipping
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
+  int64_t optimizer_offload_pieces = 0;  // train::EngineOptions::optimizer_offload_pieces
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   LogProbOptions log_prob;          // the old log-prob pass
   // algorithm.rollout_correction.* (rl/rollout_correction.h). Active: the loss
