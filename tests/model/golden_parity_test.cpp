@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "common/golden_file.h"
 #include "common/testing.h"
 #include "io/safetensors.h"
 #include "model/scoring.h"
@@ -17,30 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Golden {
-  std::shared_ptr<io::SafetensorsFile> file;
-  Tensor get(const std::string& name) const {
-    auto r = file->get(name);
-    EXPECT_TRUE(r.is_ok()) << r.status().message();
-    return r.is_ok() ? r.value().to(DType::F32) : Tensor();
-  }
-  bool has(const std::string& name) const { return file->contains(name); }
-};
-
-model::PackedBatch batch_from(const Golden& g) {
-  Tensor ids = g.file->get("input_ids").value();
-  Tensor cu = g.file->get("cu_seqlens").value();
-  std::vector<std::vector<int32_t>> seqs;
-  auto idv = ids.to(DType::I64);
-  auto cuv = cu.to(DType::I64);
-  for (int64_t s = 0; s + 1 < cuv.numel(); ++s) {
-    std::vector<int32_t> q;
-    for (int64_t t = int64_t(cuv.data<int64_t>()[s]); t < cuv.data<int64_t>()[s + 1]; ++t)
-      q.push_back(int32_t(idv.data<int64_t>()[t]));
-    seqs.push_back(q);
-  }
-  return model::pack_sequences(seqs);
-}
+using Golden = kestrel::testing::GoldenFile;
 
 std::string golden_dir(const std::string& c) { return kestrel::testing::source_path("tests/golden/models/" + c); }
 
@@ -69,7 +47,7 @@ void check_case(const std::string& name, DType dt) {
   m.enable_grads();
   const Tol tol = tol_for(dt);
 
-  model::PackedBatch b = batch_from(g);
+  model::PackedBatch b = kestrel::testing::golden_batch(g);
   model::Activations acts;
   Tensor logits = m.forward(b, acts);
   EXPECT_LE(kestrel::testing::rel_to_scale(kestrel::testing::to_double(logits), kestrel::testing::to_double(g.get("logits"))), tol.fwd)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "common/golden_file.h"
 #include "common/testing.h"
 #include "io/safetensors.h"
 #include "model/moe_mlp.h"
@@ -23,24 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Golden {
-  std::shared_ptr<io::SafetensorsFile> file;
-  Tensor get(const std::string& name) const {
-    auto r = file->get(name);
-    EXPECT_TRUE(r.is_ok()) << r.status().message();
-    return r.is_ok() ? r.value().to(DType::F32) : Tensor();
-  }
-  Tensor raw(const std::string& name) const { return file->get(name).value(); }
-  bool has(const std::string& name) const { return file->contains(name); }
-};
-
-model::PackedBatch batch_from(const Golden& g) {
-  const std::vector<int64_t> ids = g.raw("input_ids").to(DType::I64).to_host<int64_t>();
-  const std::vector<int64_t> cu = g.raw("cu_seqlens").to(DType::I64).to_host<int64_t>();
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t s = 0; s + 1 < cu.size(); ++s) seqs.emplace_back(ids.begin() + cu[s], ids.begin() + cu[s + 1]);
-  return model::pack_sequences(seqs);
-}
+using Golden = kestrel::testing::GoldenFile;
 
 std::string golden_dir(const std::string& c) { return kestrel::testing::source_path("tests/golden/models/" + c); }
 
@@ -75,7 +59,7 @@ Loaded load_case(const std::string& name, DType dt, const model::MoeTrainOptions
   auto loaded = model::CausalLM::load(dir, opts);
   EXPECT_TRUE(loaded.is_ok()) << loaded.status().message();
   Loaded L{Golden{gf.value()}, std::move(loaded.value()), {}};
-  L.b = batch_from(L.g);
+  L.b = kestrel::testing::golden_batch(L.g);
   L.m->enable_grads();
   return L;
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "backend/cuda/cuda_backend.h"
+#include "common/golden_file.h"
 #include "common/testing.h"
 #include "io/safetensors.h"
 #include "model/scoring.h"
@@ -22,23 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Golden {
-  std::shared_ptr<io::SafetensorsFile> file;
-  Tensor get(const std::string& name) const {
-    auto r = file->get(name);
-    EXPECT_TRUE(r.is_ok()) << r.status().message();
-    return r.is_ok() ? r.value().to(DType::F32) : Tensor();
-  }
-  bool has(const std::string& name) const { return file->contains(name); }
-};
-
-model::PackedBatch batch_from(const Golden& g) {
-  const std::vector<int64_t> ids = g.file->get("input_ids").value().to(DType::I64).to_host<int64_t>();
-  const std::vector<int64_t> cu = g.file->get("cu_seqlens").value().to(DType::I64).to_host<int64_t>();
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t s = 0; s + 1 < cu.size(); ++s) seqs.emplace_back(ids.begin() + cu[s], ids.begin() + cu[s + 1]);
-  return model::pack_sequences(seqs);
-}
+using Golden = kestrel::testing::GoldenFile;
 
 // The tolerances of tests/model/golden_parity_test.cpp (its comment gives the arithmetic).
 struct Tol {
@@ -76,7 +61,7 @@ void check_case(const std::string& name, DType dt) {
   }
   const Tol tol = tol_for(dt);
 
-  const model::PackedBatch b = model::to_device(batch_from(g), Device::CUDA);
+  const model::PackedBatch b = model::to_device(kestrel::testing::golden_batch(g), Device::CUDA);
   model::Activations acts;
   Tensor logits = m.forward(b, acts);
   ASSERT_EQ(logits.device(), Device::CUDA);
