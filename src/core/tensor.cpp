@@ -140,6 +140,12 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
 
 Tensor Tensor::clone(MemCategory cat) const { return to(dtype_, cat); }
 
+Tensor Tensor::copy_to(Device dev, MemCategory cat) const {
+  Tensor t = empty(shape_, dtype_, cat, dev);
+  t.copy_from(*this);
+  return t;
+}
+
 Tensor Tensor::to(DType dtype, MemCategory cat) const {
   Tensor t = empty(shape_, dtype, cat, device());
   t.copy_from(*this);

@@ -58,10 +58,12 @@ class Tensor {
   // Convenience for tests and small host data.
   static Tensor from_vector(const std::vector<float>& v, Shape shape, MemCategory cat = MemCategory::Other);
   static Tensor from_ints(const std::vector<int32_t>& v, Shape shape);
-  // A host tensor holding v (T's dtype: float, int32_t, int64_t, uint8_t).
+  // A tensor holding v (T's dtype: float, int32_t, int64_t, uint8_t), on the
+  // host or, copied there, on device dev.
   template <class T>
-  static Tensor from_host(const std::vector<T>& v, Shape shape, MemCategory cat = MemCategory::Other) {
-    Tensor t = empty(std::move(shape), dtype_of<T>::value, cat);
+  static Tensor from_host(const std::vector<T>& v, Shape shape, MemCategory cat = MemCategory::Other,
+                          Device dev = Device::CPU) {
+    Tensor t = empty(std::move(shape), dtype_of<T>::value, cat, dev);
     KS_CHECK(t.numel() == int64_t(v.size()), "from_host: ", v.size(), " values for shape ", shape_str(t.shape()));
     t.write_host_bytes(v.data());
     return t;
@@ -97,6 +99,8 @@ class Tensor {
   // A deep copy (same device), optionally converted.
   Tensor clone(MemCategory cat = MemCategory::Other) const;
   Tensor to(DType dtype, MemCategory cat = MemCategory::Other) const;
+  // A deep copy on device dev (same dtype): host <-> device moves.
+  Tensor copy_to(Device dev, MemCategory cat = MemCategory::Other) const;
   // Copies src into this tensor, converting dtype; shapes must have equal numel.
   void copy_from(const Tensor& src);
   // zero_, fill_ and copy_from work on any device: host memory here, other

@@ -150,11 +150,7 @@ Status save_safetensors(const std::string& path, const std::vector<NamedTensor>&
     const DType dt = out_dtype(*nt);
     // The file is written from host memory: a device tensor (a model or
     // optimizer on the GPU) is copied out first, one tensor at a time.
-    Tensor host;
-    if (nt->tensor.device() != Device::CPU) {
-      host = Tensor::empty(nt->tensor.shape(), nt->tensor.dtype(), MemCategory::Other, Device::CPU);
-      host.copy_from(nt->tensor);
-    }
+    const Tensor host = nt->tensor.device() == Device::CPU ? Tensor() : nt->tensor.copy_to(Device::CPU);
     const Tensor& t = host.defined() ? host : nt->tensor;
     if (dt == t.dtype()) {
       KS_TRY(f.write(t.raw(), t.nbytes()));

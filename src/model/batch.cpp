@@ -54,12 +54,7 @@ PackedBatch to_device(const PackedBatch& b, Device dev) {
   KS_CHECK(!b.cp, "not supported yet: a context-parallel batch share on ", device_name(dev));
   KS_CHECK(!b.record_routing || b.record_routing->device() == dev, "to_device: the routing record of a batch moved "
            "to ", device_name(dev), " must be allocated there too");
-  const auto moved = [dev](const Tensor& t) {
-    if (!t.defined()) return Tensor();
-    Tensor out = Tensor::empty(t.shape(), t.dtype(), MemCategory::Activations, dev);
-    out.copy_from(t);
-    return out;
-  };
+  const auto moved = [dev](const Tensor& t) { return t.defined() ? t.copy_to(dev, MemCategory::Activations) : Tensor(); };
   PackedBatch out = b;
   out.input_ids = moved(b.input_ids);
   out.positions = moved(b.positions);

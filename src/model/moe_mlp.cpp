@@ -226,9 +226,7 @@ namespace {
 // The row ranges of the load-balancing loss: the whole micro-batch, or each sequence.
 Tensor aux_groups(const MoeTrainOptions& o, const Tensor& cu_seqlens, int64_t T) {
   if (o.load_balancing_type == "seq_aux_loss") return cu_seqlens;
-  Tensor whole = Tensor::empty({2}, DType::I32, MemCategory::Activations, cu_seqlens.device());
-  whole.copy_from(Tensor::from_ints({0, int32_t(T)}, {2}));
-  return whole;
+  return Tensor::from_host(std::vector<int32_t>{0, int32_t(T)}, {2}, MemCategory::Activations, cu_seqlens.device());
 }
 bool aux_on(const MoeTrainOptions& o) { return o.aux_loss_coeff > 0 && o.load_balancing_type != "none"; }
 }  // namespace

@@ -254,11 +254,7 @@ std::pair<int64_t, int64_t> AdamW::held_span(int64_t lo, int64_t hi) const {
 void AdamW::step_swapped(int64_t begin, int64_t end, double lr) {
   const int64_t n = state_end_ - state_begin_, piece = (n + swap_chunks_ - 1) / swap_chunks_;
   if (n == 0) return;
-  const auto on_device = [this](const Tensor& host) {
-    Tensor d = Tensor::empty(host.shape(), host.dtype(), MemCategory::OptimizerState, device_);
-    d.copy_from(host);
-    return d;
-  };
+  const auto on_device = [this](const Tensor& host) { return host.copy_to(device_, MemCategory::OptimizerState); };
   for (int64_t c0 = state_begin_; c0 < state_end_; c0 += piece) {
     const int64_t lo = std::max(begin, c0), hi = std::min(end, std::min(state_end_, c0 + piece));
     if (lo >= hi) continue;

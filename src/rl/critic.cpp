@@ -61,14 +61,10 @@ train::ValueObjective value_objective(const RolloutBatch& b, const std::vector<i
       d[k] = float(out.dloss_dvalue[k]);
       at[k] = int32_t(rows[k]);
     }
-    if (n > 0) {
-      // The gradient rows and their positions go where dv is (the critic's device).
-      Tensor rows_d = Tensor::empty({n, 1}, DType::F32, MemCategory::Activations, dv.device());
-      Tensor at_d = Tensor::empty({n}, DType::I32, MemCategory::Activations, dv.device());
-      rows_d.copy_from(Tensor::from_host(d, {n, 1}));
-      at_d.copy_from(Tensor::from_host(at, {n}));
-      ops::scatter_rows(rows_d, at_d, dv);
-    }
+    // The gradient rows and their positions go where dv is (the critic's device).
+    if (n > 0)
+      ops::scatter_rows(Tensor::from_host(d, {n, 1}, MemCategory::Activations, dv.device()),
+                        Tensor::from_host(at, {n}, MemCategory::Activations, dv.device()), dv);
     if (totals) {
       const double n = double(rows.size());
       totals->loss += out.loss;

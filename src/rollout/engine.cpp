@@ -220,8 +220,7 @@ void EngineImpl::collect_routing(Sequence* s, const Sequence& rows_of) {
   for (int64_t p = 0; p < n; ++p) slots[size_t(p)] = int32_t(rows_of.blocks[size_t(p / bs)] * bs + p % bs);
   const Device dev = kv_.device();  // the routing cache's (the model's)
   Tensor rows = Tensor::empty({n, W}, DType::I32, MemCategory::Activations, dev);  // [L-1, n_moe_layers * k]
-  Tensor idx = Tensor::empty({n}, DType::I32, MemCategory::Activations, dev);     // [L-1] cache slots
-  idx.copy_from(Tensor::from_host(slots, {n}, MemCategory::Activations));
+  const Tensor idx = Tensor::from_host(slots, {n}, MemCategory::Activations, dev);  // [L-1] cache slots
   ops::gather_rows(kv_.routing_rows(), idx, rows);
   s->routed_experts = rows.to_host<int32_t>();
   s->routed_experts.resize(size_t(L * W), -1);
@@ -291,8 +290,8 @@ std::vector<RequestOutput> EngineImpl::step() {
   const Device dev = logits.device();
   Tensor lse = Tensor::empty({S}, DType::F32, MemCategory::Activations, dev);  // [S]
   {
-    Tensor none = Tensor::empty({S}, DType::I32, MemCategory::Activations, dev);  // [S] no target: lse only
-    none.copy_from(Tensor::from_host(std::vector<int32_t>(size_t(S), -1), {S}, MemCategory::Activations));
+    // [S] no target: lse only
+    const Tensor none = Tensor::from_host(std::vector<int32_t>(size_t(S), -1), {S}, MemCategory::Activations, dev);
     Tensor lp = Tensor::empty({S}, DType::F32, MemCategory::Activations, dev);  // [S]
     ops::logprob_entropy_fwd(logits, none, lp, nullptr, lse);
   }

@@ -22,11 +22,7 @@ Tensor act(Shape s, DType dt, Device dev) { return Tensor::empty(std::move(s), d
 // read it next to the model's tensors run (one synchronous upload per tensor:
 // a handful of small copies per step, against a forward over every weight).
 Tensor ints(const std::vector<int32_t>& v, Shape s, Device dev) {
-  Tensor host = Tensor::from_host(v, std::move(s), MemCategory::Activations);
-  if (dev == Device::CPU) return host;
-  Tensor t = act(host.shape(), DType::I32, dev);
-  t.copy_from(host);
-  return t;
+  return Tensor::from_host(v, std::move(s), MemCategory::Activations, dev);
 }
 
 }  // namespace

@@ -27,15 +27,8 @@ HeadLoss token_head_loss(const model::CausalLM& m, const model::PackedBatch& b, 
   TokenView view{lp.data(), ent.data(), Tf};
   r.loss = objective(view, dlp.data(), dent.data());
   // This rank's rows of the gradients (pad rows: none), where the logits are.
-  const auto on_dev = [dev](const std::vector<float>& v) {
-    Tensor h = Tensor::from_host(v, {int64_t(v.size())}, MemCategory::Activations);
-    if (dev == Device::CPU) return h;
-    Tensor t = Tensor::empty(h.shape(), DType::F32, MemCategory::Activations, dev);
-    t.copy_from(h);
-    return t;
-  };
-  const Tensor dlogprob = model::cp_rank_rows(b, on_dev(dlp), 0.f);
-  const Tensor dentropy = model::cp_rank_rows(b, on_dev(dent), 0.f);
+  const Tensor dlogprob = model::cp_rank_rows(b, Tensor::from_host(dlp, {Tf}, MemCategory::Activations, dev), 0.f);
+  const Tensor dentropy = model::cp_rank_rows(b, Tensor::from_host(dent, {Tf}, MemCategory::Activations, dev), 0.f);
 
   bool any_entropy = false;
   if (need_entropy_grad)

@@ -21,11 +21,14 @@
 #include "rollout/reshard.h"
 #include "rollout/weight_sync.h"
 #include "../rollout/moe_models.h"
+#include "../rollout/same_outputs.h"
 #include "../rollout/tiny_model.h"
 
 using namespace kestrel;
 using namespace kestrel::rollout;
 namespace rt = kestrel::rollout::testing;
+using rt::run;
+using rt::RunOut;
 
 namespace {
 
@@ -51,27 +54,6 @@ std::unique_ptr<model::CausalLM> golden_on(const std::string& name, Device dev) 
   auto m = model::CausalLM::load(kestrel::testing::source_path("tests/golden/models/" + name), o);
   EXPECT_TRUE(m.is_ok()) << m.status().message();
   return m.is_ok() ? std::move(m).value() : nullptr;
-}
-
-struct RunOut {
-  std::vector<RequestOutput> outs;
-  EngineStats stats;
-};
-
-RunOut run(const model::CausalLM& m, const EngineConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
-           const std::vector<SamplingParams>& params) {
-  RunOut r;
-  auto e = Engine::create(m, cfg);
-  EXPECT_TRUE(e.is_ok()) << e.status().message();
-  if (!e.is_ok()) return r;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Status st = (*e)->add_request("r" + std::to_string(i), prompts[i], params[i % params.size()]);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-  }
-  r.outs = (*e)->run_to_completion();
-  r.stats = (*e)->stats();
-  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks - 1) << "blocks leaked";
-  return r;
 }
 
 SamplingParams greedy(int64_t max_tokens) {

@@ -32,9 +32,7 @@ class BackendConsistency : public ::testing::TestWithParam<DType> {
     return make_tensor(randn(n, seed, s), std::move(shape), dt);
   }
   Tensor on_dev(const Tensor& h) const {
-    Tensor d = Tensor::empty(h.shape(), h.dtype(), MemCategory::Other, dev_);
-    d.copy_from(h);
-    return d;
+    return h.copy_to(dev_);
   }
   // Device result against the CPU's, within the tolerance of the stored dtype.
   static ::testing::AssertionResult agree(const Tensor& dev_t, const Tensor& cpu_t, const std::string& what,

@@ -17,6 +17,8 @@ using namespace kestrel;
 using namespace kestrel::rollout;
 using rollout::testing::tiny_model;
 using rollout::testing::tiny_prompts;
+using rollout::testing::run;
+using rollout::testing::RunOut;
 
 namespace {
 
@@ -28,27 +30,6 @@ EngineConfig base_config() {
   c.max_num_seqs = 64;
   c.enable_prefix_caching = false;
   return c;
-}
-
-struct RunOut {
-  std::vector<RequestOutput> outs;
-  EngineStats stats;
-};
-
-RunOut run(const model::CausalLM& m, const EngineConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
-        const std::vector<SamplingParams>& params, const std::vector<std::string>& ids = {}) {
-  auto e = Engine::create(m, cfg);
-  EXPECT_TRUE(e.is_ok()) << e.status().message();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::string id = ids.empty() ? "r" + std::to_string(i) : ids[i];
-    Status st = (*e)->add_request(id, prompts[i], params[i % params.size()]);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-  }
-  RunOut r;
-  r.outs = (*e)->run_to_completion();
-  r.stats = (*e)->stats();
-  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks - 1) << "blocks leaked";
-  return r;
 }
 
 SamplingParams greedy(int64_t max_tokens = 24) {

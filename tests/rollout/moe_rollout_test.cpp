@@ -36,27 +36,6 @@ EngineConfig base_config() {
   return c;
 }
 
-struct RunOut {
-  std::vector<RequestOutput> outs;
-  EngineStats stats;
-};
-
-RunOut run(const model::CausalLM& m, const EngineConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
-           const std::vector<SamplingParams>& params) {
-  RunOut r;
-  auto e = Engine::create(m, cfg);
-  EXPECT_TRUE(e.is_ok()) << e.status().message();
-  if (!e.is_ok()) return r;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Status st = (*e)->add_request("r" + std::to_string(i), prompts[i], params[i % params.size()]);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-  }
-  r.outs = (*e)->run_to_completion();
-  r.stats = (*e)->stats();
-  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks - 1) << "blocks leaked";
-  return r;
-}
-
 SamplingParams greedy(int64_t max_tokens = 12) {
   SamplingParams p;
   p.temperature = 0;

@@ -1,6 +1,6 @@
 // Two rollouts' outputs compared request by request, sample by sample: the
 // same request ids, token ids and finish reasons, and log-probs within
-// logprob_tol (0: bit for bit).
+// logprob_tol (0: bit for bit); and the run that makes them.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -10,6 +10,30 @@
 #include "rollout/engine.h"
 
 namespace kestrel::rollout::testing {
+
+struct RunOut {
+  std::vector<RequestOutput> outs;
+  EngineStats stats;
+};
+
+// A fresh engine on m runs every prompt (params cycled; ids "r<i>" unless
+// given) to completion and must give back every KV block.
+inline RunOut run(const model::CausalLM& m, const EngineConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
+                  const std::vector<SamplingParams>& params, const std::vector<std::string>& ids = {}) {
+  RunOut r;
+  auto e = Engine::create(m, cfg);
+  EXPECT_TRUE(e.is_ok()) << e.status().message();
+  if (!e.is_ok()) return r;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string id = ids.empty() ? "r" + std::to_string(i) : ids[i];
+    const Status st = (*e)->add_request(id, prompts[i], params[i % params.size()]);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+  }
+  r.outs = (*e)->run_to_completion();
+  r.stats = (*e)->stats();
+  EXPECT_EQ(r.stats.free_blocks, r.stats.num_blocks - 1) << "blocks leaked";
+  return r;
+}
 
 inline void expect_same_outputs(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b,
                                 double logprob_tol, const std::string& what) {
