@@ -226,7 +226,8 @@ namespace {
 // The row ranges of the load-balancing loss: the whole micro-batch, or each sequence.
 Tensor aux_groups(const MoeTrainOptions& o, const Tensor& cu_seqlens, int64_t T) {
   if (o.load_balancing_type == "seq_aux_loss") return cu_seqlens;
-  return Tensor::from_host(std::vector<int32_t>{0, int32_t(T)}, {2}, MemCategory::Activations, cu_seqlens.device());
+  // MemCategory::Other, as the memory plan counts it (rl/memory_plan_*: 8 bytes at the router backward).
+  return Tensor::from_host(std::vector<int32_t>{0, int32_t(T)}, {2}, MemCategory::Other, cu_seqlens.device());
 }
 bool aux_on(const MoeTrainOptions& o) { return o.aux_loss_coeff > 0 && o.load_balancing_type != "none"; }
 }  // namespace
