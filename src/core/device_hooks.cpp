@@ -35,6 +35,21 @@ Allocator* device_allocator(Device dev) {
   return dev == Device::CPU ? &cpu_allocator() : allocators()[size_t(dev)];
 }
 
+namespace {
+Allocator*& pinned() {
+  static Allocator* a = nullptr;
+  return a;
+}
+}  // namespace
+
+void register_pinned_host_allocator(Allocator* allocator) {
+  KS_CHECK(!allocator || allocator->device() == Device::CPU,
+           "register_pinned_host_allocator: pinned memory is host memory (device() must be CPU)");
+  pinned() = allocator;
+}
+
+Allocator* pinned_host_allocator() { return pinned() ? pinned() : &cpu_allocator(); }
+
 const DeviceMemoryHooks& device_memory_hooks(Device dev, const char* what) {
   const DeviceMemoryHooks& h = table()[size_t(dev)];
   if (!h.fill || !h.copy)

@@ -29,4 +29,12 @@ const DeviceMemoryHooks& device_memory_hooks(Device dev, const char* what);
 void register_device_allocator(Device dev, Allocator* allocator);
 Allocator* device_allocator(Device dev);
 
+// Host memory the device copies from and to at full speed (page-locked: CUDA's
+// cudaHostAlloc), for what is offloaded to the host between uses (param_offload,
+// grad_offload, optimizer_offload). A backend with such memory registers its
+// allocator (device() == CPU); until then, and on a CPU-only build, this is the
+// plain host allocator.
+void register_pinned_host_allocator(Allocator* allocator);
+Allocator* pinned_host_allocator();
+
 }  // namespace kestrel

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "core/device_hooks.h"
@@ -36,6 +37,35 @@ Storage::~Storage() {
   if (alloc_) alloc_->deallocate(data_, bytes_, cat_);
 }
 
+namespace {
+std::atomic<int64_t> g_relocations{0};
+}  // namespace
+
+int64_t Storage::relocations() { return g_relocations.load(); }
+
+void Storage::relocate(Allocator* target) {
+  KS_CHECK(owned(), "Storage::relocate: borrowed memory (an mmap'd file, a peer's buffer) cannot be moved");
+  KS_CHECK(target != nullptr, "Storage::relocate: no target allocator");
+  if (target == alloc_) return;
+  void* fresh = target->allocate(bytes_, cat_);
+  const Device to = target->device();
+  if (bytes_ && device_ == Device::CPU && to == Device::CPU) {
+    std::memcpy(fresh, data_, bytes_);
+  } else if (bytes_) {
+    // Byte views of both allocations through the device's copy hook (which
+    // synchronises a host-side transfer, so the old block may be freed at once).
+    const Shape shape{int64_t(bytes_)};
+    Tensor dst = Tensor::from_blob(fresh, shape, DType::U8, nullptr, to);
+    const Tensor src = Tensor::from_blob(data_, shape, DType::U8, nullptr, device_);
+    device_memory_hooks(to != Device::CPU ? to : device_, "Storage::relocate").copy(dst, src);
+  }
+  alloc_->deallocate(data_, bytes_, cat_);
+  data_ = fresh;
+  device_ = to;
+  alloc_ = target;
+  ++g_relocations;
+}
+
 static Allocator* allocator_for(Device dev) {
   if (Allocator* a = device_allocator(dev)) return a;
   KS_FAIL("not supported yet: tensors on device ", device_name(dev), " (build with KESTREL_CUDA=ON)");
@@ -47,6 +77,15 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemCategory cat, Device dev) {
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(allocator_for(dev), t.nbytes(), cat);
+  return t;
+}
+
+Tensor Tensor::empty_pinned(Shape shape, DType dtype, MemCategory cat) {
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(pinned_host_allocator(), t.nbytes(), cat);
   return t;
 }
 

@@ -35,6 +35,18 @@ class Storage {
   Device device() const { return device_; }
   MemCategory category() const { return cat_; }
   bool owned() const { return alloc_ != nullptr; }
+  Allocator* allocator() const { return alloc_; }
+
+  // Moves the bytes into a new allocation from `target` (another device, or
+  // pinned host memory) and frees the old one: every Tensor view of this
+  // storage follows, so a model's parameters can leave the device between
+  // phases (param_offload) without their holders (optimizer, rollout views)
+  // noticing. Raw pointers taken before are stale afterwards, which is why
+  // each move counts in relocations() (a CUDA graph that captured them must be
+  // captured again). Owned storage only; a no-op when target is the current allocator.
+  void relocate(Allocator* target);
+  // Relocations so far, in this process.
+  static int64_t relocations();
 
  private:
   void* data_ = nullptr;
@@ -53,6 +65,9 @@ class Tensor {
                       Device dev = Device::CPU);
   static Tensor zeros(Shape shape, DType dtype, MemCategory cat = MemCategory::Activations,
                       Device dev = Device::CPU);
+  // Host memory from pinned_host_allocator() (core/device_hooks.h): the host
+  // side of what streams to and from a device.
+  static Tensor empty_pinned(Shape shape, DType dtype, MemCategory cat);
   static Tensor from_blob(void* data, Shape shape, DType dtype, std::shared_ptr<void> keepalive = nullptr,
                           Device dev = Device::CPU);
   // Convenience for tests and small host data.

@@ -76,8 +76,10 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
   state_end_ = state_end < 0 ? numel() : state_end;
   KS_CHECK(0 <= state_begin_ && state_begin_ <= state_end_ && state_end_ <= numel(), "AdamW: owned range [",
            state_begin_, ", ", state_end_, ") outside the flat space of ", numel(), " elements");
-  m_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, state_device_);
-  v_ = Tensor::zeros({state_end_ - state_begin_}, DType::F32, MemCategory::OptimizerState, state_device_);
+  m_ = state_tensor({state_end_ - state_begin_}, DType::F32);
+  v_ = state_tensor({state_end_ - state_begin_}, DType::F32);
+  m_.zero_();
+  v_.zero_();
 
   // Held masters: the owned elements of every master-less slot, end to end in
   // flat order (one contiguous buffer when all slots are held).
@@ -100,7 +102,7 @@ AdamW::AdamW(std::vector<ParamSlot> params, AdamWConfig cfg, int64_t state_begin
     held_ = Tensor::zeros({held_n}, DType::BF16, MemCategory::OptimizerState, state_device_);
     return;
   }
-  held_ = Tensor::empty({held_n}, DType::F32, MemCategory::OptimizerState, state_device_);
+  held_ = state_tensor({held_n}, DType::F32);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (held_off_[i] < 0) continue;
     auto [lo, hi] = owned_of(i);

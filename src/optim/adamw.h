@@ -224,6 +224,12 @@ class AdamW {
   Tensor v_range(int64_t lo, int64_t hi) const { return v_.slice_rows(lo - state_begin_, hi - state_begin_); }
   std::string layout_string() const;
   std::string held_string() const;
+  // An uninitialised state tensor where the state lives: the device, or with
+  // offload pinned host memory (the pieces stream from it at full speed).
+  Tensor state_tensor(Shape shape, DType dt) const {
+    return swap_chunks_ > 0 ? Tensor::empty_pinned(std::move(shape), dt, MemCategory::OptimizerState)
+                            : Tensor::empty(std::move(shape), dt, MemCategory::OptimizerState, state_device_);
+  }
 
   std::vector<ParamSlot> params_;
   AdamWConfig cfg_;

@@ -4,6 +4,7 @@
 // here is host memory tagged CUDA, with hooks that count their calls.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,59 @@ TEST(DeviceHooks, TensorMethodsDispatchToTheRegisteredBackend) {
   back.copy_from(dev);  // device -> host, converting
   EXPECT_EQ(back.to_float_vector(), mem);
   EXPECT_GE(g_copies, 4);
+  register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{});
+}
+
+// Host memory tagged CUDA, counting live bytes: a stand-in for the device allocator.
+class TaggedAllocator final : public Allocator {
+ public:
+  explicit TaggedAllocator(Device dev) : dev_(dev) {}
+  void* allocate(size_t bytes, MemCategory cat) override {
+    account(cat, int64_t(bytes));
+    return std::malloc(bytes ? bytes : 1);
+  }
+  void deallocate(void* p, size_t bytes, MemCategory cat) override {
+    account(cat, -int64_t(bytes));
+    std::free(p);
+  }
+  Device device() const override { return dev_; }
+
+ private:
+  Device dev_;
+};
+
+// param_offload's move: a storage relocates between allocators (and devices) in
+// place, so every view follows with its values; the old allocation is freed.
+TEST(DeviceHooks, StorageRelocatesInPlaceAndViewsFollow) {
+  register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fake_fill, fake_copy});
+  TaggedAllocator device(Device::CUDA), pinned(Device::CPU);
+  Tensor w = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3}, MemCategory::Params);
+  const Tensor row = w.slice_rows(1, 2), flat = w.view({6});  // views, as the optimizer and the rollout hold
+  const int64_t before = Storage::relocations();
+  w.storage()->relocate(&device);  // host -> "device" through the copy hook
+  EXPECT_EQ(w.device(), Device::CUDA);
+  EXPECT_EQ(row.device(), Device::CUDA);
+  EXPECT_EQ(device.stats().live_of(MemCategory::Params), 24);
+  EXPECT_EQ(row.to_float_vector(), (std::vector<float>{4, 5, 6}));
+  w.storage()->relocate(&pinned);  // "device" -> pinned host memory
+  EXPECT_EQ(device.stats().live_of(MemCategory::Params), 0);
+  EXPECT_EQ(pinned.stats().live_of(MemCategory::Params), 24);
+  EXPECT_EQ(flat.device(), Device::CPU);
+  EXPECT_EQ(flat.to_float_vector(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  w.storage()->relocate(&pinned);  // already there: nothing moves
+  EXPECT_EQ(Storage::relocations(), before + 2);
+  w.storage()->relocate(&cpu_allocator());  // host to host: memcpy
+  EXPECT_EQ(pinned.stats().live_of(MemCategory::Params), 0);
+  EXPECT_EQ(row.to_float_vector(), (std::vector<float>{4, 5, 6}));
+  std::vector<float> mem(2, 1.f);
+  Tensor borrowed = Tensor::from_blob(mem.data(), {2}, DType::F32);
+  EXPECT_NE(error_of([&] { borrowed.storage()->relocate(&pinned); }).find("borrowed memory"), std::string::npos);
+  // Without a backend's pinned memory, offloads land in the plain host allocator.
+  EXPECT_EQ(pinned_host_allocator(), &cpu_allocator());
+  register_pinned_host_allocator(&pinned);
+  EXPECT_EQ(pinned_host_allocator(), &pinned);
+  EXPECT_EQ(Tensor::empty_pinned({4}, DType::F32, MemCategory::Grads).storage()->allocator(), &pinned);
+  register_pinned_host_allocator(nullptr);
   register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{});
 }
 

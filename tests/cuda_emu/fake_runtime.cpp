@@ -28,6 +28,9 @@ State& state() {
 
 void* raw_alloc(size_t bytes) { return emu::dev_alloc(bytes); }
 void raw_free(void* p) { emu::dev_free(p); }
+// "Pinned" host memory: ordinary host memory here (the emulator's copies are synchronous).
+void* raw_host_alloc(size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+void raw_host_free(void* p) { std::free(p); }
 
 // Not caching: every allocation is fresh poisoned memory, so stale data never hides a missing write.
 // Live bytes are accounted by category as the caching allocator does, so memory tests run here too.
@@ -60,6 +63,8 @@ void init(int ordinal) {
     s.allocator = new CachingDeviceAllocator(Device::CUDA, RawDeviceMemory{raw_alloc, raw_free});
     register_device_allocator(Device::CUDA, new EmuAllocator);
     register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
+    register_pinned_host_allocator(
+        new CachingDeviceAllocator(Device::CPU, RawDeviceMemory{raw_host_alloc, raw_host_free}));
   });
   KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
 }

@@ -37,6 +37,21 @@ void raw_free(void* p) {
   cudaFree(p);
 }
 
+// Page-locked host memory: what is offloaded between phases streams to and
+// from it at the link's full speed (pageable memory is staged by the driver).
+void* raw_host_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+void raw_host_free(void* p) {
+  cudaStreamSynchronize(state().stream);  // no copy in flight reads or writes it
+  cudaFreeHost(p);
+}
+
 }  // namespace
 
 bool available() {
@@ -85,6 +100,8 @@ void init(int ordinal) {
     s.allocator = new CachingDeviceAllocator(Device::CUDA, RawDeviceMemory{raw_alloc, raw_free});
     register_device_allocator(Device::CUDA, s.allocator);
     register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
+    register_pinned_host_allocator(
+        new CachingDeviceAllocator(Device::CPU, RawDeviceMemory{raw_host_alloc, raw_host_free}));
   });
   KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
 }
