@@ -40,6 +40,16 @@ int64_t optimizer_offload_pieces(const config::Config& c, const std::string& P, 
   return c.get_bool(P + "megatron.optimizer_offload") || c.get_bool(fsdp + "optimizer_offload") ? 1 : 0;
 }
 
+// param_offload / grad_offload of a model: Megatron's keys, or verl FSDP's
+// param_offload, which offloads the whole module (parameters and gradients).
+struct PhaseOffload {
+  bool params = false, grads = false;
+};
+PhaseOffload phase_offload(const config::Config& c, const std::string& P, const std::string& fsdp) {
+  const bool fsdp_module = c.get_bool(fsdp + "param_offload");
+  return {c.get_bool(P + "megatron.param_offload") || fsdp_module, c.get_bool(P + "megatron.grad_offload") || fsdp_module};
+}
+
 optim::AdamWConfig adamw_config(const config::Config& c, const std::string& P) {
   const auto betas = c.get_float_list(P + "optim.betas");
   if (betas.size() != 2) KS_FAIL(c.origin(P + "optim.betas"), ": ", P, "optim.betas must hold two numbers");
@@ -513,6 +523,11 @@ rl::RlOptions rl_options(const config::Config& c, int64_t batches_per_epoch) {
   o.adamw = adamw_config(c, A);
   o.reuse_fp32_param = c.get_bool(A + "megatron.override_transformer_config.reuse_fp32_param");
   o.optimizer_offload_pieces = optimizer_offload_pieces(c, A, A + "fsdp_config.");
+  const PhaseOffload actor_off = phase_offload(c, A, A + "fsdp_config.");
+  o.actor_param_offload = actor_off.params;
+  o.actor_grad_offload = actor_off.grads;
+  const std::string Rf = "actor_rollout_ref.ref.";
+  o.ref_param_offload = c.get_bool(Rf + "megatron.param_offload") || c.get_bool(Rf + "fsdp_config.param_offload");
   o.max_consecutive_skipped_steps = c.get_int("trainer.max_consecutive_skipped_steps");
   o.clip_grad = c.get_float_or(A + "grad_clip", c.get_float(A + "optim.clip_grad"));  // verl FSDP's name wins
   const int64_t epochs = c.get_int("trainer.total_epochs");
@@ -577,6 +592,9 @@ rl::CriticOptions critic_options(const config::Config& c, const rl::RlOptions& o
   co.adamw = adamw_config(c, C);
   co.reuse_fp32_param = c.get_bool(C + "megatron.override_transformer_config.reuse_fp32_param");
   co.optimizer_offload_pieces = optimizer_offload_pieces(c, C, C + "model.fsdp_config.");
+  const PhaseOffload critic_off = phase_offload(c, C, C + "model.fsdp_config.");
+  co.param_offload = critic_off.params;
+  co.grad_offload = critic_off.grads;
   co.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   co.lr = lr_schedule_config(c, C, o.total_steps);
   co.clip_grad = c.get_float_or(C + "grad_clip", c.get_float(C + "optim.clip_grad"));  // verl FSDP's name wins

@@ -67,16 +67,14 @@ Device trainer_device(const config::Config& c, int world_size) {
 
 void check_offload_on_device(const config::Config& c, Device dev) {
   // Read on every device: on the CPU they move nothing (host memory already), which their docs say.
-  for (const char* k : {"actor_rollout_ref.model.enable_activation_offload", "actor_rollout_ref.actor.megatron.param_offload",
-                        "actor_rollout_ref.actor.megatron.grad_offload", "actor_rollout_ref.actor.fsdp_config.param_offload",
-                        "actor_rollout_ref.actor.fsdp_config.offload_policy", "actor_rollout_ref.ref.megatron.param_offload",
-                        "actor_rollout_ref.ref.megatron.grad_offload", "actor_rollout_ref.ref.fsdp_config.param_offload",
+  // param_offload / grad_offload act on the GPU (CausalLM::offload_to_host), read by the options.
+  for (const char* k : {"actor_rollout_ref.model.enable_activation_offload", "actor_rollout_ref.actor.fsdp_config.offload_policy",
                         "actor_rollout_ref.ref.fsdp_config.offload_policy", "critic.model.enable_activation_offload",
-                        "critic.model.fsdp_config.param_offload", "critic.model.fsdp_config.offload_policy",
-                        "critic.megatron.param_offload", "critic.megatron.grad_offload"}) {
+                        "critic.model.fsdp_config.offload_policy"}) {
     if (!c.get_bool(k) || dev == Device::CPU) continue;
     KS_FAIL("not supported yet: ", k, "=true (from ", c.origin(k), ") on ", device_name(dev),
-            ": parameter, gradient and activation offload are not built for the GPU yet (optimizer_offload and "
+            ": activation offload and FSDP2's offload_policy (parameters streamed per layer during compute) are "
+            "not built for the GPU yet (param_offload, grad_offload, optimizer_offload and "
             "override_transformer_config.swap_optimizer are); set it to false");
   }
 }

@@ -155,6 +155,12 @@ inline constexpr const char* kOptimizerOffload =
     "Offload optimizer state to host memory between steps. On the GPU (trainer.device=cuda) AdamW's moments and "
     "f32 masters live in host memory and stream through the device for each step (bit-identical to keeping them "
     "there); on the CPU backend they are in host memory already, so it moves nothing.";
+// param_offload / grad_offload (Megatron's, and verl FSDP's param_offload): act on the GPU.
+inline constexpr const char* kPhaseOffload =
+    " On the GPU (trainer.device=cuda) they wait in pinned host memory while the model is idle between phases "
+    "(generation, old/ref log-probs, values, update) and come back on the phase's first use, as verl's "
+    "offload_megatron_model_to_cpu / load_megatron_model_to_gpu (bit-identical results, less device memory "
+    "while another model computes); on the CPU backend they are in host memory already, so nothing moves.";
 // Builders used by the schema_*.cpp declaration files.
 class Builder {
  public:

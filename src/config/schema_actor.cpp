@@ -248,8 +248,10 @@ void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {
   auto d = [&](const std::string& key, const std::string& def) {
     return is_ref ? follow(std::string(kActorMeg) + "." + key, def) : def;
   };
-  b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
-  b.k("grad_offload", B, "false", NOP, std::string("Offload gradients to host memory between phases.") + kOffloadOnCpu);
+  b.k("param_offload", B, "false", YES, std::string("Offload parameters to host memory between phases.") + kPhaseOffload);
+  b.k("grad_offload", B, "false", is_ref ? NOP : YES,
+      is_ref ? std::string("The reference model has no gradients.")
+             : std::string("Offload gradients to host memory between phases.") + kPhaseOffload);
   b.k("optimizer_offload", B, "false", is_ref ? NOP : YES,
       is_ref ? std::string("The reference model has no optimizer.") : std::string(kOptimizerOffload));
   const bool critic = owner == "critic";

@@ -24,7 +24,9 @@ constexpr const char* kWhyShard =
 void declare_fsdp_engine(Builder& b, const std::string& at, const std::string& owner, bool forward_only) {
   b.scope(at);
   b.k("wrap_policy.min_num_params", I, "0", NOP, std::string("FSDP wrapping threshold: ") + kWhyShard);
-  b.k("param_offload", B, "false", NOP, std::string("Offload parameters to host memory between phases.") + kOffloadOnCpu);
+  b.k("param_offload", B, "false", YES,
+      std::string(forward_only ? "Offload parameters" : "Offload parameters and gradients (FSDP offloads the module)") +
+          " to host memory between phases." + kPhaseOffload);
   b.k("optimizer_offload", B, "false", forward_only ? NOP : YES,
       forward_only ? std::string("A forward-only model has no optimizer.") : std::string(kOptimizerOffload));
   b.k("offload_policy", B, "false", NOP, std::string("FSDP2 CPU offload of parameters, gradients and optimizer state.") + kOffloadOnCpu);

@@ -20,6 +20,7 @@ namespace {
 TrainExec exec_for(const CausalLM& m, const PackedBatch& b) {
   KS_CHECK(b.input_ids.device() == m.device(), "a batch on ", device_name(b.input_ids.device()), " for a model on ",
            device_name(m.device()), ": move it with model::to_device(batch, model.device())");
+  m.ensure_on_device(/*grads=*/false);  // weights offloaded between phases (param_offload) come back
   TrainExec ex(m.tp(), m.sequence_parallel(), b, m.rope(), m.heads(), m.config().head_dim, m.cp_groups());
   if (m.ep().size() > 1) {
     ex.ep = &m.ep();
@@ -144,6 +145,7 @@ Tensor CausalLM::backward_hidden(const PackedBatch& b, Activations& acts, const 
   KS_CHECK(chunk >= 0 && chunk < num_chunks(), "model chunk ", chunk, " of ", num_chunks());
   const int64_t base = chunk_begin_[size_t(chunk)], nb = chunk_num_blocks(chunk);
   const bool embed = chunk_has_embedding(chunk), head = chunk_has_head(chunk);
+  ensure_on_device(/*grads=*/true);
   TrainExec ex = exec_for(*this, b);
   ex.moe_loss_scale = moe_loss_scale_;
   ex.packs = train_packs_;  // recompute's reruns multiply as the forward did (the same bits)

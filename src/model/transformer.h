@@ -183,6 +183,18 @@ class CausalLM {
   void enable_grads();
   void zero_grads();
 
+  // param_offload / grad_offload (Megatron's and verl's keys; model/residency.cpp):
+  // a model on a device moves its weights (state_tensors()) and/or its
+  // gradients to pinned host memory while its worker is idle, and they come
+  // back on first use: every forward and backward calls ensure_on_device, so
+  // a phase that forgets to load cannot compute on host memory. The tensors
+  // move in place (Storage::relocate), so views of them (the optimizer's, the
+  // in-place rollout's) follow; values are unchanged. A no-op on the CPU.
+  void offload_to_host(bool weights, bool grads);
+  void ensure_on_device(bool grads) const;
+  bool weights_on_device() const { return !weights_offloaded_; }
+  bool grads_on_device() const { return !grads_offloaded_; }
+
   // Writes config.json + safetensors (dtype on disk; single file or shards)
   // atomically, HF-shaped (a value model as <Arch>ForTokenClassification with
   // num_labels 1 and classifier_dropout 0, as verl's critic). Under tp > 1 it is collective over the tp group:
@@ -363,6 +375,7 @@ class CausalLM {
     KS_CHECK(!packs || opts_.device == Device::CPU, "weight packs are for a model on the cpu; this one is on ",
              device_name(opts_.device));
   }
+  mutable bool weights_offloaded_ = false, grads_offloaded_ = false;  // offload_to_host / ensure_on_device
   mutable cpu::WeightPacks* forward_packs_ = nullptr;  // set_forward_packs
   cpu::WeightPacks* train_packs_ = nullptr;            // set_train_packs
 };

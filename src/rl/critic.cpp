@@ -172,9 +172,14 @@ Critic::Critic(std::unique_ptr<model::CausalLM> model, CriticOptions opt, RlPara
   KS_CHECK(opt_.ppo_mini_batch_size % parallel_.dp->size() == 0, "critic.ppo_mini_batch_size=",
            opt_.ppo_mini_batch_size, " must divide by the data-parallel size ", parallel_.dp->size());
   engine_ = std::make_unique<train::TrainingEngine>(*model_, engine_options(opt_, parallel_));
+  release_device_memory();
 }
 
 Critic::~Critic() = default;
+
+void Critic::release_device_memory() const {
+  if (opt_.param_offload || opt_.grad_offload) model_->offload_to_host(opt_.param_offload, opt_.grad_offload);
+}
 
 void Critic::use_parallel(RlParallel parallel, bool balance_batch) {
   KS_CHECK(engine_->optimizer().step_count() == 0, "critic: the process layout can change only before the first update");
@@ -194,6 +199,7 @@ std::vector<double> Critic::values(const RolloutBatch& b) const {
   const std::vector<int64_t> mine = share(b);
   std::vector<double> out(size_t(b.layout.num_tokens()), 0.0);
   values_of(*model_, b, mine, opt_.forward_max_token_len, opt_.forward_micro_batch_size, opt_.share_prompts, out);
+  release_device_memory();
   all_gather_token_values(*parallel_.dp, b, mine, out);
   return out;
 }
@@ -261,6 +267,7 @@ std::map<std::string, double> Critic::update(const RolloutBatch& b, const std::v
       sum.tokens += t.tokens;
     }
   }
+  release_device_memory();
   const double tokens = sum.tokens > 0 ? sum.tokens : 1.0;
   if (model_->num_moe_layers() > 0) moe.gather_stages(model_->pp());
   std::map<std::string, double> m = moe.metrics("critic", model_->ep().size());

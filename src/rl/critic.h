@@ -58,6 +58,10 @@ struct CriticOptions {
   double clip_grad = 1.0;           // critic.optim.clip_grad; <= 0: no clipping
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
   int64_t optimizer_offload_pieces = 0;  // train::EngineOptions::optimizer_offload_pieces
+  // critic.megatron.{param,grad}_offload / critic.model.fsdp_config.param_offload: between the critic's
+  // phases its weights / gradients wait in host memory (CausalLM::offload_to_host). CPU: nothing moves.
+  bool param_offload = false;
+  bool grad_offload = false;
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   bool share_prompts = false;       // pack a prompt once per micro-batch (pack_rollout_sequences)
   // critic.megatron.use_distributed_optimizer; unset = the process layout's
@@ -115,6 +119,9 @@ class Critic {
   void use_parallel(RlParallel parallel, bool balance_batch);
 
   model::CausalLM& model() { return *model_; }
+  // The end of a critic phase (values, update): with param_offload / grad_offload the weights /
+  // gradients go to host memory until the next phase's first forward brings them back.
+  void release_device_memory() const;
   const CriticOptions& options() const { return opt_; }
   const optim::AdamW& optimizer() const { return engine_->optimizer(); }
   const train::TrainingEngine& engine() const { return *engine_; }

@@ -553,8 +553,9 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   // ---- what training cannot do yet ----
   if (in.offload.param || in.offload.grad || in.offload.optimizer)
-    p.not_supported.push_back("not supported yet: param/grad/optimizer offload on a device (on this CPU build host memory is the "
-                              "device memory); modelled as the state leaving the device outside its update");
+    p.notes.push_back("param/grad/optimizer offload act on a GPU (trainer.device=cuda), modelled here as the state "
+                      "leaving the device outside its update; on the CPU backend host memory is the device memory "
+                      "and nothing moves");
   return p;
 }
 

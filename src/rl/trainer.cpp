@@ -50,6 +50,8 @@ RlWorkerOptions split_options(const RlOptions& o) {
   a.clip_grad = o.clip_grad;
   a.reuse_fp32_param = o.reuse_fp32_param;
   a.optimizer_offload_pieces = o.optimizer_offload_pieces;
+  a.param_offload = o.actor_param_offload;
+  a.grad_offload = o.actor_grad_offload;
   a.max_consecutive_skipped_steps = o.max_consecutive_skipped_steps;
   a.log_prob = lp;
   a.rollout_corr = o.rollout_corr;
@@ -136,7 +138,7 @@ RlTrainer::RlTrainer(model::CausalLM& actor, std::unique_ptr<model::CausalLM> re
   if (opt_.lr.total_steps <= 0) opt_.lr.total_steps = opt_.total_steps;
   RlWorkerOptions w = split_options(opt_);
   actor_ = std::make_unique<ActorWorker>(actor, std::move(w.actor), opt_.parallel);
-  if (ref) ref_ = std::make_unique<RefWorker>(std::move(ref), w.ref, opt_.parallel);
+  if (ref) ref_ = std::make_unique<RefWorker>(std::move(ref), w.ref, opt_.parallel, opt_.ref_param_offload);
   if (critic)
     critic_ = std::make_unique<CriticWorker>(std::move(critic), opt_.parallel, opt_.balance_batch, actor.tp().size());
   reward_ = std::make_unique<RewardWorker>(rewards, opt_.parallel.world);
@@ -476,6 +478,7 @@ std::map<std::string, double> RlTrainer::train_step() {
       m["timing_s/reward"] = seconds_since(t0);
     }
   }
+  actor_->release_device_memory();  // param_offload: the rollout read the weights in place; idle until scored
   const bool kl_done = filtered && opt_.use_kl_in_reward;
   const RolloutCorrectionConfig& rc = opt_.rollout_corr;
   KS_CHECK(!rc.active || !b.rollout_logp.empty(), "actor_rollout_ref.rollout.calculate_log_probs=true: the rollout "

@@ -161,6 +161,9 @@ struct RlOptions {
   double clip_grad = 1.0;          // <= 0: no clipping
   bool reuse_fp32_param = false;   // the actor's train::EngineOptions::reuse_fp32_param
   int64_t optimizer_offload_pieces = 0;  // the actor's train::EngineOptions::optimizer_offload_pieces
+  bool actor_param_offload = false;  // ActorOptions::param_offload
+  bool actor_grad_offload = false;   // ActorOptions::grad_offload
+  bool ref_param_offload = false;    // RefWorker's param_offload
   int64_t max_consecutive_skipped_steps = 10;  // the actor's NaN/Inf guard (train::EngineOptions); 0 = never
   // Trainer (trainer.*).
   int64_t total_steps = 1;

@@ -44,6 +44,7 @@ std::map<std::string, double> RlTrainer::validate() {
   const std::vector<WireResponse> all = rollout_  ? rollout_->generate_validation(prompts)
                                         : remote_ ? remote_->receive_validation()
                                                   : std::vector<WireResponse>{};
+  actor_->release_device_memory();  // param_offload: generation read the actor's weights in place
   if (!is_world_leader()) return out;
   std::vector<RewardRequest> reqs;
   std::vector<size_t> owner;

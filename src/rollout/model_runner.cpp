@@ -236,6 +236,7 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   const int64_t D = c.hidden_size;
   KS_CHECK(T > 0 && B > 0, "empty step");
   KS_CHECK(kv_.allocated(), "the KV cache is released (engine asleep)");
+  m_.ensure_on_device(/*grads=*/false);  // the trainer's weights, read in place, back if offloaded (param_offload)
 
   // Buffers reused by every layer: the decode rows of all sequences share
   // each GEMM, so one step costs one read of every weight.

@@ -294,6 +294,7 @@ MiniBatchResult TrainingEngine::train_mini_batch(const std::vector<MicroBatch>& 
     KS_FAIL(opt_.name, ": the learning rate is ", num(lr), " at ",
             step >= 1 ? "step " + std::to_string(step) : "update " + std::to_string(update),
             "; the learning rate and its schedule (optim.lr, warmup, min_lr) must be finite");
+  model_.ensure_on_device(/*grads=*/true);  // param_offload / grad_offload: back for the update
   zero_grads();
   const bool moe = model_.num_moe_layers() > 0;
   if (moe) begin_moe_mini_batch(int64_t(micro.size()));

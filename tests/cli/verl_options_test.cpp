@@ -35,6 +35,23 @@ TEST(VerlNames, GradClipIsTheOptimizersClip) {
   EXPECT_DOUBLE_EQ(critic_options(c, rl_options(c, 1)).clip_grad, 0.7);
 }
 
+// Megatron's param_offload / grad_offload, and verl FSDP's param_offload (the whole module: both).
+TEST(VerlNames, PhaseOffloadKeysReachTheWorkers) {
+  const rl::RlOptions none = rl_options(ok({}), 1);
+  EXPECT_FALSE(none.actor_param_offload || none.actor_grad_offload || none.ref_param_offload);
+  const rl::RlOptions meg = rl_options(ok({A + "megatron.param_offload=true", "actor_rollout_ref.ref.megatron.param_offload=true"}), 1);
+  EXPECT_TRUE(meg.actor_param_offload);
+  EXPECT_FALSE(meg.actor_grad_offload);
+  EXPECT_TRUE(meg.ref_param_offload);
+  const rl::RlOptions fsdp = rl_options(ok({A + "fsdp_config.param_offload=true"}), 1);
+  EXPECT_TRUE(fsdp.actor_param_offload && fsdp.actor_grad_offload);
+  EXPECT_FALSE(fsdp.ref_param_offload);
+  const auto c = ok({"critic.megatron.grad_offload=true"});
+  const rl::CriticOptions co = critic_options(c, rl_options(c, 1));
+  EXPECT_TRUE(co.grad_offload);
+  EXPECT_FALSE(co.param_offload);
+}
+
 TEST(VerlNames, FsdpSchedulerNames) {
   auto style = [](const std::vector<std::string>& ov) { return lr_schedule_config(ok(ov), A, 100).style; };
   EXPECT_EQ(style({}), optim::LrStyle::Constant);
@@ -84,12 +101,19 @@ TEST(VerlNames, LaunchChecksDevice) {
   }
 }
 
-// Parameter, gradient and activation offload move nothing on the CPU and are not built for the GPU.
+// Activation offload and FSDP2's offload_policy move nothing on the CPU and are not built for the GPU;
+// param_offload, grad_offload and optimizer_offload act there (CausalLM::offload_to_host, AdamW).
 TEST(VerlNames, OffloadKeysOnTheGpuAreRefusedUntilBuilt) {
-  const std::string k = "actor_rollout_ref.actor.megatron.param_offload";
+  const std::string k = "actor_rollout_ref.model.enable_activation_offload";
   EXPECT_NO_THROW(check_offload_on_device(ok({k + "=true"}), Device::CPU));
   EXPECT_NO_THROW(check_offload_on_device(ok({}), Device::CUDA));
-  EXPECT_NO_THROW(check_offload_on_device(ok({"actor_rollout_ref.actor.megatron.optimizer_offload=true"}), Device::CUDA));
+  for (const char* built : {"actor_rollout_ref.actor.megatron.optimizer_offload=true",
+                            "actor_rollout_ref.actor.megatron.param_offload=true",
+                            "actor_rollout_ref.actor.megatron.grad_offload=true",
+                            "actor_rollout_ref.ref.megatron.param_offload=true",
+                            "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                            "critic.megatron.param_offload=true"})
+    EXPECT_NO_THROW(check_offload_on_device(ok({built}), Device::CUDA)) << built;
   try {
     check_offload_on_device(ok({k + "=true"}), Device::CUDA);
     ADD_FAILURE() << k << "=true accepted on the GPU";

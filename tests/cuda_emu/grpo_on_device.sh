@@ -4,7 +4,8 @@
 # updates per step, a validation; every compared metric of every step within
 # 1e-4 relative (tests/scripts/lib/compare_runs.sh), and the saved actor
 # weights score alike. A third run with MindSpeed's swap optimizer (3 pieces)
-# on the device must match the plain device run too. On the CPU emulator by hand (the kestrel binary of the
+# on the device must match the plain device run too, and so must a fourth with param_offload and grad_offload
+# of the actor and param_offload of the reference (weights and gradients idle in host memory between phases). On the CPU emulator by hand (the kestrel binary of the
 # cuda-emu preset: `bash tests/cuda_emu/grpo_on_device.sh`), and on a GPU by
 # scripts/device_check.sh with the cuda preset's binary:
 #   bash tests/cuda_emu/grpo_on_device.sh [<kestrel-binary>]
@@ -38,6 +39,8 @@ run trainer.device=cuda trainer.default_local_dir="$W/cuda"
 grep -q "params, on cuda)" "$W/log.txt" || fail "the trainer.device=cuda run did not say it ran on cuda"
 OT=actor_rollout_ref.actor.megatron.override_transformer_config
 run trainer.device=cuda trainer.default_local_dir="$W/swap" "+$OT.swap_optimizer=True" "+$OT.swap_optimizer_times=3"
+run trainer.device=cuda trainer.default_local_dir="$W/offload" actor_rollout_ref.actor.megatron.param_offload=true \
+  actor_rollout_ref.actor.megatron.grad_offload=true actor_rollout_ref.ref.megatron.param_offload=true
 KEYS='actor/pg_loss actor/kl_loss actor/entropy actor/grad_norm actor/ppo_kl critic/score/mean response_length/mean'
 source "$ROOT/tests/scripts/lib/compare_runs.sh"
 same_metrics "$W/cpu" "$W/cuda" "trainer.device=cuda against cpu"
@@ -45,4 +48,7 @@ same_logprobs "$W/cpu/global_step_2/actor/model" "$W/cuda/global_step_2/actor/mo
 same_metrics "$W/cuda" "$W/swap" "the swap optimizer against the state on the device"
 cmp -s "$W/cuda/global_step_2/actor/model/model.safetensors" "$W/swap/global_step_2/actor/model/model.safetensors" ||
   fail "the swap optimizer's saved weights differ from the plain device run's (they must be bit-identical)"
-echo "grpo_on_device: OK (2 GRPO steps with trainer.device=cuda equal the CPU run's metrics and weights; the swap optimizer's weights equal the device run's bit for bit)"
+same_metrics "$W/cuda" "$W/offload" "param_offload and grad_offload against everything on the device"
+cmp -s "$W/cuda/global_step_2/actor/model/model.safetensors" "$W/offload/global_step_2/actor/model/model.safetensors" ||
+  fail "param_offload/grad_offload changed the saved weights (they must be bit-identical)"
+echo "grpo_on_device: OK (2 GRPO steps with trainer.device=cuda equal the CPU run's metrics and weights; the swap optimizer's and param/grad offload's weights equal the device run's bit for bit)"

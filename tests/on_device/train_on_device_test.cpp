@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "backend/cuda/cuda_backend.h"
 #include "common/testing.h"
@@ -183,6 +184,58 @@ TEST_F(TrainOnDevice, OptimizerOffloadAndSwapOptimizerAreBitIdenticalWithLessDev
   EXPECT_EQ(bytes[2].live, 0);
   EXPECT_LE(bytes[1].peak, bytes[0].peak);
   EXPECT_LE(bytes[2].peak, bytes[0].peak / 4 + 64);
+}
+
+int64_t device_live(MemCategory c) { return device_allocator(Device::CUDA)->stats().live_of(c); }
+
+// Bytes of the distinct storages behind the weights (or gradients) of m.
+int64_t storage_bytes(model::CausalLM& m, bool grads) {
+  std::set<const Storage*> seen;
+  int64_t n = 0;
+  for (model::Param* p : grads ? m.params() : m.state_tensors()) {
+    const Tensor& t = grads ? p->grad : p->weight;
+    if (t.defined() && seen.insert(t.storage().get()).second) n += int64_t(t.storage()->bytes());
+  }
+  return n;
+}
+
+// param_offload and grad_offload (an actor between its phases): three bf16
+// steps with the weights and gradients sent to pinned host memory after each,
+// and brought back by the next step's first use, give bit for bit the weights
+// of keeping them on the device. While offloaded the device holds exactly the
+// model's weight and gradient bytes less (what another model, the reference
+// or the critic, then has to compute in).
+TEST_F(TrainOnDevice, ParamAndGradOffloadAreBitIdenticalAndFreeTheDevice) {
+  std::vector<std::vector<float>> weights;
+  for (bool offload : {false, true}) {
+    auto dev = tiny(DType::BF16, Device::CUDA);
+    TrainingEngine e(*dev, engine_testing::options(0.5));
+    const int64_t wbytes = storage_bytes(*dev, false), gbytes = storage_bytes(*dev, true);
+    ASSERT_GT(wbytes, 0);
+    ASSERT_GT(gbytes, 0);
+    for (int s = 0; s < 3; ++s) {
+      const auto seqs = sequences(6, s);
+      e.train_mini_batch(split(seqs, 3), mean_nll(seqs), e.lr(s), s + 1);
+      EXPECT_TRUE(dev->weights_on_device() && dev->grads_on_device());
+      if (!offload) continue;
+      const int64_t params = device_live(MemCategory::Params), grads = device_live(MemCategory::Grads);
+      dev->offload_to_host(true, true);
+      EXPECT_EQ(params - device_live(MemCategory::Params), wbytes) << "step " << s;
+      EXPECT_EQ(grads - device_live(MemCategory::Grads), gbytes) << "step " << s;
+      for (model::Param* p : dev->params()) {
+        EXPECT_EQ(p->weight.device(), Device::CPU) << p->name;
+        EXPECT_EQ(p->weight.storage()->allocator(), pinned_host_allocator()) << p->name;
+        EXPECT_EQ(p->grad.device(), Device::CPU) << p->name;
+      }
+    }
+    std::vector<float> w;
+    for (const model::Param* p : dev->params()) {
+      const std::vector<float> f = p->weight.to_float_vector();
+      w.insert(w.end(), f.begin(), f.end());
+    }
+    weights.push_back(std::move(w));
+  }
+  EXPECT_EQ(weights[1], weights[0]) << "param_offload / grad_offload changed the weights";
 }
 
 }  // namespace

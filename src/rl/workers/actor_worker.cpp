@@ -1,6 +1,7 @@
 #include "rl/workers/actor_worker.h"
 
 #include <algorithm>
+#include <exception>
 #include <filesystem>
 
 #include "model/pipeline_save.h"
@@ -37,7 +38,19 @@ std::vector<std::string> actor_corr_keys(const RolloutCorrectionConfig& c) {
   return keys;
 }
 
+// Ends an actor phase on any normal return (an exception leaves the memory where it is).
+struct PhaseEnd {
+  const ActorWorker& w;
+  ~PhaseEnd() {
+    if (std::uncaught_exceptions() == 0) w.release_device_memory();
+  }
+};
+
 }  // namespace
+
+void ActorWorker::release_device_memory() const {
+  if (opt_.param_offload || opt_.grad_offload) model_.offload_to_host(opt_.param_offload, opt_.grad_offload);
+}
 
 ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParallel& parallel)
     : model_(model), opt_(std::move(opt)), parallel_(parallel) {
@@ -56,9 +69,11 @@ ActorWorker::ActorWorker(model::CausalLM& model, ActorOptions opt, const RlParal
   eo.max_consecutive_skipped_steps = opt_.max_consecutive_skipped_steps;
   eo.name = "actor";
   engine_ = std::make_unique<train::TrainingEngine>(model_, std::move(eo));
+  release_device_memory();  // as verl's workers offload right after building the model
 }
 
 void ActorWorker::compute_log_probs(RolloutBatch& b) const {
+  const PhaseEnd phase_end{*this};
   const bool moe = model_.num_moe_layers() > 0;
   if (moe && opt_.log_prob.router_replay == RouterReplay::R3 && b.routing_source != RouterReplay::R3)
     KS_FAIL("actor_rollout_ref.actor.router_replay.mode=R3: the batch holds no rollout routing (the rollout "
@@ -77,6 +92,7 @@ void ActorWorker::compute_log_probs(RolloutBatch& b) const {
 }
 
 std::map<std::string, double> ActorWorker::update(const RolloutBatch& b, int64_t step) {
+  const PhaseEnd phase_end{*this};
   // This dp rank's sequences; mini-batches are this rank's part of the global ones.
   const std::vector<int64_t> local = dp_share(b, *parallel_.dp, opt_.balance_batch);
   const int dp = parallel_.dp->size();

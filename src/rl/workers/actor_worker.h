@@ -42,6 +42,11 @@ struct ActorOptions {
   double clip_grad = 1.0;           // <= 0: no clipping
   bool reuse_fp32_param = false;    // train::EngineOptions::reuse_fp32_param
   int64_t optimizer_offload_pieces = 0;  // train::EngineOptions::optimizer_offload_pieces
+  // param_offload / grad_offload (megatron.* or fsdp_config.*): between its
+  // phases the actor's weights / gradients wait in host memory
+  // (CausalLM::offload_to_host) and come back on first use. A model on the CPU ignores them.
+  bool param_offload = false;
+  bool grad_offload = false;
   int64_t max_consecutive_skipped_steps = 10;  // train::EngineOptions: the NaN/Inf guard's abort; 0 = never
   LogProbOptions log_prob;          // the old log-prob pass
   // algorithm.rollout_correction.* (rl/rollout_correction.h). Active: the loss
@@ -68,6 +73,11 @@ class ActorWorker {
   const train::TrainingEngine& engine() const { return *engine_; }
   const ActorOptions& options() const { return opt_; }
   int64_t weight_version() const { return engine_->weight_version(); }
+  // The end of an actor phase (its own scoring and update call it; the
+  // trainer after generation, which reads the weights in place): with
+  // param_offload / grad_offload the weights / gradients go to host memory
+  // until the next phase brings them back. Otherwise nothing.
+  void release_device_memory() const;
 
   // b.old_logp: the current weights' log-probs of b's response tokens
   // (collective over dp). Router replay R2 (a MoE model): b.routed_experts becomes the routing this pass

@@ -12,7 +12,10 @@ namespace kestrel::rl {
 
 class RefWorker {
  public:
-  RefWorker(std::unique_ptr<model::CausalLM> model, LogProbOptions opt, const RlParallel& parallel);
+  // param_offload (ref.megatron.param_offload / ref.fsdp_config.param_offload):
+  // the frozen weights wait in host memory except while they score.
+  RefWorker(std::unique_ptr<model::CausalLM> model, LogProbOptions opt, const RlParallel& parallel,
+            bool param_offload = false);
 
   const model::CausalLM& model() const { return *model_; }
   // b.ref_logp: the reference policy's log-probs of b's response tokens
@@ -23,6 +26,7 @@ class RefWorker {
   std::unique_ptr<model::CausalLM> model_;
   LogProbOptions opt_;
   RlParallel parallel_;
+  bool param_offload_ = false;
 };
 
 }  // namespace kestrel::rl
