@@ -111,14 +111,21 @@ DecodeGraphs::DecodeGraphs(const model::CausalLM& m, KVCache& kv, ModelRunner& r
 
 DecodeGraphs::~DecodeGraphs() = default;
 
-bool DecodeGraphs::fits(const StepBatch& b) const {
+namespace {
+// One new token per sequence, every sequence sampled, in order.
+bool uniform_decode(const StepBatch& b) {
   const int64_t B = b.num_seqs();
-  if (B == 0 || B > sizes_.back() || b.num_tokens() != B || b.max_blocks > max_blocks_) return false;
-  if (int64_t(b.sample_rows.size()) != B) return false;
+  if (B == 0 || b.num_tokens() != B || int64_t(b.sample_rows.size()) != B) return false;
   for (int64_t i = 0; i < B; ++i)
     if (b.sample_rows[size_t(i)] != i) return false;
   return true;
 }
+}  // namespace
+
+bool DecodeGraphs::fits(const StepBatch& b) const {
+  return b.num_seqs() <= sizes_.back() && b.max_blocks <= max_blocks_ && uniform_decode(b);
+}
+bool DecodeGraphs::too_large(const StepBatch& b) const { return b.num_seqs() > sizes_.back() && uniform_decode(b); }
 
 uint64_t DecodeGraphs::addresses() const {
   std::vector<const void*> p;
@@ -165,8 +172,8 @@ void DecodeGraphs::capture_all() {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string list;
   for (int64_t s : sizes_) list += (list.empty() ? "" : ", ") + std::to_string(s);
-  std::fprintf(stderr, "CUDA graphs: captured decode for batch sizes [%s] in %.2f s (graph pool %.1f MiB)\n",
-               list.c_str(), secs, double(impl_->pool.reserved_bytes()) / double(1 << 20));
+  std::fprintf(stderr, "CUDA graphs: captured decode for batch sizes [%s] in %.2f s (graph pool %.1f KiB)\n",
+               list.c_str(), secs, double(impl_->pool.reserved_bytes()) / 1024.0);
 }
 
 Tensor DecodeGraphs::run(const StepBatch& b) {
@@ -200,6 +207,7 @@ Tensor DecodeGraphs::run(const StepBatch& b) {
   upload(h, e.in);
   e.graph.replay();
   ++replays_;
+  padding_rows_ += P - B;
   return e.logits.slice_rows(0, B);  // [B, V]: the padding rows dropped
 }
 
@@ -215,6 +223,7 @@ DecodeGraphs::DecodeGraphs(const model::CausalLM& m, KVCache& kv, ModelRunner& r
 }
 DecodeGraphs::~DecodeGraphs() = default;
 bool DecodeGraphs::fits(const StepBatch&) const { return false; }
+bool DecodeGraphs::too_large(const StepBatch&) const { return false; }
 Tensor DecodeGraphs::run(const StepBatch&) { KS_FAIL("CUDA graphs need the CUDA backend (this build has none)"); }
 void DecodeGraphs::release() {}
 uint64_t DecodeGraphs::addresses() const { return 0; }

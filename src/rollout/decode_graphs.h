@@ -58,6 +58,8 @@ class DecodeGraphs {
   // Whether a graph can run b: one token per sequence, every sequence sampled
   // in order, at most the largest size, block tables within max_blocks.
   bool fits(const StepBatch& b) const;
+  // A uniform decode step of more sequences than the largest size (it runs eagerly).
+  bool too_large(const StepBatch& b) const;
   // The logits [B, V] of b (fits(b)): rows 0..B-1 of the replayed graph's
   // output, valid until the next run() or release(). Captures first if needed.
   Tensor run(const StepBatch& b);
@@ -67,6 +69,7 @@ class DecodeGraphs {
   const std::vector<int64_t>& sizes() const { return sizes_; }
   int64_t captures() const { return captures_; }  // capture rounds (all sizes each)
   int64_t replays() const { return replays_; }
+  int64_t padding_rows() const { return padding_rows_; }  // rows replayed for padding, over all replays
 
  private:
   struct Impl;
@@ -80,7 +83,7 @@ class DecodeGraphs {
   int64_t max_blocks_;
   std::unique_ptr<Impl> impl_;  // the graphs (null until captured)
   uint64_t captured_addresses_ = 0;
-  int64_t captures_ = 0, replays_ = 0;
+  int64_t captures_ = 0, replays_ = 0, padding_rows_ = 0;
 };
 
 }  // namespace kestrel::rollout

@@ -306,7 +306,9 @@ std::vector<RequestOutput> EngineImpl::step() {
   const StepBatch batch = build_step_batch(so, cfg_.block_size);
   if (model_.tp().size() > 1) check_lockstep(model_.tp(), batch, stats_.steps);
   // [S, V], model dtype, identical on every tp rank; a uniform decode step may replay a CUDA graph.
-  const Tensor logits = graphs_ && graphs_->fits(batch) ? graphs_->run(batch) : runner_.execute(batch);
+  const bool graphed = graphs_ && graphs_->fits(batch);
+  if (graphs_ && !graphed && graphs_->too_large(batch)) ++stats_.cuda_graph_too_large;
+  const Tensor logits = graphed ? graphs_->run(batch) : runner_.execute(batch);
   const int64_t S = int64_t(batch.sample_rows.size()), V = model_.config().vocab_size;
   if (S == 0) return finished;
 
@@ -470,6 +472,7 @@ EngineStats EngineImpl::stats() const {
   if (graphs_) {
     s.cuda_graph_captures = graphs_->captures();
     s.cuda_graph_replays = graphs_->replays();
+    s.cuda_graph_padding_rows = graphs_->padding_rows();
   }
   return s;
 }

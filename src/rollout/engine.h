@@ -129,8 +129,11 @@ struct EngineStats {
   // without update_weights_version (a caller's bug the fingerprint caught).
   int64_t packed_weights = 0, packed_weight_bytes = 0, stale_weight_repacks = 0;
   // CUDA-graph decode: capture rounds (every size each; again after a
-  // sleep/wake) and decode steps run by replaying a graph.
-  int64_t cuda_graph_captures = 0, cuda_graph_replays = 0;
+  // sleep/wake), decode steps run by replaying a graph, and decode steps of
+  // more sequences than the largest capture size (run eagerly: raise
+  // cudagraph_capture_sizes if they are many).
+  // Padding rows replayed (sizes far apart waste work).
+  int64_t cuda_graph_captures = 0, cuda_graph_replays = 0, cuda_graph_too_large = 0, cuda_graph_padding_rows = 0;
 };
 
 class Engine {
