@@ -89,6 +89,9 @@ class EngineImpl final : public Engine {
         const int64_t max_blocks = (max_model_len + cfg.block_size - 1) / cfg.block_size;
         if (!sizes.empty())
           graphs_ = std::make_unique<DecodeGraphs>(m, kv_, runner_, std::move(sizes), max_blocks);
+        else
+          std::fprintf(stderr, "CUDA graphs: no cudagraph_capture_sizes entry is <= max_num_seqs (%lld); decoding "
+                       "eagerly\n", (long long)cfg.max_num_seqs);
       } else {
         static bool said = false;  // once per process: every engine of the job has the same reason
         if (!said) std::fprintf(stderr, "CUDA graphs: %s\n", why.c_str());
