@@ -119,6 +119,8 @@ rollout::EngineConfig rollout_engine_config(const config::Config& c) {
   e.preemption_mode = c.get_string(R + "preemption_mode");
   e.swap_space_gib = double(c.get_int(R + "swap_space"));
   e.max_model_len = c.get_int_or(R + "max_model_len", 0);
+  e.enforce_eager = c.get_bool(R + "enforce_eager");
+  if (!c.is_null(R + "cudagraph_capture_sizes")) e.cudagraph_capture_sizes = c.get_int_list(R + "cudagraph_capture_sizes");
   return e;
 }
 

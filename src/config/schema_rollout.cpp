@@ -44,10 +44,16 @@ void declare_rollout(Builder& b) {
   b.k("gpu_memory_utilization", F, "0.5", YES,
       "Fraction of device memory for rollout weights + KV cache: kv_cache = this x memory - weights (CPU: "
       "MemTotal / processes on the machine; KESTREL_DEVICE_MEMORY=bytes overrides).").in(0, 1, false, true);
-  b.k("enforce_eager", B, "true", NOP,
-      "Run without CUDA graphs; Kestrel's engine always runs eagerly (graphs change speed, not results). verl "
-      "default: false (CUDA graphs on).");
-  b.k("cudagraph_capture_sizes", IL, "null", NO, "Batch sizes captured as CUDA graphs.");
+  b.k("enforce_eager", B, "true", YES,
+      "Run without CUDA graphs. false: on a CUDA rollout, uniform decode steps (one token per sequence, up to the "
+      "largest capture size) replay a CUDA graph captured per batch size, padded to the nearest size (vLLM's "
+      "cudagraph_mode FULL_DECODE_ONLY); prefill and mixed steps, larger batches, MoE and tensor-parallel models "
+      "run eagerly; outputs as eager. No effect on the CPU (graphs are a device feature). Kestrel keeps eager as "
+      "its default; verl default: false (CUDA graphs on).");
+  b.k("cudagraph_capture_sizes", IL, "null", YES,
+      "Batch sizes captured as CUDA graphs with enforce_eager=false; null = vLLM's list (1, 2, 4, then every 8 "
+      "to 256, every 16 after) up to min(512, max_num_seqs, max_num_batched_tokens). Sizes above max_num_seqs "
+      "are dropped (no decode batch is that large).").at_least(1);
   b.k("free_cache_engine", B, "true", NOP,
       "Release the KV cache after generation so training can use the memory; Kestrel always does (memory, not "
       "results).");

@@ -10,6 +10,7 @@
 #if KESTREL_HAVE_CUDA
 #include <vector>
 
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/mla_ops.h"
 #endif
 #include "ops/op_checks.h"
@@ -95,18 +96,23 @@ void cuda_absorb_q(const Tensor& q, const Tensor& kv_b, const MlaShape& s, Tenso
 void cuda_absorb_out(const Tensor& o_lat, const Tensor& kv_b, const MlaShape& s, Tensor& o) {
   cuda::mla_absorb_out(o_lat, kv_b, cuda_args(s), o);
 }
+// Not while a CUDA graph captures (ops/paged_attention.cpp's reason): the graph's owner checks.
 void cuda_paged_latent_write(const Tensor& c_kv, const Tensor& k_pe, const Tensor& slot_mapping, Tensor& cache) {
-  const std::vector<int32_t> slots = slot_mapping.to_host<int32_t>();
-  check_slots("paged_latent_write", slots.data(), c_kv.size(0), cache.size(0) * cache.size(1));
+  if (!cuda::capturing()) {
+    const std::vector<int32_t> slots = slot_mapping.to_host<int32_t>();
+    check_slots("paged_latent_write", slots.data(), c_kv.size(0), cache.size(0) * cache.size(1));
+  }
   cuda::paged_latent_write(c_kv, k_pe, slot_mapping, cache);
 }
 void cuda_paged_latent_attention_fwd(const Tensor& q_lat, const Tensor& cache, const Tensor& block_tables,
                                      const Tensor& cu_q, const Tensor& seq_lens, const MlaShape& s, Tensor& o_lat) {
   const int64_t T = q_lat.size(0), B = cu_q.size(0) - 1;
-  const std::vector<int32_t> cu = cu_q.to_host<int32_t>(), sl = seq_lens.to_host<int32_t>(),
-                             bt = block_tables.to_host<int32_t>();
-  check_paged_tables("paged_latent_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
-                     cache.size(0), cache.size(1));
+  if (!cuda::capturing()) {
+    const std::vector<int32_t> cu = cu_q.to_host<int32_t>(), sl = seq_lens.to_host<int32_t>(),
+                               bt = block_tables.to_host<int32_t>();
+    check_paged_tables("paged_latent_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
+                       cache.size(0), cache.size(1));
+  }
   cuda::paged_latent_attention_fwd(q_lat, cache, block_tables, cu_q, seq_lens, cuda_args(s), o_lat);
 }
 #endif

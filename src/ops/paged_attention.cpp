@@ -7,6 +7,7 @@
 
 #include "backend/cpu/paged_attention_cpu.h"
 #if KESTREL_HAVE_CUDA
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/paged_ops.h"
 #endif
 #include "ops/op_checks.h"
@@ -46,22 +47,28 @@ void cpu_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tenso
 }
 
 #if KESTREL_HAVE_CUDA
-// The CUDA paths: the metadata is read back (small copies) for the same checks as on the CPU.
+// The CUDA paths: the metadata is read back (small copies) for the same checks as on the CPU,
+// except while a CUDA graph captures: a read back cannot be part of a graph, so the graph's
+// owner runs these checks on its host copies before every replay (rollout/decode_graphs.cpp).
 std::vector<int32_t> host_ints(const Tensor& t) { return t.to_host<int32_t>(); }
 void cuda_paged_kv_write(const Tensor& k, const Tensor& v, const Tensor& slot_mapping, Tensor& k_cache,
                          Tensor& v_cache) {
   const int64_t T = k.size(0), n_slots = k_cache.size(0) * k_cache.size(1);
-  const std::vector<int32_t> slots = host_ints(slot_mapping);
-  detail::check_slots("paged_kv_write", slots.data(), T, n_slots);
+  if (!cuda::capturing()) {
+    const std::vector<int32_t> slots = host_ints(slot_mapping);
+    detail::check_slots("paged_kv_write", slots.data(), T, n_slots);
+  }
   cuda::paged_kv_write(k, v, slot_mapping, k_cache, v_cache);
 }
 void cuda_paged_attention_fwd(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& block_tables, const Tensor& cu_q, const Tensor& seq_lens,
                               const AttentionShape& s, Tensor& out) {
   const int64_t T = q.size(0), B = cu_q.size(0) - 1;
-  const std::vector<int32_t> cu = host_ints(cu_q), sl = host_ints(seq_lens), bt = host_ints(block_tables);
-  detail::check_paged_tables("paged_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
-                             k_cache.size(0), k_cache.size(1));
+  if (!cuda::capturing()) {
+    const std::vector<int32_t> cu = host_ints(cu_q), sl = host_ints(seq_lens), bt = host_ints(block_tables);
+    detail::check_paged_tables("paged_attention_fwd", cu.data(), sl.data(), bt.data(), B, T, block_tables.size(1),
+                               k_cache.size(0), k_cache.size(1));
+  }
   cuda::paged_attention_fwd(q, k_cache, v_cache, block_tables, cu_q, seq_lens, s.n_heads, s.n_kv_heads, s.head_dim,
                             s.scale > 0.f ? s.scale : float(1.0 / std::sqrt(double(s.head_dim))), out);
 }

@@ -31,6 +31,7 @@
 
 #include "ops/copy.h"
 #include "ops/loss.h"
+#include "rollout/decode_graphs.h"
 #include "rollout/kv_cache.h"
 #include "rollout/model_runner.h"
 #include "rollout/sampler.h"
@@ -80,6 +81,32 @@ class EngineImpl final : public Engine {
     const double swap_bytes = cfg.swap_space_gib * double(int64_t(1) << 30);
     kv_.set_swap_capacity(std::min<int64_t>(int64_t(swap_bytes / double(g.bytes_per_block())), g.num_blocks));
     kv_.allocate();
+    if (!cfg.enforce_eager && m.device() == Device::CUDA) {
+      const std::string why = graphs_unsupported(m, cfg);
+      if (why.empty()) {
+        std::vector<int64_t> sizes =
+            capture_sizes(cfg.cudagraph_capture_sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens).value();
+        const int64_t max_blocks = (max_model_len + cfg.block_size - 1) / cfg.block_size;
+        if (!sizes.empty())
+          graphs_ = std::make_unique<DecodeGraphs>(m, kv_, runner_, std::move(sizes), max_blocks);
+        else
+          std::fprintf(stderr, "CUDA graphs: no cudagraph_capture_sizes entry is <= max_num_seqs (%lld); decoding "
+                       "eagerly\n", (long long)cfg.max_num_seqs);
+      } else {
+        static bool said = false;  // once per process: every engine of the job has the same reason
+        if (!said) std::fprintf(stderr, "CUDA graphs: %s\n", why.c_str());
+        said = true;
+      }
+    }
+  }
+  // Why a model on the device cannot decode through graphs yet ("" when it can).
+  static std::string graphs_unsupported(const model::CausalLM& m, const EngineConfig&) {
+    if (m.num_moe_layers() > 0)
+      return "MoE model decodes eagerly: its expert routing sizes the grouped GEMM from token counts read back to "
+             "the host in every layer, which a CUDA graph cannot contain";
+    if (m.tp().size() > 1 || m.ep().size() > 1)
+      return "a tensor- or expert-parallel model decodes eagerly: its collectives are not captured";
+    return "";
   }
 
   Status add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& p) override;
@@ -120,6 +147,7 @@ class EngineImpl final : public Engine {
   KVSwapSpace swap_;
   Scheduler sched_;
   ModelRunner runner_;
+  std::unique_ptr<DecodeGraphs> graphs_;  // CUDA-graph decode (null: every step eager)
   std::unordered_set<int32_t> eos_;
   std::map<std::string, std::unique_ptr<Request>> requests_;  // unfinished
   int64_t next_order_ = 0, next_seq_id_ = 0;
@@ -280,7 +308,10 @@ std::vector<RequestOutput> EngineImpl::step() {
 
   const StepBatch batch = build_step_batch(so, cfg_.block_size);
   if (model_.tp().size() > 1) check_lockstep(model_.tp(), batch, stats_.steps);
-  const Tensor logits = runner_.execute(batch);  // [S, V], model dtype, identical on every tp rank
+  // [S, V], model dtype, identical on every tp rank; a uniform decode step may replay a CUDA graph.
+  const bool graphed = graphs_ && graphs_->fits(batch);
+  if (graphs_ && !graphed && graphs_->too_large(batch)) ++stats_.cuda_graph_too_large;
+  const Tensor logits = graphed ? graphs_->run(batch) : runner_.execute(batch);
   const int64_t S = int64_t(batch.sample_rows.size()), V = model_.config().vocab_size;
   if (S == 0) return finished;
 
@@ -411,6 +442,9 @@ void EngineImpl::update_weights_version() {
 void EngineImpl::sleep() {
   if (asleep_) return;
   runner_.packs().clear();  // their memory goes back to training too
+  // The graphs point into the KV cache freed below: dropped with their pool,
+  // captured again at the first decode step after wake_up().
+  if (graphs_) graphs_->release();
   // In-flight sequences lose their K/V and recompute after wake_up().
   sched_.preempt_all();
   KS_CHECK(pool_.reset_prefix_cache(), "blocks still referenced after preempting everything");
@@ -438,6 +472,11 @@ EngineStats EngineImpl::stats() const {
   s.packed_weights = runner_.packs().count();
   s.packed_weight_bytes = runner_.packs().bytes();
   s.stale_weight_repacks = runner_.packs().stale_repacks();
+  if (graphs_) {
+    s.cuda_graph_captures = graphs_->captures();
+    s.cuda_graph_replays = graphs_->replays();
+    s.cuda_graph_padding_rows = graphs_->padding_rows();
+  }
   return s;
 }
 
@@ -456,6 +495,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::CausalLM& model, con
   if (cfg.num_blocks < 0 || (cfg.num_blocks == 0 && cfg.kv_cache_bytes <= 0))
     return KS_ERR(w, ": give num_blocks > 0 or kv_cache_bytes > 0");
   if (c.sliding_window > 0) return KS_ERR("not supported yet: sliding-window attention in the rollout engine");
+  if (!cfg.enforce_eager) {
+    auto sizes = capture_sizes(cfg.cudagraph_capture_sizes, cfg.max_num_seqs, cfg.max_num_batched_tokens);
+    if (!sizes.is_ok()) return sizes.status();
+  }
   if (cfg.record_routing && model.num_moe_layers() == 0)
     return KS_ERR(w, ": record_routing (actor_rollout_ref.rollout.enable_rollout_routing_replay) needs a "
                   "mixture-of-experts model; ", io::arch_name(c.arch), " has no MoE layer (turn it off)");

@@ -53,6 +53,15 @@ struct EngineConfig {
   // prefix-cache hits, swaps, forks and recomputes carry it like the K/V they
   // belong to. Engine::create refuses it for a model without MoE layers.
   bool record_routing = false;
+  // CUDA graphs for decode steps (verl's rollout.enforce_eager and
+  // cudagraph_capture_sizes; vLLM's cudagraph_mode FULL_DECODE_ONLY): with
+  // enforce_eager false and the model on a CUDA device, uniform decode steps
+  // of up to the largest capture size replay a graph captured per size,
+  // padded to the nearest one; everything else runs eagerly. Same outputs as
+  // eager (rollout/decode_graphs.h). No effect on the CPU (graphs are a device
+  // feature). Capture sizes: empty = vLLM's defaults up to max_num_seqs.
+  bool enforce_eager = true;
+  std::vector<int64_t> cudagraph_capture_sizes;
   // Turns token ids into text for stop strings; may be empty when none are used.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
 };
@@ -119,6 +128,12 @@ struct EngineStats {
   // how many and their bytes now, and repacks forced by a weight that changed
   // without update_weights_version (a caller's bug the fingerprint caught).
   int64_t packed_weights = 0, packed_weight_bytes = 0, stale_weight_repacks = 0;
+  // CUDA-graph decode: capture rounds (every size each; again after a
+  // sleep/wake), decode steps run by replaying a graph, and decode steps of
+  // more sequences than the largest capture size (run eagerly: raise
+  // cudagraph_capture_sizes if they are many).
+  // Padding rows replayed (sizes far apart waste work).
+  int64_t cuda_graph_captures = 0, cuda_graph_replays = 0, cuda_graph_too_large = 0, cuda_graph_padding_rows = 0;
 };
 
 class Engine {

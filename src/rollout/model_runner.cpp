@@ -229,12 +229,30 @@ Tensor ModelRunner::gather_vocab(const Tensor& local) {
   return full;
 }
 
+StepTensors upload_step(const StepBatch& b, Device dev) {
+  const int64_t T = b.num_tokens(), B = b.num_seqs(), S = int64_t(b.sample_rows.size());
+  StepTensors in;
+  in.ids = ints(b.input_ids, {T}, dev);
+  in.positions = ints(b.positions, {T}, dev);
+  in.slots = ints(b.slot_mapping, {T}, dev);
+  in.cu_q = ints(b.cu_q, {B + 1}, dev);
+  in.seq_lens = ints(b.seq_lens, {B}, dev);
+  in.tables = ints(b.block_tables, {B, b.max_blocks}, dev);
+  if (S > 0) in.sample_rows = ints(b.sample_rows, {S}, dev);
+  return in;
+}
+
 Tensor ModelRunner::execute(const StepBatch& b) {
+  KS_CHECK(b.num_tokens() > 0 && b.num_seqs() > 0, "empty step");
+  return forward(upload_step(b, m_.device()));
+}
+
+Tensor ModelRunner::forward(const StepTensors& in) {
   const auto& c = m_.config();
   const DType dt = m_.dtype();
-  const int64_t T = b.num_tokens(), B = b.num_seqs(), S = int64_t(b.sample_rows.size());
+  const int64_t T = in.ids.numel(), S = in.sample_rows.defined() ? in.sample_rows.numel() : 0;
   const int64_t D = c.hidden_size;
-  KS_CHECK(T > 0 && B > 0, "empty step");
+  KS_CHECK(T > 0 && in.seq_lens.numel() > 0, "empty step");
   KS_CHECK(kv_.allocated(), "the KV cache is released (engine asleep)");
   m_.ensure_on_device(/*grads=*/false);  // the trainer's weights, read in place, back if offloaded (param_offload)
 
@@ -248,14 +266,13 @@ Tensor ModelRunner::execute(const StepBatch& b) {
     ex.ep_hier = m_.options().parallel.ep_hier.get();
   }
   ex.rope = &m_.rope();
-  ex.positions = ints(b.positions, {T}, dev);
-  ex.slots = ints(b.slot_mapping, {T}, dev);
-  ex.cu_q = ints(b.cu_q, {B + 1}, dev);
-  ex.seq_lens = ints(b.seq_lens, {B}, dev);
-  ex.tables = ints(b.block_tables, {B, b.max_blocks}, dev);
-  const Tensor ids = ints(b.input_ids, {T}, dev);
+  ex.positions = in.positions;
+  ex.slots = in.slots;
+  ex.cu_q = in.cu_q;
+  ex.seq_lens = in.seq_lens;
+  ex.tables = in.tables;
   // Vocab-parallel: each id's row lives on one rank, the others add zeros.
-  parallel::vocab_embedding_fwd(m_.tp(), false, ids, m_.embedding().weight, m_.vocab_start(), x);
+  parallel::vocab_embedding_fwd(m_.tp(), false, in.ids, m_.embedding().weight, m_.vocab_start(), x);
   // The routing the MoE layers use, recorded for router replay (R3) into
   // the routing cache by slot, like the K/V of the same tokens.
   Tensor record;  // i32 [T, n_moe_layers, k]
@@ -273,8 +290,8 @@ Tensor ModelRunner::execute(const StepBatch& b) {
   if (S == 0) return Tensor();
 
   // Final norm and lm_head on the sampled rows only (the norm is per row).
-  Tensor xs = act({S, D}, dt, dev);  // [S, D]: x's rows b.sample_rows
-  ops::gather_rows(x, ints(b.sample_rows, {S}, dev), xs);
+  Tensor xs = act({S, D}, dt, dev);  // [S, D]: x's rows in.sample_rows
+  ops::gather_rows(x, in.sample_rows, xs);
   Tensor normf = act({S, D}, dt, dev), rstdf = act({S}, DType::F32, dev);  // [S, D], [S]
   ops::rmsnorm_fwd(xs, m_.final_norm().weight, float(c.rms_norm_eps), normf, rstdf);
   Tensor logits = act({S, m_.local_vocab()}, dt, dev);  // [S, V/tp]: this rank's vocab rows

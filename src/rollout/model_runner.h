@@ -62,6 +62,19 @@ struct StepBatch {
 
 StepBatch build_step_batch(const SchedulerOutput& so, int64_t block_size);
 
+// A step's index tensors (i32) on the model's device: what execute() uploads
+// from a StepBatch, and what a decode graph keeps in persistent buffers
+// (rollout/decode_graphs.h).
+struct StepTensors {
+  Tensor ids, positions, slots;  // [T]
+  Tensor cu_q;                   // [B+1]
+  Tensor seq_lens;               // [B]
+  Tensor tables;                 // [B, max_blocks]
+  Tensor sample_rows;            // [S]; undefined when no row samples
+};
+// b's index vectors uploaded to `dev` (one synchronous copy each).
+StepTensors upload_step(const StepBatch& b, Device dev);
+
 // A 64-bit digest of everything that decides a step's collectives and outputs
 // (token ids, positions, slots, block tables, sample rows). Equal on every tp
 // rank exactly when the schedulers agree.
@@ -78,6 +91,12 @@ class ModelRunner {
   // rows; final norm and lm_head run on those rows only. Collective over the
   // model's tp group: every rank calls it with the same batch.
   Tensor execute(const StepBatch& b);
+  // The same step on index tensors already on the model's device (execute() is
+  // forward(upload_step(b))). It only queues device work (no upload, no read
+  // back, nothing that waits), so a CUDA graph can record it; the index checks
+  // that read device values are skipped while one captures, and the graph's
+  // owner makes them on its host copies (decode_graphs.cpp).
+  Tensor forward(const StepTensors& in);
   // Slot buffers the last execute() allocated: one per BlockBuf slot the
   // blocks asked for, however many layers ran (the MoE MLP's variable-size
   // expert buffers are its own and not counted).

@@ -1,6 +1,6 @@
 // The emulator's scheduler (fibers, warp/block barriers, shuffles), device memory
-// (an arena closed to host code: PROT_NONE outside the emulator's own accesses),
-// the CUDA runtime API subset and cublasGemmEx.
+// (an arena closed to host code: PROT_NONE outside the emulator's own accesses)
+// and kernel launches; the runtime API, stream capture and cuBLAS are emu_api.cpp's.
 #include <dlfcn.h>
 #include <elf.h>
 #include <execinfo.h>
@@ -556,7 +556,10 @@ DeviceAccess::~DeviceAccess() {
 }
 bool host_access_protected() { return arena().protect; }
 
+void check_alloc_in_capture();  // below, with the capture state
+
 void* dev_alloc(size_t bytes) {
+  check_alloc_in_capture();
   Arena& a = arena();
   const size_t total = (bytes + kGuard + 255) / 256 * 256;
   const size_t span = (total + a.page - 1) / a.page * a.page;
@@ -607,128 +610,3 @@ struct Report {
 } report;
 
 }  // namespace emu
-
-// ---- runtime API ------------------------------------------------------------
-const char* cudaGetErrorString(cudaError_t e) {
-  return e == cudaSuccess ? "no error" : e == cudaErrorInvalidValue ? "invalid argument (emu)" : "emu error";
-}
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) {
-  if (n == 0) return cudaSuccess;
-  const bool dd = emu::is_device(dst, n), sd = emu::is_device(src, n);
-  bool ok = true;
-  switch (kind) {
-    case cudaMemcpyHostToDevice: ok = dd && !sd; break;
-    case cudaMemcpyDeviceToHost: ok = !dd && sd; break;
-    case cudaMemcpyDeviceToDevice: ok = dd && sd; break;
-    case cudaMemcpyHostToHost: ok = !dd && !sd; break;
-    default: break;
-  }
-  if (!ok) {
-    std::fprintf(stderr, "emu: cudaMemcpyAsync kind %d with dst %s, src %s (%zu bytes)\n", int(kind),
-                 dd ? "device" : "host/out of range", sd ? "device" : "host/out of range", n);
-    return cudaErrorInvalidValue;
-  }
-  const emu::DeviceAccess device_access;
-  std::memmove(dst, src, n);
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-  return cudaMemcpyAsync(dst, src, n, kind, nullptr);
-}
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t) {
-  if (n == 0) return cudaSuccess;
-  if (!emu::is_device(dst, n)) {
-    std::fprintf(stderr, "emu: cudaMemsetAsync on memory outside device allocations (%zu bytes)\n", n);
-    return cudaErrorInvalidValue;
-  }
-  const emu::DeviceAccess device_access;
-  std::memset(dst, value, n);
-  return cudaSuccess;
-}
-cudaError_t cudaMemset(void* dst, int value, size_t n) { return cudaMemsetAsync(dst, value, n, nullptr); }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-
-// ---- cuBLAS -------------------------------------------------------------------
-const char* cublasGetStatusString(cublasStatus_t s) {
-  switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (emu)";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED (emu)";
-    default: return "cuBLAS error (emu)";
-  }
-}
-
-namespace {
-size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : t == CUDA_R_64F ? 8 : 2; }
-double load(const void* p, cudaDataType_t t, int64_t i) {
-  switch (t) {
-    case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_64F: return static_cast<const double*>(p)[i];
-    case CUDA_R_16BF: return kestrel::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case CUDA_R_16F: return kestrel::f16_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-void store(void* p, cudaDataType_t t, int64_t i, double v) {
-  switch (t) {
-    case CUDA_R_32F: static_cast<float*>(p)[i] = float(v); return;
-    case CUDA_R_64F: static_cast<double*>(p)[i] = v; return;
-    case CUDA_R_16BF: static_cast<uint16_t*>(p)[i] = kestrel::float_to_bf16(float(v)); return;
-    case CUDA_R_16F: static_cast<uint16_t*>(p)[i] = kestrel::float_to_f16(float(v)); return;
-  }
-}
-cublasStatus_t bad(const char* why) {
-  std::fprintf(stderr, "emu cublasGemmEx: %s\n", why);
-  return CUBLAS_STATUS_INVALID_VALUE;
-}
-}  // namespace
-
-cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void* alpha, const void* A, cudaDataType_t At, int lda, const void* B,
-                            cudaDataType_t Bt, int ldb, const void* beta, void* C, cudaDataType_t Ct, int ldc,
-                            cublasComputeType_t ct, cublasGemmAlgo_t) {
-  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (ct != CUBLAS_COMPUTE_32F && ct != CUBLAS_COMPUTE_32F_PEDANTIC) return CUBLAS_STATUS_NOT_SUPPORTED;
-  // COMPUTE_32F with scale type f32: A/B of one type (32F, 16BF, 16F), C of that type or 32F.
-  const bool types_ok = At == Bt && (At == CUDA_R_32F || At == CUDA_R_16BF || At == CUDA_R_16F) &&
-                        (Ct == At || Ct == CUDA_R_32F);
-  if (!types_ok) {
-    std::fprintf(stderr, "emu cublasGemmEx: unsupported type combination A %d B %d C %d\n", int(At), int(Bt), int(Ct));
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  }
-  if (m < 0 || n < 0 || k < 0) return bad("negative dimension");
-  if (ta > CUBLAS_OP_T || tb > CUBLAS_OP_T) return bad("op C not emulated");
-  if (lda < std::max(1, ta == CUBLAS_OP_N ? m : k)) return bad("lda too small");
-  if (ldb < std::max(1, tb == CUBLAS_OP_N ? k : n)) return bad("ldb too small");
-  if (ldc < std::max(1, m)) return bad("ldc too small");
-  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
-  // Every element each operand's extent covers must be device memory.
-  auto extent = [](int rows, int cols, int ld, cudaDataType_t t) {
-    return (size_t(cols - 1) * size_t(ld) + size_t(rows)) * type_size(t);
-  };
-  if (k > 0) {
-    if (!emu::is_device(A, extent(ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda, At)))
-      return bad("A outside device memory");
-    if (!emu::is_device(B, extent(tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb, Bt)))
-      return bad("B outside device memory");
-  }
-  if (!emu::is_device(C, extent(m, n, ldc, Ct))) return bad("C outside device memory");
-  const emu::DeviceAccess device_access;
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      double acc = 0;
-      for (int p = 0; p < k; ++p) {
-        const double av = load(A, At, ta == CUBLAS_OP_N ? int64_t(i) + int64_t(p) * lda : int64_t(p) + int64_t(i) * lda);
-        const double bv = load(B, Bt, tb == CUBLAS_OP_N ? int64_t(p) + int64_t(j) * ldb : int64_t(j) + int64_t(p) * ldb);
-        acc += av * bv;
-      }
-      double r = double(a) * acc;
-      if (b != 0.f) r += double(b) * load(C, Ct, int64_t(i) + int64_t(j) * ldc);  // beta == 0: C not read
-      store(C, Ct, int64_t(i) + int64_t(j) * ldc, r);
-    }
-  return CUBLAS_STATUS_SUCCESS;
-}

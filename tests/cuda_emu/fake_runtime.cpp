@@ -59,6 +59,9 @@ void init(int ordinal) {
   std::call_once(s.once, [&] {
     KS_CHECK(ordinal == 0, "emu: one device");
     s.cublas = reinterpret_cast<cublasHandle_t>(&s);
+    // A stream of its own (a non-null handle): the legacy stream cannot be captured.
+    static int stream_storage = 0;
+    s.stream = reinterpret_cast<cudaStream_t>(&stream_storage);
     s.ordinal = ordinal;
     s.allocator = new CachingDeviceAllocator(Device::CUDA, RawDeviceMemory{raw_alloc, raw_free});
     register_device_allocator(Device::CUDA, new EmuAllocator);

@@ -133,6 +133,118 @@ int host_access_check(const char* self) {
   return bad;
 }
 
+// Stream capture: work recorded, not run; the graph replays it in order; CUDA's
+// capture rules enforced (each refused call names itself and invalidates the capture).
+int capture_check() {
+  int bad = 0;
+  auto fail = [&](const std::string& what) { std::printf("capture: %s\n", what.c_str()); ++bad; };
+  int stream_storage = 0;
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(&stream_storage);
+  float* x = static_cast<float*>(emu::dev_alloc(64 * sizeof(float)));
+  float* y = static_cast<float*>(emu::dev_alloc(64 * sizeof(float)));
+  float* c = static_cast<float*>(emu::dev_alloc(4 * sizeof(float)));
+  std::vector<float> h(64, 1.f), back(64);
+  cudaMemcpy(x, h.data(), 64 * sizeof(float), cudaMemcpyHostToDevice);
+  const float one = 1.f, zero = 0.f;
+  int handle = 0;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) != cudaSuccess) fail("begin refused");
+  cudaStreamCaptureStatus st;
+  cudaStreamIsCapturing(s, &st);
+  if (st != cudaStreamCaptureStatusActive) fail("not capturing after begin");
+  emu::launch_on("add_one", 1, 64, s, [](auto&&... a) { add_one(a...); }, x);   // x += 1
+  cudaMemcpyAsync(y, x, 64 * sizeof(float), cudaMemcpyDeviceToDevice, s);       // y = x
+  cudaMemsetAsync(x + 32, 0, 32 * sizeof(float), s);                           // x[32:] = 0
+  // c (1x1) = x[0:2] . y[0:2]
+  cublasGemmEx(reinterpret_cast<cublasHandle_t>(&handle), CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 2, &one, x, CUDA_R_32F, 2,
+               y, CUDA_R_32F, 2, &zero, c, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(s, &g) != cudaSuccess || !g) fail("end failed");
+  cudaMemcpy(back.data(), x, 64 * sizeof(float), cudaMemcpyDeviceToHost);
+  if (back[0] != 1.f || back[40] != 1.f) fail("captured work ran during the capture");
+  cudaGraphExec_t ex = nullptr;
+  cudaGraphInstantiate(&ex, g, 0);
+  const long before = emu::graph_launches();
+  for (int r = 0; r < 2; ++r) cudaGraphLaunch(ex, s);
+  if (emu::graph_launches() != before + 2) fail("graph launches not counted");
+  cudaMemcpy(back.data(), x, 64 * sizeof(float), cudaMemcpyDeviceToHost);
+  float cv = 0;
+  cudaMemcpy(&cv, c, sizeof(float), cudaMemcpyDeviceToHost);
+  // Replay 1: x[:32] = 2, y = 2 (x[32:] was 1 when copied, then zeroed); replay 2: x[:32] = 3, y[:32] = 3.
+  if (back[0] != 3.f || back[40] != 0.f) fail("replays did not rerun the launch and memset in order");
+  if (cv != 18.f) fail("replayed GEMM gave " + std::to_string(cv) + ", want 18");
+  std::printf("capture: recorded launch, copy, memset and GEMM replayed twice\n");
+
+  // Each refused call: its error, the capture invalidated, the message naming the call.
+  auto refused = [&](const char* what, auto fn, cudaError_t want) {
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaError_t e = cudaSuccess;
+    bool threw = false;
+    try {
+      e = fn();
+    } catch (const std::exception& ex) {
+      threw = true;
+    }
+    cudaGraph_t gg = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(s, &gg);
+    const std::string msg = cudaGetErrorString(end);
+    if ((!threw && e != want) || end != cudaErrorStreamCaptureInvalidated || gg)
+      fail(std::string(what) + ": not refused (error " + std::to_string(int(e)) + ", end " + std::to_string(int(end)) + ")");
+    else
+      std::printf("capture: refused %s: %s\n", what, msg.c_str());
+  };
+  std::vector<float> hh(4);
+  refused("cudaStreamSynchronize", [&] { return cudaStreamSynchronize(s); }, cudaErrorStreamCaptureUnsupported);
+  refused("device-to-host copy", [&] { return cudaMemcpyAsync(hh.data(), x, 16, cudaMemcpyDeviceToHost, s); },
+          cudaErrorStreamCaptureUnsupported);
+  refused("host-to-device copy", [&] { return cudaMemcpyAsync(x, hh.data(), 16, cudaMemcpyHostToDevice, s); },
+          cudaErrorStreamCaptureUnsupported);
+  refused("cudaMemcpy", [&] { return cudaMemcpy(y, x, 16, cudaMemcpyDeviceToDevice); }, cudaErrorStreamCaptureUnsupported);
+  refused("cudaMalloc", [&] { void* p; return cudaMalloc(&p, 16); }, cudaErrorStreamCaptureUnsupported);
+  refused("dev_alloc", [&] { emu::dev_alloc(16); return cudaSuccess; }, cudaSuccess);
+  refused("cudaFree", [&] { return cudaFree(c); }, cudaErrorStreamCaptureUnsupported);
+  refused("legacy-stream launch", [&] { emu::launch("add_one", 1, 64, [](auto&&... a) { add_one(a...); }, x); return cudaSuccess; },
+          cudaSuccess);
+  refused("legacy-stream copy", [&] { return cudaMemcpyAsync(y, x, 16, cudaMemcpyDeviceToDevice, nullptr); },
+          cudaErrorStreamCaptureImplicit);
+  {  // Relaxed mode (a graph pool's allocation): allowed, the capture stays valid.
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&m);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, 16);
+    cudaThreadExchangeStreamCaptureMode(&m);
+    cudaGraph_t gg = nullptr;
+    if (e != cudaSuccess || cudaStreamEndCapture(s, &gg) != cudaSuccess) fail("relaxed-mode cudaMalloc refused");
+    cudaGraphDestroy(gg);
+    cudaFree(p);
+  }
+  if (cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) != cudaErrorStreamCaptureUnsupported)
+    fail("capture of the legacy stream allowed");
+  // Memory a graph uses, freed before its replay: the replay fails instead of writing freed memory.
+  float* z = static_cast<float*>(emu::dev_alloc(64 * sizeof(float)));
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  emu::launch_on("add_one", 1, 64, s, [](auto&&... a) { add_one(a...); }, z);
+  cudaGraph_t gz = nullptr;
+  cudaStreamEndCapture(s, &gz);
+  cudaGraphExec_t exz = nullptr;
+  cudaGraphInstantiate(&exz, gz, 0);
+  emu::dev_free(z);
+  try {
+    cudaGraphLaunch(exz, s);
+    fail("replay over freed memory not detected");
+  } catch (const std::exception& e) {
+    std::printf("capture: replay over freed memory detected\n");
+  }
+  cudaGraphExecDestroy(exz);
+  cudaGraphDestroy(gz);
+  cudaGraphExecDestroy(ex);
+  cudaGraphDestroy(g);
+  emu::dev_free(x);
+  emu::dev_free(y);
+  emu::dev_free(c);
+  return bad;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) return child(argv[1]);
   int bad = 0;
@@ -193,6 +305,7 @@ int main(int argc, char** argv) {
     emu::dev_free(x);
     emu::dev_free(y);
   }
+  bad += capture_check();
   bad += host_access_check(argv[0]);
   std::printf(bad ? "SELFTEST FAILED (%d)\n" : "SELFTEST OK\n", bad);
   return bad != 0;

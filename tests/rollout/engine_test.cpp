@@ -384,3 +384,23 @@ TEST(EngineMemory, WeightBytesAreParametersTimesDtype) {
   auto m = tiny_model();
   EXPECT_EQ(weight_bytes(*m), m->num_parameters() * int64_t(dtype_size(m->dtype())));
 }
+
+// enforce_eager=false on the CPU: CUDA graphs are a device feature, so the
+// engine runs every step eagerly (the same outputs, nothing captured); a
+// capture size below 1 is refused either way.
+TEST(Engine, CudaGraphSettingsAreANoOpOnTheCpu) {
+  auto m = tiny_model();
+  const auto prompts = tiny_prompts();
+  EngineConfig c = base_config();
+  const RunOut eager = run(*m, c, prompts, {greedy(6)});
+  c.enforce_eager = false;
+  c.cudagraph_capture_sizes = {1, 2, 4};
+  const RunOut graphs = run(*m, c, prompts, {greedy(6)});
+  rollout::testing::expect_same_outputs(eager.outs, graphs.outs, 0, "enforce_eager=false on the CPU");
+  EXPECT_EQ(graphs.stats.cuda_graph_captures, 0);
+  EXPECT_EQ(graphs.stats.cuda_graph_replays, 0);
+  c.cudagraph_capture_sizes = {2, 0};
+  auto bad = Engine::create(*m, c);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("cudagraph_capture_sizes"), std::string::npos) << bad.status().message();
+}

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/cuda_util.h"
 #include "core/device_hooks.h"
 
@@ -12,7 +13,11 @@ namespace {
 size_t row_bytes(const Tensor& t) { return t.size(0) ? t.nbytes() / size_t(t.size(0)) : size_t(0); }
 
 // The index values on the host, each in [0, rows); names the op and the entry otherwise.
+// Empty while a graph captures: the read back would synchronise, which a capture
+// cannot contain, so the graph's owner checks its host copy of the index before
+// every replay instead (cuda_graph.h).
 std::vector<int32_t> checked_index(const char* op, const Tensor& index, int64_t rows) {
+  if (capturing()) return {};
   const std::vector<int32_t> ix = index.to_host<int32_t>();
   for (size_t i = 0; i < ix.size(); ++i)
     if (ix[i] < 0 || ix[i] >= rows)
@@ -98,8 +103,9 @@ void sum_head_cols(const Tensor& src, int64_t n_heads, int64_t src_col, Tensor& 
 void rope_apply(const char* op, Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin,
                 int64_t n_heads, int64_t rot_offset, int64_t rot_dim, bool interleaved, bool inverse) {
   const int64_t P = cos.size(0), T = positions.size(0);
-  const std::vector<int32_t> pos = positions.to_host<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
+  // Not while a graph captures (checked_index's reason): its owner checks the positions.
+  const std::vector<int32_t> pos = capturing() ? std::vector<int32_t>() : positions.to_host<int32_t>();
+  for (int64_t t = 0; t < int64_t(pos.size()); ++t)
     if (pos[size_t(t)] < 0 || pos[size_t(t)] >= P)
       KS_FAIL(op, ": position ", pos[size_t(t)], " of token ", t, " is outside the RoPE table [0, ", P,
               "); build the table with max_positions > the longest sequence");

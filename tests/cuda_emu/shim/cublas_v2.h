@@ -15,6 +15,9 @@ enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_PEDANTIC_MATH = 2 };
 
 const char* cublasGetStatusString(cublasStatus_t s);
+// The emulated GEMM needs no workspace: accepted and ignored (the real library
+// takes the buffer a captured GEMM uses instead of allocating one).
+inline cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                             int k, const void* alpha, const void* A, cudaDataType_t Atype, int lda, const void* B,
                             cudaDataType_t Btype, int ldb, const void* beta, void* C, cudaDataType_t Ctype, int ldc,

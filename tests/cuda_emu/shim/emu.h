@@ -85,12 +85,28 @@ template <class A>
 void collect_ptr(std::vector<std::pair<int, const void*>>& v, int i, const A& a) {
   if constexpr (std::is_pointer_v<std::decay_t<A>>) v.push_back({i, static_cast<const void*>(a)});
 }
+// A launch while a stream captures: recorded into that stream's graph (checked
+// as run_launch checks it, and again when the graph replays), not run. A launch
+// on another stream runs now, except on the legacy stream (nullptr), which
+// CUDA refuses while any stream captures.
+void capture_launch(const char* name, long long grid, long long block, cudaStream_t stream,
+                    std::function<void()> body, std::vector<std::pair<int, const void*>> ptr_args);
+// kernel f(args...) on `stream`; the arguments are copied, as a launch copies them.
 template <class F, class... A>
-void launch(const char* name, long long grid, long long block, F f, A... args) {
+void launch_on(const char* name, long long grid, long long block, cudaStream_t stream, F f, A... args) {
   std::vector<std::pair<int, const void*>> ptrs;
   int i = 0;
   (collect_ptr(ptrs, i++, args), ...);
+  if (capture_active()) {
+    capture_launch(name, grid, block, stream, [f, args...] { f(args...); }, std::move(ptrs));
+    return;
+  }
   run_launch(name, grid, block, [&] { f(args...); }, ptrs);
+}
+// The same on the legacy default stream.
+template <class F, class... A>
+void launch(const char* name, long long grid, long long block, F f, A... args) {
+  launch_on(name, grid, block, nullptr, f, args...);
 }
 template <class T>
 constexpr int type_code() {
@@ -121,15 +137,19 @@ template <class F>
 struct Launcher {
   const char* name;
   long long grid, block;
+  cudaStream_t stream;
   F f;
   template <class... A>
-  void operator()(A... args) const { launch(name, grid, block, f, args...); }
+  void operator()(A... args) const { launch_on(name, grid, block, stream, f, args...); }
 };
 template <class F>
-Launcher<F> make_launcher(const char* name, long long grid, long long block, F f) { return {name, grid, block, f}; }
+Launcher<F> make_launcher(const char* name, long long grid, long long block, cudaStream_t stream, F f) {
+  return {name, grid, block, stream, f};
+}
 }  // namespace emu
+// The kernel is named, never a local variable: a recorded launch keeps the lambda.
 #define KS_LAUNCH(kernel, grid, block, stream) \
-  ::emu::make_launcher(#kernel, (grid), (block), [&](auto&&... a_) { kernel(a_...); })
+  ::emu::make_launcher(#kernel, (grid), (block), (stream), [](auto&&... a_) { kernel(a_...); })
 
 inline void __syncthreads(emu::Site s = emu::Site::current()) { emu::syncthreads(s); }
 inline void __syncwarp(unsigned mask = 0xffffffffu, emu::Site s = emu::Site::current()) { emu::syncwarp(mask, s); }
