@@ -178,6 +178,9 @@ void DecodeGraphs::capture_all() {
 
 Tensor DecodeGraphs::run(const StepBatch& b) {
   KS_CHECK(fits(b), "internal: DecodeGraphs::run on a step no graph fits");
+  // Weights offloaded between phases (param_offload) come back before the addresses are compared, and never
+  // inside a capture (its allocations come from the graph's private pool).
+  m_.ensure_on_device(/*grads=*/false);
   if (impl_ && addresses() != captured_addresses_) {
     std::fprintf(stderr, "CUDA graphs: the weights or the KV cache moved since the capture; capturing again\n");
     release();
