@@ -79,6 +79,10 @@ int64_t total_memory() {
   return env && *env ? std::stoll(env) : int64_t(2) << 30;
 }
 
+// The arena's live allocations are the device memory.
+bool is_device_pointer(const void* p) { return p && emu::is_device(p); }
+int device_count() { return 1; }
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;

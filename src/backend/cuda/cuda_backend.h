@@ -31,5 +31,12 @@ void synchronize();
 CachingDeviceAllocator& allocator();
 // The device's memory in bytes (init() first): what gpu_memory_utilization is a fraction of.
 int64_t total_memory();
+// Whether `p` points into device memory of this process (cudaPointerGetAttributes:
+// device or managed memory); host, pinned-host and null pointers are not. Lets
+// a transport that takes raw pointers (comm/nccl) route device buffers to NCCL
+// and host buffers to MPI. Never throws.
+bool is_device_pointer(const void* p);
+// The number of devices this process sees (0 without one). Never throws.
+int device_count();
 
 }  // namespace kestrel::cuda

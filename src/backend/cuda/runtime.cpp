@@ -103,6 +103,25 @@ int64_t total_memory() {
   return int64_t(total_bytes);
 }
 
+bool is_device_pointer(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unregistered host pointer is not an error to keep
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;
