@@ -83,6 +83,11 @@ int64_t total_memory() {
 bool is_device_pointer(const void* p) { return p && emu::is_device(p); }
 int device_count() { return 1; }
 
+// The emulated stream is synchronous: whatever was queued before a mark has finished.
+StreamMark::StreamMark() {}
+StreamMark::~StreamMark() {}
+bool StreamMark::done() const { return true; }
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;

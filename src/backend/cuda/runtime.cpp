@@ -122,6 +122,21 @@ int device_count() {
   return n;
 }
 
+StreamMark::StreamMark() {
+  cudaEvent_t e = nullptr;
+  KS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t r = cudaEventRecord(e, stream());
+  if (r != cudaSuccess) {
+    cudaEventDestroy(e);
+    KS_FAIL("CUDA error in cudaEventRecord: ", cudaGetErrorString(r));
+  }
+  event_ = e;
+}
+
+StreamMark::~StreamMark() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+bool StreamMark::done() const { return cudaEventQuery(static_cast<cudaEvent_t>(event_)) != cudaErrorNotReady; }
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;

@@ -31,19 +31,32 @@
 // communicator (so this rank's queued work cannot hang) and throw; the
 // command's top level then takes the usual abort path (comm::abort_world,
 // MPI_Abort), so the other ranks stop too. Asynchronous NCCL errors are
-// polled at every device call (ncclCommGetAsyncError). The collective
-// timeout (World::set_collective_timeout) covers the host calls, and the
-// id exchange; a device call that never completes shows as a stream
-// synchronisation that does not return (NCCL_TIMEOUT-style watchdogs are not
-// built).
+// polled at every device call (ncclCommGetAsyncError).
+//
+// Timeouts: host calls keep the MPI group's (comm/mpi/health.h). Device
+// calls return before they run, so a watchdog thread (one per process,
+// started at the first device call) follows them: each call records a
+// cuda::StreamMark, and when the oldest unfinished one is older than
+// World::collective_timeout() (verl's nccl_timeout, 600 s), or a
+// communicator reports an asynchronous error, it aborts every NCCL
+// communicator of the process (so kernels waiting on a lost peer return) and
+// the job (comm::abort_world: MPI_Abort), naming the call, the group and the
+// limit. A timeout <= 0 records no marks.
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
 #include "comm/device_group.h"
 #include "comm/nccl/nccl_api.h"
+#include "comm/world.h"
 #include "core/status.h"
 
 namespace kestrel::comm {
@@ -85,18 +98,47 @@ struct P2p {
   int peer;
 };
 
+class NcclComm;
+// Hands a device call just enqueued on `comm` to the process's watchdog (below).
+void watch(const std::shared_ptr<NcclComm>& comm, const char* call);
+
 // The NCCL communicator of one group and its queued point-to-point calls.
-// Shared with the group's pending transfers, which may flush the queue.
-class NcclComm {
+// Shared with the group's pending transfers, which may flush the queue, and
+// watched (weakly) by the watchdog thread: mu_ guards the handle against it.
+class NcclComm : public std::enable_shared_from_this<NcclComm> {
  public:
   explicit NcclComm(ProcessGroup& host) : host_(&host), name_(host.name()), rank_(host.rank()), size_(host.size()) {}
   ~NcclComm() {
-    if (comm_) nccl::api().CommDestroy(comm_);
+    std::lock_guard<std::mutex> g(mu_);
+    if (comm_ && !aborted_) nccl::api().CommDestroy(comm_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
   const std::string& name() const { return name_; }
+  std::string where() const {
+    return "group '" + name_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  }
+
+  // After a successful enqueue: the watchdog follows the call (named for its message).
+  void watched(const char* call) { watch(shared_from_this(), call); }
+
+  // For the watchdog thread: NCCL's asynchronous error (ncclSuccess when none,
+  // still in progress, or no communicator yet).
+  ncclResult_t async_error() {
+    std::lock_guard<std::mutex> g(mu_);
+    ncclResult_t e = ncclSuccess;
+    if (!comm_ || aborted_ || nccl::api().CommGetAsyncError(comm_, &e) != ncclSuccess) return ncclSuccess;
+    return e == ncclInProgress ? ncclSuccess : e;
+  }
+  // For the watchdog thread, before it ends the job: kernels waiting on a
+  // lost peer return. The handle stays (the main thread may hold it); it is
+  // never destroyed after this.
+  void abort_for_watchdog() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (comm_ && !aborted_) nccl::api().CommAbort(comm_);
+    aborted_ = true;
+  }
 
   // The communicator, made on the first call; checks for asynchronous errors.
   ncclComm_t handle() {
@@ -117,8 +159,9 @@ class NcclComm {
     std::string detail = a.GetErrorString(r);
     const char* last = a.GetLastError(comm_);
     if (last && *last) detail += std::string(" (") + last + ")";
-    if (comm_) {
-      a.CommAbort(comm_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (comm_ && !aborted_) a.CommAbort(comm_);
       comm_ = nullptr;
       broken_ = true;
     }
@@ -155,6 +198,7 @@ class NcclComm {
     const ncclResult_t end = a.GroupEnd();
     check(first, failed);
     check(end, "ncclGroupEnd");
+    watched(ops.size() == 1 ? failed : "ncclGroupStart/ncclSend/ncclRecv/ncclGroupEnd");
   }
 
  private:
@@ -165,17 +209,124 @@ class NcclComm {
     host_->broadcast(&id, int64_t(sizeof id), DType::U8, 0);
     ncclComm_t c = nullptr;
     check(nccl::api().CommInitRank(&c, size_, id, rank_), "ncclCommInitRank");
+    std::lock_guard<std::mutex> g(mu_);
     comm_ = c;
   }
 
   ProcessGroup* host_;  // owned by the NcclGroup; used only while it is alive (create() runs from its calls)
   std::string name_;
   int rank_, size_;
+  std::mutex mu_;  // comm_ and aborted_ against the watchdog thread (only this thread changes comm_)
   ncclComm_t comm_ = nullptr;
-  bool broken_ = false;
+  bool broken_ = false;   // aborted after a failure seen here: every later call fails
+  bool aborted_ = false;  // aborted by the watchdog (the job is ending)
   std::vector<P2p> queued_;
   uint64_t posted_ = 0, issued_ = 0;  // tickets: queued transfers numbered from 1
 };
+
+// The process's watchdog thread (see the file comment): follows every device
+// call in stream order and ends the job when the oldest one outlives the
+// collective timeout or a communicator reports an asynchronous error.
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static Watchdog w;
+    return w;
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void watch(const std::shared_ptr<NcclComm>& comm, const char* call) {
+    const double limit = World::collective_timeout();
+    // Recorded outside the lock: the thread polls marks under it.
+    auto mark = limit > 0 ? std::make_unique<cuda::StreamMark>() : nullptr;
+    std::lock_guard<std::mutex> g(mu_);
+    bool known = false;
+    for (const auto& w : comms_) known = known || w.lock() == comm;
+    if (!known) comms_.push_back(comm);
+    if (mark)
+      calls_.push_back({std::move(mark), Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                             std::chrono::duration<double>(limit)),
+                        limit, call, comm});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Call {
+    std::unique_ptr<cuda::StreamMark> mark;
+    Clock::time_point deadline;
+    double limit;
+    const char* call;
+    std::weak_ptr<NcclComm> comm;
+  };
+
+  void loop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(200));
+      if (stop_) break;
+      // One stream: calls finish in the order they were queued.
+      while (!calls_.empty() && calls_.front().mark->done()) calls_.pop_front();
+      if (!calls_.empty() && Clock::now() > calls_.front().deadline) {
+        const Call& c = calls_.front();
+        auto comm = c.comm.lock();
+        std::string msg = std::string(c.call) + " on " + (comm ? comm->where() : std::string("an NCCL group")) +
+                          " did not complete on the device within " + std::to_string(int64_t(c.limit)) +
+                          " s (the collective timeout, actor_rollout_ref.nccl_timeout): another rank stopped, hung, "
+                          "or is behind by more than the timeout; the NCCL communicators were aborted";
+        lk.unlock();
+        end_job(msg);
+      }
+      std::vector<std::shared_ptr<NcclComm>> live;
+      for (auto it = comms_.begin(); it != comms_.end();) {
+        if (auto c = it->lock()) {
+          live.push_back(std::move(c));
+          ++it;
+        } else {
+          it = comms_.erase(it);
+        }
+      }
+      lk.unlock();
+      for (const auto& c : live)
+        if (const ncclResult_t e = c->async_error(); e != ncclSuccess)
+          end_job("NCCL reported an asynchronous error on " + c->where() + ": " + nccl::api().GetErrorString(e) +
+                  "; the NCCL communicators were aborted");
+      live.clear();  // a group's last owner may be here: released outside the lock
+      lk.lock();
+    }
+  }
+
+  // Aborts every communicator, then the job (MPI_Abort). Runs on the watchdog thread.
+  [[noreturn]] void end_job(const std::string& msg) {
+    std::vector<std::shared_ptr<NcclComm>> live;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (const auto& w : comms_)
+        if (auto c = w.lock()) live.push_back(std::move(c));
+    }
+    for (const auto& c : live) c->abort_for_watchdog();
+    comm::abort_world(msg);
+    // abort_world returns only without MPI (no NCCL group then); nothing else
+    // could unblock the main thread, so this is the last resort.
+    std::abort();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::deque<Call> calls_;
+  std::vector<std::weak_ptr<NcclComm>> comms_;
+  std::thread thread_;
+};
+
+void watch(const std::shared_ptr<NcclComm>& comm, const char* call) { Watchdog::instance().watch(comm, call); }
 
 class NcclTransfer final : public PendingTransfer {
  public:
@@ -223,6 +374,7 @@ class NcclGroup final : public ProcessGroup {
     comm_->check(nccl::api().AllReduce(buf, buf, size_t(count), type(dtype, "all_reduce"), nccl_op(op), c,
                                        cuda::stream()),
                  "ncclAllReduce");
+    comm_->watched("ncclAllReduce");
   }
 
   // send == recv: the whole input sits in recv and block rank lands at its start (the MPI group's contract).
@@ -240,6 +392,7 @@ class NcclGroup final : public ProcessGroup {
     if (out != recv)
       KS_CUDA_CHECK(cudaMemcpyAsync(recv, out, size_t(recv_count) * dtype_size(dtype), cudaMemcpyDeviceToDevice,
                                     cuda::stream()));
+    comm_->watched("ncclReduceScatter");
   }
 
   // In place when send == recv + rank * send_count, for MPI and NCCL alike.
@@ -250,6 +403,7 @@ class NcclGroup final : public ProcessGroup {
     ncclComm_t c = ready();
     comm_->check(nccl::api().AllGather(send, recv, size_t(send_count), type(dtype, "all_gather"), c, cuda::stream()),
                  "ncclAllGather");
+    comm_->watched("ncclAllGather");
   }
 
   void broadcast(void* buf, int64_t count, DType dtype, int root) override {
@@ -260,6 +414,7 @@ class NcclGroup final : public ProcessGroup {
     ncclComm_t c = ready();
     comm_->check(nccl::api().Broadcast(buf, buf, size_t(count), type(dtype, "broadcast"), root, c, cuda::stream()),
                  "ncclBroadcast");
+    comm_->watched("ncclBroadcast");
   }
 
   void all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype) override {
