@@ -5,8 +5,8 @@
 // norms and weights, within the tolerances of the one-process device test
 // (tests/on_device/train_on_device_test.cpp: the GEMMs differ, so not bit for
 // bit). Layouts: TP2, TP2 with sequence parallelism, and DP2 with the
-// distributed optimizer (f32, and bf16 with f32 masters). With 4 ranks "Tp2"
-// is TP2 x DP2.
+// distributed optimizer; f32 (bf16 buffers are the collectives test's; a bf16
+// layout costs 10 s more on the emulator). With 4 ranks "Tp2" is TP2 x DP2.
 #include <gtest/gtest.h>
 
 #include "model/parallel_setup.h"
@@ -95,7 +95,6 @@ class NcclTrain : public ::testing::Test {
 TEST_F(NcclTrain, Tp2EqualsTheCpu) { expect_same_training({2, false, false}, DType::F32); }
 TEST_F(NcclTrain, Tp2SequenceParallelEqualsTheCpu) { expect_same_training({2, true, false}, DType::F32); }
 TEST_F(NcclTrain, DpDistributedOptimizerEqualsTheCpu) { expect_same_training({1, false, true}, DType::F32); }
-TEST_F(NcclTrain, DpDistributedOptimizerBf16EqualsTheCpu) { expect_same_training({1, false, true}, DType::BF16); }
 
 }  // namespace
 }  // namespace kestrel::testing
