@@ -42,6 +42,7 @@
 // communicator of the process (so kernels waiting on a lost peer return) and
 // the job (comm::abort_world: MPI_Abort), naming the call, the group and the
 // limit. A timeout <= 0 records no marks.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -99,16 +100,20 @@ struct P2p {
 };
 
 class NcclComm;
-// Hands a device call just enqueued on `comm` to the process's watchdog (below).
-void watch(const std::shared_ptr<NcclComm>& comm, const char* call);
+// The process's watchdog (below): follows a device call just enqueued on
+// `comm`; forgets a communicator before it is destroyed. It never owns one,
+// so a communicator is always destroyed by the thread that used it.
+void watch(NcclComm* comm, const char* call);
+void forget(NcclComm* comm);
 
 // The NCCL communicator of one group and its queued point-to-point calls.
 // Shared with the group's pending transfers, which may flush the queue, and
-// watched (weakly) by the watchdog thread: mu_ guards the handle against it.
-class NcclComm : public std::enable_shared_from_this<NcclComm> {
+// polled by the watchdog thread: mu_ guards the handle against it.
+class NcclComm {
  public:
   explicit NcclComm(ProcessGroup& host) : host_(&host), name_(host.name()), rank_(host.rank()), size_(host.size()) {}
   ~NcclComm() {
+    forget(this);
     std::lock_guard<std::mutex> g(mu_);
     if (comm_ && !aborted_) nccl::api().CommDestroy(comm_);
   }
@@ -121,7 +126,7 @@ class NcclComm : public std::enable_shared_from_this<NcclComm> {
   }
 
   // After a successful enqueue: the watchdog follows the call (named for its message).
-  void watched(const char* call) { watch(shared_from_this(), call); }
+  void watched(const char* call) { watch(this, call); }
 
   // For the watchdog thread: NCCL's asynchronous error (ncclSuccess when none,
   // still in progress, or no communicator yet).
@@ -229,32 +234,30 @@ class NcclComm : public std::enable_shared_from_this<NcclComm> {
 // collective timeout or a communicator reports an asynchronous error.
 class Watchdog {
  public:
+  // Never destroyed: communicators of static lifetime forget themselves at
+  // exit, after any static watchdog would be gone; the thread ends with the process.
   static Watchdog& instance() {
-    static Watchdog w;
-    return w;
-  }
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    static Watchdog* w = new Watchdog;
+    return *w;
   }
 
-  void watch(const std::shared_ptr<NcclComm>& comm, const char* call) {
+  void watch(NcclComm* comm, const char* call) {
     const double limit = World::collective_timeout();
     // Recorded outside the lock: the thread polls marks under it.
     auto mark = limit > 0 ? std::make_unique<cuda::StreamMark>() : nullptr;
     std::lock_guard<std::mutex> g(mu_);
-    bool known = false;
-    for (const auto& w : comms_) known = known || w.lock() == comm;
-    if (!known) comms_.push_back(comm);
+    if (std::find(comms_.begin(), comms_.end(), comm) == comms_.end()) comms_.push_back(comm);
     if (mark)
-      calls_.push_back({std::move(mark), Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                             std::chrono::duration<double>(limit)),
-                        limit, call, comm});
+      calls_.push_back({std::move(mark),
+                        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit)),
+                        limit, std::string(call) + " on " + comm->where()});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+
+  // Waits out a poll in progress, so the communicator is never used after.
+  void forget(NcclComm* comm) {
+    std::lock_guard<std::mutex> g(mu_);
+    comms_.erase(std::remove(comms_.begin(), comms_.end(), comm), comms_.end());
   }
 
  private:
@@ -263,70 +266,46 @@ class Watchdog {
     std::unique_ptr<cuda::StreamMark> mark;
     Clock::time_point deadline;
     double limit;
-    const char* call;
-    std::weak_ptr<NcclComm> comm;
+    std::string what;  // "ncclAllReduce on group 'dp' (rank 0 of 2)"
   };
 
   void loop() {
     std::unique_lock<std::mutex> lk(mu_);
-    while (!stop_) {
+    for (;;) {
       cv_.wait_for(lk, std::chrono::milliseconds(200));
-      if (stop_) break;
       // One stream: calls finish in the order they were queued.
       while (!calls_.empty() && calls_.front().mark->done()) calls_.pop_front();
-      if (!calls_.empty() && Clock::now() > calls_.front().deadline) {
-        const Call& c = calls_.front();
-        auto comm = c.comm.lock();
-        std::string msg = std::string(c.call) + " on " + (comm ? comm->where() : std::string("an NCCL group")) +
-                          " did not complete on the device within " + std::to_string(int64_t(c.limit)) +
-                          " s (the collective timeout, actor_rollout_ref.nccl_timeout): another rank stopped, hung, "
-                          "or is behind by more than the timeout; the NCCL communicators were aborted";
-        lk.unlock();
-        end_job(msg);
-      }
-      std::vector<std::shared_ptr<NcclComm>> live;
-      for (auto it = comms_.begin(); it != comms_.end();) {
-        if (auto c = it->lock()) {
-          live.push_back(std::move(c));
-          ++it;
-        } else {
-          it = comms_.erase(it);
-        }
-      }
-      lk.unlock();
-      for (const auto& c : live)
+      if (!calls_.empty() && Clock::now() > calls_.front().deadline)
+        end_job(calls_.front().what + " did not complete on the device within " +
+                std::to_string(int64_t(calls_.front().limit)) +
+                " s (the collective timeout, actor_rollout_ref.nccl_timeout): another rank stopped, hung, or is behind "
+                "by more than the timeout; the NCCL communicators were aborted");
+      for (NcclComm* c : comms_)  // under mu_: forget() waits, so c is alive
         if (const ncclResult_t e = c->async_error(); e != ncclSuccess)
           end_job("NCCL reported an asynchronous error on " + c->where() + ": " + nccl::api().GetErrorString(e) +
                   "; the NCCL communicators were aborted");
-      live.clear();  // a group's last owner may be here: released outside the lock
-      lk.lock();
     }
   }
 
-  // Aborts every communicator, then the job (MPI_Abort). Runs on the watchdog thread.
+  // With mu_ held (no communicator can go meanwhile): aborts every one, then
+  // the job (MPI_Abort). Runs on the watchdog thread.
   [[noreturn]] void end_job(const std::string& msg) {
-    std::vector<std::shared_ptr<NcclComm>> live;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      for (const auto& w : comms_)
-        if (auto c = w.lock()) live.push_back(std::move(c));
-    }
-    for (const auto& c : live) c->abort_for_watchdog();
+    for (NcclComm* c : comms_) c->abort_for_watchdog();
     comm::abort_world(msg);
     // abort_world returns only without MPI (no NCCL group then); nothing else
     // could unblock the main thread, so this is the last resort.
     std::abort();
   }
 
-  std::mutex mu_;
+  std::mutex mu_;  // taken before a communicator's own mutex, never after
   std::condition_variable cv_;
-  bool stop_ = false;
   std::deque<Call> calls_;
-  std::vector<std::weak_ptr<NcclComm>> comms_;
+  std::vector<NcclComm*> comms_;  // communicators with device calls, alive (their destructor forgets them)
   std::thread thread_;
 };
 
-void watch(const std::shared_ptr<NcclComm>& comm, const char* call) { Watchdog::instance().watch(comm, call); }
+void watch(NcclComm* comm, const char* call) { Watchdog::instance().watch(comm, call); }
+void forget(NcclComm* comm) { Watchdog::instance().forget(comm); }
 
 class NcclTransfer final : public PendingTransfer {
  public:
