@@ -2,8 +2,8 @@
 # Builds what scripts/device_check.sh runs on a GPU machine and gathers it in
 # device_bundle/ (ignored by git; name it in the device tool's `carry`):
 # the cuda preset's test binaries and the kestrel binary (built without MPI
-# in build/cuda-bundle: one process per GPU until NCCL lands, and the image
-# has no OpenMPI), stripped, and the shared libraries they reach that the
+# in build/cuda-bundle: the image has no OpenMPI, so one process per GPU;
+# multi-process runs load NCCL at run time), stripped, and the shared libraries they reach that the
 # device image lacks (it has the CUDA runtime and cuBLAS, no Debian
 # packages): libgomp, OpenBLAS (xz-compressed; the CPU side of the
 # consistency harness and of the CPU-against-GPU runs) and its Fortran

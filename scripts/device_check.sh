@@ -56,6 +56,17 @@ run() {  # name, command...
   log "== $name"
   if "$@" >>"$OUTF" 2>&1; then log "-- $name: ok"; else log "-- $name: FAILED"; fail=1; fi
 }
+# NCCL: a multi-process device run dlopens libnccl.so.2 (PyTorch's wheel has it
+# under nvidia/nccl/lib, on LD_LIBRARY_PATH above); a single process never loads it.
+NCCL_SO=""
+for d in ${LD_LIBRARY_PATH//:/ }; do [[ -f $d/libnccl.so.2 ]] && { NCCL_SO=$d/libnccl.so.2; break; }; done
+log "== NCCL for multi-process device runs: ${NCCL_SO:-libnccl.so.2 not found on LD_LIBRARY_PATH}"
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+if command -v mpirun >/dev/null && [[ -x $B/bin/nccl_tests && -n $NCCL_SO ]] && (( NGPU >= 2 )); then
+  run "NCCL transport, 2 ranks (tests/nccl)" bash "$B/nccl_run.sh" "$B/bin/nccl_tests" 2
+else
+  log "== NCCL 2-rank check: skipped (needs mpirun, an MPI build's nccl_tests in the bundle, NCCL and 2 GPUs, since NCCL refuses two ranks on one GPU; here: $NGPU GPU(s), mpirun $(command -v mpirun >/dev/null && echo found || echo absent))"
+fi
 run "test_cuda (runtime)" "$B/bin/test_cuda"
 run "backend consistency (device vs CPU)" "$B/bin/test_ops" --gtest_filter='*BackendConsistency*'
 run "op tests on every device" "$B/bin/test_ops" \

@@ -31,14 +31,15 @@ fi
 # tests/cuda_emu): the CUDA kernels compiled as C++ and run on fibers, the
 # rest of Kestrel built as for a GPU, so the runtime tests (tests/cuda), the
 # model, training and rollout on the device (tests/on_device) and the
-# backend-consistency harness run where no GPU is. KESTREL_CUDA_EMU=0 skips it.
+# backend-consistency harness run where no GPU is, and the NCCL transport's
+# 2-rank tests over the fake NCCL (tests/nccl, label nccl). KESTREL_CUDA_EMU=0 skips it.
 if [[ "${KESTREL_CUDA_EMU:-1}" != 0 ]]; then
   echo "== the device suites on the CUDA emulator (cmake --preset cuda-emu) =="
   cd "$ROOT"
   cmake --preset cuda-emu >/dev/null
-  cmake --build build/cuda-emu -j 2 --target test_cuda_emu_selftest test_cuda test_ops test_on_device
+  cmake --build build/cuda-emu -j 2 --target test_cuda_emu_selftest test_cuda test_ops test_on_device nccl_tests
   cd build/cuda-emu
-  ctest --output-on-failure -j 2 --timeout 900 -L '^(cuda|on_device)$'
+  ctest --output-on-failure -j 2 --timeout 900 -L '^(cuda|on_device|nccl)$'
   ctest --output-on-failure -j 2 --timeout 900 -L '^ops$' -R 'BackendConsistency'
 fi
 # The CUDA build (cmake --preset cuda, sm_90a) compiles wherever the toolkit

@@ -158,10 +158,12 @@ void check_num_layers(const config::Config& c, const TrainInputs& in, int64_t nu
 void read_verl_choices(const config::Config& c);
 // trainer.device as this build and machine can honour it: cpu is the CPU;
 // cuda (verl's default) is the GPU where the build has the CUDA backend and a
-// device is present (initialised here), the CPU otherwise when left at the
-// default; an explicit cuda that cannot run (no backend, no device, several
-// processes before NCCL lands) is an error naming the key.
-Device trainer_device(const config::Config& c, int world_size);
+// device is present (initialised here: device local_rank % devices, so the
+// ranks of a node share its GPUs round robin; the process groups then carry
+// device buffers over NCCL), the CPU otherwise when left at the default; an
+// explicit cuda that cannot run (no backend, no device, several processes in
+// a build without NCCL) is an error naming the key.
+Device trainer_device(const config::Config& c, int world_size, int local_rank = 0);
 // The parameter, gradient and activation offload keys (Megatron's, verl
 // FSDP's): no effect on the CPU; true on a device fails "not supported yet".
 void check_offload_on_device(const config::Config& c, Device dev);

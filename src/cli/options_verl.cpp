@@ -2,10 +2,12 @@
 // choose among equivalent paths (strategy, rollout.name, load_format, the
 // optimizer's spelling), and the settings a run must match (trainer.device,
 // trainer.n_gpus_per_node x nnodes against the processes mpirun started).
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "cli/options.h"
+#include "comm/device_group.h"
 #include "rollout/engine.h"
 #if KESTREL_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -34,7 +36,7 @@ void read_verl_choices(const config::Config& c) {
     if (c.get_int(k) < 1) KS_FAIL(c.origin(k), ": ", k, "=", c.get_int(k), " must be >= 1");
 }
 
-Device trainer_device(const config::Config& c, int world_size) {
+Device trainer_device(const config::Config& c, int world_size, int local_rank) {
   const std::string dev = c.get_string("trainer.device");
   const bool explicit_choice = c.origin("trainer.device") != "default";
   if (dev == "cpu") return Device::CPU;
@@ -45,17 +47,18 @@ Device trainer_device(const config::Config& c, int world_size) {
               "; set trainer.device=cpu to train on the CPU");
     return Device::CPU;  // verl's default where no GPU is: the CPU backend
   }
-  if (world_size > 1) {
+  if (world_size > 1 && !comm::built_with_nccl()) {
     if (explicit_choice)
-      KS_FAIL("not supported yet: trainer.device=cuda (from ", c.origin("trainer.device"), ") with ", world_size,
-              " processes: the comm layer has no NCCL backend yet; run one process on the GPU, or set "
-              "trainer.device=cpu to train over MPI on the CPU");
+      KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"), ") with ", world_size,
+              " processes: this build has no NCCL transport (nccl.h was not found when it was configured); run one "
+              "process on the GPU, or set trainer.device=cpu to train over MPI on the CPU");
     return Device::CPU;
   }
-  cuda::init();
+  cuda::init(world_size > 1 ? local_rank % std::max(1, cuda::device_count()) : 0);
   return Device::CUDA;
 #else
   (void)world_size;
+  (void)local_rank;
   if (explicit_choice)
     KS_FAIL("trainer.device=cuda (from ", c.origin("trainer.device"),
             "): this Kestrel build has no CUDA backend (build it with cmake --preset cuda on a machine with the CUDA "

@@ -17,6 +17,8 @@
 #include "cli/commands.h"
 #include "cli/loader_source.h"
 #include "cli/options.h"
+#include "comm/device_group.h"
+#include "comm/nodes.h"
 #include "comm/world.h"
 #include "config/config.h"
 #include "core/files.h"
@@ -293,7 +295,8 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   dims.cp = int(in.cp.cp);
   dims.ep = int(in.ep.ep);
   dims.etp = int(in.ep.etp);
-  auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1));
+  // On the device the grid's groups carry device buffers over NCCL (and host ones over MPI).
+  auto g = parallel::make_process_grid(world, dims, model::model_facts(*mc, dims.pp > 1), mopt.device);
   if (!g) KS_FAIL("kestrel train: ", g.status().message());
   std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
   mopt.parallel = model::model_parallel_for(*grid);
@@ -305,7 +308,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
     if (!chunks) KS_FAIL("kestrel train: ", chunks.status().message());
     model::set_pipeline_stage(mopt, (*chunks)[size_t(grid->coords().pp)]);
   }
-  par.world = world.group();
+  par.world = grid->world();
   par.dp = grid->group(parallel::GroupKind::Dp);
   if (dims.cp > 1) par.dp_cp = grid->group(parallel::GroupKind::DpCp);
   // The experts' own data-parallel group: under ep, or when etp keeps them apart from tp.
@@ -313,7 +316,7 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   par.rollout_ep = in.ep.rollout_ep;
   par.distributed_optimizer = in.distributed_optimizer;
   if (in.rollout_tp != in.tp)
-    par.rollout_tp = world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp");
+    par.rollout_tp = grid->adopt(world.split(world.rank() / int(in.rollout_tp), world.rank(), "rollout_tp"));
   return grid;
 }
 
@@ -474,7 +477,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
   // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
-  mopt.device = trainer_device(c, world_size);
+  mopt.device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
   check_offload_on_device(c, mopt.device);
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
@@ -482,8 +485,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   std::unique_ptr<parallel::ProcessGrid> grid;
   rl::RlParallel par;
   if (disaggregated) {  // the trainer's ranks train by data parallelism among themselves
-    par.world = role_group;
-    par.dp = role_group;
+    par.world = mopt.device == Device::CPU ? role_group : comm::device_group(role_group);
+    par.dp = par.world;
     par.distributed_optimizer = in.distributed_optimizer;
   } else if (world_size > 1) {
     grid = setup_parallel(*world, in, model_dir, mopt, par);

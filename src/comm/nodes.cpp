@@ -47,4 +47,19 @@ std::vector<int> node_ids(const World& world) {
   return out;
 }
 
+int local_rank(const World& world) {
+  for (const char* e : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(e); v && *v) {
+      char* end = nullptr;
+      const long r = std::strtol(v, &end, 10);
+      if (*end != '\0' || r < 0) KS_FAIL(e, "='", v, "' is not a local rank (an integer >= 0)");
+      return int(r);
+    }
+  if (world.size() == 1) return 0;
+  const std::vector<int> node = node_ids(world);
+  int r = 0;
+  for (int i = 0; i < world.rank(); ++i) r += node[size_t(i)] == node[size_t(world.rank())];
+  return r;
+}
+
 }  // namespace kestrel::comm

@@ -15,4 +15,10 @@ namespace kestrel::comm {
 // that does not give every rank a node is an error.
 std::vector<int> node_ids(const World& world);
 
+// This rank's place among the ranks of its node (0, 1, ...): what picks its
+// GPU (local rank % devices). From the launcher when it says
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID), else counted
+// from node_ids(world), which makes it collective over the world then.
+int local_rank(const World& world);
+
 }  // namespace kestrel::comm

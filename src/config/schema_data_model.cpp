@@ -68,8 +68,8 @@ void declare_data_and_model(Builder& b) {
       "Actor, rollout and reference share devices (colocated); false (verl's one-step-off-policy scripts) needs "
       "rollout.nnodes x rollout.n_gpus_per_node rollout processes, which disaggregated placement uses either way.");
   b.k("nccl_timeout", I, "600", YES,
-      "Seconds any collective may wait (Kestrel's collectives run over MPI): past it the job aborts with the ranks "
-      "that did not answer and the step; <= 0 waits forever.").any_value("seconds; <= 0 waits forever");
+      "Seconds any collective may wait (over MPI, or NCCL for device tensors): past it the job aborts naming the "
+      "call and group (over MPI also the ranks that did not answer and the step); <= 0 waits forever.").any_value("seconds; <= 0 waits forever");
 
   b.scope("actor_rollout_ref.model");
   b.k("path", S, "~/models/deepseek-llm-7b-chat", YES, "HuggingFace model directory (config.json + safetensors).");

@@ -319,8 +319,9 @@ void amend_for_verl(Builder& b) {
   KeyDecl& dev = b.existing("trainer.device");
   dev.status = YES;
   dev.doc = "Device type. cuda: the actor, reference, critic and rollout engine on the GPU (a build with the CUDA "
-            "backend, cmake --preset cuda, and a device; one process until NCCL lands); left at verl's default on a "
-            "machine without either, the CPU. cpu: the CPU backend. An explicit cuda that cannot run is an error "
+            "backend, cmake --preset cuda, and a device; under mpirun each rank takes device local rank % devices and the "
+            "process groups move device tensors over NCCL, loaded from libnccl.so.2 at run time); left at verl's "
+            "default on a machine without either, the CPU. cpu: the CPU backend. An explicit cuda that cannot run is an error "
             "naming the reason.";
   for (const char* k : {"trainer.n_gpus_per_node", "trainer.nnodes"}) {
     KeyDecl& d = b.existing(k);

@@ -150,14 +150,13 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
 }
 
 void CausalLM::check_device() const {
-  if (opts_.device == Device::CPU) return;
-  const auto size_of = [](const std::shared_ptr<comm::ProcessGroup>& g) { return g ? g->size() : 1; };
-  const int64_t n = size_of(opts_.parallel.tp) * size_of(opts_.parallel.pp) * size_of(opts_.parallel.ep) *
-                    size_of(opts_.parallel.etp) * cp_size();
-  if (n > 1)
-    KS_FAIL("not supported yet: a model on ", device_name(opts_.device), " split over processes (tp ",
-            size_of(opts_.parallel.tp), ", pp ", size_of(opts_.parallel.pp), ", ep ", size_of(opts_.parallel.ep),
-            ", cp ", cp_size(), "): the comm layer has no NCCL backend yet; run one process per model");
+  if (opts_.device == Device::CPU || !opts_.parallel.pp || opts_.parallel.pp->size() == 1) return;
+  // The pipeline's transfers are matched by tag, and a stage posts its receives
+  // ahead of time in schedule order; NCCL matches a pair's messages in posting
+  // order only, so the device pipeline needs its own ordering first.
+  KS_FAIL("not supported yet: pipeline parallelism (pp ", opts_.parallel.pp->size(), ") with the model on ",
+          device_name(opts_.device), ": set pipeline_model_parallel_size=1 (tensor and data parallelism run on the "
+          "device over NCCL), or train on the CPU");
 }
 
 void CausalLM::check_chunks() {
@@ -346,7 +345,11 @@ std::unique_ptr<CausalLM> CausalLM::init_random(const io::ModelConfig& cfg, cons
       // Under tp the full tensor is drawn (same values as one process) and cut.
       Tensor full = tp.size() == 1 ? p->weight : Tensor::empty(p->full_shape, p->weight.dtype(), MemCategory::Other);
       fill_normal(full, seed, stream, init_std);
-      if (tp.size() > 1) p->weight = parallel::shard_tensor(full, p->shard, tp.rank(), tp.size(), p->name);
+      if (tp.size() > 1) {
+        Tensor shard = parallel::shard_tensor(full, p->shard, tp.rank(), tp.size(), p->name);
+        if (m->opts_.device == Device::CPU) p->weight = std::move(shard);
+        else p->weight.copy_from(shard);  // allocated on the device by the constructor
+      }
     }
   }
   return m;

@@ -98,8 +98,10 @@ struct ModelParallel {
 struct ModelOptions {
   DType dtype = DType::F32;  // compute/storage dtype of weights and activations
   // Where the weights, gradients, activations and RoPE table live. A device
-  // other than the CPU needs its backend initialised first (cuda::init) and,
-  // until NCCL backs the comm layer, every process group of size 1. Batches
+  // other than the CPU needs its backend initialised first (cuda::init) and
+  // process groups that carry device buffers (a ProcessGrid built for the
+  // device: comm/device_group.h, NCCL), or of size 1; pipeline parallelism is
+  // refused there (its transfers match by tag, NCCL's by order). Batches
   // go there with model::to_device; load() and init_random() copy the host
   // values over.
   Device device = Device::CPU;

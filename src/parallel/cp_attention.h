@@ -46,8 +46,12 @@ struct CpGroups {
 // otherwise two world splits make the hybrid's groups. Names "cp_ulysses", "cp_ring".
 CpGroups make_cp_groups(const comm::World& world, const GridLayout& layout, std::shared_ptr<comm::ProcessGroup> cp,
                         int ulysses_degree);
+// The hybrid's own splits carry the grid's device's buffers as its groups do (ProcessGrid::adopt).
 inline CpGroups make_cp_groups(const comm::World& world, const ProcessGrid& grid, int ulysses_degree) {
-  return make_cp_groups(world, grid.layout(), grid.group(GroupKind::Cp), ulysses_degree);
+  CpGroups g = make_cp_groups(world, grid.layout(), grid.group(GroupKind::Cp), ulysses_degree);
+  g.ulysses = grid.adopt(g.ulysses);
+  g.ring = grid.adopt(g.ring);
+  return g;
 }
 
 // The head shape each rank attends with: H/u query heads, Hkv/u kv heads (or

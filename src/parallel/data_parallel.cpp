@@ -42,9 +42,14 @@ DataParallel::DataParallel(std::vector<DpParam> params, comm::ProcessGroup& dp, 
   const int64_t n = dp.size(), N = offsets_.back();
   padded_ = (N + n - 1) / n * n;
   shard_ = padded_ / n;
-  grads_ = Tensor::zeros({padded_}, DType::F32, MemCategory::Grads);
+  // The flat buffers live with the parameters (a device model's on the device; its groups move device buffers).
+  const Device dev = flat_[0].weight->device();
+  grads_ = Tensor::zeros({padded_}, DType::F32, MemCategory::Grads, dev);
   for (size_t i = 0; i < flat_.size(); ++i) {
     DpParam& p = flat_[i];
+    KS_CHECK(p.weight->device() == dev, "DataParallel: parameter '", p.name, "' is on ",
+             device_name(p.weight->device()), ", '", flat_[0].name, "' on ", device_name(dev),
+             "; one flat buffer holds parameters of one device");
     Tensor view = flat_view(grads_, offsets_[i], p.weight->shape());
     if (p.grad->defined()) {
       KS_CHECK(p.grad->numel() == view.numel(), "DataParallel: grad of '", p.name, "' is ", p.grad->describe());
@@ -54,7 +59,7 @@ DataParallel::DataParallel(std::vector<DpParam> params, comm::ProcessGroup& dp, 
   }
   if (opts_.distributed_optimizer) {
     const DType dt = flat_[0].weight->dtype();
-    params_ = Tensor::zeros({padded_}, dt, MemCategory::Params);
+    params_ = Tensor::zeros({padded_}, dt, MemCategory::Params, dev);
     for (size_t i = 0; i < flat_.size(); ++i) {
       DpParam& p = flat_[i];
       KS_CHECK(p.weight->dtype() == dt, "DataParallel: distributed optimizer needs one parameter dtype; '", p.name,
@@ -133,7 +138,8 @@ void DataParallel::reduce_to_owners(int64_t b0, int64_t b1) {
   for (int q = 0; q < n; ++q) send[size_t(q)] = std::max<int64_t>(0, std::min(b1, (q + 1) * shard_) - std::max(b0, q * shard_));
   const int64_t mine = send[size_t(r)];
   std::fill(recv.begin(), recv.end(), mine);
-  Tensor got = Tensor::empty({n, mine}, DType::F32, MemCategory::Other);  // every rank's piece of my range
+  // [n, mine]: every rank's piece of my range, on the gradients' device.
+  Tensor got = Tensor::empty({n, mine}, DType::F32, MemCategory::Other, grads_.device());
   dp_->all_to_allv(grads_.slice_rows(b0, b1), send, got, recv);
   if (mine == 0) return;
   const int64_t at = std::max(b0, r * shard_);

@@ -4,6 +4,8 @@
 #include <map>
 #include <sstream>
 
+#include "comm/device_group.h"
+
 namespace kestrel::parallel {
 
 namespace {
@@ -238,8 +240,8 @@ GridLayout::Coords GridLayout::coords(int rank) const {
   return {dense["tp"], dense["cp"], dense["dp"], dense["pp"], expert["tp"], expert["ep"], expert["dp"]};
 }
 
-ProcessGrid::ProcessGrid(const comm::World& world, const ParallelDims& dims)
-    : layout_(dims, world.size()), rank_(world.rank()), coords_(layout_.coords(world.rank())) {
+ProcessGrid::ProcessGrid(const comm::World& world, const ParallelDims& dims, Device device)
+    : layout_(dims, world.size()), rank_(world.rank()), coords_(layout_.coords(world.rank())), device_(device) {
   groups_.resize(std::size(kAllGroupKinds));
   // Every rank walks the kinds in the same order, so the splits match up.
   for (GroupKind k : kAllGroupKinds) {
@@ -251,8 +253,14 @@ ProcessGrid::ProcessGrid(const comm::World& world, const ParallelDims& dims)
     if (largest == 1)  // the same on every rank, so skipping the split is collective-safe
       slot = me.group < 0 ? nullptr : comm::local_group(group_kind_name(k));
     else
-      slot = world.split(me.group < 0 ? comm::World::kNoGroup : me.group, me.index, group_kind_name(k));
+      slot = adopt(world.split(me.group < 0 ? comm::World::kNoGroup : me.group, me.index, group_kind_name(k)));
   }
+  world_ = adopt(world.group());
+}
+
+std::shared_ptr<comm::ProcessGroup> ProcessGrid::adopt(std::shared_ptr<comm::ProcessGroup> g) const {
+  // Wrapping makes no communicator yet (NCCL's is made at a group's first device call).
+  return device_ == Device::CPU ? g : comm::device_group(std::move(g));
 }
 
 const std::shared_ptr<comm::ProcessGroup>& ProcessGrid::group(GroupKind k) const { return groups_.at(size_t(k)); }

@@ -96,9 +96,13 @@ class GridLayout {
 
 // Communicators for every group kind, for this process. Construction is
 // collective over the world (all ranks build the same grid in the same order).
+// `device` is where the models' tensors live: on Device::CUDA every group of
+// more than one process (and world()) also moves device buffers, over NCCL
+// (comm/device_group.h), while host buffers still go over MPI; on the CPU the
+// groups are the world's MPI splits. Size-1 groups are LocalGroups either way.
 class ProcessGrid {
  public:
-  ProcessGrid(const comm::World& world, const ParallelDims& dims);
+  ProcessGrid(const comm::World& world, const ParallelDims& dims, Device device = Device::CPU);
 
   const GridLayout& layout() const { return layout_; }
   std::vector<std::vector<int>> ranks_of(GroupKind k) const { return layout_.ranks_of(k); }
@@ -114,6 +118,13 @@ class ProcessGrid {
   comm::ProcessGroup& dp_cp() const { return *group(GroupKind::DpCp); }
   comm::ProcessGroup& pp() const { return *group(GroupKind::Pp); }
   comm::ProcessGroup& mp() const { return *group(GroupKind::Mp); }
+  // All ranks ("world"), able to carry the grid's device's buffers.
+  const std::shared_ptr<comm::ProcessGroup>& world() const { return world_; }
+  Device device() const { return device_; }
+  // A group split from the world outside the grid (context parallelism's
+  // hybrid groups, the rollout's tp), made able to carry the grid's device's
+  // buffers as the grid's own are; nullptr and size-1 groups pass unchanged.
+  std::shared_ptr<comm::ProcessGroup> adopt(std::shared_ptr<comm::ProcessGroup> g) const;
   bool is_first_stage() const { return coords_.pp == 0; }
   bool is_last_stage() const { return coords_.pp == layout_.dims().pp - 1; }
 
@@ -122,6 +133,8 @@ class ProcessGrid {
   int rank_ = 0;
   GridLayout::Coords coords_{};
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups_;  // indexed by GroupKind
+  Device device_ = Device::CPU;
+  std::shared_ptr<comm::ProcessGroup> world_;
 };
 
 }  // namespace kestrel::parallel

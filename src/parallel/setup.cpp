@@ -10,12 +10,12 @@ ParallelDims dims_for(int tp, bool sequence_parallel) {
 }
 
 Result<std::unique_ptr<ProcessGrid>> make_process_grid(const comm::World& world, const ParallelDims& dims,
-                                                       const ModelFacts& facts) {
+                                                       const ModelFacts& facts, Device device) {
   Status s = validate(dims, world.size(), facts);
   if (!s.is_ok()) return s;
   s = check_supported(dims);
   if (!s.is_ok()) return s;
-  return std::make_unique<ProcessGrid>(world, dims);
+  return std::make_unique<ProcessGrid>(world, dims, device);
 }
 
 }  // namespace kestrel::parallel

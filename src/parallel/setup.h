@@ -16,8 +16,9 @@ ParallelDims dims_for(int tp, bool sequence_parallel = false);
 
 // Validates dims against the world and the model, rejects what the engine
 // cannot run yet (check_supported), and builds the groups (collective over the
-// world: every rank calls it). Errors name the sizes involved.
+// world: every rank calls it). Errors name the sizes involved. `device`: where
+// the models' tensors live (ProcessGrid: NCCL-backed groups on Device::CUDA).
 Result<std::unique_ptr<ProcessGrid>> make_process_grid(const comm::World& world, const ParallelDims& dims,
-                                                       const ModelFacts& facts = {});
+                                                       const ModelFacts& facts = {}, Device device = Device::CPU);
 
 }  // namespace kestrel::parallel

@@ -129,6 +129,11 @@ Tensor gather_tensor(comm::ProcessGroup& tp, const Tensor& shard, const ShardSpe
   if (spec.kind == ShardKind::Replicated || n == 1) return shard.clone(cat);
   KS_CHECK(shard.shape() == shard_shape(full_shape, spec, n), "gather_tensor: shard ", shard.describe(),
            " does not match full shape ", shape_str(full_shape), " split ", shard_kind_name(spec.kind), " ", n, " ways");
+  // A device shard is gathered and reassembled on the host (saving, resharding:
+  // not hot), and the full tensor goes back to the shard's device.
+  if (shard.device() != Device::CPU)
+    return gather_tensor(tp, shard.copy_to(Device::CPU), spec, full_shape, MemCategory::Other)
+        .copy_to(shard.device(), cat);
   // [n, shard numel]: every rank's shard, in rank order.
   Tensor all = Tensor::empty({int64_t(n), shard.numel()}, shard.dtype(), MemCategory::Other);
   tp.all_gather(shard, all);

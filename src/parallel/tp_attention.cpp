@@ -37,7 +37,7 @@ void reduce_kv_replica_grad(comm::ProcessGroup& tp, const TpHeads& heads, Tensor
   const int64_t n_kv_total = tp.size() / heads.kv_replicas, per = partial.numel();
   // [all kv heads, per]: this rank's kv head in its row, zeros elsewhere, so
   // the sum over the group adds up the replicas of each head.
-  Tensor all = Tensor::zeros({n_kv_total, per}, DType::F32, MemCategory::Activations);
+  Tensor all = Tensor::zeros({n_kv_total, per}, DType::F32, MemCategory::Activations, partial.device());
   Tensor mine = all.slice_rows(heads.kv_head_begin, heads.kv_head_begin + 1);  // [1, per]
   mine.copy_from(partial);
   tp.all_reduce(all, comm::ReduceOp::Sum);

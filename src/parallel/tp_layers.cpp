@@ -9,7 +9,10 @@ using comm::ReduceOp;
 
 namespace {
 
-Tensor act(Shape s, DType dt) { return Tensor::empty(std::move(s), dt, MemCategory::Activations); }
+// Activations on the device of the tensor they come from (`like`).
+Tensor act(Shape s, DType dt, const Tensor& like) {
+  return Tensor::empty(std::move(s), dt, MemCategory::Activations, like.device());
+}
 
 Shape with_rows(const Tensor& t, int64_t rows) {
   Shape s = t.shape();
@@ -26,7 +29,7 @@ void check_rows_divisible(comm::ProcessGroup& tp, const Tensor& t, const char* w
 
 Tensor gather_sequence(comm::ProcessGroup& tp, const Tensor& local) {
   if (tp.size() == 1) return local;
-  Tensor full = act(with_rows(local, local.size(0) * tp.size()), local.dtype());
+  Tensor full = act(with_rows(local, local.size(0) * tp.size()), local.dtype(), local);
   tp.all_gather(local, full);
   return full;
 }
@@ -34,7 +37,7 @@ Tensor gather_sequence(comm::ProcessGroup& tp, const Tensor& local) {
 Tensor reduce_scatter_sequence(comm::ProcessGroup& tp, const Tensor& full) {
   if (tp.size() == 1) return full;
   check_rows_divisible(tp, full, "reduce_scatter_sequence");
-  Tensor local = act(with_rows(full, full.size(0) / tp.size()), full.dtype());
+  Tensor local = act(with_rows(full, full.size(0) / tp.size()), full.dtype(), full);
   tp.reduce_scatter(full, local, ReduceOp::Sum);
   return local;
 }
@@ -88,7 +91,7 @@ void column_linear_bwd(comm::ProcessGroup& tp, bool sp, const Tensor& x_full, co
     if (dx && tp.size() > 1) tp.all_reduce(*dx, ReduceOp::Sum);
     return;
   }
-  Tensor partial = act(with_rows(x_full, x_full.size(0)), DType::F32);  // [T, in]
+  Tensor partial = act(with_rows(x_full, x_full.size(0)), DType::F32, x_full);  // [T, in]
   ops::linear_bwd(x_full, w, dy, &partial, dw, db);
   KS_CHECK(dx->dtype() == DType::F32 && dx->numel() * tp.size() == partial.numel(),
            "column_linear_bwd: dx must be f32 [T/n, in], got ", dx->describe());
@@ -107,7 +110,7 @@ void row_linear_fwd(comm::ProcessGroup& tp, bool sp, const Tensor& x, const Tens
     tp.all_reduce(y, ReduceOp::Sum);
     return;
   }
-  Tensor partial = act({x.size(0), w.size(0)}, DType::F32);  // [T, out]
+  Tensor partial = act({x.size(0), w.size(0)}, DType::F32, x);  // [T, out]
   ops::linear_fwd(x, w, b0, partial);
   Tensor reduced = tp_exit_fwd(tp, sp, partial);
   KS_CHECK(y.numel() == reduced.numel(), "row_linear_fwd: y is ", y.describe(), ", the reduced output is ",
@@ -140,7 +143,7 @@ void vocab_embedding_fwd(comm::ProcessGroup& tp, bool sp, const Tensor& ids, con
     tp.all_reduce(y, ReduceOp::Sum);  // exactly one rank holds each id: the sum is exact
     return;
   }
-  Tensor e = act({ids.size(0), table.size(1)}, y.dtype());  // [T, D]
+  Tensor e = act({ids.size(0), table.size(1)}, y.dtype(), table);  // [T, D]
   ops::embedding_fwd(ids, table, e, vocab_start);
   KS_CHECK(y.numel() * tp.size() == e.numel(), "vocab_embedding_fwd: y must be [T/n, D], got ", y.describe());
   tp.reduce_scatter(e, y, ReduceOp::Sum);

@@ -37,7 +37,7 @@ Tensor row_stats(comm::ProcessGroup& tp, const Tensor& logits, const Tensor& tar
   const int64_t T = logits.size(0), Vr = real_cols(logits, vocab_start, vocab_size);
   ops::vocab_row_max(logits, Vr, lse);  // the local max for now
   tp.all_reduce(lse, ReduceOp::Max);
-  Tensor sums = Tensor::empty({3, T}, DType::F32, MemCategory::Activations);  // [3, T]
+  Tensor sums = Tensor::empty({3, T}, DType::F32, MemCategory::Activations, logits.device());  // [3, T]
   ops::vocab_row_sums(logits, targets, vocab_start, Vr, lse, sums);
   tp.all_reduce(sums, ReduceOp::Sum);
   return sums;
@@ -124,7 +124,7 @@ void vocab_cross_entropy_bwd(comm::ProcessGroup& tp, const Tensor& logits, const
   const float g = float(-dloss / double(std::max<int64_t>(1, count)));
   std::vector<float> dlp(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) dlp[size_t(t)] = tg[size_t(t)] >= 0 ? g : 0.f;
-  const Tensor dlp_t = Tensor::from_host(dlp, {T}, MemCategory::Activations);
+  const Tensor dlp_t = Tensor::from_host(dlp, {T}, MemCategory::Activations, logits.device());
   vocab_logprob_entropy_bwd(tp, logits, targets, vocab_start, lse, dlp_t, nullptr, nullptr, dlogits, vocab_size);
 }
 

@@ -20,8 +20,8 @@
 // the schedulers stay in lockstep; a padded vocabulary's columns past vocab_size
 // are dropped there (they can never be sampled).
 //
-// A model on a device (CausalLM::device(), tp 1: the comm layer has no NCCL
-// yet) runs the step there: the cache, every buffer and the step's index
+// A model on a device (CausalLM::device(); under tp its groups carry device
+// buffers over NCCL, comm/device_group.h) runs the step there: the cache, every buffer and the step's index
 // tensors (positions, slots, block tables, cu_q, seq_lens) are on the model's
 // device, uploaded from the host-built StepBatch, and the logits come back on
 // it too; no CPU weight packs are made.

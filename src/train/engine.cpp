@@ -244,7 +244,7 @@ void TrainingEngine::sum_tied_embedding_grads() {
   model::Param* e = model_.find_param("model.embed_tokens.weight");
   KS_CHECK(e && e->grad.defined(), "tied embedding missing on pipeline stage ", r);
   const int peer = r == 0 ? p - 1 : 0;
-  Tensor other = Tensor::empty(e->grad.shape(), DType::F32, MemCategory::Other);
+  Tensor other = Tensor::empty(e->grad.shape(), DType::F32, MemCategory::Other, e->grad.device());
   auto sent = pp.isend(e->grad, peer, 0);
   pp.recv(other, peer, 0);
   sent->wait();

@@ -97,7 +97,10 @@ Tensor gather_on_dp0(comm::ProcessGroup& dp, const std::vector<std::pair<int64_t
   KS_CHECK(r != 0 || total == n, "optimizer checkpoint: the dp ranks' owned ranges cover ", total, " of the ", n,
            " elements of a parameter");
   Tensor out = Tensor::empty({r == 0 ? std::max<int64_t>(n, 1) : 1}, DType::F32, MemCategory::Other);
-  const Tensor src = send[0] > 0 ? mine.view({-1}) : Tensor::empty({1}, DType::F32, MemCategory::Other);
+  // Host buffers on every rank (a device optimizer's pieces are copied out): the file is written from the host.
+  const Tensor src = send[0] == 0                       ? Tensor::empty({1}, DType::F32, MemCategory::Other)
+                     : mine.device() == Device::CPU ? mine.view({-1})
+                                                      : mine.view({-1}).copy_to(Device::CPU);
   dp.all_to_allv(src, send, out, recv);
   return r == 0 ? out.slice_rows(0, n) : Tensor();
 }

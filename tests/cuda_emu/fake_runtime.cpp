@@ -87,6 +87,15 @@ int64_t total_memory() {
   return env && *env ? std::stoll(env) : int64_t(2) << 30;
 }
 
+// The arena's live allocations are the device memory.
+bool is_device_pointer(const void* p) { return p && emu::is_device(p); }
+int device_count() { return 1; }
+
+// The emulated stream is synchronous: whatever was queued before a mark has finished.
+StreamMark::StreamMark() {}
+StreamMark::~StreamMark() {}
+bool StreamMark::done() const { return true; }
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;

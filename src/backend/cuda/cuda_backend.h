@@ -31,5 +31,30 @@ void synchronize();
 CachingDeviceAllocator& allocator();
 // The device's memory in bytes (init() first): what gpu_memory_utilization is a fraction of.
 int64_t total_memory();
+// Whether `p` points into device memory of this process (cudaPointerGetAttributes:
+// device or managed memory); host, pinned-host and null pointers are not. Lets
+// a transport that takes raw pointers (comm/nccl) route device buffers to NCCL
+// and host buffers to MPI. Never throws.
+bool is_device_pointer(const void* p);
+// The number of devices this process sees (0 without one). Never throws.
+int device_count();
+
+// A point in the stream's queued work (an event recorded on it at
+// construction), for watching device work from another thread: the NCCL
+// transport's collective timeout (comm/nccl). cuda::init() first.
+class StreamMark {
+ public:
+  StreamMark();
+  ~StreamMark();
+  StreamMark(const StreamMark&) = delete;
+  StreamMark& operator=(const StreamMark&) = delete;
+  // Whether every kernel, copy and collective queued before the mark has
+  // finished. Never blocks or throws; a failed query counts as finished (the
+  // next synchronisation reports the error).
+  bool done() const;
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+};
 
 }  // namespace kestrel::cuda

@@ -120,6 +120,40 @@ int64_t total_memory() {
   return int64_t(total_bytes);
 }
 
+bool is_device_pointer(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unregistered host pointer is not an error to keep
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+StreamMark::StreamMark() {
+  cudaEvent_t e = nullptr;
+  KS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t r = cudaEventRecord(e, stream());
+  if (r != cudaSuccess) {
+    cudaEventDestroy(e);
+    KS_FAIL("CUDA error in cudaEventRecord: ", cudaGetErrorString(r));
+  }
+  event_ = e;
+}
+
+StreamMark::~StreamMark() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
+
+bool StreamMark::done() const { return cudaEventQuery(static_cast<cudaEvent_t>(event_)) != cudaErrorNotReady; }
+
 cudaStream_t stream() {
   KS_CHECK(state().ordinal >= 0, "the CUDA backend is not initialised (cuda::init())");
   return state().stream;
