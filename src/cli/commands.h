@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/allocator.h"
 #include "core/status.h"
 
 namespace kestrel::cli {
@@ -52,7 +53,7 @@ std::string resolve_model_folder(const std::string& spec);
 // cheapest changes that fit. model_dir: the actor's folder (config.json is
 // read, no weights) or a builtin: spec. Plans only what training builds.
 Status check_layout_fits(const config::Config& c, const std::string& model_dir, int world_size,
-                         int64_t device_memory_bytes);
+                         int64_t device_memory_bytes, Device device = Device::CPU);
 
 // Chooses the GEMM library once per process (cli/gemm_setup.cpp): call after
 // the thread count is set and before threads start; under MPI a collective

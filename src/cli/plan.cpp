@@ -129,6 +129,7 @@ struct PlanContext {
   int64_t device_memory = 0;  // 0: the machine's
   bool reuse_fp32_param = false;  // --reuse-fp32-param
   bool for_train = false;     // kestrel train's start-up check: only what training builds
+  bool on_device = false;     // that check for a run on a GPU, where the offload keys take state off it
 };
 
 // A reuse_fp32_param key: the config's value when the schema declares it
@@ -255,7 +256,7 @@ rl::PlanInputs plan_inputs(const config::Config& c, const std::string& model_pat
   if (p.model.moe.num_experts > 0) p.moe = moe_options(c, ctx, planned);
   if (planned_keys) *planned_keys = planned;
   p.offload = {c.get_bool(M + "param_offload"), c.get_bool(M + "grad_offload"), c.get_bool(M + "optimizer_offload")};
-  if (ctx.for_train) p.offload = {};  // no effect on this build (host memory is the device memory)
+  if (ctx.for_train && !ctx.on_device) p.offload = {};  // on the CPU host memory is the device memory
   rl::PlanBatching& b = p.batch;
   b.prompt_len = o.max_prompt_length;
   b.response_len = o.response_length;
@@ -503,11 +504,12 @@ std::vector<std::string> first_layer(const std::vector<std::string>& args) {
 }  // namespace
 
 Status check_layout_fits(const config::Config& c, const std::string& model_dir, int world_size,
-                         int64_t device_memory_bytes) {
+                         int64_t device_memory_bytes, Device device) {
   PlanContext ctx;
   ctx.world = world_size;
   ctx.device_memory = device_memory_bytes;
   ctx.for_train = true;
+  ctx.on_device = device != Device::CPU;
   rl::PlanInputs in;
   try {
     in = plan_inputs(c, model_dir, ctx);
@@ -518,7 +520,8 @@ Status check_layout_fits(const config::Config& c, const std::string& model_dir, 
   if (p.fits()) return Status::ok();
   std::string msg = "the planned peak " + rl::format_bytes(p.peak()) + " per rank (" + p.phases[p.peak_phase].name +
                     ") exceeds the device memory " + rl::format_bytes(in.device_memory) +
-                    " (KESTREL_DEVICE_MEMORY or MemTotal); `kestrel plan` with the same arguments shows the table. "
+                    (ctx.on_device ? " of the GPU" : " (KESTREL_DEVICE_MEMORY or MemTotal)") +
+                    "; `kestrel plan` with the same arguments shows the table. "
                     "To fit:";
   int shown = 0;
   for (const auto& a : rl::plan_advice(in))

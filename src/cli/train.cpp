@@ -459,10 +459,13 @@ int cmd_train(const std::vector<std::string>& argv) {
   const model::MoeTrainOptions actor_moe = moe_train_options(in.actor_moe, actor_cfg, model_dir);
   const model::MoeTrainOptions ref_moe = moe_train_options(in.ref_moe, actor_cfg, model_dir);
   if (world_size > 1 && leader) world->group()->barrier();
-  {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h)
-    auto mem = rollout::device_memory_bytes(local_ranks());
+  // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
+  const Device device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
+  check_offload_on_device(c, device);
+  {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h): the GPU's
+    auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
     if (!mem) KS_FAIL(mem.status().message());
-    check_layout_fits(c, model_dir, train_ranks, *mem).throw_if_error();
+    check_layout_fits(c, model_dir, train_ranks, *mem, device).throw_if_error();
   }
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
@@ -476,9 +479,7 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   model::ModelOptions mopt;
   mopt.dtype = in.dtype;
-  // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
-  mopt.device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
-  check_offload_on_device(c, mopt.device);
+  mopt.device = device;
   mopt.make_vocab_size_divisible_by = in.vocab_divisible_by;
   mopt.recompute = in.recompute;  // the actor's training forward; scoring and the rollout ignore it
   mopt.moe = actor_moe;

@@ -28,7 +28,8 @@ std::vector<ViewKey> generate_view() {
   v.push_back({"actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype", "", ""});
   for (const char* k : {"temperature", "top_k", "top_p", "do_sample", "n", "seed",
                         "response_length", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
-                        "enable_chunked_prefill", "enable_prefix_caching", "block_size", "swap_space", "preemption_mode"})
+                        "enable_chunked_prefill", "enable_prefix_caching", "block_size", "swap_space", "preemption_mode",
+                        "enforce_eager", "cudagraph_capture_sizes"})
     v.push_back({r + k, "", ""});
   // The rollout keys Kestrel refuses or ignores: refused or noticed here too.
   for (const auto& d : ppo_schema().keys())

@@ -28,6 +28,16 @@ TEST(CheckLayoutFits, BuiltinRunFitsAndATinyDeviceDoesNot) {
   EXPECT_NE(s.message().find("actor update"), std::string::npos) << s.message();
 }
 
+// A run on the GPU is checked against the GPU's memory (kestrel train passes
+// cuda::total_memory), and says so; the offload keys count there.
+TEST(CheckLayoutFits, AGpuRunIsCheckedAgainstTheGpu) {
+  const config::Config c = builtin_run({"actor_rollout_ref.actor.megatron.grad_offload=true"});
+  const Status s = check_layout_fits(c, "builtin:arith-sft", 1, int64_t(40) << 20, Device::CUDA);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("exceeds the device memory 40.0 MiB of the GPU"), std::string::npos) << s.message();
+  EXPECT_TRUE(check_layout_fits(c, "builtin:arith-sft", 1, int64_t(24) << 30, Device::CUDA).is_ok());
+}
+
 TEST(CheckLayoutFits, ALayoutTheModelDoesNotDivideNamesTheKey) {
   const config::Config c = builtin_run({"actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"});
   const Status s = check_layout_fits(c, "builtin:arith-sft", 3, int64_t(24) << 30);

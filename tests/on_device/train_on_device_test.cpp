@@ -141,6 +141,16 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, TrainOnDevice, ::testing::Values(DType::F32, DT
 namespace kestrel::train {
 namespace {
 
+// Every weight widened to f32 exactly (bf16 -> f32), for bit-for-bit comparisons.
+std::vector<float> exact_weights(model::CausalLM& m) {
+  std::vector<float> w;
+  for (const model::Param* p : m.params()) {
+    const std::vector<float> f = p->weight.to_float_vector();
+    w.insert(w.end(), f.begin(), f.end());
+  }
+  return w;
+}
+
 // Live and peak device bytes of the optimizer state.
 struct OptimBytes {
   int64_t live, peak;
@@ -169,12 +179,7 @@ TEST_F(TrainOnDevice, OptimizerOffloadAndSwapOptimizerAreBitIdenticalWithLessDev
       three_steps(e);
       bytes.push_back({optim_bytes().live - before, optim_bytes().peak - before});
     }
-    std::vector<float> w;
-    for (const model::Param* p : dev->params()) {
-      const std::vector<float> f = p->weight.to_float_vector();
-      w.insert(w.end(), f.begin(), f.end());
-    }
-    weights.push_back(std::move(w));
+    weights.push_back(exact_weights(*dev));
   }
   EXPECT_EQ(weights[1], weights[0]) << "optimizer offload changed the weights";
   EXPECT_EQ(weights[2], weights[0]) << "the swap optimizer changed the weights";
@@ -228,12 +233,7 @@ TEST_F(TrainOnDevice, ParamAndGradOffloadAreBitIdenticalAndFreeTheDevice) {
         EXPECT_EQ(p->grad.device(), Device::CPU) << p->name;
       }
     }
-    std::vector<float> w;
-    for (const model::Param* p : dev->params()) {
-      const std::vector<float> f = p->weight.to_float_vector();
-      w.insert(w.end(), f.begin(), f.end());
-    }
-    weights.push_back(std::move(w));
+    weights.push_back(exact_weights(*dev));
   }
   EXPECT_EQ(weights[1], weights[0]) << "param_offload / grad_offload changed the weights";
 }
