@@ -25,14 +25,14 @@ export KESTREL_CACHE="$W/cache" KESTREL_NO_PROGRESS=1 OMP_NUM_THREADS=${OMP_NUM_
 fail() { echo "grpo_on_device: FAILED: $*" >&2; [[ -f "$W/log.txt" ]] && tail -30 "$W/log.txt" >&2; exit 1; }
 # The reward program scores a response by the length of its request line mod 5, so groups differ and the
 # policy gradient is not zero; Adam's eps 1e-5 keeps summation-order noise in near-zero gradients from
-# becoming lr-sized steps (as tests/scripts/mpi_train.sh does for its layouts). No time budget: the built-in
+# becoming lr-sized steps (as tests/scripts/mpi_train.sh does for its layouts). A 2-hour time budget: the built-in
 # run's 590 s would stop a slow emulated run after one step, and the runs would not compare.
 COMMON=(actor_rollout_ref.model.path=builtin:tiny data.train_batch_size=4 actor_rollout_ref.rollout.n=2
         data.max_response_length=8 data.val_max_samples=4 data.train_max_samples=64
         actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.use_kl_loss=true
         actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.eps=1e-5
         trainer.test_freq=2 "trainer.logger=[]" trainer.resume_mode=disable
-        trainer.total_training_steps=2 trainer.save_freq=2 trainer.time_budget_s=0
+        trainer.total_training_steps=2 trainer.save_freq=2 trainer.time_budget_s=7200
         'reward_model.reward_command=while read -r l; do expr length "$(echo "$l" | cut -d, -f2-)" % 5; done')
 run() { "$KESTREL" train "${COMMON[@]}" "$@" >"$W/log.txt" 2>&1 || fail "kestrel train $*"; }
 run trainer.device=cpu trainer.default_local_dir="$W/cpu"
