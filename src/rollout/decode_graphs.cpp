@@ -2,6 +2,8 @@
 // replay (decode_graphs.h).
 #include "rollout/decode_graphs.h"
 
+#include "ops/address.h"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -128,18 +130,21 @@ bool DecodeGraphs::fits(const StepBatch& b) const {
 bool DecodeGraphs::too_large(const StepBatch& b) const { return b.num_seqs() > sizes_.back() && uniform_decode(b); }
 
 uint64_t DecodeGraphs::addresses() const {
-  std::vector<const void*> p;
-  for (model::Param* w : const_cast<model::CausalLM&>(m_).state_tensors()) p.push_back(w->weight.raw());
-  if (m_.rope().cos.defined()) p.push_back(m_.rope().cos.raw()), p.push_back(m_.rope().sin.raw());
+  std::vector<const Tensor*> ts;
+  for (model::Param* w : const_cast<model::CausalLM&>(m_).state_tensors()) ts.push_back(&w->weight);
+  ts.push_back(&m_.rope().cos);
+  ts.push_back(&m_.rope().sin);
+  std::vector<Tensor> cache;  // the per-layer views the graph read
   for (int64_t l = 0; l < kv_.geometry().n_layers; ++l) {
     if (kv_.geometry().latent()) {
-      p.push_back(kv_.latent(l).raw());
+      cache.push_back(kv_.latent(l));
     } else {
-      p.push_back(kv_.k(l).raw());
-      p.push_back(kv_.v(l).raw());
+      cache.push_back(kv_.k(l));
+      cache.push_back(kv_.v(l));
     }
   }
-  return XXH3_64bits(p.data(), p.size() * sizeof(const void*));
+  for (const Tensor& t : cache) ts.push_back(&t);
+  return ops::address_fingerprint(ts);
 }
 
 void DecodeGraphs::capture_all() {
