@@ -1,6 +1,5 @@
 #include "core/tensor.h"
 
-#include <atomic>
 #include <cstring>
 
 #include "core/device_hooks.h"
@@ -37,12 +36,6 @@ Storage::~Storage() {
   if (alloc_) alloc_->deallocate(data_, bytes_, cat_);
 }
 
-namespace {
-std::atomic<int64_t> g_relocations{0};
-}  // namespace
-
-int64_t Storage::relocations() { return g_relocations.load(); }
-
 void Storage::relocate(Allocator* target) {
   KS_CHECK(owned(), "Storage::relocate: borrowed memory (an mmap'd file, a peer's buffer) cannot be moved");
   KS_CHECK(target != nullptr, "Storage::relocate: no target allocator");
@@ -63,7 +56,6 @@ void Storage::relocate(Allocator* target) {
   data_ = fresh;
   device_ = to;
   alloc_ = target;
-  ++g_relocations;
 }
 
 static Allocator* allocator_for(Device dev) {

@@ -41,12 +41,10 @@ class Storage {
   // pinned host memory) and frees the old one: every Tensor view of this
   // storage follows, so a model's parameters can leave the device between
   // phases (param_offload) without their holders (optimizer, rollout views)
-  // noticing. Raw pointers taken before are stale afterwards, which is why
-  // each move counts in relocations() (a CUDA graph that captured them must be
-  // captured again). Owned storage only; a no-op when target is the current allocator.
+  // noticing. Raw pointers taken before are stale afterwards (a CUDA graph
+  // compares the addresses it captured: rollout/decode_graphs.cpp). Owned
+  // storage only; a no-op when target is the current allocator.
   void relocate(Allocator* target);
-  // Relocations so far, in this process.
-  static int64_t relocations();
 
  private:
   void* data_ = nullptr;

@@ -29,9 +29,9 @@ TEST(CheckLayoutFits, BuiltinRunFitsAndATinyDeviceDoesNot) {
 }
 
 // A run on the GPU is checked against the GPU's memory (kestrel train passes
-// cuda::total_memory), and says so; the offload keys count there.
+// cuda::total_memory), and the message says so.
 TEST(CheckLayoutFits, AGpuRunIsCheckedAgainstTheGpu) {
-  const config::Config c = builtin_run({"actor_rollout_ref.actor.megatron.grad_offload=true"});
+  const config::Config c = builtin_run();
   const Status s = check_layout_fits(c, "builtin:arith-sft", 1, int64_t(40) << 20, Device::CUDA);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("exceeds the device memory 40.0 MiB of the GPU"), std::string::npos) << s.message();

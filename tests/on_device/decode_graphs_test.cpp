@@ -28,56 +28,22 @@
 #include "rollout/engine.h"
 #include "../rollout/moe_models.h"
 #include "../rollout/same_outputs.h"
+#include "device_models.h"
 #include "../rollout/tiny_model.h"
 
 using namespace kestrel;
 using namespace kestrel::rollout;
 namespace rt = kestrel::rollout::testing;
 using rt::RunOut;
+using rt::golden_on;
+using rt::greedy;
+using rt::sampled;
+using rt::tiny_on;
+class DecodeGraphsOnDevice : public rt::DeviceTest {};
 
 namespace {
 
-class DecodeGraphsOnDevice : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::available()) GTEST_SKIP() << cuda::describe();
-    cuda::init();
-  }
-};
-
 bool emulated() { return cuda::describe().rfind("emulated", 0) == 0; }
-
-std::unique_ptr<model::CausalLM> tiny_on_device(DType dt) {
-  model::ModelOptions o;
-  o.dtype = dt;
-  o.device = Device::CUDA;
-  return model::CausalLM::init_random(rt::tiny_config(), o, 7, 0.1);
-}
-std::unique_ptr<model::CausalLM> golden_on_device(const std::string& name) {
-  model::ModelOptions o;
-  o.device = Device::CUDA;
-  auto m = model::CausalLM::load(kestrel::testing::source_path("tests/golden/models/" + name), o);
-  EXPECT_TRUE(m.is_ok()) << m.status().message();
-  return m.is_ok() ? std::move(m).value() : nullptr;
-}
-
-SamplingParams greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
-SamplingParams sampled(int64_t n, uint64_t seed, int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.9;
-  p.top_k = 40;
-  p.n = n;
-  p.seed = seed;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
 
 // Six prompts (two sharing a 37-token prefix), greedy and n = 2 sampling, in a
 // cache of 8 blocks of 16 (swaps), prefill chunks of 32 beside the decodes.
@@ -193,12 +159,12 @@ TEST(DecodeGraphSizes, VllmDefaultsAndRequestedSizes) {
 }
 
 TEST_F(DecodeGraphsOnDevice, DenseF32SameAsEager) {
-  auto m = tiny_on_device(DType::F32);
+  auto m = tiny_on(Device::CUDA, DType::F32);
   compare(*m, DType::F32, rt::tiny_prompts(), {greedy(5), sampled(2, 11, 5)}, 16, "f32 llama");
 }
 
 TEST_F(DecodeGraphsOnDevice, DenseBf16SameAsEager) {
-  auto m = tiny_on_device(DType::BF16);
+  auto m = tiny_on(Device::CUDA, DType::BF16);
   compare(*m, DType::BF16, rt::tiny_prompts(), {greedy(5), sampled(2, 11, 5)}, 16, "bf16 llama");
 }
 
@@ -218,7 +184,7 @@ TEST_F(DecodeGraphsOnDevice, MlaSameAsEager) {
 
 // MoE decodes eagerly (one line on stderr says why) with the same outputs.
 TEST_F(DecodeGraphsOnDevice, MoeDecodesEagerly) {
-  auto m = golden_on_device("qwen2_moe");
+  auto m = golden_on("qwen2_moe", Device::CUDA);
   ASSERT_TRUE(m);
   int64_t never = 1 << 30;
   const RunOut g = drive(*m, config(false, 8), rt::moe_prompts(), {greedy(3)}, &never);

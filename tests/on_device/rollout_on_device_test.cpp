@@ -22,6 +22,7 @@
 #include "rollout/weight_sync.h"
 #include "../rollout/moe_models.h"
 #include "../rollout/same_outputs.h"
+#include "device_models.h"
 #include "../rollout/tiny_model.h"
 
 using namespace kestrel;
@@ -29,51 +30,13 @@ using namespace kestrel::rollout;
 namespace rt = kestrel::rollout::testing;
 using rt::run;
 using rt::RunOut;
+using rt::golden_on;
+using rt::greedy;
+using rt::sampled;
+using rt::tiny_on;
+class RolloutOnDevice : public rt::DeviceTest {};
 
 namespace {
-
-class RolloutOnDevice : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda::available()) GTEST_SKIP() << cuda::describe();
-    cuda::init();
-  }
-};
-
-std::unique_ptr<model::CausalLM> tiny_on(Device dev, DType dt) {
-  model::ModelOptions o;
-  o.dtype = dt;
-  o.device = dev;
-  // init_random draws on the host and copies to the device: the same weights.
-  return model::CausalLM::init_random(rt::tiny_config(), o, 7, 0.1);
-}
-
-std::unique_ptr<model::CausalLM> golden_on(const std::string& name, Device dev) {
-  model::ModelOptions o;
-  o.device = dev;
-  auto m = model::CausalLM::load(kestrel::testing::source_path("tests/golden/models/" + name), o);
-  EXPECT_TRUE(m.is_ok()) << m.status().message();
-  return m.is_ok() ? std::move(m).value() : nullptr;
-}
-
-SamplingParams greedy(int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;  // the goldens have EOS ids: every run makes the same number of tokens
-  return p;
-}
-
-SamplingParams sampled(int64_t n, uint64_t seed, int64_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.9;
-  p.top_k = 40;
-  p.n = n;
-  p.seed = seed;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
 
 // Log-prob tolerance: logprob = z - lse with z the token's logit and lse the
 // row's log-sum-exp (f32). The device sums the GEMMs and the attention in
