@@ -140,7 +140,7 @@ void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_r
   add("swap_optimizer", B, "false", is_ref ? NOP : YES,
       is_ref ? "The reference model has no optimizer."
              : "MindSpeed: AdamW's moments and f32 masters live in host memory and each step swaps them through the "
-               "device in swap_optimizer_times pieces (the device holds one at a time; bit-identical). Acts on the GPU "
+               "device in swap_optimizer_times pieces, copies overlapped with the steps (the device holds two pieces at most: one stepping while the next comes in and the last goes out; bit-identical). Acts on the GPU "
                "(trainer.device=cuda); on the CPU backend the state is in host memory already. Not with "
                "reuse_fp32_param (as MindSpeed).");
   add("swap_optimizer_times", I, "16", is_ref ? NOP : YES,

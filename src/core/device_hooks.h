@@ -37,4 +37,35 @@ Allocator* device_allocator(Device dev);
 void register_pinned_host_allocator(Allocator* allocator);
 Allocator* pinned_host_allocator();
 
+// Copies between host and device on a queue of their own beside the compute
+// queue (CUDA: a second stream, ordered against the first by events), so that
+// one piece of offloaded state moves while another is computed on (the swap
+// optimizer: piece k + 1 comes in and piece k - 1 goes out while piece k
+// steps). Tickets are positions in the queue; copies finish in queue order.
+class TransferQueue {
+ public:
+  virtual ~TransferQueue() = default;
+  // Queues dst = src (same dtype and numel; one on the
+  // queue's device, the other host memory, pinned for the copy to overlap)
+  // behind every compute kernel queued so far, so a download sees the kernels
+  // that wrote src and an upload cannot overwrite what they still read. The
+  // queue keeps both tensors alive until the copy is waited for; neither may
+  // be touched by the host or by compute until then. Returns its ticket.
+  int64_t copy(Tensor& dst, const Tensor& src);
+  // Compute work queued from now on runs after copy `ticket` and every
+  // copy before it (the host does not wait).
+  virtual void compute_after(int64_t ticket) = 0;
+  // The host waits for copy `ticket` and every copy before it.
+  virtual void wait(int64_t ticket) = 0;
+
+ protected:
+  virtual int64_t enqueue(Tensor& dst, const Tensor& src) = 0;
+};
+
+// The queue of dev, registered by its backend (it must outlive every use).
+void register_transfer_queue(Device dev, TransferQueue* queue);
+// dev's queue; without one (the CPU, or a backend that registered none) a
+// queue whose copies complete at once (Tensor::copy_from), so callers have one path.
+TransferQueue& transfer_queue(Device dev);
+
 }  // namespace kestrel

@@ -5,10 +5,12 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
+#include "core/device_hooks.h"
 #include "ops/optim_ops.h"
 #include "ops/reuse_fp32_ops.h"
 
@@ -124,16 +126,17 @@ Tensor AdamW::copy_range(size_t i, int64_t lo, int64_t hi) const {
   return params_[i].model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
 }
 
-Tensor AdamW::residual_range(size_t i, int64_t lo, int64_t hi) const {
-  const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i]));
-  return held_.slice_rows(at, at + (hi - lo));
+Tensor AdamW::held_range(const StateWindow& w, size_t i, int64_t lo, int64_t hi) const {
+  const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i])) - w.held_begin;
+  return w.held.slice_rows(at, at + (hi - lo));
 }
+
+Tensor AdamW::residual_range(size_t i, int64_t lo, int64_t hi) const { return held_range(whole(), i, lo, hi); }
 
 Tensor AdamW::master_range(size_t i, int64_t lo, int64_t hi) const {
   KS_CHECK(!(reuse_ && held_off_[i] >= 0), "AdamW: '", params_[i].name, "' has no f32 master buffer (reuse_fp32_param)");
   if (held_off_[i] < 0) return params_[i].master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
-  const int64_t at = held_off_[i] + (lo - std::max(state_begin_, offsets_[i]));
-  return held_.slice_rows(at, at + (hi - lo));
+  return held_range(whole(), i, lo, hi);
 }
 
 Tensor AdamW::master_view(size_t i) const {
@@ -235,7 +238,7 @@ void AdamW::step_ranges(const std::vector<std::pair<int64_t, int64_t>>& ranges, 
   ++step_;
   for (auto [b, e] : ranges) {
     if (swap_chunks_ > 0) step_swapped(b, e, lr);
-    else step_one(b, e, lr);
+    else step_one(b, e, lr, whole());
   }
 }
 
@@ -255,42 +258,67 @@ std::pair<int64_t, int64_t> AdamW::held_span(int64_t lo, int64_t hi) const {
 
 void AdamW::step_swapped(int64_t begin, int64_t end, double lr) {
   const int64_t n = state_end_ - state_begin_, piece = (n + swap_chunks_ - 1) / swap_chunks_;
-  if (n == 0) return;
-  const auto on_device = [this](const Tensor& host) { return host.copy_to(device_, MemCategory::OptimizerState); };
-  for (int64_t c0 = state_begin_; c0 < state_end_; c0 += piece) {
+  struct Piece {
+    int64_t lo, hi, h0, h1;  // flat range, and its held_ span
+  };
+  std::vector<Piece> pieces;
+  int64_t most = 0, most_held = 0;
+  for (int64_t c0 = state_begin_; n > 0 && c0 < state_end_; c0 += piece) {
     const int64_t lo = std::max(begin, c0), hi = std::min(end, std::min(state_end_, c0 + piece));
     if (lo >= hi) continue;
     const auto [h0, h1] = held_span(lo, hi);
-    Tensor hm = m_.slice_rows(lo - state_begin_, hi - state_begin_), hv = v_.slice_rows(lo - state_begin_, hi - state_begin_);
-    Tensor hh = h1 > h0 ? held_.slice_rows(h0, h1) : Tensor();
-    // step_one runs on the piece as if it were the whole state: m_, v_ and
-    // held_ become the piece's device copies and state_begin_ / held_off_
-    // index into them; the members come back however step_one leaves.
-    struct Restore {
-      AdamW& a;
-      Tensor m, v, held;
-      int64_t begin;
-      std::vector<int64_t> off;
-      ~Restore() {
-        a.m_ = m, a.v_ = v, a.held_ = held, a.state_begin_ = begin;
-        a.held_off_ = off;
-      }
-    } restore{*this, m_, v_, held_, state_begin_, held_off_};
-    m_ = on_device(hm);
-    v_ = on_device(hv);
-    held_ = hh.defined() ? on_device(hh) : Tensor();
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (held_off_[i] >= 0)
-        held_off_[i] += std::max(lo, offsets_[i]) - std::max(restore.begin, offsets_[i]) - h0;
-    state_begin_ = lo;
-    step_one(lo, hi, lr);
-    hm.copy_from(m_);
-    hv.copy_from(v_);
-    if (hh.defined()) hh.copy_from(held_);
+    pieces.push_back({lo, hi, h0, h1});
+    most = std::max(most, hi - lo);
+    most_held = std::max(most_held, h1 - h0);
   }
+  if (pieces.empty()) return;
+  // MindSpeed's in-flight window of two pieces: piece k steps in slot k % 2
+  // while piece k + 1 comes into the other slot and piece k - 1 leaves it.
+  struct Slot {
+    Tensor m, v, held;  // [most], [most], [most_held]
+  };
+  std::array<Slot, 2> slots;
+  for (size_t k = 0; k < std::min<size_t>(2, pieces.size()); ++k) {  // one piece needs one slot
+    Slot& s = slots[k];
+    s.m = Tensor::empty({most}, DType::F32, MemCategory::OptimizerState, device_);
+    s.v = Tensor::empty({most}, DType::F32, MemCategory::OptimizerState, device_);
+    if (most_held > 0) s.held = Tensor::empty({most_held}, DType::F32, MemCategory::OptimizerState, device_);
+  }
+  const auto host = [&](const Piece& p) {
+    return StateWindow{m_.slice_rows(p.lo - state_begin_, p.hi - state_begin_),
+                       v_.slice_rows(p.lo - state_begin_, p.hi - state_begin_),
+                       p.h1 > p.h0 ? held_.slice_rows(p.h0, p.h1) : Tensor(), p.lo, p.h0};
+  };
+  const auto dev = [&](size_t k) {
+    const Piece& p = pieces[k];
+    const Slot& s = slots[k % 2];
+    return StateWindow{s.m.slice_rows(0, p.hi - p.lo), s.v.slice_rows(0, p.hi - p.lo),
+                       p.h1 > p.h0 ? s.held.slice_rows(0, p.h1 - p.h0) : Tensor(), p.lo, p.h0};
+  };
+  TransferQueue& q = transfer_queue(device_);
+  // Copies `from` into `to` window; the ticket of the last copy covers all three.
+  const auto move = [&q](StateWindow to, const StateWindow& from) {
+    q.copy(to.m, from.m);
+    int64_t t = q.copy(to.v, from.v);
+    if (to.held.defined()) t = q.copy(to.held, from.held);
+    return t;
+  };
+  std::vector<int64_t> arrived(pieces.size());
+  for (size_t k = 0; k < std::min<size_t>(2, pieces.size()); ++k) arrived[k] = move(dev(k), host(pieces[k]));
+  int64_t left = 0;
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    q.compute_after(arrived[k]);
+    step_one(pieces[k].lo, pieces[k].hi, lr, dev(k));
+    left = move(host(pieces[k]), dev(k));  // queued behind the step, so it carries the update
+    // Into the slot piece k has just left: queued behind piece k's step and copy out.
+    if (k + 2 < pieces.size()) arrived[k + 2] = move(dev(k + 2), host(pieces[k + 2]));
+  }
+  // The host state is whole again before anyone reads it (a checkpoint), and
+  // the slots go back to the allocator with no copy reading them.
+  q.wait(left);
 }
 
-void AdamW::step_one(int64_t begin, int64_t end, double lr) {
+void AdamW::step_one(int64_t begin, int64_t end, double lr, const StateWindow& st) {
   // Parameters overlapping [begin, end): offsets_ is sorted.
   size_t i = size_t(std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin()) - 1;
   for (; i < params_.size() && offsets_[i] < end; ++i) {
@@ -299,15 +327,18 @@ void AdamW::step_one(int64_t begin, int64_t end, double lr) {
     ParamSlot& p = params_[i];
     const AdamWScalars s =
         AdamWScalars::make(lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, p.decay);
-    Tensor w = reuse_ && held_off_[i] >= 0 ? Tensor() : master_range(i, lo, hi);
+    const bool held = held_off_[i] >= 0;
+    Tensor w = reuse_ && held ? Tensor()
+               : held     ? held_range(st, i, lo, hi)
+                          : p.master.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
     Tensor g = p.grad.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i]);
-    Tensor m = m_.slice_rows(lo - state_begin_, hi - state_begin_);
-    Tensor v = v_.slice_rows(lo - state_begin_, hi - state_begin_);
+    Tensor m = st.m.slice_rows(lo - st.begin, hi - st.begin);
+    Tensor v = st.v.slice_rows(lo - st.begin, hi - st.begin);
     // The stepped range lies in the owned range, so a held slot refreshes exactly it.
     Tensor copy = p.model_copy.defined() ? p.model_copy.view({-1}).slice_rows(lo - offsets_[i], hi - offsets_[i])
                                          : Tensor();
-    if (reuse_ && held_off_[i] >= 0) {  // recover, step and split in one pass; the copy is the high half
-      Tensor res = residual_range(i, lo, hi);
+    if (reuse_ && held) {  // recover, step and split in one pass; the copy is the high half
+      Tensor res = held_range(st, i, lo, hi);
       ops::adamw_step_reuse_fp32(s, copy, res, m, v, g);
       continue;
     }

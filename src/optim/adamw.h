@@ -209,9 +209,21 @@ class AdamW {
                     const std::string& origin);
 
  private:
-  void step_one(int64_t begin, int64_t end, double lr);
-  // step_one over [begin, end) with the state in host memory, piece by piece through the device.
+  // Where step_one finds the state: m and v from flat index `begin`, and
+  // the held elements from held_ index `held_begin`. The whole state is one
+  // window (whole()); the swap optimizer steps device copies of pieces of it.
+  struct StateWindow {
+    Tensor m, v;   // [elements from begin]
+    Tensor held;   // [held elements from held_begin]; undefined when none
+    int64_t begin = 0, held_begin = 0;
+  };
+  StateWindow whole() const { return {m_, v_, held_, state_begin_, 0}; }
+  void step_one(int64_t begin, int64_t end, double lr, const StateWindow& w);
+  // step_one over [begin, end) with the state in host memory, piece by piece
+  // through the device, the copies overlapped with the steps (TransferQueue).
   void step_swapped(int64_t begin, int64_t end, double lr);
+  // View of the held elements of param i over the flat range [lo, hi) in window w.
+  Tensor held_range(const StateWindow& w, size_t i, int64_t lo, int64_t hi) const;
   // The held_ indices [h0, h1) of the held elements of the flat range [lo, hi) (contiguous: held_ is in flat order).
   std::pair<int64_t, int64_t> held_span(int64_t lo, int64_t hi) const;
   // View of param i's f32 master over the flat range [lo, hi) (inside owned_of(i) for held slots).

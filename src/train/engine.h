@@ -110,7 +110,8 @@ struct EngineOptions {
   // offload_state): 0 keeps it on the device; 1 is Megatron's / verl's
   // optimizer_offload (streamed in for the step, out after); k > 1 is
   // MindSpeed's swap optimizer with swap_optimizer_times k (the step in k
-  // pieces, the device holding one at a time). bf16 weights' f32 masters go to
+  // pieces, two on the device at a time: one steps while the next comes in
+  // and the last goes out on the transfer queue). bf16 weights' f32 masters go to
   // the host with the state. Bit-identical to 0. No effect for a model on the
   // CPU (host memory already); not with reuse_fp32_param.
   int64_t optimizer_offload_pieces = 0;

@@ -4,7 +4,10 @@
 // machine, CI included); run by scripts/device_check.sh on a GPU machine.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/cuda_backend.h"
+#include "core/device_hooks.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -76,6 +79,40 @@ TEST_F(Cuda, SteadyStateAllocatesNothingNew) {
   cuda::synchronize();
   EXPECT_EQ(a.raw_allocations(), raw);
   EXPECT_GE(a.stats().peak_of(MemCategory::Activations), 4 << 20);
+}
+
+// The transfer queue's copies beside the compute stream: an upload the
+// compute stream waits for, kernels on what arrived, a download queued behind
+// them that the host waits for. On the emulator under both of its copy
+// schedules (tests/cuda_emu/fake_runtime.cpp): as late and as early as a GPU
+// could run each copy.
+TEST_F(Cuda, TransferQueueCopiesInOrderWithTheKernels) {
+  const char* before = std::getenv("KESTREL_EMU_TRANSFERS");
+  for (const char* policy : {"lazy", "eager"}) {
+    if (emulated()) setenv("KESTREL_EMU_TRANSFERS", policy, 1);
+    TransferQueue& q = transfer_queue(Device::CUDA);
+    std::vector<float> v(4096);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) * 0.25f - 7.f;
+    Tensor up = Tensor::empty_pinned({int64_t(v.size())}, DType::F32, MemCategory::Other);
+    up.copy_from(Tensor::from_host(v, {int64_t(v.size())}));
+    Tensor d = Tensor::empty(up.shape(), DType::F32, MemCategory::Other, Device::CUDA);
+    Tensor d2 = Tensor::empty(up.shape(), DType::F32, MemCategory::Other, Device::CUDA);
+    Tensor filled = Tensor::empty(up.shape(), DType::F32, MemCategory::Other, Device::CUDA);
+    q.compute_after(q.copy(d, up));
+    d2.copy_from(d);  // a device kernel on the compute stream, after the upload
+    filled.fill_(3.f);
+    Tensor down = Tensor::empty_pinned(up.shape(), DType::F32, MemCategory::Other);
+    Tensor down_filled = Tensor::empty_pinned(up.shape(), DType::F32, MemCategory::Other);
+    q.copy(down, d2);
+    q.wait(q.copy(down_filled, filled));  // the later ticket covers the earlier copy
+    EXPECT_EQ(down.to_float_vector(), v) << policy;
+    EXPECT_EQ(down_filled.to_float_vector(), std::vector<float>(v.size(), 3.f)) << policy;
+    EXPECT_THROW(q.copy(d, d2), Error) << "a device-to-device copy is not a transfer";
+  }
+  if (emulated()) {
+    if (before) setenv("KESTREL_EMU_TRANSFERS", before, 1);
+    else unsetenv("KESTREL_EMU_TRANSFERS");
+  }
 }
 
 }  // namespace

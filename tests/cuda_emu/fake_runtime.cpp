@@ -4,6 +4,7 @@
 // Tensor's fill/copy hooks and float_kind are the real ones (memory_hooks.cpp).
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <mutex>
 
@@ -49,6 +50,50 @@ class EmuAllocator final : public Allocator {
   Device device() const override { return Device::CUDA; }
 };
 
+// The transfer queue (core/device_hooks.h). The emulated compute stream runs
+// each kernel when it is launched, so the copy stream's freedom is what a test
+// can vary, between two extremes (KESTREL_EMU_TRANSFERS, read at each copy):
+//  - "lazy" (the default): a copy runs only when compute_after or wait needs
+//    it, as late as a GPU could run it, so a kernel that reads an upload it
+//    did not wait for, or a host that reads a download it did not wait for,
+//    sees stale (poisoned) memory;
+//  - "eager": a copy runs when it is queued, as early as a GPU could, so a
+//    copy queued before the kernels it should follow (a download before the
+//    kernel that writes its source, an upload before the kernel that last
+//    reads its destination) moves the wrong bytes.
+// A swapped optimizer step that is bit-identical under both is ordered right.
+class EmuTransferQueue final : public TransferQueue {
+ public:
+  void compute_after(int64_t ticket) override { run_to(ticket); }
+  void wait(int64_t ticket) override { run_to(ticket); }
+
+ protected:
+  int64_t enqueue(Tensor& dst, const Tensor& src) override {
+    const char* policy = std::getenv("KESTREL_EMU_TRANSFERS");
+    const std::string p = policy ? policy : "lazy";
+    KS_CHECK(p == "lazy" || p == "eager", "emu: KESTREL_EMU_TRANSFERS=", p, " (lazy or eager)");
+    pending_.push_back(Copy{++last_, dst, src});
+    if (p == "eager") run_to(last_);
+    return last_;
+  }
+
+ private:
+  struct Copy {
+    int64_t ticket;
+    Tensor dst, src;
+  };
+  void run_to(int64_t ticket) {
+    while (!pending_.empty() && pending_.front().ticket <= ticket) {
+      Copy& c = pending_.front();
+      const cudaMemcpyKind kind = c.dst.device() == Device::CPU ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+      KS_CUDA_CHECK(cudaMemcpyAsync(c.dst.raw(), c.src.raw(), c.dst.nbytes(), kind, state().stream));
+      pending_.pop_front();
+    }
+  }
+  std::deque<Copy> pending_;
+  int64_t last_ = 0;
+};
+
 }  // namespace
 
 bool available() { return true; }
@@ -68,6 +113,7 @@ void init(int ordinal) {
     register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
     register_pinned_host_allocator(
         new CachingDeviceAllocator(Device::CPU, RawDeviceMemory{raw_host_alloc, raw_host_free}));
+    register_transfer_queue(Device::CUDA, new EmuTransferQueue);
   });
   KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
 }

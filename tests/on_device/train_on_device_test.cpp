@@ -7,6 +7,8 @@
 // the device, and a checkpoint written from there resumes on the CPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <filesystem>
@@ -163,32 +165,47 @@ OptimBytes optim_bytes() {
 // Optimizer offload (1 piece) and the swap optimizer (4 pieces): three steps
 // of a bf16 model give bit for bit the weights of the state kept on the
 // device; between steps the device holds none of the state, and during the
-// swapped step at most about a quarter of it.
+// swapped step at most two pieces of it (one stepping while the next comes
+// in and the last goes out, MindSpeed's window). On the emulator both swapped
+// runs go under both of its copy schedules (tests/cuda_emu/fake_runtime.cpp),
+// the copies as late and as early as a GPU could run them, so a missing wait
+// or a copy queued out of order changes the weights.
 TEST_F(TrainOnDevice, OptimizerOffloadAndSwapOptimizerAreBitIdenticalWithLessDeviceMemory) {
+  struct Case {
+    int64_t pieces;
+    const char* transfers;  // the emulator's copy schedule
+  };
+  const std::vector<Case> cases = {{0, "lazy"}, {1, "lazy"}, {4, "lazy"}, {1, "eager"}, {4, "eager"}};
+  const char* before = std::getenv("KESTREL_EMU_TRANSFERS");
   std::vector<std::vector<float>> weights;  // bf16 weights widened exactly
   std::vector<OptimBytes> bytes;
-  for (int64_t pieces : {0, 1, 4}) {
+  for (const Case& c : cases) {
+    setenv("KESTREL_EMU_TRANSFERS", c.transfers, 1);  // read by the emulator only
     auto dev = tiny(DType::BF16, Device::CUDA);
     EngineOptions o = engine_testing::options(0.5);
-    o.optimizer_offload_pieces = pieces;
+    o.optimizer_offload_pieces = c.pieces;
     device_allocator(Device::CUDA)->reset_peak();
-    const int64_t before = optim_bytes().live;
+    const int64_t before_live = optim_bytes().live;
     {
       TrainingEngine e(*dev, o);
-      EXPECT_EQ(e.optimizer().offload_chunks(), pieces);
+      EXPECT_EQ(e.optimizer().offload_chunks(), c.pieces);
       three_steps(e);
-      bytes.push_back({optim_bytes().live - before, optim_bytes().peak - before});
+      bytes.push_back({optim_bytes().live - before_live, optim_bytes().peak - before_live});
     }
     weights.push_back(exact_weights(*dev));
   }
-  EXPECT_EQ(weights[1], weights[0]) << "optimizer offload changed the weights";
-  EXPECT_EQ(weights[2], weights[0]) << "the swap optimizer changed the weights";
+  if (before) setenv("KESTREL_EMU_TRANSFERS", before, 1);
+  else unsetenv("KESTREL_EMU_TRANSFERS");
+  for (size_t k = 1; k < cases.size(); ++k)
+    EXPECT_EQ(weights[k], weights[0]) << (cases[k].pieces == 1 ? "optimizer offload" : "the swap optimizer")
+                                      << " changed the weights (copies " << cases[k].transfers << ")";
   // On the device: m, v and the f32 masters, 12 bytes a parameter.
   EXPECT_GT(bytes[0].live, 0);
-  EXPECT_EQ(bytes[1].live, 0);
-  EXPECT_EQ(bytes[2].live, 0);
-  EXPECT_LE(bytes[1].peak, bytes[0].peak);
-  EXPECT_LE(bytes[2].peak, bytes[0].peak / 4 + 64);
+  for (size_t k = 1; k < cases.size(); ++k) {
+    EXPECT_EQ(bytes[k].live, 0) << k;
+    EXPECT_LE(bytes[k].peak, bytes[0].peak) << k;
+  }
+  EXPECT_LE(bytes[2].peak, bytes[0].peak / 2 + 128) << "the swap optimizer holds two of its four pieces at most";
 }
 
 int64_t device_live(MemCategory c) { return device_allocator(Device::CUDA)->stats().live_of(c); }

@@ -1,7 +1,10 @@
 // Device selection, the stream, the cuBLAS handle and the caching allocator for
-// Device::CUDA; registers Tensor's memory hooks (memory_hooks.cpp).
+// Device::CUDA; registers Tensor's memory hooks (memory_hooks.cpp) and the
+// transfer queue (a second stream for host<->device copies).
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
@@ -14,6 +17,7 @@ struct State {
   std::once_flag once;
   int ordinal = -1;
   cudaStream_t stream = nullptr;
+  cudaStream_t transfer_stream = nullptr;  // the transfer queue's copies (core/device_hooks.h)
   cublasHandle_t cublas = nullptr;
   CachingDeviceAllocator* allocator = nullptr;
 };
@@ -21,6 +25,78 @@ State& state() {
   static State s;
   return s;
 }
+
+// Before memory goes back to the driver, neither stream may still use it.
+void sync_streams() {
+  cudaStreamSynchronize(state().stream);
+  if (state().transfer_stream) cudaStreamSynchronize(state().transfer_stream);
+}
+
+// The transfer queue on its own stream. A copy waits for an event recorded on
+// the compute stream when it is queued (the caching allocator reuses blocks in
+// compute-stream order, so a block handed out after a free may still be in
+// use by queued kernels: the copy must not start before them); compute_after
+// makes the compute stream wait for a copy's event. Events are pooled.
+class CudaTransferQueue final : public TransferQueue {
+ public:
+  void compute_after(int64_t ticket) override {
+    reap();
+    for (const Copy& c : pending_)
+      if (c.ticket == ticket) KS_CUDA_CHECK(cudaStreamWaitEvent(state().stream, c.done, 0));
+    // An earlier ticket's copy finished before a later one's (one stream), so
+    // waiting for the ticket covers them; a ticket no longer pending has finished.
+  }
+  void wait(int64_t ticket) override {
+    while (!pending_.empty() && pending_.front().ticket <= ticket) {
+      KS_CUDA_CHECK(cudaEventSynchronize(pending_.front().done));
+      release(pending_.front().done);
+      pending_.pop_front();
+    }
+  }
+
+ protected:
+  int64_t enqueue(Tensor& dst, const Tensor& src) override {
+    reap();
+    cudaEvent_t after = event();
+    KS_CUDA_CHECK(cudaEventRecord(after, state().stream));
+    KS_CUDA_CHECK(cudaStreamWaitEvent(state().transfer_stream, after, 0));
+    release(after);  // the wait holds what it needs
+    KS_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, state().transfer_stream));
+    Copy c{++last_, event(), dst, src};
+    KS_CUDA_CHECK(cudaEventRecord(c.done, state().transfer_stream));
+    pending_.push_back(std::move(c));
+    return last_;
+  }
+
+ private:
+  struct Copy {
+    int64_t ticket;
+    cudaEvent_t done;
+    Tensor dst, src;  // kept alive until the copy has finished
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    KS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void release(cudaEvent_t e) { free_.push_back(e); }
+  // Drops finished copies from the front (never blocks).
+  void reap() {
+    while (!pending_.empty() && cudaEventQuery(pending_.front().done) == cudaSuccess) {
+      release(pending_.front().done);
+      pending_.pop_front();
+    }
+  }
+
+  std::deque<Copy> pending_;
+  std::vector<cudaEvent_t> free_;
+  int64_t last_ = 0;
+};
 
 void* raw_alloc(size_t bytes) {
   void* p = nullptr;
@@ -32,8 +108,8 @@ void* raw_alloc(size_t bytes) {
 }
 void raw_free(void* p) {
   // Blocks are reused in stream order; before one goes back to the driver the
-  // stream must be done with it.
-  cudaStreamSynchronize(state().stream);
+  // streams must be done with it.
+  sync_streams();
   cudaFree(p);
 }
 
@@ -48,7 +124,7 @@ void* raw_host_alloc(size_t bytes) {
   return p;
 }
 void raw_host_free(void* p) {
-  cudaStreamSynchronize(state().stream);  // no copy in flight reads or writes it
+  sync_streams();  // no copy in flight reads or writes it
   cudaFreeHost(p);
 }
 
@@ -91,6 +167,7 @@ void init(int ordinal) {
              " (check CUDA_VISIBLE_DEVICES)");
     KS_CUDA_CHECK(cudaSetDevice(ordinal));
     KS_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    KS_CUDA_CHECK(cudaStreamCreateWithFlags(&s.transfer_stream, cudaStreamNonBlocking));
     KS_CUBLAS_CHECK(cublasCreate(&s.cublas));
     KS_CUBLAS_CHECK(cublasSetStream(s.cublas, s.stream));
     // f32 GEMMs stay IEEE f32 (no TF32), so f32 results are comparable to the CPU's.
@@ -102,11 +179,15 @@ void init(int ordinal) {
     register_device_memory_hooks(Device::CUDA, DeviceMemoryHooks{fill_hook, copy_hook});
     register_pinned_host_allocator(
         new CachingDeviceAllocator(Device::CPU, RawDeviceMemory{raw_host_alloc, raw_host_free}));
+    register_transfer_queue(Device::CUDA, new CudaTransferQueue);
   });
   KS_CHECK(s.ordinal == ordinal, "cuda::init(", ordinal, "): this process already uses device ", s.ordinal);
 }
 
-void synchronize() { KS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void synchronize() {
+  KS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  KS_CUDA_CHECK(cudaStreamSynchronize(state().transfer_stream));
+}
 
 CachingDeviceAllocator& allocator() {
   KS_CHECK(state().allocator, "cuda::allocator(): call cuda::init() first");
