@@ -174,11 +174,14 @@ Status save_pipelined_model(const std::vector<const CausalLM*>& chunks, const st
       if (writer) {
         out->add(i, std::move(full));
       } else if (tp.rank() == 0) {
-        const Tensor send = full.dtype() == on_wire ? full : full.to(on_wire, MemCategory::Other);
+        // On the host: the writer receives there (it holds at most a shard,
+        // and writes from host memory anyway), and host sends go over MPI, tagged.
+        Tensor send = full.dtype() == on_wire ? full : full.to(on_wire, MemCategory::Other);
+        if (send.device() != Device::CPU) send = send.copy_to(Device::CPU);
         pp.send(send, 0, kSaveTag);
       }
     } else if (writer) {
-      Tensor t = Tensor::empty(p.full_shape, on_wire, MemCategory::Other);
+      Tensor t = Tensor::empty(p.full_shape, on_wire, MemCategory::Other);  // host: the owner sends from the host
       pp.recv(t, p.owner, kSaveTag);
       out->add(i, std::move(t));
     }

@@ -158,13 +158,6 @@ void CausalLM::check_device() const {
                               : "expert tensor parallelism apart from tp (etp " + std::to_string(etp().size()) + ")",
             " with the model on ", device_name(opts_.device),
             ": tensor and data parallelism run on the device over NCCL; set it to 1, or train on the CPU");
-  if (!opts_.parallel.pp || opts_.parallel.pp->size() == 1) return;
-  // The pipeline's transfers are matched by tag, and a stage posts its receives
-  // ahead of time in schedule order; NCCL matches a pair's messages in posting
-  // order only, so the device pipeline needs its own ordering first.
-  KS_FAIL("not supported yet: pipeline parallelism (pp ", opts_.parallel.pp->size(), ") with the model on ",
-          device_name(opts_.device), ": set pipeline_model_parallel_size=1 (tensor and data parallelism run on the "
-          "device over NCCL), or train on the CPU");
 }
 
 void CausalLM::check_chunks() {

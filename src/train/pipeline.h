@@ -11,14 +11,20 @@
 // of rank p - 1.
 //
 // Wire format (variable-length packed micro-batches, nothing padded to a
-// fixed length): each transfer is a header, int64 [rows, cols], then the
-// payload, [rows, D] in the compute dtype forward and f32 backward, on a tag
-// naming the receiving (micro-batch, chunk) and the direction. The receiver
-// knows the shape from its own copy of the micro-batch and checks the
-// header against it. Sends are posted non-blocking (the sender computes on;
-// two stages sending to each other never deadlock) and the receive of the
-// next op is posted before the current op computes, so transfers overlap
-// compute as far as MPI progresses them.
+// fixed length): each transfer is a header, int64 [rows, cols] on the host,
+// then the payload, [rows, D] in the compute dtype forward and f32 backward,
+// on the model's device (over NCCL there, MPI on the CPU), on a tag naming
+// the receiving (micro-batch, chunk) and the direction. The receiver knows
+// the shape from its own copy of the micro-batch and checks the header
+// against it. NCCL has no tags and a send may wait on the stream until its
+// receiver posts, so every rank posts its sends and receives where
+// train::plan_transfers puts them (pipeline_schedule.h): before each op, one
+// group (one NCCL group) of the transfers due then, in one global order
+// shared by both ends of every transfer; a pair's messages so match in
+// posting order and no rank waits on a peer that waits on it. Sends are
+// non-blocking (the sender computes on) and a receive is posted as soon as
+// the schedule's timing says its input exists, so transfers overlap compute
+// as far as the transport progresses them.
 #pragma once
 #include <cstdint>
 #include <functional>

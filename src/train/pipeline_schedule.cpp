@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 
 #include "parallel/pipeline_layout.h"
 
@@ -144,7 +145,11 @@ std::string key_text(const OpKey& k) {
 
 }  // namespace
 
-Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& ops, int v, PipeCosts costs) {
+namespace {
+
+// simulate_schedule's body; also records when each op starts ((*starts)[r][i], in slots) when starts is given.
+Result<ScheduleStats> simulate(const std::vector<std::vector<PipeOp>>& ops, int v, PipeCosts costs,
+                               std::vector<std::vector<int64_t>>* starts) {
   const int p = int(ops.size());
   if (p < 1 || v < 1 || costs.forward < 0 || costs.backward < 0)
     return KS_ERR("pipeline trace: ", p, " ranks, v=", v, " chunks, costs ", costs.forward, "/", costs.backward,
@@ -171,6 +176,10 @@ Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& 
   st.peak_in_flight.assign(size_t(p), 0);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<int64_t> clock(size_t(p), 0), in_flight(size_t(p), 0);
+  if (starts) {
+    starts->assign(size_t(p), {});
+    for (int r = 0; r < p; ++r) (*starts)[size_t(r)].assign(ops[size_t(r)].size(), -1);
+  }
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < p; ++r) {
@@ -192,6 +201,7 @@ Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& 
           start = std::max(start, f);
         }
         const int64_t cost = b ? costs.backward : costs.forward;
+        if (starts) (*starts)[size_t(r)][i] = start;
         clock[size_t(r)] = start + cost;
         done[b][size_t(r)][index(op.micro_batch, op.chunk)] = clock[size_t(r)];
         st.busy_slots[size_t(r)] += cost;
@@ -223,6 +233,57 @@ Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& 
   st.makespan_slots = *std::max_element(clock.begin(), clock.end());
   for (int r = 0; r < p; ++r) st.idle_slots.push_back(st.makespan_slots - st.busy_slots[size_t(r)]);
   return st;
+}
+
+}  // namespace
+
+std::optional<PipeTransfer> transfer_of(const PipeOp& op, int r, int p, int v) {
+  if (op.kind == PipeOpKind::Forward) {
+    if (r == p - 1 && op.chunk == v - 1) return std::nullopt;
+    return r < p - 1 ? PipeTransfer{r, r + 1, {op.kind, op.micro_batch, op.chunk}}
+                     : PipeTransfer{r, 0, {op.kind, op.micro_batch, op.chunk + 1}};
+  }
+  if (r == 0 && op.chunk == 0) return std::nullopt;
+  return r > 0 ? PipeTransfer{r, r - 1, {op.kind, op.micro_batch, op.chunk}}
+               : PipeTransfer{r, p - 1, {op.kind, op.micro_batch, op.chunk - 1}};
+}
+
+Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& ops, int v, PipeCosts costs) {
+  return simulate(ops, v, costs, nullptr);
+}
+
+Result<std::vector<std::vector<PipeTransfer>>> plan_transfers(const std::vector<std::vector<PipeOp>>& ops, int v,
+                                                              int rank) {
+  const int p = int(ops.size());
+  if (rank < 0 || rank >= p) return KS_ERR("plan_transfers: rank ", rank, " of ", p, " op lists");
+  const PipeCosts costs;  // any positive costs give a valid order; these are simulate_schedule's
+  std::vector<std::vector<int64_t>> start;  // [rank][op]: when the op starts
+  auto sim = simulate(ops, v, costs, &start);
+  if (!sim.is_ok()) return sim.status();
+  // This rank's transfers keyed by (time, sender, sender's op): one total
+  // order that both ends of every transfer compute alike.
+  struct Timed {
+    int64_t time;
+    int from;
+    size_t op;
+    PipeTransfer t;
+    bool operator<(const Timed& o) const { return std::tie(time, from, op) < std::tie(o.time, o.from, o.op); }
+  };
+  std::vector<Timed> mine;
+  for (int r = 0; r < p; ++r)
+    for (size_t i = 0; i < ops[size_t(r)].size(); ++i) {
+      const PipeOp& op = ops[size_t(r)][i];
+      const auto t = transfer_of(op, r, p, v);
+      if (!t || (t->from != rank && t->to != rank)) continue;
+      mine.push_back({start[size_t(r)][i] + (op.kind == PipeOpKind::Forward ? costs.forward : costs.backward), r, i,
+                      *t});
+    }
+  std::sort(mine.begin(), mine.end());
+  const std::vector<int64_t>& own = start[size_t(rank)];  // non-decreasing: a rank runs its ops in order
+  std::vector<std::vector<PipeTransfer>> slots(own.size() + 1);
+  for (const Timed& x : mine)
+    slots[size_t(std::lower_bound(own.begin(), own.end(), x.time) - own.begin())].push_back(x.t);
+  return slots;
 }
 
 double bubble_fraction(const ScheduleStats& stats, int rank) {

@@ -10,6 +10,7 @@
 // input from the previous virtual stage and its output gradient from the next.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,5 +99,42 @@ Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& 
 
 // idle / makespan of one rank (the pipeline bubble fraction).
 double bubble_fraction(const ScheduleStats& stats, int rank);
+
+// One point-to-point transfer of the pipeline: the output of an op on pp
+// rank `from` (a forward's activations, a backward's input gradient) to pp
+// rank `to`, for its op `consumer` (kind, micro-batch, the receiver's chunk).
+struct PipeTransfer {
+  int from = 0, to = 0;
+  PipeOp consumer;
+  bool operator==(const PipeTransfer&) const = default;
+};
+
+// The transfer op (run on pp rank `rank` of p, v chunks per rank) produces:
+// a forward's output to the next virtual stage's forward, a backward's to
+// the previous one's backward; none from the last virtual stage's forward
+// (the head's output stays for the loss) or the first one's backward.
+std::optional<PipeTransfer> transfer_of(const PipeOp& op, int rank, int p, int v);
+
+// When rank `rank` posts each of its transfers, given every rank's op list
+// (ops[r], all from the same schedule call, v chunks per rank): slots[k] are
+// the sends and receives it posts, in this order and as one group, before
+// its op k; slots[ops[rank].size()] after its last op. Every transfer runs
+// on its two ranks in one global order, so it suits transports without tags
+// or buffering (NCCL: a pair's messages match in posting order, and a send
+// may wait on the stream until its receiver posts): no pair's messages
+// cross, and no rank waits in a group on one that waits on it.
+//
+// The order: the op lists are timed as simulate_schedule times them
+// (forward 1, backward 2 slots), each transfer at the end of the op that
+// produces it, ties by the sender's rank and op index. A rank posts a
+// transfer in the slot of its first op starting at or after that time; a
+// send so comes right after the op producing it and a receive at the latest
+// before the op consuming it (which starts after its producer ends). Each
+// rank's sequence of groups and ops is then sorted by that time, so the
+// earliest unfinished transfer always has both ends posted (no deadlock),
+// and a pair's transfers are posted in the same order on both sides.
+// Errors: the op lists deadlock (simulate_schedule's message), or rank is out of range.
+Result<std::vector<std::vector<PipeTransfer>>> plan_transfers(const std::vector<std::vector<PipeOp>>& ops, int v,
+                                                              int rank);
 
 }  // namespace kestrel::train

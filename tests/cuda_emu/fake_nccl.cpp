@@ -15,18 +15,25 @@
 // runtime's cudaMemcpy (which checks they are device memory, in bounds, and
 // opens the arena only for the copy), MPI moves the host vectors, results are
 // copied back. Sends and receives between ncclGroupStart and ncclGroupEnd are
-// posted together at ncclGroupEnd, as NCCL fuses them; outside a group a send
-// waits for its receiver (as NCCL's does, so a program that deadlocks on
-// NCCL deadlocks here too, unless MPI's eager protocol hides it). Point to
-// point uses one MPI tag, so messages between a pair match in posting order,
-// as NCCL's do.
+// posted together at ncclGroupEnd, as NCCL fuses them, and the call returns
+// when all of them are done (the stream would wait for the group there).
+// A send is synchronous (MPI_Issend): it completes only once its receiver
+// has posted the matching receive, as an NCCL send may wait on the stream
+// for its peer (rendezvous; no eager buffering is promised). So a program
+// that can deadlock on GPUs (a send alone in its group while the peer first
+// waits on its own send to us) deadlocks here too, and the collective
+// timeout or the test's time limit ends it, instead of MPI's eager protocol
+// hiding it. Point to point uses one MPI tag, so messages between a pair
+// match in posting order, as NCCL's do.
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "comm/mpi/health.h"
 #include "comm/mpi/mpi_group.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "core/status.h"
@@ -109,21 +116,48 @@ ncclResult_t guarded(ncclComm_t comm, F&& f) {
 
 void mpi_check(int rc, const char* call) { kestrel::comm::mpi::check(rc, call, "fake NCCL bootstrap"); }
 
-// Posts every pending send and receive, then waits for all.
+// Posts every pending send (synchronous: MPI_Issend) and receive, then waits
+// for all, under the collective timeout (comm/mpi/health.h) as the MPI
+// group's waits. Messages over 1 GiB travel in 1 GiB pieces, matched in order.
 void run_pending(std::vector<Pending>& ops) {
+  constexpr size_t kPiece = size_t(1) << 30;
+  auto check = [](int rc, const char* call) { kestrel::comm::mpi::check(rc, call, "fake NCCL point to point"); };
+  struct Piece {
+    MPI_Request req;
+    size_t op;  // index into ops
+    int bytes;
+  };
   std::vector<std::vector<char>> bufs(ops.size());
-  std::vector<std::unique_ptr<kestrel::comm::PendingTransfer>> live;
+  std::vector<Piece> pieces;
   for (size_t i = 0; i < ops.size(); ++i) {
     Pending& p = ops[i];
-    if (p.send) {
-      bufs[i] = to_host(p.buf, p.bytes);
-      live.push_back(p.comm->group->isend(bufs[i].data(), int64_t(p.bytes), kestrel::DType::U8, p.peer, 0));
-    } else {
-      bufs[i].resize(p.bytes);
-      live.push_back(p.comm->group->irecv(bufs[i].data(), int64_t(p.bytes), kestrel::DType::U8, p.peer, 0));
-    }
+    bufs[i] = p.send ? to_host(p.buf, p.bytes) : std::vector<char>(p.bytes);
+    const MPI_Comm c = p.comm->group->comm();
+    size_t off = 0;
+    do {
+      Piece pc{MPI_REQUEST_NULL, i, int(std::min(kPiece, p.bytes - off))};
+      check(p.send ? MPI_Issend(bufs[i].data() + off, pc.bytes, MPI_BYTE, p.peer, 0, c, &pc.req)
+                   : MPI_Irecv(bufs[i].data() + off, pc.bytes, MPI_BYTE, p.peer, 0, c, &pc.req),
+            p.send ? "MPI_Issend" : "MPI_Irecv");
+      pieces.push_back(pc);
+      off += size_t(pc.bytes);
+    } while (off < p.bytes);
   }
-  for (auto& t : live) t->wait();
+  const std::string name = "fake-nccl";
+  for (Piece& pc : pieces) {
+    const Pending& p = ops[pc.op];
+    const char* call = p.send ? "ncclSend (MPI_Issend)" : "ncclRecv (MPI_Irecv)";
+    MPI_Status st;
+    check(kestrel::comm::mpi::wait(&pc.req, p.send ? MPI_STATUS_IGNORE : &st,
+                                   {call, &name, p.comm->group->rank(), p.comm->group->size()}),
+          call);
+    if (p.send) continue;
+    int got = 0;
+    check(MPI_Get_count(&st, MPI_BYTE, &got), "MPI_Get_count");
+    KS_CHECK(got == pc.bytes, "fake NCCL: an ncclRecv of ", p.bytes, " bytes from rank ", p.peer,
+             " matched a send of another size: the two sides posted their transfers between this pair in "
+             "different orders");
+  }
   for (size_t i = 0; i < ops.size(); ++i)
     if (!ops[i].send) to_device(ops[i].buf, bufs[i]);
 }
