@@ -166,7 +166,7 @@ void RolloutWeights::refresh_pipelined() {
                ", expected the full shape ", shape_str(s.full_shape));
       buf = full.dtype() == on_wire ? full : full.to(on_wire, MemCategory::Other);
     } else {
-      buf = Tensor::empty(s.full_shape, on_wire, MemCategory::Other);
+      buf = Tensor::empty(s.full_shape, on_wire, MemCategory::Other, train_.device());  // where the owner sends from
       last_.bytes_received_pp += int64_t(buf.nbytes());
     }
     pp.broadcast(buf, s.owner);  // every rank of the pp group, in the whole model's order

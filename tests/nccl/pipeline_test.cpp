@@ -36,6 +36,7 @@
 #include "mpi/mpi_testing.h"
 #include "nccl_testing.h"
 #include "parallel/grid.h"
+#include "rollout/reshard.h"
 #include "train/engine.h"
 #include "train/pipeline.h"
 #include "../train/engine_testing.h"
@@ -356,6 +357,34 @@ TEST(NcclPipeline, SavedFolderFromDeviceStagesEqualsTheCpus) {
       }
       world_group().barrier();
     }
+}
+
+// The rollout's whole-model copy filled from device stages (rollout/reshard.h:
+// each tensor broadcast over pp from the stage that holds it) equals the copy
+// filled from the same weights on CPU stages, bit for bit, in the training
+// dtype and in bf16; the non-owning stage's receive buffer must be on the
+// device, or the owner's NCCL broadcast never meets its MPI one.
+TEST(NcclPipeline, RolloutCopyFromDeviceStagesEqualsTheCpus) {
+  SKIP_WITHOUT_PP2_DEVICE();
+  for (DType rollout_dtype : {DType::F32, DType::BF16}) {
+    const parallel::ProcessGrid dev_grid = pp2_grid(Device::CUDA), cpu_grid = pp2_grid(Device::CPU);
+    auto on_dev = stage(dev_grid, /*interleaved=*/false, Device::CUDA);
+    auto on_cpu = stage(cpu_grid, /*interleaved=*/false, Device::CPU);
+    for (model::Param* p : on_cpu->params()) p->weight.copy_from(on_dev->find_param(p->name)->weight);  // exactly
+    rollout::RolloutWeightsOptions o;
+    o.dtype = rollout_dtype;
+    auto from_dev = rollout::RolloutWeights::create(*on_dev, o);
+    auto from_cpu = rollout::RolloutWeights::create(*on_cpu, o);
+    auto got = const_cast<model::CausalLM&>(from_dev->model()).state_tensors();
+    auto want = const_cast<model::CausalLM&>(from_cpu->model()).state_tensors();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i]->name, want[i]->name);
+      EXPECT_EQ(got[i]->weight.device(), Device::CUDA) << got[i]->name;
+      EXPECT_EQ(got[i]->weight.to_float_vector(), want[i]->weight.to_float_vector())
+          << got[i]->name << " (" << dtype_name(rollout_dtype) << " rollout)";
+    }
+  }
 }
 
 }  // namespace
