@@ -151,13 +151,6 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
 
 void CausalLM::check_device() const {
   if (opts_.device == Device::CPU) return;
-  // Their building blocks (parallel/cp_*, ep_*, etp_*) still allocate on the host.
-  if (cp_size() > 1 || ep().size() > 1 || experts_split_apart())
-    KS_FAIL("not supported yet: ", cp_size() > 1 ? "context parallelism (cp " + std::to_string(cp_size()) + ")"
-            : ep().size() > 1 ? "expert parallelism (ep " + std::to_string(ep().size()) + ")"
-                              : "expert tensor parallelism apart from tp (etp " + std::to_string(etp().size()) + ")",
-            " with the model on ", device_name(opts_.device),
-            ": tensor and data parallelism run on the device over NCCL; set it to 1, or train on the CPU");
   if (!opts_.parallel.pp || opts_.parallel.pp->size() == 1) return;
   // The pipeline's transfers are matched by tag, and a stage posts its receives
   // ahead of time in schedule order; NCCL matches a pair's messages in posting
