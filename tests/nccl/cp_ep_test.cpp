@@ -3,11 +3,12 @@
 // with the model on the CPU (groups over MPI) and once on the device (the
 // grid built for it: device buffers over NCCL), must give the same losses,
 // gradient norms and weights within train_test.cpp's tolerances (the GEMMs
-// differ, so not bit for bit). f32, 2 ranks (ctest; with 4, CP4 and EP2 /
-// ETP2 x DP2):
-//  - CP2 Ulysses and CP2 ring on a tiny Llama (4 query heads over 2 kv
-//    heads), micro-batches of sequences of 1 to 23 tokens (the zigzag split
-//    pads each to a multiple of 4); then the trained model's scoring
+// differ, so not bit for bit). f32, 2 ranks (ctest; run.sh with 4 ranks
+// runs CP4, whose ring posts across three steps, and EP2 / ETP2 x DP2):
+//  - CP2 Ulysses and CP2 ring (cp = the world's size) on a tiny Llama (4
+//    query heads over 2 kv heads), one micro-batch a step of six sequences of
+//    1 to 23 tokens (the zigzag split pads each to a multiple of 2cp); then
+//    the trained model's scoring
 //    (TrainingEngine::score: forward only, log-probs gathered over cp), equal
 //    to the CPU's too. The ring's K/V and dK/dV travel point to point, which
 //    NCCL matches by posting order only.
@@ -128,13 +129,13 @@ class NcclContextParallel : public ::testing::Test {
   }
 };
 
-TEST_F(NcclContextParallel, UlyssesCp2EqualsTheCpu) {
+TEST_F(NcclContextParallel, UlyssesEqualsTheCpu) {
   const Trained cpu = cp_three_steps(parallel::CpAlgo::Ulysses, Device::CPU);
   const Trained dev = cp_three_steps(parallel::CpAlgo::Ulysses, Device::CUDA);
   expect_same(cpu, dev, "ulysses cp" + std::to_string(comm::World::current()->group()->size()), 0.5);
 }
 
-TEST_F(NcclContextParallel, RingCp2EqualsTheCpu) {
+TEST_F(NcclContextParallel, RingEqualsTheCpu) {
   const Trained cpu = cp_three_steps(parallel::CpAlgo::Ring, Device::CPU);
   const Trained dev = cp_three_steps(parallel::CpAlgo::Ring, Device::CUDA);
   expect_same(cpu, dev, "ring cp" + std::to_string(comm::World::current()->group()->size()), 0.5);
