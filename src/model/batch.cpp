@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/status.h"
+#include "parallel/cp_split.h"
 
 namespace kestrel::model {
 
@@ -51,7 +52,6 @@ void upload(PackedBatch& b) {
 
 PackedBatch to_device(const PackedBatch& b, Device dev) {
   if (b.input_ids.device() == dev) return b;
-  KS_CHECK(!b.cp, "not supported yet: a context-parallel batch share on ", device_name(dev));
   KS_CHECK(!b.record_routing || b.record_routing->device() == dev, "to_device: the routing record of a batch moved "
            "to ", device_name(dev), " must be allocated there too");
   const auto moved = [dev](const Tensor& t) { return t.defined() ? t.copy_to(dev, MemCategory::Activations) : Tensor(); };
@@ -62,6 +62,8 @@ PackedBatch to_device(const PackedBatch& b, Device dev) {
   out.targets = moved(b.targets);
   out.prefix_of = moved(b.prefix_of);
   out.routed_experts = moved(b.routed_experts);
+  // A cp rank's share: its layout's row tables go with it (the cp attention's kernels read them).
+  if (b.cp) out.cp = std::make_shared<const parallel::CpLayout>(parallel::cp_layout_on(*b.cp, dev));
   return out;
 }
 

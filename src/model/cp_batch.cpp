@@ -15,8 +15,11 @@ PackedBatch cp_local_batch(const CausalLM& m, const PackedBatch& full) {
            "(prefix_of) would put a prompt and its samples on different cp ranks; pack the sequences without it");
   KS_CHECK(!full.routed_experts.defined() && full.record_routing == nullptr,
            "not supported yet: routing replay under context parallelism");
+  // The share is built from the host mirrors and its tensors (and the
+  // layout's tables) uploaded to the model's device, where its kernels run.
+  const Device dev = m.device();
   auto L = parallel::make_cp_layout_ptr({&full.host.cu_seqlens, &full.host.positions}, g->cp->size(),
-                                        g->cp->rank(), g->ulysses_degree());
+                                        g->cp->rank(), g->ulysses_degree(), dev);
   // Pad rows continue their sequence's positions (parallel/cp_split.h): the
   // longest padded sequence must fit the RoPE table. Every cp rank checks the
   // same (whole-batch) numbers, so all fail together.
@@ -37,10 +40,10 @@ PackedBatch cp_local_batch(const CausalLM& m, const PackedBatch& full) {
   b.num_seqs = full.num_seqs;
   b.max_seqlen = L->local.max_seqlen;
   const int64_t T = b.num_tokens, B = b.num_seqs;
-  b.input_ids = Tensor::from_host(b.host.input_ids, {T}, MemCategory::Activations);
-  b.positions = Tensor::from_host(b.host.positions, {T}, MemCategory::Activations);
-  b.targets = Tensor::from_host(b.host.targets, {T}, MemCategory::Activations);
-  b.cu_seqlens = Tensor::from_host(b.host.cu_seqlens, {B + 1}, MemCategory::Activations);
+  b.input_ids = Tensor::from_host(b.host.input_ids, {T}, MemCategory::Activations, dev);
+  b.positions = Tensor::from_host(b.host.positions, {T}, MemCategory::Activations, dev);
+  b.targets = Tensor::from_host(b.host.targets, {T}, MemCategory::Activations, dev);
+  b.cu_seqlens = Tensor::from_host(b.host.cu_seqlens, {B + 1}, MemCategory::Activations, dev);
   return b;
 }
 

@@ -42,13 +42,18 @@ std::vector<RoutedExpertTensor> routed_expert_tensors(const CausalLM& m) {
 Tensor broadcast_expert_tensor(const CausalLM& m, const RoutedExpertTensor& t, const Tensor& value_on_owner,
                                DType wire, MemCategory cat) {
   comm::ProcessGroup& ep = m.ep();
+  // Every rank's buffer on the model's device: the broadcast moves one kind
+  // of memory (a device group sends device buffers over NCCL, host ones over
+  // MPI), so the owner's value goes there first when it is elsewhere.
+  const Device dev = m.device();
   Tensor buf;
   if (t.owner == ep.rank()) {
     KS_CHECK(value_on_owner.shape() == t.full_shape, "expert tensor '", t.name, "': the owner holds ",
              value_on_owner.describe(), ", expected the full shape ", shape_str(t.full_shape));
-    buf = value_on_owner.dtype() == wire ? value_on_owner : value_on_owner.to(wire, cat);  // the root only sends
+    buf = value_on_owner.device() == dev ? value_on_owner : value_on_owner.copy_to(dev, cat);
+    if (buf.dtype() != wire) buf = buf.to(wire, cat);  // the root only sends
   } else {
-    buf = Tensor::empty(t.full_shape, wire, cat);
+    buf = Tensor::empty(t.full_shape, wire, cat, dev);
   }
   if (ep.size() > 1) ep.broadcast(buf, t.owner);
   return buf;

@@ -148,7 +148,12 @@ const comm::HierarchicalA2a* MoeMlp::ep_hier(const BlockExec& ex) const {
   KS_CHECK(ex.ep_hier, "layer ", layer_, ": moe_hierarchical_alltoallv=true needs the ep group's hierarchical "
            "exchange (ModelParallel::ep_hier, built by model::set_expert_dispatch)");
   // On one node the three steps would only route every row through the leader: the flat exchange is the same.
-  return ex.ep_hier->worth_it() ? ex.ep_hier : nullptr;
+  if (!ex.ep_hier->worth_it()) return nullptr;
+  // Its leaders regroup the rows in host buffers (comm/hierarchical_a2a.cpp).
+  KS_CHECK(ex.device == Device::CPU, "layer ", layer_, ": not supported yet: moe_hierarchical_alltoallv=true across ",
+           ex.ep_hier->nodes(), " nodes with the model on ", device_name(ex.device), " (its leaders regroup the rows "
+           "in host memory): set moe_hierarchical_alltoallv=false; the flat all-to-all runs over NCCL");
+  return ex.ep_hier;
 }
 
 Tensor MoeMlp::ep_dispatch(BlockExec& ex, const LayerActivations& A, const Tensor& rows) const {
@@ -278,12 +283,13 @@ Tensor MoeMlp::forward(BlockExec& ex, const Tensor& x, LayerActivations& A) cons
              " ranks needs the execution's ep group (ModelParallel::ep)");
     const auto kind = dims_.moe.dispatcher == MoeDispatcher::AllGather ? parallel::EpDispatcher::AllGather
                                                                         : parallel::EpDispatcher::AllToAll;
-    M.ep = std::make_shared<parallel::EpLayout>(parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes, kind));
+    M.ep = std::make_shared<parallel::EpLayout>(
+        parallel::ep_dispatch_layout(*ex.ep, M.routing.group_sizes, kind, M.xs.device()));
     M.xs = ep_dispatch(ex, A, M.xs);
   }
   if (ex.etp && !rep) {  // every etp rank's rows of these experts: each rank runs its shard of the FFNs on all of them
     M.etp = std::make_shared<parallel::EtpLayout>(
-        parallel::etp_layout(*ex.etp, ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes));
+        parallel::etp_layout(*ex.etp, ep_ > 1 ? M.ep->local_group_sizes : M.routing.group_sizes, M.xs.device()));
     M.xs = parallel::etp_gather(*ex.etp, *M.etp, M.xs);
   }
   const std::vector<int64_t>& gs = expert_group_sizes(M);

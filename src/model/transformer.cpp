@@ -137,7 +137,6 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
   if (cfg_.intermediate_size % n != 0)
     KS_FAIL("intermediate_size ", cfg_.intermediate_size, " does not divide by tensor_model_parallel_size ", n,
             "; choose a tp size dividing it");
-  check_device();
   allocate_params();
   build_rope();
   // One statistics entry per MoE layer the slice holds, in layer order, from
@@ -147,17 +146,6 @@ CausalLM::CausalLM(io::ModelConfig cfg, ModelOptions opts) : cfg_(std::move(cfg)
     if (cfg_.is_moe_layer(b->index()))
       moe_stats_.layers.push_back(
           MoeLayerStats{b->index(), std::vector<int64_t>(size_t(cfg_.moe.num_experts), 0), 0, 0, 0, 0, 0});
-}
-
-void CausalLM::check_device() const {
-  if (opts_.device == Device::CPU) return;
-  // Their building blocks (parallel/cp_*, ep_*, etp_*) still allocate on the host.
-  if (cp_size() > 1 || ep().size() > 1 || experts_split_apart())
-    KS_FAIL("not supported yet: ", cp_size() > 1 ? "context parallelism (cp " + std::to_string(cp_size()) + ")"
-            : ep().size() > 1 ? "expert parallelism (ep " + std::to_string(ep().size()) + ")"
-                              : "expert tensor parallelism apart from tp (etp " + std::to_string(etp().size()) + ")",
-            " with the model on ", device_name(opts_.device),
-            ": tensor and data parallelism run on the device over NCCL; set it to 1, or train on the CPU");
 }
 
 void CausalLM::check_chunks() {

@@ -349,7 +349,6 @@ class CausalLM {
   // kept input, filling acts.layers[first..last] completely.
   void rerun_chunk(TrainExec& ex, Activations& acts, int64_t base, int64_t first, int64_t last) const;
   void check_chunks();
-  void check_device() const;
   void ready(int64_t stage) const {
     if (grad_hook_) grad_hook_(stage);
   }

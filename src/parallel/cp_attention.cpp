@@ -73,15 +73,15 @@ Tensor ulysses_scatter_heads(comm::ProcessGroup& ug, const CpLayout& L, const Te
            " heads and Ulysses degree ", u, " must divide one another");
   const int64_t w = x.size(1) / n_heads, nw = n_heads >= u ? n_heads / u : 1;
   // [u blocks of Tl rows, nw*w]: block j holds rank j's heads of every local row.
-  Tensor send = Tensor::empty({u * Tl, nw * w}, x.dtype(), cat);
+  Tensor send = Tensor::empty({u * Tl, nw * w}, x.dtype(), cat, x.device());
   for (int64_t j = 0; j < u; ++j) {
     Tensor blk = send.slice_rows(j * Tl, (j + 1) * Tl);
     const int64_t head = n_heads >= u ? j * nw : j / (u / n_heads);
     ops::copy_cols(x, head * w, blk, 0, nw * w);
   }
-  Tensor recv = Tensor::empty({u * Tl, nw * w}, x.dtype(), cat);
+  Tensor recv = Tensor::empty({u * Tl, nw * w}, x.dtype(), cat, x.device());
   all_to_all(ug, send, recv);  // block j: rank j's local rows of this rank's heads
-  Tensor work = Tensor::empty({L.work_tokens, nw * w}, x.dtype(), cat);
+  Tensor work = Tensor::empty({L.work_tokens, nw * w}, x.dtype(), cat, x.device());  // [Tg, nw*w]
   ops::gather_rows(recv, L.work.rows_in_gathered, work);
   return work;
 }
@@ -102,9 +102,10 @@ void ulysses_gather_heads(comm::ProcessGroup& ug, const CpLayout& L, const Tenso
   const int64_t w = out.size(1) / n_heads, nw = n_heads >= u ? n_heads / u : 1;
   check_rows("the work tensor", work, L.work_tokens, nw * w, out.dtype());
   const MemCategory cat = MemCategory::Activations;
-  Tensor send = Tensor::empty({u * Tl, nw * w}, work.dtype(), cat);
+  const Device dev = work.device();
+  Tensor send = Tensor::empty({u * Tl, nw * w}, work.dtype(), cat, dev);
   ops::gather_rows(work, L.work.gathered_in_work, send);  // block j: rank j's local rows
-  Tensor recv = Tensor::empty({u * Tl, nw * w}, work.dtype(), cat);
+  Tensor recv = Tensor::empty({u * Tl, nw * w}, work.dtype(), cat, dev);
   all_to_all(ug, send, recv);  // block j: this rank's local rows of rank j's heads
   if (n_heads >= u) {
     for (int64_t j = 0; j < u; ++j) ops::copy_cols(recv.slice_rows(j * Tl, (j + 1) * Tl), 0, out, j * nw * w, nw * w);
@@ -112,7 +113,8 @@ void ulysses_gather_heads(comm::ProcessGroup& ug, const CpLayout& L, const Tenso
   }
   // Each head went to rep = u / n_heads consecutive ranks: sum their copies.
   const int64_t rep = u / n_heads;
-  Tensor copies = Tensor::empty({Tl, rep * w}, work.dtype(), cat), sum = Tensor::empty({Tl, w}, DType::F32, cat);
+  Tensor copies = Tensor::empty({Tl, rep * w}, work.dtype(), cat, dev);  // [Tl, rep*w]
+  Tensor sum = Tensor::empty({Tl, w}, DType::F32, cat, dev);              // [Tl, w]
   for (int64_t m = 0; m < n_heads; ++m) {
     for (int64_t r = 0; r < rep; ++r)
       ops::copy_cols(recv.slice_rows((m * rep + r) * Tl, (m * rep + r + 1) * Tl), 0, copies, r * w, w);
@@ -123,7 +125,12 @@ void ulysses_gather_heads(comm::ProcessGroup& ug, const CpLayout& L, const Tenso
 
 namespace {
 
-// Tags of the ring's point-to-point messages (one pair of ranks, one tag: in order).
+// Tags of the ring's point-to-point messages. They only label the messages:
+// NCCL has none and matches a pair's messages in the order they are posted,
+// so each function below posts, between one sender and its receiver, its
+// sends and the peer's receives in the same order, and issues them at the
+// same points (every rank waits on each step's transfers before the next
+// step posts), so no send waits on a receive of a later step.
 enum RingTag : int { kTagK = 0x4350, kTagV, kTagDK, kTagDV };
 
 struct RingPeers {
@@ -147,6 +154,11 @@ void check_work(const char* who, const CpLayout& L, const ops::AttentionShape& s
   check_rows("v", v, Tg, s.n_kv_heads * vd, dt);
 }
 
+void wait_all(std::initializer_list<std::unique_ptr<comm::PendingTransfer>*> ts) {
+  for (auto* t : ts)
+    if (*t) (*t)->wait(), t->reset();
+}
+
 }  // namespace
 
 void ring_attention_fwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::AttentionShape& s, const Tensor& q,
@@ -161,17 +173,19 @@ void ring_attention_fwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::
     return;
   }
   const MemCategory cat = MemCategory::Activations;
+  const Device dev = q.device();
   // Double buffers for the blocks in flight: step i computes on the block
   // received at step i-1 while receiving the next into the other buffer.
-  Tensor kbuf[2] = {Tensor::empty(k.shape(), k.dtype(), cat), Tensor::empty(k.shape(), k.dtype(), cat)};
-  Tensor vbuf[2] = {Tensor::empty(v.shape(), v.dtype(), cat), Tensor::empty(v.shape(), v.dtype(), cat)};
-  Tensor acc = Tensor::empty({Tg, H * vd}, DType::F32, cat);  // merged output of the blocks so far
-  Tensor blk_out = Tensor::empty({Tg, H * vd}, DType::F32, cat), blk_lse = Tensor::empty({H, Tg}, DType::F32, cat);
+  Tensor kbuf[2] = {Tensor::empty(k.shape(), k.dtype(), cat, dev), Tensor::empty(k.shape(), k.dtype(), cat, dev)};
+  Tensor vbuf[2] = {Tensor::empty(v.shape(), v.dtype(), cat, dev), Tensor::empty(v.shape(), v.dtype(), cat, dev)};
+  Tensor acc = Tensor::empty({Tg, H * vd}, DType::F32, cat, dev);  // merged output of the blocks so far
+  Tensor blk_out = Tensor::empty({Tg, H * vd}, DType::F32, cat, dev);  // [Tg, H*vd] this block's
+  Tensor blk_lse = Tensor::empty({H, Tg}, DType::F32, cat, dev);       // [H, Tg] this block's
   const Tensor *kc = &k, *vc = &v;
   for (int i = 0; i < P.R; ++i) {
     const int src = (P.g - i + P.R) % P.R;  // the ring group whose k/v block this is
     std::unique_ptr<comm::PendingTransfer> rk, rv, sk, sv;
-    if (i + 1 < P.R) {  // the next block's transfer overlaps this block's attention
+    if (i + 1 < P.R) {  // the next block's transfer overlaps this block's attention (K before V both ways)
       rk = ring.irecv(kbuf[i % 2], P.prev, kTagK);
       rv = ring.irecv(vbuf[i % 2], P.prev, kTagV);
       sk = ring.isend(*kc, P.next, kTagK);
@@ -185,10 +199,7 @@ void ring_attention_fwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::
       ops::attention_merge(acc, lse, blk_out, blk_lse);
     }
     if (i + 1 < P.R) {
-      sk->wait();
-      sv->wait();
-      rk->wait();
-      rv->wait();
+      wait_all({&sk, &sv, &rk, &rv});
       kc = &kbuf[i % 2];
       vc = &vbuf[i % 2];
     }
@@ -196,6 +207,16 @@ void ring_attention_fwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::
   out.copy_from(acc);
 }
 
+// Each step's messages, from a rank to the next, in posting order (the
+// receiver posts its receives from the previous rank in the same order):
+//   step 0:        K, V                     (the block the next rank attends at step 1)
+//   step i > 0:    dK, dV of step i-1, then K, V (the last step: no K, V)
+//   after the loop: dK, dV of step R-1      (the owner's block, home)
+// The accumulator of step i-1 travels with step i's block transfer rather
+// than right after its own step, so every send of a step meets its receive
+// in the same step on the peer: a rank never waits on a step's transfers
+// while its peer waits on a later one's (a deadlock on NCCL, where a step's
+// sends and receives run as one group that completes only as a whole).
 void ring_attention_bwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::AttentionShape& s, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& dout,
                         Tensor& dq, Tensor& dk, Tensor& dv) {
@@ -215,61 +236,54 @@ void ring_attention_bwd(comm::ProcessGroup& ring, const CpLayout& L, const ops::
     return;
   }
   const MemCategory cat = MemCategory::Activations;
-  Tensor kbuf[2] = {Tensor::empty(k.shape(), k.dtype(), cat), Tensor::empty(k.shape(), k.dtype(), cat)};
-  Tensor vbuf[2] = {Tensor::empty(v.shape(), v.dtype(), cat), Tensor::empty(v.shape(), v.dtype(), cat)};
+  const Device dev = q.device();
+  Tensor kbuf[2] = {Tensor::empty(k.shape(), k.dtype(), cat, dev), Tensor::empty(k.shape(), k.dtype(), cat, dev)};
+  Tensor vbuf[2] = {Tensor::empty(v.shape(), v.dtype(), cat, dev), Tensor::empty(v.shape(), v.dtype(), cat, dev)};
   // f32 dK/dV accumulators travelling with their block: acc[i % 2] holds the
-  // block of step i; blk_dk/dv this step's contribution.
-  auto f32 = [&](const Tensor& like) { return Tensor::empty(like.shape(), DType::F32, cat); };
+  // block of step i ([Tg, Hkv*hd] / [Tg, Hkv*vd]); blk_dk/dv this step's contribution.
+  auto f32 = [&](const Tensor& like) { return Tensor::empty(like.shape(), DType::F32, cat, dev); };
   Tensor dk_acc[2] = {f32(k), f32(k)}, dv_acc[2] = {f32(v), f32(v)};
   Tensor blk_dk = f32(k), blk_dv = f32(v);
-  Tensor dq_acc = Tensor::zeros(q.shape(), DType::F32, cat);
-  std::unique_ptr<comm::PendingTransfer> acc_sent[2][2];  // [buffer][k, v]: the send of that buffer in flight
+  Tensor dq_acc = Tensor::zeros(q.shape(), DType::F32, cat, dev);  // [Tg, H*hd]
   const Tensor *kc = &k, *vc = &v;
   for (int i = 0; i < P.R; ++i) {
     const int src = (P.g - i + P.R) % P.R, a = i % 2;
-    std::unique_ptr<comm::PendingTransfer> rk, rv, sk, sv, rdk, rdv;
+    std::unique_ptr<comm::PendingTransfer> rk, rv, sk, sv, rdk, rdv, sdk, sdv;
+    if (i > 0) {  // this block's accumulator from the rank that attended it last step; ours of last step on
+      rdk = ring.irecv(dk_acc[a], P.prev, kTagDK);
+      rdv = ring.irecv(dv_acc[a], P.prev, kTagDV);
+      sdk = ring.isend(dk_acc[1 - a], P.next, kTagDK);
+      sdv = ring.isend(dv_acc[1 - a], P.next, kTagDV);
+    }
     if (i + 1 < P.R) {
       rk = ring.irecv(kbuf[a], P.prev, kTagK);
       rv = ring.irecv(vbuf[a], P.prev, kTagV);
       sk = ring.isend(*kc, P.next, kTagK);
       sv = ring.isend(*vc, P.next, kTagV);
     }
-    for (auto& t : acc_sent[a])  // buffer a was sent two steps ago: free before reuse
-      if (t) t->wait(), t.reset();
-    if (i > 0) {  // this block's accumulator, from the rank that attended it last step
-      rdk = ring.irecv(dk_acc[a], P.prev, kTagDK);
-      rdv = ring.irecv(dv_acc[a], P.prev, kTagDV);
-    }
     const ops::AttentionBlock& blk = L.work.ring_blocks[size_t(src)];
     ops::attention_block_bwd(q, *kc, *vc, out, lse, dout, blk, s, dq_acc, i == 0 ? dk_acc[a] : blk_dk,
                              i == 0 ? dv_acc[a] : blk_dv);
+    // Every transfer of the step completes before the next step reuses a buffer.
+    wait_all({&sdk, &sdv, &rdk, &rdv, &sk, &sv, &rk, &rv});
     if (i > 0) {
-      rdk->wait();
-      rdv->wait();
       ops::add_inplace(dk_acc[a], blk_dk);
       ops::add_inplace(dv_acc[a], blk_dv);
     }
-    // On to the next rank; after the last step that is the block's owner.
-    acc_sent[a][0] = ring.isend(dk_acc[a], P.next, kTagDK);
-    acc_sent[a][1] = ring.isend(dv_acc[a], P.next, kTagDV);
     if (i + 1 < P.R) {
-      sk->wait();
-      sv->wait();
-      rk->wait();
-      rv->wait();
       kc = &kbuf[a];
       vc = &vbuf[a];
     }
   }
-  // This rank's own block comes home from the previous rank with every rank's share.
+  // The last step's accumulator on to the next rank (its block's owner); this
+  // rank's own block comes home from the previous rank with every rank's share.
+  const int last = (P.R - 1) % 2;
   Tensor dk_own = blk_dk, dv_own = blk_dv;
   auto rdk = ring.irecv(dk_own, P.prev, kTagDK);
   auto rdv = ring.irecv(dv_own, P.prev, kTagDV);
-  rdk->wait();
-  rdv->wait();
-  for (auto& buf : acc_sent)
-    for (auto& t : buf)
-      if (t) t->wait();
+  auto sdk = ring.isend(dk_acc[last], P.next, kTagDK);
+  auto sdv = ring.isend(dv_acc[last], P.next, kTagDV);
+  wait_all({&sdk, &sdv, &rdk, &rdv});
   dq.copy_from(dq_acc);
   dk.copy_from(dk_own);
   dv.copy_from(dv_own);
@@ -290,8 +304,10 @@ void cp_attention_fwd(const CpGroups& G, const CpLayout& L, const ops::Attention
   saved.q = ulysses_scatter_heads(*G.ulysses, L, q, s.n_heads);
   saved.k = ulysses_scatter_heads(*G.ulysses, L, k, s.n_kv_heads);
   saved.v = ulysses_scatter_heads(*G.ulysses, L, v, s.n_kv_heads);
-  saved.out = u == 1 ? out : Tensor::empty({L.work_tokens, w.n_heads * vd}, q.dtype(), MemCategory::Activations);
-  saved.lse = Tensor::empty({w.n_heads, L.work_tokens}, DType::F32, MemCategory::Activations);
+  const Device dev = q.device();
+  saved.out = u == 1 ? out
+                     : Tensor::empty({L.work_tokens, w.n_heads * vd}, q.dtype(), MemCategory::Activations, dev);
+  saved.lse = Tensor::empty({w.n_heads, L.work_tokens}, DType::F32, MemCategory::Activations, dev);  // [Hw, Tg]
   ring_attention_fwd(*G.ring, L, w, saved.q, saved.k, saved.v, saved.out, saved.lse);
   if (u > 1) ulysses_gather_heads(*G.ulysses, L, saved.out, s.n_heads, out);
 }
@@ -311,7 +327,7 @@ void cp_attention_bwd(const CpGroups& G, const CpLayout& L, const ops::Attention
   check_rows("dv", dv, Tl, s.n_kv_heads * vd, dt);
   const Tensor dout_w = ulysses_scatter_heads(*G.ulysses, L, dout, s.n_heads);
   auto work_grad = [&](Tensor& local, const Tensor& like) {
-    return u == 1 ? local : Tensor::empty(like.shape(), dt, MemCategory::Activations);
+    return u == 1 ? local : Tensor::empty(like.shape(), dt, MemCategory::Activations, dout.device());
   };
   Tensor dq_w = work_grad(dq, saved.q), dk_w = work_grad(dk, saved.k), dv_w = work_grad(dv, saved.v);
   ring_attention_bwd(*G.ring, L, w, saved.q, saved.k, saved.v, saved.out, saved.lse, dout_w, dq_w, dk_w, dv_w);

@@ -136,7 +136,7 @@ std::vector<ops::AttentionBlock> ring_blocks(const Geometry& G, const std::vecto
 
 }  // namespace
 
-CpLayout make_cp_layout(const CpBatchView& batch, int cp, int rank, int u) {
+CpLayout make_cp_layout(const CpBatchView& batch, int cp, int rank, int u, Device dev) {
   KS_CHECK(cp >= 1 && rank >= 0 && rank < cp, "make_cp_layout: rank ", rank, " of a cp group of ", cp);
   KS_CHECK(u >= 1 && cp % u == 0, "make_cp_layout: Ulysses degree ", u, " must divide context_parallel_size ", cp);
   check_batch(batch);
@@ -222,11 +222,27 @@ CpLayout make_cp_layout(const CpBatchView& batch, int cp, int rank, int u) {
     W.gathered_in_work = Tensor::from_host(gathered_in, {Tl * u}, MemCategory::Activations);
   }
   if (G.R > 1) W.ring_blocks = ring_blocks(G, group_pos, W.cu_host, W.cu_seqlens);
-  return L;
+  return dev == Device::CPU ? L : cp_layout_on(L, dev);
 }
 
-std::shared_ptr<const CpLayout> make_cp_layout_ptr(const CpBatchView& batch, int cp, int rank, int u) {
-  return std::make_shared<const CpLayout>(make_cp_layout(batch, cp, rank, u));
+std::shared_ptr<const CpLayout> make_cp_layout_ptr(const CpBatchView& batch, int cp, int rank, int u, Device dev) {
+  return std::make_shared<const CpLayout>(make_cp_layout(batch, cp, rank, u, dev));
+}
+
+CpLayout cp_layout_on(const CpLayout& layout, Device dev) {
+  CpLayout L = layout;
+  // Explicit uploads of the host-computed tables: the kernels on `dev` read them there.
+  const auto on = [dev](Tensor& t) {
+    if (t.defined() && t.device() != dev) t = t.copy_to(dev, MemCategory::Activations);
+  };
+  on(L.local_rows_in_full);
+  on(L.full_rows_in_gathered);
+  on(L.work.cu_seqlens);
+  on(L.work.rows_in_gathered);
+  on(L.work.gathered_in_work);
+  for (ops::AttentionBlock& b : L.work.ring_blocks)
+    for (Tensor* t : {&b.cu_q, &b.cu_k, &b.q_pos, &b.k_pos}) on(*t);
+  return L;
 }
 
 std::vector<int32_t> CpLayout::take_local(const std::vector<int32_t>& full, int32_t pad) const {
@@ -251,9 +267,10 @@ Tensor cp_gather_rows(comm::ProcessGroup& cp_group, const CpLayout& L, const Ten
            L.cp, ", the group '", cp_group.name(), "' rank ", cp_group.rank(), " of ", cp_group.size());
   KS_CHECK(local.dim() >= 1 && local.size(0) == L.local_tokens, "cp_gather_rows: ", local.describe(), " is not ",
            L.local_tokens, " local rows");
-  Tensor all = Tensor::empty(with_rows(local, L.local_tokens * L.cp), local.dtype(), cat);
+  // [cp * Tl, ...] every rank's local rows, rank-major
+  Tensor all = Tensor::empty(with_rows(local, L.local_tokens * L.cp), local.dtype(), cat, local.device());
   cp_group.all_gather(local, all);
-  Tensor full = Tensor::empty(with_rows(local, L.full_tokens), local.dtype(), cat);
+  Tensor full = Tensor::empty(with_rows(local, L.full_tokens), local.dtype(), cat, local.device());  // [T, ...]
   ops::gather_rows(all, L.full_rows_in_gathered, full);
   return full;
 }
@@ -261,9 +278,10 @@ Tensor cp_gather_rows(comm::ProcessGroup& cp_group, const CpLayout& L, const Ten
 Tensor cp_local_rows(const CpLayout& L, const Tensor& full, float pad_fill, MemCategory cat) {
   KS_CHECK(full.dim() >= 1 && full.size(0) == L.full_tokens, "cp_local_rows: ", full.describe(), " is not the ",
            L.full_tokens, " rows of the full batch");
-  Tensor padded = Tensor::empty(with_rows(full, L.full_tokens + 1), full.dtype(), cat);
+  // [T + 1, ...]: the full rows, then the pad rows' fill row
+  Tensor padded = Tensor::empty(with_rows(full, L.full_tokens + 1), full.dtype(), cat, full.device());
   ops::pad_rows(full, padded, pad_fill);
-  Tensor local = Tensor::empty(with_rows(full, L.local_tokens), full.dtype(), cat);
+  Tensor local = Tensor::empty(with_rows(full, L.local_tokens), full.dtype(), cat, full.device());  // [Tl, ...]
   ops::gather_rows(padded, L.local_rows_in_full, local);
   return local;
 }

@@ -118,17 +118,25 @@ struct CpLayout {
 
 // The split of a packed batch for cp rank `rank` with Ulysses degree u
 // (cp % u == 0). Fails on prefix sharing, inconsistent host arrays, or
-// positions that do not increase within a sequence.
-CpLayout make_cp_layout(const CpBatchView& batch, int cp, int rank, int ulysses_degree);
-std::shared_ptr<const CpLayout> make_cp_layout_ptr(const CpBatchView& batch, int cp, int rank, int ulysses_degree);
+// positions that do not increase within a sequence. The layout's tensors (row
+// indices, cu_seqlens, positions of the ring's blocks) are computed on the
+// host and uploaded to `dev`, where the kernels that read them run; the host
+// vectors stay for bookkeeping.
+CpLayout make_cp_layout(const CpBatchView& batch, int cp, int rank, int ulysses_degree, Device dev = Device::CPU);
+std::shared_ptr<const CpLayout> make_cp_layout_ptr(const CpBatchView& batch, int cp, int rank, int ulysses_degree,
+                                                   Device dev = Device::CPU);
+// The same layout with its tensors copied to `dev` (model::to_device of a cp
+// rank's batch); the host vectors are shared as they are.
+CpLayout cp_layout_on(const CpLayout& layout, Device dev);
 
 // The full batch's rows [T, ...] of a per-row tensor of every rank's local rows
 // [Tl, ...] (log-probs, entropies, values for scoring), pad rows dropped; every
-// rank gets all of them. Collective over the cp group (one all-gather).
+// rank gets all of them, on local's device (the layout's tensors must be
+// there too). Collective over the cp group (one all-gather).
 Tensor cp_gather_rows(comm::ProcessGroup& cp_group, const CpLayout& layout, const Tensor& local,
                       MemCategory cat = MemCategory::Activations);
 // This rank's rows [Tl, ...] of a per-row tensor of the full batch [T, ...]
-// (advantages, old log-probs, masks of the loss), `pad_fill` on pad rows.
+// (advantages, old log-probs, masks of the loss), `pad_fill` on pad rows; on full's device.
 Tensor cp_local_rows(const CpLayout& layout, const Tensor& full, float pad_fill,
                      MemCategory cat = MemCategory::Activations);
 

@@ -7,7 +7,7 @@
 
 namespace kestrel::parallel {
 
-EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe) {
+EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, Device dev) {
   const int n = ep.size();
   const int64_t E = int64_t(tpe.size()), k = experts_per_rank(E, n);
   // counts[s * E + g]: rank s's rows for expert g. [ep, E]
@@ -38,7 +38,7 @@ EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>&
   }
   KS_CHECK(int64_t(L.ep) * L.block_rows < (int64_t(1) << 31), "allgather dispatcher: ", L.ep, " x ", L.block_rows,
            " gathered rows exceed an i32 row index; use moe_token_dispatcher_type=alltoall");
-  L.keep_index = Tensor::from_host(keep, {Nr}, MemCategory::Activations);
+  L.keep_index = Tensor::from_host(keep, {Nr}, MemCategory::Activations, dev);
   return L;
 }
 
@@ -54,12 +54,12 @@ Tensor ep_allgather_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Te
   const int64_t D = xs.size(1);
   Tensor block = xs;  // [Nb, D]: xs, zero rows below
   if (N < Nb) {
-    block = Tensor::empty({Nb, D}, xs.dtype(), cat);
+    block = Tensor::empty({Nb, D}, xs.dtype(), cat, xs.device());
     ops::pad_rows(xs, block, 0.f);
   }
-  Tensor gathered = Tensor::empty({int64_t(L.ep) * Nb, D}, xs.dtype(), cat);  // [ep * Nb, D]
+  Tensor gathered = Tensor::empty({int64_t(L.ep) * Nb, D}, xs.dtype(), cat, xs.device());  // [ep * Nb, D]
   ep.all_gather(block, gathered);
-  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat);  // [Nr, D]
+  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat, xs.device());  // [Nr, D]
   ops::gather_rows(gathered, L.keep_index, sorted);
   return sorted;
 }
@@ -70,9 +70,9 @@ Tensor ep_allgather_combine(comm::ProcessGroup& ep, const EpLayout& L, const Ten
   KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_allgather_combine: ", yr.describe(), " is not the ", Nr,
            " rows this rank's experts received");
   const int64_t D = yr.size(1);
-  Tensor full = Tensor::zeros({int64_t(L.ep) * Nb, D}, yr.dtype(), cat);  // [ep * Nb, D]
+  Tensor full = Tensor::zeros({int64_t(L.ep) * Nb, D}, yr.dtype(), cat, yr.device());  // [ep * Nb, D]
   ops::scatter_rows(yr, L.keep_index, full);
-  Tensor block = Tensor::empty({Nb, D}, yr.dtype(), cat);  // [Nb, D] this rank's rows, then padding
+  Tensor block = Tensor::empty({Nb, D}, yr.dtype(), cat, yr.device());  // [Nb, D] this rank's rows, then padding
   ep.reduce_scatter(full, block, comm::ReduceOp::Sum);
   // [N, D]: the rows, sharing the block's storage (the padding rows hold zeros and are not returned).
   return N == Nb ? block : block.slice_rows(0, N);

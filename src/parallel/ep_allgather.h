@@ -35,7 +35,9 @@ namespace kestrel::parallel {
 // Collective over the ep group: one all-gather of the [E] counts. The
 // layout's common fields equal ep_dispatch_layout's; block_rows and
 // keep_index are the gathered buffer's.
-EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert);
+// keep_index is uploaded to `dev`, the rows' device.
+EpLayout ep_allgather_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert,
+                             Device dev = Device::CPU);
 
 // xs [N, D] -> [Nr, D] sorted by local expert. Collective (one all-gather of [Nb, D] per rank).
 Tensor ep_allgather_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs,

@@ -38,10 +38,12 @@ EpLayout ep_layout_from_counts(int ep, int rank, const std::vector<int64_t>& tpe
   return L;
 }
 
-EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, EpDispatcher dispatcher) {
-  if (dispatcher == EpDispatcher::AllGather) return ep_allgather_layout(ep, tpe);
+EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tpe, EpDispatcher dispatcher,
+                            Device dev) {
+  if (dispatcher == EpDispatcher::AllGather) return ep_allgather_layout(ep, tpe, dev);
   const int64_t E = int64_t(tpe.size());
-  // recv_counts[s * k + e]: rank s's rows for local expert e, in one all-to-all of the counts.
+  // recv_counts[s * k + e]: rank s's rows for local expert e, in one all-to-all
+  // of the counts (host buffers: the host transport, also for a device group).
   std::vector<int64_t> recv_counts(size_t(E), 0);
   ep.all_to_all(tpe.data(), recv_counts.data(), experts_per_rank(E, ep.size()), DType::I64);
   EpLayout L = ep_layout_from_counts(ep.size(), ep.rank(), tpe, std::move(recv_counts));
@@ -61,8 +63,8 @@ EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& 
         unsort[size_t(first + r)] = int32_t(pos);
       }
     }
-  L.sort_index = Tensor::from_host(sort, {Nr}, MemCategory::Activations);
-  L.unsort_index = Tensor::from_host(unsort, {Nr}, MemCategory::Activations);
+  L.sort_index = Tensor::from_host(sort, {Nr}, MemCategory::Activations, dev);
+  L.unsort_index = Tensor::from_host(unsort, {Nr}, MemCategory::Activations, dev);
   return L;
 }
 
@@ -92,9 +94,9 @@ Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs, 
   KS_CHECK(xs.dim() == 2 && xs.size(0) == N, "ep_dispatch: ", xs.describe(), " is not the ", N,
            " permuted rows the layout sends");
   const int64_t D = xs.size(1);
-  Tensor recv = Tensor::empty({Nr, D}, xs.dtype(), cat);
+  Tensor recv = Tensor::empty({Nr, D}, xs.dtype(), cat, xs.device());  // [Nr, D] source-major
   exchange(ep, hier, xs, L.send_rows, recv, L.recv_rows, D);
-  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat);
+  Tensor sorted = Tensor::empty({Nr, D}, xs.dtype(), cat, xs.device());  // [Nr, D] local expert-major
   ops::gather_rows(recv, L.sort_index, sorted);
   return sorted;
 }
@@ -110,9 +112,9 @@ Tensor ep_combine(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& yr, c
   KS_CHECK(yr.dim() == 2 && yr.size(0) == Nr, "ep_combine: ", yr.describe(), " is not the ", Nr,
            " rows this rank's experts received");
   const int64_t D = yr.size(1);
-  Tensor unsorted = Tensor::empty({Nr, D}, yr.dtype(), cat);
+  Tensor unsorted = Tensor::empty({Nr, D}, yr.dtype(), cat, yr.device());  // [Nr, D] source-major
   ops::gather_rows(yr, L.unsort_index, unsorted);
-  Tensor back = Tensor::empty({N, D}, yr.dtype(), cat);
+  Tensor back = Tensor::empty({N, D}, yr.dtype(), cat, yr.device());  // [N, D] in xs's order
   exchange(ep, hier, unsorted, L.recv_rows, back, L.send_rows, D);
   return back;
 }

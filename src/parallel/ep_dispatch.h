@@ -67,11 +67,13 @@ int64_t experts_per_rank(int64_t num_experts, int ep);
 EpLayout ep_layout_from_counts(int ep, int rank, const std::vector<int64_t>& tokens_per_expert,
                                std::vector<int64_t> recv_counts);
 
+// The sort tables (computed on the host from the host counts) are uploaded
+// to `dev`, the device of the rows they will move.
 EpLayout ep_dispatch_layout(comm::ProcessGroup& ep, const std::vector<int64_t>& tokens_per_expert,
-                            EpDispatcher dispatcher = EpDispatcher::AllToAll);
+                            EpDispatcher dispatcher = EpDispatcher::AllToAll, Device dev = Device::CPU);
 
-// xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert.
-// Collective. hier: the all-to-all's exchange only (an all-gather layout refuses one).
+// xs [N, D] expert-major over all E experts -> [Nr, D] sorted by local expert,
+// on xs's device (the layout's tables must be there). Collective. hier: the all-to-all's exchange only (an all-gather layout refuses one).
 Tensor ep_dispatch(comm::ProcessGroup& ep, const EpLayout& L, const Tensor& xs,
                    const comm::HierarchicalA2a* hier = nullptr, MemCategory cat = MemCategory::Activations);
 // yr [Nr, D] sorted by local expert -> [N, D] in xs's order. Collective.

@@ -11,7 +11,7 @@ int64_t EtpLayout::gathered() const {
   return std::accumulate(group_sizes.begin(), group_sizes.end(), int64_t(0));
 }
 
-EtpLayout etp_layout(comm::ProcessGroup& etp, const std::vector<int64_t>& local_group_sizes) {
+EtpLayout etp_layout(comm::ProcessGroup& etp, const std::vector<int64_t>& local_group_sizes, Device dev) {
   EtpLayout L;
   L.etp = etp.size();
   L.rank = etp.rank();
@@ -41,7 +41,7 @@ EtpLayout etp_layout(comm::ProcessGroup& etp, const std::vector<int64_t>& local_
   for (int64_t e = 0; e < k; ++e)
     for (int s = 0; s < L.etp; ++s)
       for (int64_t r = 0; r < counts[size_t(s * k + e)]; ++r) sort.push_back(int32_t(start[size_t(s * k + e)] + r));
-  L.sort_index = Tensor::from_host(sort, {int64_t(sort.size())}, MemCategory::Activations);
+  L.sort_index = Tensor::from_host(sort, {int64_t(sort.size())}, MemCategory::Activations, dev);
   return L;
 }
 
@@ -50,11 +50,12 @@ Tensor etp_gather(comm::ProcessGroup& etp, const EtpLayout& L, const Tensor& row
   KS_CHECK(rows.dim() == 2 && rows.size(0) == Nr, "etp_gather: ", rows.describe(), " is not this rank's ", Nr,
            " rows of the layout");
   const int64_t D = rows.size(1);
-  Tensor mine = Tensor::empty({L.block_rows, D}, rows.dtype(), cat);  // [block, D], zero-padded
+  const Device dev = rows.device();
+  Tensor mine = Tensor::empty({L.block_rows, D}, rows.dtype(), cat, dev);  // [block, D], zero-padded
   ops::pad_rows(rows, mine);
-  Tensor padded = Tensor::empty({L.etp * L.block_rows, D}, rows.dtype(), cat);
+  Tensor padded = Tensor::empty({L.etp * L.block_rows, D}, rows.dtype(), cat, dev);  // [etp * block, D]
   etp.all_gather(mine, padded);
-  Tensor sorted = Tensor::empty({L.gathered(), D}, rows.dtype(), cat);
+  Tensor sorted = Tensor::empty({L.gathered(), D}, rows.dtype(), cat, dev);  // [Na, D]
   ops::gather_rows(padded, L.sort_index, sorted);
   return sorted;
 }
@@ -63,9 +64,9 @@ Tensor etp_reduce_scatter(comm::ProcessGroup& etp, const EtpLayout& L, const Ten
   KS_CHECK(all.dim() == 2 && all.size(0) == L.gathered(), "etp_reduce_scatter: ", all.describe(), " is not the ",
            L.gathered(), " rows the layout gathered");
   const int64_t D = all.size(1), Nr = L.rows[size_t(L.rank)];
-  Tensor padded = Tensor::zeros({L.etp * L.block_rows, D}, all.dtype(), cat);
+  Tensor padded = Tensor::zeros({L.etp * L.block_rows, D}, all.dtype(), cat, all.device());  // [etp * block, D]
   ops::scatter_rows(all, L.sort_index, padded);
-  Tensor mine = Tensor::empty({L.block_rows, D}, all.dtype(), cat);
+  Tensor mine = Tensor::empty({L.block_rows, D}, all.dtype(), cat, all.device());  // [block, D]
   etp.reduce_scatter(padded, mine);
   return Nr == L.block_rows ? mine : mine.slice_rows(0, Nr).clone(cat);
 }

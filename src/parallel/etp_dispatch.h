@@ -33,9 +33,11 @@ struct EtpLayout {
 };
 
 // Collective over etp: all-gathers each rank's local_group_sizes [experts]
-// (the rows it holds per local expert, sorted by local expert).
-EtpLayout etp_layout(comm::ProcessGroup& etp, const std::vector<int64_t>& local_group_sizes);
-// rows [Nr, D] sorted by local expert -> [Na, D]. Collective.
+// (the rows it holds per local expert, sorted by local expert; host counts
+// over the host transport). sort_index is uploaded to `dev`, the rows' device.
+EtpLayout etp_layout(comm::ProcessGroup& etp, const std::vector<int64_t>& local_group_sizes,
+                     Device dev = Device::CPU);
+// rows [Nr, D] sorted by local expert -> [Na, D] on rows' device. Collective.
 Tensor etp_gather(comm::ProcessGroup& etp, const EtpLayout& L, const Tensor& rows,
                   MemCategory cat = MemCategory::Activations);
 // all [Na, D] (this rank's partial values of every row) -> [Nr, D] the sum
