@@ -15,6 +15,6 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 # mpi_gtests checks that some test ran and every rank passed.
-mpi_gtests nccl_tests "$NP" 240 "$FILTER" "$W/log"
+mpi_gtests nccl_tests "$NP" 600 "$FILTER" "$W/log"
 grep -E '^\[  (PASSED|SKIPPED) ' "$W/log" || true
 echo "nccl_tests: passed with $NP ranks"
