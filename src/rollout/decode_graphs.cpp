@@ -2,15 +2,12 @@
 // replay (decode_graphs.h).
 #include "rollout/decode_graphs.h"
 
-#include "ops/address.h"
-
-#include <xxhash.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 
+#include "ops/address.h"
 #include "ops/op_checks.h"
 #include "rollout/block_pool.h"
 #if KESTREL_HAVE_CUDA

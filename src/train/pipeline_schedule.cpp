@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "parallel/pipeline_layout.h"
 
@@ -126,17 +127,21 @@ struct OpKey {
   int chunk;
 };
 
-// The cross-rank dependency of op (kind, r, mb, c) (see simulate_schedule);
-// none for the first virtual stage's forward and the last one's backward.
+// The (rank, chunk) of virtual stage s + step (virtual stage s = chunk * p +
+// rank, for rank r's chunk c); none past either end of the pipeline.
+std::optional<std::pair<int, int>> virtual_neighbour(int r, int c, int p, int v, int step) {
+  const int s = c * p + r + step;
+  if (s < 0 || s >= p * v) return std::nullopt;
+  return std::pair<int, int>{s % p, s / p};
+}
+
+// The cross-rank dependency of op (kind, r, mb, c) (see simulate_schedule):
+// a forward waits for the previous virtual stage's, a backward for the next
+// one's; none for the first virtual stage's forward and the last one's backward.
 std::optional<OpKey> cross_dep(const PipeOp& op, int r, int p, int v) {
-  if (op.kind == PipeOpKind::Forward) {
-    if (r > 0) return OpKey{op.kind, r - 1, op.micro_batch, op.chunk};
-    if (op.chunk > 0) return OpKey{op.kind, p - 1, op.micro_batch, op.chunk - 1};
-    return std::nullopt;
-  }
-  if (r < p - 1) return OpKey{op.kind, r + 1, op.micro_batch, op.chunk};
-  if (op.chunk < v - 1) return OpKey{op.kind, 0, op.micro_batch, op.chunk + 1};
-  return std::nullopt;
+  const auto n = virtual_neighbour(r, op.chunk, p, v, op.kind == PipeOpKind::Forward ? -1 : 1);
+  if (!n) return std::nullopt;
+  return OpKey{op.kind, n->first, op.micro_batch, n->second};
 }
 
 std::string key_text(const OpKey& k) {
@@ -238,14 +243,11 @@ Result<ScheduleStats> simulate(const std::vector<std::vector<PipeOp>>& ops, int 
 }  // namespace
 
 std::optional<PipeTransfer> transfer_of(const PipeOp& op, int r, int p, int v) {
-  if (op.kind == PipeOpKind::Forward) {
-    if (r == p - 1 && op.chunk == v - 1) return std::nullopt;
-    return r < p - 1 ? PipeTransfer{r, r + 1, {op.kind, op.micro_batch, op.chunk}}
-                     : PipeTransfer{r, 0, {op.kind, op.micro_batch, op.chunk + 1}};
-  }
-  if (r == 0 && op.chunk == 0) return std::nullopt;
-  return r > 0 ? PipeTransfer{r, r - 1, {op.kind, op.micro_batch, op.chunk}}
-               : PipeTransfer{r, p - 1, {op.kind, op.micro_batch, op.chunk - 1}};
+  // The op that depends on this one (cross_dep's inverse): a forward feeds
+  // the next virtual stage's forward, a backward the previous one's backward.
+  const auto n = virtual_neighbour(r, op.chunk, p, v, op.kind == PipeOpKind::Forward ? 1 : -1);
+  if (!n) return std::nullopt;
+  return PipeTransfer{r, n->first, {op.kind, op.micro_batch, n->second}};
 }
 
 Result<ScheduleStats> simulate_schedule(const std::vector<std::vector<PipeOp>>& ops, int v, PipeCosts costs) {

@@ -26,6 +26,7 @@
 #include "mpi/mpi_testing.h"
 #include "mpi/train_testing.h"
 #include "nccl_testing.h"
+#include "nccl_training.h"
 #include "parallel/grid.h"
 #include "train/engine.h"
 #include "../train/engine_testing.h"
@@ -35,44 +36,30 @@ namespace {
 
 using train::engine_testing::tiny_config;
 
-struct Trained {
-  std::vector<train::MiniBatchResult> steps;
-  std::vector<double> weights;                // this rank's parameters, one after the other
-  std::vector<std::vector<float>> logprobs;   // scoring of each micro-batch after training (cp only)
+struct Trained : TrainedRun {
+  std::vector<std::vector<float>> logprobs;  // scoring of each micro-batch after training (cp only)
 };
 
-struct Tol {
-  double scalar, weights;
-};
-// As train_test.cpp (f32): float rounding of differently ordered sums.
-constexpr Tol kTol{2e-5, 1e-5};
-
+// train_test.cpp's f32 comparison, and the scoring's log-probs within its scalar tolerance.
 void expect_same(const Trained& cpu, const Trained& dev, const std::string& what, double min_grad_norm) {
-  ASSERT_EQ(cpu.steps.size(), dev.steps.size()) << what;
-  for (size_t s = 0; s < cpu.steps.size(); ++s) {
-    EXPECT_TRUE(dev.steps[s].finite) << what << " step " << s;
-    EXPECT_NEAR(dev.steps[s].loss, cpu.steps[s].loss, kTol.scalar * std::abs(cpu.steps[s].loss)) << what << " step "
-                                                                                                  << s;
-    EXPECT_NEAR(dev.steps[s].grad_norm, cpu.steps[s].grad_norm, kTol.scalar * cpu.steps[s].grad_norm)
-        << what << " step " << s;
-  }
-  EXPECT_GT(cpu.steps[0].grad_norm, min_grad_norm) << what << ": clipping should act in this test";
-  ASSERT_FALSE(cpu.weights.empty()) << what;
-  EXPECT_LE(rel_to_scale(dev.weights, cpu.weights), kTol.weights) << what;
+  const TrainTol tol = train_tol(DType::F32);
+  expect_same_training(cpu, dev, tol, min_grad_norm, what);
   ASSERT_EQ(cpu.logprobs.size(), dev.logprobs.size()) << what;
   for (size_t i = 0; i < cpu.logprobs.size(); ++i) {
     const std::vector<double> c(cpu.logprobs[i].begin(), cpu.logprobs[i].end()),
         d(dev.logprobs[i].begin(), dev.logprobs[i].end());
-    EXPECT_LE(rel_err(d, c), kTol.scalar) << what << ": scoring of micro-batch " << i;
+    EXPECT_LE(rel_err(d, c), tol.scalar) << what << ": scoring of micro-batch " << i;
   }
 }
 
-std::vector<double> weights_of(model::CausalLM& m) {
-  std::vector<double> out;
-  for (const model::Param* p : m.params())
-    for (double x : to_double(p->weight)) out.push_back(x);
-  return out;
-}
+// The device tests below, on an even number of ranks (2 by ctest, 4 by hand).
+class NcclEvenRanks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_ready()) GTEST_SKIP() << "no device: " << cuda::describe();
+    if (comm::World::current()->group()->size() % 2) GTEST_SKIP() << "written for 2 or 4 ranks";
+  }
+};
 
 // ---- context parallelism ----
 
@@ -114,20 +101,14 @@ Trained cp_three_steps(parallel::CpAlgo algo, Device dev) {
     out.steps.push_back(e.train_mini_batch(micro, train::engine_testing::mean_nll(all), e.lr(s), s + 1));
     last = micro;
   }
-  out.weights = weights_of(*m);
+  out.weights = flat_weights(*m);
   // Scoring runs the forward alone (forward_inference) with the log-probs
   // gathered over cp: a path of its own.
   e.score(last, [&](size_t, const Tensor& lp) { out.logprobs.push_back(lp.to_float_vector()); });
   return out;
 }
 
-class NcclContextParallel : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!device_ready()) GTEST_SKIP() << "no device: " << cuda::describe();
-    if (comm::World::current()->group()->size() % 2) GTEST_SKIP() << "written for 2 or 4 ranks";
-  }
-};
+class NcclContextParallel : public NcclEvenRanks {};
 
 TEST_F(NcclContextParallel, UlyssesEqualsTheCpu) {
   const Trained cpu = cp_three_steps(parallel::CpAlgo::Ulysses, Device::CPU);
@@ -176,17 +157,11 @@ Trained ep_three_steps(const EpCase& l, Device dev) {
   const GoldenMicroBatches g = golden_micro_batches({eo.parallel.dp->rank()});
   Trained out;
   for (int s = 0; s < 3; ++s) out.steps.push_back(e.train_mini_batch(g.micro, g.objective, e.lr(s), s + 1));
-  out.weights = weights_of(m);
+  out.weights = flat_weights(m);
   return out;
 }
 
-class NcclExpertParallel : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!device_ready()) GTEST_SKIP() << "no device: " << cuda::describe();
-    if (comm::World::current()->group()->size() % 2) GTEST_SKIP() << "written for 2 or 4 ranks";
-  }
-};
+class NcclExpertParallel : public NcclEvenRanks {};
 
 TEST_F(NcclExpertParallel, Ep2AllToAllEqualsTheCpu) {
   const EpCase l{2, 1, model::MoeDispatcher::AllToAll};

@@ -35,6 +35,7 @@
 #include "model/pipeline_save.h"
 #include "mpi/mpi_testing.h"
 #include "nccl_testing.h"
+#include "nccl_training.h"
 #include "parallel/grid.h"
 #include "rollout/reshard.h"
 #include "train/engine.h"
@@ -234,10 +235,8 @@ parallel::ProcessGrid pp2_grid(Device dev) {
   return parallel::ProcessGrid(*comm::World::current(), dims, dev);
 }
 
-struct Run {
-  std::vector<train::MiniBatchResult> steps;
-  std::vector<double> weights;  // this stage's, parameter after parameter
-  std::vector<PipeOp> ops;      // the last step's executed op list
+struct Run : TrainedRun {
+  std::vector<PipeOp> ops;  // the last step's executed op list
 };
 
 // Three updates of 8 sequences in 4 micro-batches.
@@ -254,23 +253,14 @@ Run three_steps(bool interleaved, Device dev) {
     out.steps.push_back(e.train_mini_batch(train::engine_testing::split(all, 2), train::engine_testing::mean_nll(all),
                                            e.lr(s), s + 1));
   }
-  for (const model::Param* p : m->params())
-    for (double x : to_double(p->weight)) out.weights.push_back(x);
+  out.weights = flat_weights(*m);
   out.ops = e.pipeline_trace()->ops;
   return out;
 }
 
-void expect_same_training(bool interleaved) {
+void expect_pipeline_matches(bool interleaved) {
   const Run cpu = three_steps(interleaved, Device::CPU), dev = three_steps(interleaved, Device::CUDA);
-  const double scalar = 2e-5, weights = 1e-5;  // train_test.cpp's f32 tolerances
-  ASSERT_EQ(cpu.steps.size(), dev.steps.size());
-  for (size_t s = 0; s < cpu.steps.size(); ++s) {
-    EXPECT_TRUE(dev.steps[s].finite) << "step " << s;
-    EXPECT_NEAR(dev.steps[s].loss, cpu.steps[s].loss, scalar * std::abs(cpu.steps[s].loss)) << "step " << s;
-    EXPECT_NEAR(dev.steps[s].grad_norm, cpu.steps[s].grad_norm, scalar * cpu.steps[s].grad_norm) << "step " << s;
-  }
-  EXPECT_GT(cpu.steps[0].grad_norm, 0.5) << "clipping should act in this test";
-  EXPECT_LE(rel_to_scale(dev.weights, cpu.weights), weights);
+  expect_same_training(cpu, dev, train_tol(DType::F32), 0.5, interleaved ? "interleaved" : "1F1B");
   // The schedule ran as planned (not the all-forward fallback), the same on both.
   const int r = world_group().rank();
   const auto want = interleaved ? train::schedule_interleaved_1f1b(2, r, 4, 2).value() : train::schedule_1f1b(2, r, 4);
@@ -280,14 +270,12 @@ void expect_same_training(bool interleaved) {
 
 TEST(NcclPipeline, OneFOneBOnTheDeviceEqualsTheCpu) {
   SKIP_WITHOUT_PP2_DEVICE();
-  expect_same_training(false);
+  expect_pipeline_matches(false);
 }
 TEST(NcclPipeline, InterleavedOnTheDeviceEqualsTheCpu) {
   SKIP_WITHOUT_PP2_DEVICE();
-  expect_same_training(true);
+  expect_pipeline_matches(true);
 }
-
-std::vector<double> host_values(const Tensor& t) { return to_double(t); }
 
 TEST(NcclPipeline, ScoringOnTheDeviceEqualsTheCpu) {
   SKIP_WITHOUT_PP2_DEVICE();
@@ -305,11 +293,11 @@ TEST(NcclPipeline, ScoringOnTheDeviceEqualsTheCpu) {
       for (train::MicroBatch& mb : here) mb.batch = model::to_device(mb.batch, dev);
       train::score_micro_batches(*m, here, [&](size_t, const Tensor& t) {
         EXPECT_EQ(t.device(), dev);
-        got[d].push_back(host_values(t));
+        got[d].push_back(to_double(t));
       });
       const model::TokenScores s = train::pipeline_score_tokens(*m, here[1].batch);
-      tokens[d][0] = host_values(s.logprob);
-      tokens[d][1] = host_values(s.entropy);
+      tokens[d][0] = to_double(s.logprob);
+      tokens[d][1] = to_double(s.entropy);
     }
     ASSERT_EQ(got[0].size(), micro.size());
     ASSERT_EQ(got[1].size(), micro.size());

@@ -12,6 +12,7 @@
 #include "model/parallel_setup.h"
 #include "mpi/mpi_testing.h"
 #include "nccl_testing.h"
+#include "nccl_training.h"
 #include "parallel/grid.h"
 #include "train/engine.h"
 #include "../train/engine_testing.h"
@@ -30,14 +31,9 @@ struct Layout {
   bool distopt = false;
 };
 
-struct Run {
-  std::vector<train::MiniBatchResult> steps;
-  std::vector<double> weights;  // this rank's shards, parameter after parameter
-};
-
 // Three updates; each dp rank trains its share of the 8 sequences (2 micro-batches),
 // the objective carrying the whole mini-batch's token count.
-Run three_steps(const Layout& l, DType dt, Device dev) {
+TrainedRun three_steps(const Layout& l, DType dt, Device dev) {
   parallel::ParallelDims dims;
   dims.tp = l.tp;
   dims.sequence_parallel = l.sp;
@@ -52,7 +48,7 @@ Run three_steps(const Layout& l, DType dt, Device dev) {
   eo.parallel.distributed_optimizer = l.distopt;
   train::TrainingEngine e(*m, eo);
   const int dp = grid.dp().size(), r = grid.dp().rank();
-  Run out;
+  TrainedRun out;
   for (int s = 0; s < 3; ++s) {
     const auto all = sequences(8, s);
     const size_t per = all.size() / size_t(dp);
@@ -60,29 +56,14 @@ Run three_steps(const Layout& l, DType dt, Device dev) {
                                                  all.begin() + long(per * size_t(r + 1)));
     out.steps.push_back(e.train_mini_batch(split(mine, (mine.size() + 1) / 2), mean_nll(all), e.lr(s), s + 1));
   }
-  for (const model::Param* p : m->params())
-    for (double x : to_double(p->weight)) out.weights.push_back(x);
+  out.weights = flat_weights(*m);
   return out;
 }
 
-// As tests/on_device/train_on_device_test.cpp: f32 to float rounding of
-// differently ordered sums, bf16 to a few ulps of 2^-8.
-struct Tol {
-  double scalar, weights;
-};
-Tol tol_for(DType dt) { return dt == DType::F32 ? Tol{2e-5, 1e-5} : Tol{2e-2, 4e-3}; }
-
-void expect_same_training(const Layout& l, DType dt) {
-  const Run cpu = three_steps(l, dt, Device::CPU), dev = three_steps(l, dt, Device::CUDA);
-  const Tol tol = tol_for(dt);
-  ASSERT_EQ(cpu.steps.size(), dev.steps.size());
-  for (size_t s = 0; s < cpu.steps.size(); ++s) {
-    EXPECT_TRUE(dev.steps[s].finite) << "step " << s;
-    EXPECT_NEAR(dev.steps[s].loss, cpu.steps[s].loss, tol.scalar * std::abs(cpu.steps[s].loss)) << "step " << s;
-    EXPECT_NEAR(dev.steps[s].grad_norm, cpu.steps[s].grad_norm, tol.scalar * cpu.steps[s].grad_norm) << "step " << s;
-  }
-  EXPECT_GT(cpu.steps[0].grad_norm, 0.5) << "clipping should act in this test";
-  EXPECT_LE(rel_to_scale(dev.weights, cpu.weights), tol.weights);
+void expect_layout_matches(const Layout& l, DType dt) {
+  const TrainedRun cpu = three_steps(l, dt, Device::CPU), dev = three_steps(l, dt, Device::CUDA);
+  const std::string what = "tp " + std::to_string(l.tp) + (l.sp ? " sp" : "") + (l.distopt ? " distopt" : "");
+  expect_same_training(cpu, dev, train_tol(dt), 0.5, what);
 }
 
 class NcclTrain : public ::testing::Test {
@@ -92,9 +73,9 @@ class NcclTrain : public ::testing::Test {
   }
 };
 
-TEST_F(NcclTrain, Tp2EqualsTheCpu) { expect_same_training({2, false, false}, DType::F32); }
-TEST_F(NcclTrain, Tp2SequenceParallelEqualsTheCpu) { expect_same_training({2, true, false}, DType::F32); }
-TEST_F(NcclTrain, DpDistributedOptimizerEqualsTheCpu) { expect_same_training({1, false, true}, DType::F32); }
+TEST_F(NcclTrain, Tp2EqualsTheCpu) { expect_layout_matches({2, false, false}, DType::F32); }
+TEST_F(NcclTrain, Tp2SequenceParallelEqualsTheCpu) { expect_layout_matches({2, true, false}, DType::F32); }
+TEST_F(NcclTrain, DpDistributedOptimizerEqualsTheCpu) { expect_layout_matches({1, false, true}, DType::F32); }
 
 }  // namespace
 }  // namespace kestrel::testing
