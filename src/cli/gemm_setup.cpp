@@ -19,9 +19,13 @@ void init_gemm_for_job() {
   const bool multi = world && world->size() > 1;
   // One machine: rank 0 measures (or reads the cache) first, the others then
   // find its cache file instead of measuring against each other.
-  if (multi && world->rank() != 0) world->group()->barrier();
-  const Status st = cpu::gemm_init();
-  if (multi && world->rank() == 0) world->group()->barrier();
+  Status st;
+  {
+    const comm::UntimedCollectives measuring;  // rank 0's measurement takes seconds, more on a busy machine
+    if (multi && world->rank() != 0) world->group()->barrier();
+    st = cpu::gemm_init();
+    if (multi && world->rank() == 0) world->group()->barrier();
+  }
   if (!st.is_ok()) KS_FAIL(st.message());
   if (!multi) return;
   // Several machines: each measured its own; every rank takes rank 0's, so

@@ -415,9 +415,9 @@ int cmd_train(const std::vector<std::string>& argv) {
       disaggregated ? world->split(rollout_rank ? 1 : 0, world_rank, rollout_rank ? "rollout" : "trainer") : nullptr;
   check_launch(c, train_ranks);
   check_layout_divides(c, in, train_ranks);
-  // verl's NCCL timeout bounds every collective here (MPI): a stopped or lost
-  // rank becomes a report naming it instead of a hang (comm/mpi/health.h).
-  comm::World::set_collective_timeout(in.collective_timeout_s);
+  // The start-up window (the GEMM choice, rank 0's built-in caches) waits
+  // untimed: comm::UntimedCollectives. The timeout is armed after it.
+  comm::World::set_collective_timeout(0);
   if (in.deterministic) set_deterministic(true);  // before the GEMM library is chosen (it pins one)
   if (leader && !first.empty()) {
     // The built-in run says up front what it will do and for how long.
@@ -459,6 +459,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   const model::MoeTrainOptions actor_moe = moe_train_options(in.actor_moe, actor_cfg, model_dir);
   const model::MoeTrainOptions ref_moe = moe_train_options(in.ref_moe, actor_cfg, model_dir);
   if (world_size > 1 && leader) world->group()->barrier();
+  // verl's NCCL timeout bounds every collective from here on (MPI): a stopped
+  // or lost rank becomes a report naming it instead of a hang (comm/mpi/health.h).
+  comm::World::set_collective_timeout(in.collective_timeout_s);
   // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
   const Device device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
   check_offload_on_device(c, device);

@@ -82,6 +82,24 @@ class World {
   std::shared_ptr<ProcessGroup> group_;
 };
 
+// A start-up window in which one rank does one-time work while the others
+// wait for it (rank 0 measures the GEMM libraries, writes the built-in data
+// and runs the SFT warm start): its length has no bound known in advance, so
+// the collective timeout, which bounds the imbalance of a training phase, is
+// off inside it (stop 36's CI: an 8 s nccl_timeout fired while rank 0 measured
+// the GEMM for 8.5 s on a busy machine). A rank that fails inside still aborts
+// the job (KS_FAIL under MPI); a killed one is named by the launcher.
+class UntimedCollectives {
+ public:
+  UntimedCollectives() : saved_(World::collective_timeout()) { World::set_collective_timeout(0); }
+  ~UntimedCollectives() { World::set_collective_timeout(saved_); }
+  UntimedCollectives(const UntimedCollectives&) = delete;
+  UntimedCollectives& operator=(const UntimedCollectives&) = delete;
+
+ private:
+  double saved_;
+};
+
 // Last resort when an exception escapes on one rank: prints
 // "kestrel: rank R: <message>" to stderr and, under MPI, MPI_Abort(MPI_COMM_WORLD, 1)
 // so ranks blocked in collectives die too instead of hanging. Without MPI it

@@ -1,9 +1,12 @@
 // Every MpiGroup collective against values computed locally, for the dtypes
 // and ops training uses. Runs under mpirun -np 2 and -np 4 (also -np 1).
 #include <climits>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "comm/mpi/mpi_group.h"
+#include "comm/world.h"
 #include "common/testing.h"
 #include "mpi_testing.h"
 
@@ -296,4 +299,24 @@ TEST(MpiCollectives, SplitEvenOddReversedKeys) {
     EXPECT_EQ(s, want);
   }
   w.group()->barrier();
+}
+
+// Rank 0's one-time start-up work (the GEMM measurement, the SFT warm start)
+// is waited for without the collective timeout, which is restored after:
+// stop 36's CI aborted a run whose rank 1 waited 9 s at the start-up barrier
+// under nccl_timeout=8 while rank 0 measured the GEMM libraries.
+TEST(MpiCollectives, StartUpWindowWaitsPastTheTimeout) {
+  auto& g = world_group();
+  if (g.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const double saved = World::collective_timeout();
+  World::set_collective_timeout(1);
+  {
+    const UntimedCollectives window;
+    EXPECT_EQ(World::collective_timeout(), 0);
+    if (g.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // "measuring"
+    g.barrier();  // past the 1 s timeout on every other rank: aborted the job before the fix
+  }
+  EXPECT_EQ(World::collective_timeout(), 1);
+  g.barrier();  // timed again, and every rank is here
+  World::set_collective_timeout(saved);
 }
