@@ -40,6 +40,7 @@ Result<std::vector<int64_t>> capture_sizes(const std::vector<int64_t>& requested
   return s;
 }
 
+#if KESTREL_HAVE_CUDA
 namespace {
 
 // The host side of a padded decode step of P rows (decode_graphs.h): b's rows,
@@ -72,7 +73,6 @@ HostStep pad(const StepBatch& b, int64_t P, int64_t W) {
 
 }  // namespace
 
-#if KESTREL_HAVE_CUDA
 
 struct DecodeGraphs::Impl {
   struct Entry {
