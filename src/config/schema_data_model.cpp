@@ -69,7 +69,8 @@ void declare_data_and_model(Builder& b) {
       "rollout.nnodes x rollout.n_gpus_per_node rollout processes, which disaggregated placement uses either way.");
   b.k("nccl_timeout", I, "600", YES,
       "Seconds any collective may wait (over MPI, or NCCL for device tensors): past it the job aborts naming the "
-      "call and group (over MPI also the ranks that did not answer and the step); <= 0 waits forever.").any_value("seconds; <= 0 waits forever");
+      "call and group (over MPI also the ranks that did not answer and the step); <= 0 waits forever. The start-up "
+      "window (rank 0's GEMM measurement, built-in data and SFT warm start) waits without it.").any_value("seconds; <= 0 waits forever");
 
   b.scope("actor_rollout_ref.model");
   b.k("path", S, "~/models/deepseek-llm-7b-chat", YES, "HuggingFace model directory (config.json + safetensors).");
