@@ -3,7 +3,8 @@
 # rl/rollout_correction.h): the rollout_corr/ metrics are logged every step once
 # actor_rollout_ref.rollout.calculate_log_probs=true; token TIS with a huge cap
 # and no rejection trains like no correction (fp32 engine and trainer: every
-# weight is 1 within ~1e-6, so actor/pg_loss agrees to 1e-4 relative); decoupled
+# weight is 1 within ~1e-6, so actor/pg_loss agrees to 1e-4 relative plus that
+# distance times the advantages' size, grad_norm to 1e-4 relative); decoupled
 # rejection and bypass mode (REINFORCE, sequence TIS, batch normalisation) run
 # and log their metrics; requests without the rollout's log-probs and verl's
 # removed keys are refused, naming the keys.
@@ -43,11 +44,19 @@ for x, y in zip(a, b):
         assert k in y, (y["step"], k)
         assert k not in x, ("logged without calculate_log_probs", k)
     assert abs(y["rollout_corr/rollout_is_max"] - 1) < 1e-4 and abs(y["rollout_corr/rollout_is_min"] - 1) < 1e-4, y
-    for k in ("actor/pg_loss", "actor/grad_norm"):
+    # The loss is a mean of advantage x ratio x weight terms whose advantages
+    # cancel (GRPO's sum to zero per group), so the weights' distance from 1
+    # moves it by up to that distance times the terms' size, not its own:
+    # stop 37's fresh clone saw -0.00183839 against -0.00183858 (1.03e-4
+    # relative) with a measured GEMM choice. Bound: that distance x the largest
+    # |advantage| x 2 (the ratio's clip range, and the steps after the first).
+    dev = max(abs(y["rollout_corr/rollout_is_max"] - 1), abs(y["rollout_corr/rollout_is_min"] - 1))
+    a_max = max(abs(x["critic/advantages/max"]), abs(x["critic/advantages/min"]))
+    for k, slack in (("actor/pg_loss", 2 * dev * a_max), ("actor/grad_norm", 0.0)):
         pa, pb = x[k], y[k]
         # Step 1's reference equals the actor: no KL, no reward, no advantage.
         assert pa != 0 or x["step"] == 1, (k, "is 0: the check would prove nothing")
-        assert abs(pa - pb) <= 1e-4 * abs(pa), (x["step"], k, pa, pb)
+        assert abs(pa - pb) <= 1e-4 * abs(pa) + slack, (x["step"], k, pa, pb, "weights within", dev)
 print("pg_loss", [x["actor/pg_loss"] for x in a], [y["actor/pg_loss"] for y in b])
 print("grad_norm", [x["actor/grad_norm"] for x in a], [y["actor/grad_norm"] for y in b])
 PY
