@@ -73,7 +73,6 @@ HostStep pad(const StepBatch& b, int64_t P, int64_t W) {
 
 }  // namespace
 
-
 struct DecodeGraphs::Impl {
   struct Entry {
     int64_t size = 0;

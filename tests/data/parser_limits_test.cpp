@@ -16,7 +16,7 @@ using testutil::write_text;
 
 TEST(DatasetLimits, DeepRowIsAnErrorNamingFileAndLine) {
   const std::string d = scratch_dir("deep_row"), f = d + "/train.jsonl";
-  // Appended piece by piece: GCC 12 at -O1 warns (-Warray-bounds, falsely) on the one-expression concatenation.
+  // Appended piece by piece: GCC 12 warns falsely (-Warray-bounds, -Wstringop-overflow) on the one-expression concatenation.
   std::string text = R"({"data_source": "arith", "prompt": "a", "reward_model": {"ground_truth": "1"}})";
   text += "\n{\"prompt\": ";
   text.append(100000, '[');
