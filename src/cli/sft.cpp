@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
@@ -196,10 +197,8 @@ int run_sft(const Args& argv, const comm::World* world) {
   check_sft_layout(c, in, world_size);
   set_num_threads(in.threads);
   // Rank 0's one-time work (the GEMM choice, the built-in data and model)
-  // is waited for untimed (comm::UntimedCollectives); the default timeout
-  // is back after it.
-  const double timeout = comm::World::collective_timeout();
-  comm::World::set_collective_timeout(0);
+  // is waited for untimed; the default timeout is back after it.
+  std::optional<comm::UntimedCollectives> start_up_window(std::in_place);
   init_gemm_for_job();
   const std::string root = in.ckpt_root;
   const std::string builtin_root = root + "/builtin";
@@ -211,7 +210,7 @@ int run_sft(const Args& argv, const comm::World* world) {
   data::check_sft_files(resolve_files(in, in.val_files, builtin_root, false), in.data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_spec, builtin_root, in.seed);
   if (world_size > 1 && leader) world->group()->barrier();
-  comm::World::set_collective_timeout(timeout);
+  start_up_window.reset();
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "backend/cpu/gemm.h"
 #include "cli/args.h"
@@ -416,8 +417,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   check_launch(c, train_ranks);
   check_layout_divides(c, in, train_ranks);
   // The start-up window (the GEMM choice, rank 0's built-in caches) waits
-  // untimed: comm::UntimedCollectives. The timeout is armed after it.
-  comm::World::set_collective_timeout(0);
+  // untimed; verl's timeout is armed after it.
+  std::optional<comm::UntimedCollectives> start_up_window(std::in_place);
   if (in.deterministic) set_deterministic(true);  // before the GEMM library is chosen (it pins one)
   if (leader && !first.empty()) {
     // The built-in run says up front what it will do and for how long.
@@ -459,6 +460,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   const model::MoeTrainOptions actor_moe = moe_train_options(in.actor_moe, actor_cfg, model_dir);
   const model::MoeTrainOptions ref_moe = moe_train_options(in.ref_moe, actor_cfg, model_dir);
   if (world_size > 1 && leader) world->group()->barrier();
+  start_up_window.reset();
   // verl's NCCL timeout bounds every collective from here on (MPI): a stopped
   // or lost rank becomes a report naming it instead of a hang (comm/mpi/health.h).
   comm::World::set_collective_timeout(in.collective_timeout_s);
