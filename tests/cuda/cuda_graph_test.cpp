@@ -86,6 +86,10 @@ TEST_F(CudaGraph, AReadBackFailsTheCaptureAndRestoresTheAllocator) {
   EXPECT_FALSE(cuda::capturing());
   EXPECT_EQ(device_allocator(Device::CUDA), eager);
   EXPECT_EQ(x.to_host<float>(), ramp(16, 1.f, 0.f)) << "the backend works after the failed capture";
+  // A kernel launch checks the runtime's last error: the failed capture must not have left one behind.
+  Tensor y = Tensor::empty({16}, DType::F32, MemCategory::Other, Device::CUDA);
+  y.fill_(2.f);
+  EXPECT_EQ(y.to_host<float>(), std::vector<float>(16, 2.f)) << "a kernel launches after the failed capture";
 }
 
 }  // namespace

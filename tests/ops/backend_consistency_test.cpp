@@ -202,12 +202,15 @@ TEST_P(BackendConsistency, LossesOverTheVocabulary) {
 }
 
 TEST_P(BackendConsistency, AttentionWithGqaPrefixesAndValueWidth) {
-  // Sequences 0..3; 2 continues 0 and 3 continues 0 (a GRPO group), 1 is plain; lengths straddle 32.
+  // Sequences 0..3; 2 continues 0 and 3 continues 0 (a GRPO group), 1 is plain; lengths straddle 32
+  // (the CUDA kernels' row and key tiles). Head dims up to 64 and up to 128 take the two tiled
+  // kernel widths, 160 the row-per-warp kernels (kernels_attention.cu).
   const std::vector<int32_t> cu = {0, 40, 73, 80, 113};
   const int64_t T = cu.back();
   for (const auto& [H, Hkv, hd, vd, prefixed] :
        std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>>{{4, 2, 64, 64, false}, {4, 1, 40, 40, true},
-                                                                          {2, 2, 48, 32, true}}) {
+                                                                          {2, 2, 48, 32, true}, {2, 1, 128, 96, true},
+                                                                          {2, 2, 160, 64, true}}) {
     SCOPED_TRACE("H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) + " hd=" + std::to_string(hd) +
                  " vd=" + std::to_string(vd) + (prefixed ? " prefixed" : ""));
     const ops::AttentionShape s{H, Hkv, hd, 0.f, vd == hd ? 0 : vd};
@@ -326,6 +329,21 @@ TEST_P(BackendConsistency, PagedKvCacheAndAttention) {
   ops::paged_attention_fwd(q, kc, vc, bt, cu, lens, s, out);
   ops::paged_attention_fwd(on_dev(q), kcd, vcd, on_dev(bt), on_dev(cu), on_dev(lens), s, outd);
   EXPECT_TRUE(agree(outd, out, "paged_attention_fwd"));
+  // The other kernel shapes (kernels_paged.cu): 7 query heads per kv head at head dim 128 (the
+  // grouped kernel's wide variant, Qwen2.5-0.5B's grouping), and 9 per kv head (the row-per-warp kernel).
+  for (const auto& [H2, hd2] : std::vector<std::pair<int64_t, int64_t>>{{7, 128}, {9, 32}}) {
+    SCOPED_TRACE("H=" + std::to_string(H2) + " Hkv=1 hd=" + std::to_string(hd2));
+    Tensor kc2 = Tensor::zeros({nblocks, bs, 1, hd2}, dt()), vc2 = Tensor::zeros({nblocks, bs, 1, hd2}, dt());
+    Tensor kcd2 = on_dev(kc2), vcd2 = on_dev(vc2);
+    Tensor k2 = host({n, hd2}, dt(), 64), v2 = host({n, hd2}, dt(), 65);
+    ops::paged_kv_write(k2, v2, sl, kc2, vc2);
+    ops::paged_kv_write(on_dev(k2), on_dev(v2), on_dev(sl), kcd2, vcd2);
+    Tensor q2 = host({7, H2 * hd2}, dt(), 66), out2 = Tensor::empty({7, H2 * hd2}, dt()), outd2 = on_dev(out2);
+    const ops::AttentionShape s2{H2, 1, hd2, 0.f, 0};
+    ops::paged_attention_fwd(q2, kc2, vc2, bt, cu, lens, s2, out2);
+    ops::paged_attention_fwd(on_dev(q2), kcd2, vcd2, on_dev(bt), on_dev(cu), on_dev(lens), s2, outd2);
+    EXPECT_TRUE(agree(outd2, out2, "paged_attention_fwd"));
+  }
   // Block copies within the device cache, and a swap out to the host and back in.
   const std::vector<std::pair<int32_t, int32_t>> pairs = {{7, 1}, {2, 3}, {11, 5}};
   ops::copy_kv_blocks(kc, kc, pairs);

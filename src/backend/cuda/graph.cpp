@@ -102,9 +102,15 @@ void Graph::capture(GraphPool& pool, const std::function<void()>& work) {
     } catch (...) {
       cudaStreamEndCapture(stream(), &g);  // ends the (invalidated) capture; nothing to keep
       if (g) cudaGraphDestroy(g);
+      // The refused call and the invalidated capture leave their errors as the
+      // runtime's last error; the next kernel launch's check would report them
+      // as its own (seen on an H200: "operation failed due to a previous error
+      // during capture" from the first copy after a refused capture).
+      (void)cudaGetLastError();
       throw;
     }
     const cudaError_t e = cudaStreamEndCapture(stream(), &g);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // as above: the failure is reported here, not by the next launch
     if (e != cudaSuccess)
       KS_FAIL("CUDA graph capture failed: ", cudaGetErrorString(e),
               ". The captured work must stay on the device: no synchronisation, no copy to or from host memory, "

@@ -3,8 +3,10 @@
 // against the cache through each sequence's block table, and block copies
 // within a cache. The attention is the training kernel's scheme (one warp per
 // (query row, head), 32 keys per step, an online softmax), walking the block
-// table instead of contiguous rows. Correctness first: a split-K decode
-// kernel (many warps per long context) is the tuning step once measurable.
+// table instead of contiguous rows; head dims up to 128 with up to 8 query
+// heads per kv head take the grouped kernel (a block per row and kv head, the
+// group's heads sharing each staged key tile). A split-K decode kernel (many
+// blocks per long context) is the next tuning step.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -76,6 +78,117 @@ __global__ void paged_fwd_kernel(const void* q, const void* kc, const void* vc, 
   sm.finish(out, kd, i * D.H * D.hd + int64_t(h) * D.hd, D.hd);
 }
 
+// The grouped kernel (head dim <= 128, at most 8 query heads per kv head): one
+// block of 4 warps per (query row, kv head), the group's query heads spread
+// over the warps (head g * rep + warp + 4 r), so each key and value row is read
+// from the cache once per group instead of once per query head, 32 keys at a
+// time, staged in shared memory with coalesced loads (the row-per-warp kernel
+// read each key row per lane, one element at a time: 46 GB/s on an H200).
+constexpr int kGroupRows = 2;   // query heads per warp: up to 8 per kv head
+constexpr int kPad = 128 + 1;   // staged row stride: lane-per-key reads hit distinct banks
+
+template <int kSl>
+__global__ void paged_fwd_grouped_kernel(const void* q, const void* kc, const void* vc, FloatKind kd,
+                                         const int32_t* bt, const int32_t* cu, const int32_t* seq_lens, int B,
+                                         PagedDims D, void* out) {
+  __shared__ float ks[32 * kPad];
+  __shared__ float vs[32 * kPad];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t i = blockIdx.x / D.Hkv;
+  const int g = int(blockIdx.x % D.Hkv), rep = D.H / D.Hkv;
+  int b = 0, hi = B;  // cu[b] <= i < cu[b+1]
+  while (hi - b > 1) {
+    const int mid = (b + hi) / 2;
+    if (cu[mid] <= i) b = mid; else hi = mid;
+  }
+  const int64_t q_len = cu[b + 1] - cu[b];
+  const int64_t n_keys = int64_t(seq_lens[b]) - q_len + (i - cu[b]) + 1;  // keys up to this row's position
+  const int32_t* table = bt + int64_t(b) * D.max_blocks;
+  const int64_t row = int64_t(D.Hkv) * D.hd;
+  constexpr int R = kGroupRows;
+  float qr[R][kSl], acc[R][kSl], m[R], l[R];
+  int hh[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int within = warp + 4 * r;
+    hh[r] = within < rep ? g * rep + within : -1;
+    m[r] = kNegInf;
+    l[r] = 0.f;
+#pragma unroll
+    for (int t = 0; t < kSl; ++t) {
+      const int d = lane + 32 * t;
+      qr[r][t] = hh[r] >= 0 && d < D.hd ? ld(q, kd, i * D.H * D.hd + int64_t(hh[r]) * D.hd + d) : 0.f;
+      acc[r][t] = 0.f;
+    }
+  }
+  for (int64_t c = 0; c < n_keys; c += 32) {
+    const int nk = int(n_keys - c < 32 ? n_keys - c : 32);
+    __syncthreads();  // the previous chunk is no longer read
+    for (int e = threadIdx.x; e < 32 * D.hd; e += blockDim.x) {
+      const int kk = e / D.hd, d = e % D.hd;
+      float kv = 0.f, vv = 0.f;
+      if (kk < nk) {
+        const int64_t j = c + kk;
+        const int64_t base = (int64_t(table[j / D.block_size]) * D.block_size + j % D.block_size) * row +
+                             int64_t(g) * D.hd + d;
+        kv = ld(kc, kd, base);
+        vv = ld(vc, kd, base);
+      }
+      ks[kk * kPad + d] = kv;
+      vs[kk * kPad + d] = vv;
+    }
+    __syncthreads();
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.f;
+#pragma unroll
+    for (int t = 0; t < kSl; ++t)
+      for (int dd = 0; dd < 32; ++dd) {
+        const int d = 32 * t + dd;
+        if (d >= D.hd) break;
+        const float kv = ks[lane * kPad + d];
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] += __shfl_sync(0xffffffffu, qr[r][t], dd) * kv;
+      }
+    float p[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      p[r] = 0.f;
+      if (hh[r] < 0) continue;  // uniform over the warp
+      const bool vis = lane < nk;
+      const float sc = D.scale * s[r];
+      const float m_new = fmaxf(m[r], warp_max(vis ? sc : kNegInf));
+      const float corr = expf(m[r] - m_new);
+      p[r] = vis ? expf(sc - m_new) : 0.f;
+      l[r] = l[r] * corr + warp_sum(p[r]);
+#pragma unroll
+      for (int t = 0; t < kSl; ++t) acc[r][t] *= corr;
+      m[r] = m_new;
+    }
+    for (int kk = 0; kk < nk; ++kk) {
+      float vv[kSl];
+#pragma unroll
+      for (int t = 0; t < kSl; ++t) vv[t] = vs[kk * kPad + lane + 32 * t];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float pk = __shfl_sync(0xffffffffu, p[r], kk);
+#pragma unroll
+        for (int t = 0; t < kSl; ++t) acc[r][t] += pk * vv[t];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (hh[r] < 0) continue;
+    const int64_t base = i * D.H * D.hd + int64_t(hh[r]) * D.hd;
+#pragma unroll
+    for (int t = 0; t < kSl; ++t) {
+      const int d = lane + 32 * t;
+      if (d < D.hd) st(out, kd, base + d, l[r] == 0.f ? 0.f : acc[r][t] / l[r]);
+    }
+  }
+}
+
 // dst block pairs[p].second = src block pairs[p].first, words of 4 bytes (block bytes are a multiple of 4).
 __global__ void copy_blocks_kernel(const uint32_t* src, uint32_t* dst, const int32_t* pairs, int n_pairs,
                                    int64_t block_words) {
@@ -111,8 +224,17 @@ void paged_attention_fwd(const void* q, const void* k_cache, const void* v_cache
                          void* stream) {
   if (T <= 0) return;
   const PagedDims D{T, H, Hkv, hd, block_size, max_blocks, scale};
-  KS_LAUNCH(paged_fwd_kernel, unsigned((T * H + kWarps - 1) / kWarps), kWarps * 32, as_stream(stream))(
-      q, k_cache, v_cache, kd, block_tables, cu_q, seq_lens, B, D, out);
+  auto s = as_stream(stream);
+  const int rep = H / Hkv;
+  if (hd <= 64 && rep <= kWarps * kGroupRows)
+    KS_LAUNCH(paged_fwd_grouped_kernel<2>, unsigned(T * Hkv), kWarps * 32, s)(q, k_cache, v_cache, kd, block_tables,
+                                                                             cu_q, seq_lens, B, D, out);
+  else if (hd <= 128 && rep <= kWarps * kGroupRows)
+    KS_LAUNCH(paged_fwd_grouped_kernel<4>, unsigned(T * Hkv), kWarps * 32, s)(q, k_cache, v_cache, kd, block_tables,
+                                                                             cu_q, seq_lens, B, D, out);
+  else
+    KS_LAUNCH(paged_fwd_kernel, unsigned((T * H + kWarps - 1) / kWarps), kWarps * 32, s)(
+        q, k_cache, v_cache, kd, block_tables, cu_q, seq_lens, B, D, out);
 }
 
 void copy_kv_blocks(const void* src, void* dst, const int32_t* pairs, int n_pairs, int64_t block_bytes,
