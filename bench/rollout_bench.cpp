@@ -15,6 +15,11 @@
 // Usage: bench_rollout_bench [--threads 2] [--prompts 64] [--n 8] [--new 256]
 //                            [--only throughput|decode|ttft] [--save-model DIR] [--dtype f32|bf16]
 //                            [--arch dense|moe|mla|mla-moe] [--config FILE|DIR] [--model DIR]
+// --device cuda (a build with the CUDA backend) puts the model and the KV cache
+// on GPU 0; --eager 0 turns on CUDA-graph decode (enforce_eager=false, vLLM's
+// capture sizes), and the throughput table then also gives the decode steps'
+// HBM roofline: bytes a step reads (every weight once + the batch's KV at the
+// mean context) over --hbm-gbs (default 4800, an H200's datasheet bandwidth).
 // --save-model writes the random weights (HF format) for bench/peers/hf_generate.py.
 // --arch picks a built-in config of about the small config's active size per
 // token (hidden 512, 8 layers, 8 heads, vocab 8192; about 3 M active weights
@@ -37,6 +42,9 @@
 #include <string>
 #include <vector>
 
+#if KESTREL_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
@@ -193,8 +201,10 @@ int64_t active_weight_bytes(model::CausalLM& m) {
 int main(int argc, char** argv) {
   int threads = 2;
   int64_t prompts = 64, n = 8, new_tokens = 256, prompt_len = 128;
-  std::string only, save_dir, arch = "dense", config_path, model_dir;
+  std::string only, save_dir, arch = "dense", config_path, model_dir, device_s = "cpu";
   DType dtype = DType::F32;
+  bool eager = true;
+  double hbm_gbs = 4800;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -208,16 +218,36 @@ int main(int argc, char** argv) {
     else if (a == "--arch") arch = next();
     else if (a == "--config") config_path = next();
     else if (a == "--model") model_dir = next();
+    else if (a == "--device") device_s = next();
+    else if (a == "--eager") eager = next() != "0";
+    else if (a == "--hbm-gbs") hbm_gbs = std::stod(next());
+    else if (a == "--prompt-len") prompt_len = std::stoll(next());
     else {
       std::fprintf(stderr, "usage: %s [--threads T] [--prompts P] [--n N] [--new K] [--only throughput|decode|ttft] "
                    "[--save-model DIR] [--dtype f32|bf16] [--arch dense|moe|mla|mla-moe] [--config FILE|DIR] "
-                   "[--model DIR]\n", argv[0]);
+                   "[--model DIR] [--device cpu|cuda] [--eager 0|1] [--hbm-gbs G] [--prompt-len L]\n", argv[0]);
       return 2;
     }
   }
   set_num_threads(threads);
   model::ModelOptions mo;
   mo.dtype = dtype;
+  if (device_s == "cuda") {
+#if KESTREL_HAVE_CUDA
+    if (!cuda::available()) {
+      std::fprintf(stderr, "--device cuda: %s\n", cuda::describe().c_str());
+      return 1;
+    }
+    cuda::init(0);
+    mo.device = Device::CUDA;
+#else
+    std::fprintf(stderr, "--device cuda: this build has no CUDA backend (cmake --preset cuda)\n");
+    return 1;
+#endif
+  } else if (device_s != "cpu") {
+    std::fprintf(stderr, "--device %s: cpu or cuda\n", device_s.c_str());
+    return 2;
+  }
   std::unique_ptr<model::CausalLM> m;
   std::string what = arch == "dense" ? "small config" : "built-in " + arch + " config";
   if (!model_dir.empty()) {
@@ -262,6 +292,7 @@ int main(int argc, char** argv) {
     // Room for every sequence at full length (512 x 384 tokens x 16 KiB), so
     // the number measures batching, not preemption.
     ec.kv_cache_bytes = int64_t(3) << 30;
+    ec.enforce_eager = eager;
     auto e = rollout::Engine::create(*m, ec).value();
     rollout::SamplingParams sp;
     sp.temperature = 1.0;
@@ -282,6 +313,19 @@ int main(int argc, char** argv) {
     std::printf("| %lld | %.2f | %.1f | %.1f | %lld | %lld |\n\n", (long long)st.generated_tokens, s,
                 double(st.generated_tokens) / s, double(st.generated_tokens + st.prompt_tokens) / s,
                 (long long)st.steps, (long long)st.preemptions);
+    if (mo.device != Device::CPU) {
+      // The decode steps' roofline: each reads every weight once and the KV
+      // of the batch's sequences at the mean context.
+      const double batch = double(prompts * n), mean_ctx = double(prompt_len) + 0.5 * double(new_tokens);
+      const double step_bytes = double(active_weight_bytes(*m)) + batch * mean_ctx * double(rollout::kv_bytes_per_token(*m));
+      const double bound = hbm_gbs * 1e9 / step_bytes * batch;
+      std::printf("{\"engine\": \"kestrel\", \"device\": \"%s\", \"mode\": \"%s\", \"dtype\": \"%s\", \"sequences\": %lld, "
+                  "\"new_tokens\": %lld, \"output_tok_per_s\": %.1f, \"seconds\": %.3f, \"steps\": %lld, "
+                  "\"step_mb\": %.1f, \"hbm_bound_tok_per_s\": %.0f, \"fraction_of_hbm_bound\": %.4f}\n\n",
+                  device_s.c_str(), eager ? "eager" : "cudagraph", dtype_name(dtype), (long long)(prompts * n),
+                  (long long)new_tokens, double(st.generated_tokens) / s, s, (long long)st.steps, step_bytes / 1e6, bound,
+                  double(st.generated_tokens) / s / bound);
+    }
   }
 
   if (only.empty() || only == "decode") {

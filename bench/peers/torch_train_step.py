@@ -14,6 +14,9 @@ Prints one JSON line: {"config", "threads", "tokens_per_s", "step_s", "params", 
 input tokens (rows * seq) per second of the median step (as Kestrel's bench reports), step_s is the mean seconds per timed step
 (step_s_min / step_s_median also printed: other load on a shared machine inflates the mean; cpu_step_s is the
 median process CPU seconds per step divided by --threads, which leaves out time the threads were descheduled).
+--device cuda runs on GPU 0 (the stream synchronised at the end of each step); --amp runs fp32 parameters,
+gradients and AdamW state with the forward and backward under torch.autocast(bfloat16), the mixed precision
+Kestrel's bf16 (bf16 weights, f32 masters and moments) compares with; --compile wraps the model in torch.compile.
 MoE configs (Qwen3-MoE, DeepSeek-V3) run transformers' default experts implementation unless
 --experts-implementation names one ("eager" loops over experts with per-expert nn.functional.linear calls);
 the JSON line says which ran ("experts").
@@ -41,6 +44,9 @@ def main():
     ap.add_argument("--adamw-impl", choices=["fused", "foreach", "for-loop"], default="fused",
                     help="torch.optim.AdamW implementation (fused is the fastest on CPU)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--amp", action="store_true", help="fp32 params + torch.autocast(bfloat16) (overrides --dtype)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--experts-implementation", default=None,
                     help="MoE configs: transformers' experts_implementation (\"eager\": a loop over the hit experts, "
                          "\"grouped_mm\": torch's grouped GEMM, \"batched_mm\"); default: transformers' own choice")
@@ -51,7 +57,10 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     transformers.utils.logging.set_verbosity_error()
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    dtype = torch.float32 if args.dtype == "fp32" or args.amp else torch.bfloat16
+    dev = torch.device(args.device)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # f32 as IEEE f32, as Kestrel's cuBLAS path
 
     config = AutoConfig.from_pretrained(args.config)
     extra = {}
@@ -60,7 +69,9 @@ def main():
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype, **extra)
     # What ran (None for dense models; transformers resolves its default to "grouped_mm" where torch has it).
     experts_impl = getattr(model.config, "_experts_implementation", None) if hasattr(config, "num_experts_per_tok") else None
+    model.to(dev)
     model.train()
+    fwd = torch.compile(model) if args.compile else model
     params = sum(p.numel() for p in model.parameters())
     impl = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
@@ -68,14 +79,20 @@ def main():
 
     rows = args.batch_tokens // args.seq
     g = torch.Generator().manual_seed(args.seed + 1)
-    input_ids = torch.randint(0, config.vocab_size, (rows, args.seq), generator=g)
+    input_ids = torch.randint(0, config.vocab_size, (rows, args.seq), generator=g).to(dev)
+
+    def sync():
+        if args.device == "cuda":
+            torch.cuda.synchronize()
 
     def step():
         opt.zero_grad(set_to_none=True)
         # labels=input_ids: transformers shifts internally and averages over rows*(seq-1) targets.
-        loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.amp):
+            loss = fwd(input_ids=input_ids, labels=input_ids, use_cache=False).loss
         loss.backward()
         opt.step()
+        sync()
         return float(loss.detach())
 
     for _ in range(args.warmup):
@@ -97,7 +114,8 @@ def main():
         "tokens_per_s": round(rows * args.seq / median, 2), "step_s": round(dt, 4), "params": params,
         "step_s_min": round(min(times), 4), "step_s_median": round(median, 4),
         "cpu_step_s": round(sorted(cpu_times)[len(cpu_times) // 2], 4),
-        "seq": args.seq, "batch_tokens": rows * args.seq, "steps": args.steps, "dtype": args.dtype,
+        "seq": args.seq, "batch_tokens": rows * args.seq, "steps": args.steps,
+        "dtype": "amp-bf16" if args.amp else args.dtype, "device": args.device, "compile": args.compile,
         "attn": "sdpa", "adamw": args.adamw_impl, "last_loss": loss,
         **({"experts": experts_impl} if experts_impl else {}),
         "torch": torch.__version__, "transformers": transformers.__version__,
