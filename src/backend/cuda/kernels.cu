@@ -3,9 +3,10 @@
 // even on store (__float2bfloat16_rn), the CPU's float_to_bf16; grid-stride
 // loops for elementwise ops; one block per row for row reductions, the block
 // sum in a fixed tree order (warp shuffles, then one warp over the warp sums),
-// so results do not depend on scheduling. Column reductions over rows (weight
-// and embedding gradients) run one thread per column in row order:
-// deterministic, as the CPU kernels are.
+// so results do not depend on scheduling. Column reductions over rows (norm
+// weight and bias gradients) split the rows over a block's warps and add the
+// partial sums in warp order; the embedding gradient's scatter runs one thread
+// per column in row order: all deterministic, as the CPU kernels are.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -68,13 +69,36 @@ __global__ void rmsnorm_dx_kernel(const void* x, FloatKind kx, const void* w, Fl
   }
 }
 
+// Column sums over rows, dst[c] += sum_r term(r, c), for the weight and bias
+// gradients: a block takes 32 columns, its 16 warps the rows r = warp, warp +
+// 16, ... in order, and one warp adds the 16 partial sums in warp order: a
+// fixed order, so the result does not depend on scheduling. (One thread per
+// column over every row in turn left the GPU nearly idle: Qwen2.5-0.5B's
+// 896-wide norm and bias gradients over 16,384 rows ran on 28 warps.)
+constexpr int kColSumWarps = 16;
+
+template <class Term>
+__device__ void column_sum_into(float* dst, int64_t N, int64_t C, Term term) {
+  __shared__ float part[kColSumWarps][33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
+  float acc = 0.f;
+  if (c < C)
+    for (int64_t r = warp; r < N; r += kColSumWarps) acc += term(r, c);
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < C) {
+    float total = dst[c];
+    for (int w = 0; w < kColSumWarps; ++w) total += part[w][lane];
+    dst[c] = total;
+  }
+}
+
+unsigned column_sum_blocks(int64_t C) { return unsigned((C + 31) / 32); }
+
 __global__ void rmsnorm_dw_kernel(const void* x, FloatKind kx, const float* rstd, const void* dy, FloatKind kg,
                                   float* dw, int64_t N, int64_t D) {
-  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (d >= D) return;
-  float acc = dw[d];
-  for (int64_t r = 0; r < N; ++r) acc += ld(dy, kg, r * D + d) * (ld(x, kx, r * D + d) * rstd[r]);
-  dw[d] = acc;
+  column_sum_into(dw, N, D, [&](int64_t r, int64_t d) { return ld(dy, kg, r * D + d) * (ld(x, kx, r * D + d) * rstd[r]); });
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
@@ -114,11 +138,7 @@ __global__ void embedding_bwd_kernel(const int32_t* ids, int64_t T, const void* 
 }
 
 __global__ void bias_grad_kernel(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= out) return;
-  float acc = db[c];
-  for (int64_t t = 0; t < T; ++t) acc += ld(dy, kg, t * out + c);
-  db[c] = acc;
+  column_sum_into(db, T, out, [&](int64_t t, int64_t c) { return ld(dy, kg, t * out + c); });
 }
 
 __global__ void add_bias_kernel(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out) {
@@ -157,7 +177,7 @@ void rmsnorm_bwd(const void* x, FloatKind kx, const void* w, FloatKind kw, const
                  FloatKind kg, void* dx, float* dw, int64_t N, int64_t D, void* stream) {
   if (N <= 0) return;
   // dw first: dx may alias dy (stream order runs the two kernels one after the other).
-  KS_LAUNCH(rmsnorm_dw_kernel, unsigned((D + kThreads - 1) / kThreads), kThreads, as_stream(stream))(x, kx, rstd, dy, kg,
+  KS_LAUNCH(rmsnorm_dw_kernel, column_sum_blocks(D), kColSumWarps * 32, as_stream(stream))(x, kx, rstd, dy, kg,
                                                                                                dw, N, D);
   KS_LAUNCH(rmsnorm_dx_kernel, unsigned(N), kThreads, as_stream(stream))(x, kx, w, kw, rstd, dy, kg, dx, D);
 }
@@ -186,7 +206,7 @@ void embedding_bwd(const int32_t* ids, int64_t T, const void* dy, FloatKind kg, 
 
 void bias_grad(const void* dy, FloatKind kg, int64_t T, int64_t out, float* db, void* stream) {
   if (out > 0)
-    KS_LAUNCH(bias_grad_kernel, unsigned((out + kThreads - 1) / kThreads), kThreads, as_stream(stream))(dy, kg, T, out, db);
+    KS_LAUNCH(bias_grad_kernel, column_sum_blocks(out), kColSumWarps * 32, as_stream(stream))(dy, kg, T, out, db);
 }
 
 void add_bias(void* y, FloatKind ky, const void* b, FloatKind kb, int64_t T, int64_t out, void* stream) {
