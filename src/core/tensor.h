@@ -136,6 +136,15 @@ class Tensor {
     read_host_bytes(out.data());
     return out;
   }
+  // The same into out, resized to numel (its storage reused: a buffer read
+  // every step, such as the rollout's logits, is not allocated and faulted in anew).
+  template <class T>
+  void to_host(std::vector<T>& out) const {
+    KS_CHECK(dtype_of<T>::value == dtype_, "to_host: tensor is ", describe(), ", read as ",
+             dtype_name(dtype_of<T>::value));
+    out.resize(static_cast<size_t>(numel_));
+    read_host_bytes(out.data());
+  }
 
   std::string describe() const;  // "f32[2, 3]"
 

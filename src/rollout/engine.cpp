@@ -155,6 +155,7 @@ class EngineImpl final : public Engine {
   bool asleep_ = false;
   EngineStats stats_;
   std::vector<SamplerScratch> scratch_;  // per OpenMP thread
+  std::vector<float> logits_host_;       // [S, V] the step's logits for the sampler, reused across steps
 };
 
 Status EngineImpl::add_request(const std::string& id, std::vector<int32_t> prompt, const SamplingParams& p) {
@@ -331,9 +332,13 @@ std::vector<RequestOutput> EngineImpl::step() {
   // On a device, bf16 logits widen to f32 there (exactly) and cross in one
   // copy: converting [S, V] element by element on the host took longer than
   // the decode step's kernels (an H200, 64 rows of a 152k vocabulary).
-  const std::vector<float> lf = logits.dtype() == DType::F32 ? logits.to_host<float>()
-                                : dev != Device::CPU        ? logits.to(DType::F32).to_host<float>()
-                                                            : logits.to_float_vector();
+  if (logits.dtype() == DType::F32)
+    logits.to_host(logits_host_);
+  else if (dev != Device::CPU)
+    logits.to(DType::F32).to_host(logits_host_);
+  else
+    logits_host_ = logits.to_float_vector();
+  const std::vector<float>& lf = logits_host_;
   const std::vector<float> lse_h = lse.to_host<float>();
   const float* L = lf.data();
   const float* lse_p = lse_h.data();
