@@ -117,3 +117,58 @@ struct OnlineSoftmax {
     return none ? kNegInf : m + logf(l);
   }
 };
+
+// out[r] = sum over d < width of x[r][d] * tile[lane * pad + d], d in order:
+// R rows held in registers spread over the lanes (element d = 32 t + lane in
+// x[r][t], reaching the other lanes by shuffles) against the tile row of this
+// lane's key (or query), staged in shared memory.
+template <int R, int kSl>
+__device__ void tile_dots(const float (&x)[R][kSl], const float* tile, int pad, int width, float (&out)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = 0.f;
+#pragma unroll
+  for (int t = 0; t < kSl; ++t)
+    for (int dd = 0; dd < 32; ++dd) {
+      const int d = 32 * t + dd;
+      if (d >= width) break;  // uniform over the warp
+      const float y = tile[lane * pad + d];
+#pragma unroll
+      for (int r = 0; r < R; ++r) out[r] += __shfl_sync(0xffffffffu, x[r][t], dd) * y;
+    }
+}
+
+// One step of R rows' online softmax over a tile of nk keys staged in shared
+// memory, one key per lane (the tiled attention and grouped paged-decode
+// kernels): sc[r] is this lane's scaled score for row r and vis[r] whether its
+// key counts; acc[r][t] accumulates dims lane + 32 t of the value rows
+// vs[kk * pad + d]. A row with no visible key in the tile stays as it was.
+template <int R, int kSl>
+__device__ void tile_softmax_step(const float (&sc)[R], const bool (&vis)[R], float (&m)[R], float (&l)[R],
+                                  float (&acc)[R][kSl], const float* vs, int pad, int nk) {
+  const int lane = threadIdx.x & 31;
+  float p[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    p[r] = 0.f;
+    if (warp_sum(vis[r] ? 1.f : 0.f) == 0.f) continue;  // uniform over the warp
+    const float m_new = fmaxf(m[r], warp_max(vis[r] ? sc[r] : kNegInf));
+    const float corr = expf(m[r] - m_new);
+    p[r] = vis[r] ? expf(sc[r] - m_new) : 0.f;
+    l[r] = l[r] * corr + warp_sum(p[r]);
+#pragma unroll
+    for (int t = 0; t < kSl; ++t) acc[r][t] *= corr;
+    m[r] = m_new;
+  }
+  for (int kk = 0; kk < nk; ++kk) {
+    float vv[kSl];
+#pragma unroll
+    for (int t = 0; t < kSl; ++t) vv[t] = vs[kk * pad + lane + 32 * t];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float pk = __shfl_sync(0xffffffffu, p[r], kk);
+#pragma unroll
+      for (int t = 0; t < kSl; ++t) acc[r][t] += pk * vv[t];
+    }
+  }
+}

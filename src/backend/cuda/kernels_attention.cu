@@ -282,43 +282,15 @@ __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, Fl
       __syncthreads();
       const int64_t j = c + lane;
       float s[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) s[r] = 0.f;
-#pragma unroll
-      for (int t = 0; t < kSl; ++t)
-        for (int dd = 0; dd < 32; ++dd) {
-          const int d = 32 * t + dd;
-          if (d >= D.hd) break;
-          const float kv = ks[lane * kPad + d];
-#pragma unroll
-          for (int r = 0; r < R; ++r) s[r] += __shfl_sync(0xffffffffu, qr[r][t], dd) * kv;
-        }
-      float p[R];
+      tile_dots<R, kSl>(qr, ks, kPad, D.hd, s);
+      float sc[R];
+      bool vis[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const bool vis = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
-        const float sc = D.scale * s[r];
-        p[r] = 0.f;
-        if (warp_sum(vis ? 1.f : 0.f) == 0.f) continue;  // uniform over the warp
-        const float m_new = fmaxf(m[r], warp_max(vis ? sc : kNegInf));
-        const float corr = expf(m[r] - m_new);
-        p[r] = vis ? expf(sc - m_new) : 0.f;
-        l[r] = l[r] * corr + warp_sum(p[r]);
-#pragma unroll
-        for (int t = 0; t < kSl; ++t) acc[r][t] *= corr;
-        m[r] = m_new;
+        vis[r] = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
+        sc[r] = D.scale * s[r];
       }
-      for (int kk = 0; kk < nk; ++kk) {
-        float vv[kSl];
-#pragma unroll
-        for (int t = 0; t < kSl; ++t) vv[t] = vs[kk * kPad + lane + 32 * t];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float pk = __shfl_sync(0xffffffffu, p[r], kk);
-#pragma unroll
-          for (int t = 0; t < kSl; ++t) acc[r][t] += pk * vv[t];
-        }
-      }
+      tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk);
     }
   });
 #pragma unroll
@@ -374,19 +346,8 @@ __global__ void dq_tiled_kernel(const void* q, const void* k, const void* v, Flo
       __syncthreads();
       const int64_t j = c + lane;
       float s[R], dp[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.f;
-#pragma unroll
-      for (int t = 0; t < kSl; ++t)
-        for (int dd = 0; dd < 32; ++dd) {
-          const int d = 32 * t + dd;
-          const float kv = d < D.hd ? ks[lane * kPad + d] : 0.f, vv = d < D.vd ? vs[lane * kPad + d] : 0.f;
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            s[r] += __shfl_sync(0xffffffffu, qr[r][t], dd) * kv;
-            dp[r] += __shfl_sync(0xffffffffu, gr[r][t], dd) * vv;
-          }
-        }
+      tile_dots<R, kSl>(qr, ks, kPad, D.hd, s);
+      tile_dots<R, kSl>(gr, vs, kPad, D.vd, dp);
       float ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -464,19 +425,8 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
       __syncthreads();
       const int64_t i = c + lane;
       float s[R], dp[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.f;
-#pragma unroll
-      for (int t = 0; t < kSl; ++t)
-        for (int dd = 0; dd < 32; ++dd) {
-          const int d = 32 * t + dd;
-          const float qv = d < D.hd ? qs[lane * kPad + d] : 0.f, gv = d < D.vd ? gs[lane * kPad + d] : 0.f;
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            s[r] += __shfl_sync(0xffffffffu, kr[r][t], dd) * qv;
-            dp[r] += __shfl_sync(0xffffffffu, vr[r][t], dd) * gv;
-          }
-        }
+      tile_dots<R, kSl>(kr, qs, kPad, D.hd, s);
+      tile_dots<R, kSl>(vr, gs, kPad, D.vd, dp);
       float p[R], ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {

@@ -139,43 +139,15 @@ __global__ void paged_fwd_grouped_kernel(const void* q, const void* kc, const vo
     }
     __syncthreads();
     float s[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) s[r] = 0.f;
-#pragma unroll
-    for (int t = 0; t < kSl; ++t)
-      for (int dd = 0; dd < 32; ++dd) {
-        const int d = 32 * t + dd;
-        if (d >= D.hd) break;
-        const float kv = ks[lane * kPad + d];
-#pragma unroll
-        for (int r = 0; r < R; ++r) s[r] += __shfl_sync(0xffffffffu, qr[r][t], dd) * kv;
-      }
-    float p[R];
+    tile_dots<R, kSl>(qr, ks, kPad, D.hd, s);
+    float sc[R];
+    bool vis[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      p[r] = 0.f;
-      if (hh[r] < 0) continue;  // uniform over the warp
-      const bool vis = lane < nk;
-      const float sc = D.scale * s[r];
-      const float m_new = fmaxf(m[r], warp_max(vis ? sc : kNegInf));
-      const float corr = expf(m[r] - m_new);
-      p[r] = vis ? expf(sc - m_new) : 0.f;
-      l[r] = l[r] * corr + warp_sum(p[r]);
-#pragma unroll
-      for (int t = 0; t < kSl; ++t) acc[r][t] *= corr;
-      m[r] = m_new;
+      vis[r] = hh[r] >= 0 && lane < nk;  // a warp's unused head slot sees no key
+      sc[r] = D.scale * s[r];
     }
-    for (int kk = 0; kk < nk; ++kk) {
-      float vv[kSl];
-#pragma unroll
-      for (int t = 0; t < kSl; ++t) vv[t] = vs[kk * kPad + lane + 32 * t];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float pk = __shfl_sync(0xffffffffu, p[r], kk);
-#pragma unroll
-        for (int t = 0; t < kSl; ++t) acc[r][t] += pk * vv[t];
-      }
-    }
+    tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
