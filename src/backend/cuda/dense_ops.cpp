@@ -1,6 +1,9 @@
 // Host side of the CUDA dense ops: kernel launches (kernels.cu) and cuBLAS GEMMs.
 #include "backend/cuda/dense_ops.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_util.h"
 
 namespace kestrel::cuda {
@@ -17,13 +20,61 @@ Tensor widened(const Tensor& t) {
   return w;
 }
 
+// KESTREL_CUDA_EXACT_F32_GEMM=1: GEMMs of a bf16 operand against an f32 one
+// widen the bf16 side and run in f32 (47 TFLOP/s on an H200) instead of the
+// three bf16 GEMMs below (tensor cores, about 600 TFLOP/s each).
+bool exact_f32_mixed_gemm() {
+  static const bool exact = [] {
+    const char* e = std::getenv("KESTREL_CUDA_EXACT_F32_GEMM");
+    return e && std::string(e) == "1";
+  }();
+  return exact;
+}
+
+void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A,
+             FloatKind ka, int64_t lda, const Tensor& B, FloatKind kb, int64_t ldb, float beta, Tensor& C,
+             int64_t ldc, const char* op) {
+  const float alpha = 1.f;
+  KS_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, int(m), int(n), int(k), &alpha, dptr(A), cuda_type(ka), int(lda),
+                               dptr(B), cuda_type(kb), int(ldb), &beta, dptr(C), cuda_type(float_kind(C, op)),
+                               int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // Column-major C[m, n] = alpha * op(A) op(B) + beta * C, every operand a
 // device float tensor of any kind. cuBLAS takes A and B of one type and C of
-// that type or f32; other mixes go through f32 copies.
+// that type or f32. A bf16 operand against an f32 one (bf16 training's
+// weights and activations against its f32 activation gradients) runs as three
+// bf16 GEMMs into an f32 C: the f32 side split exactly as hi + mid + lo
+// (split_bf16), the bf16 side as it is, every product of two bf16 values exact
+// in the f32 accumulation, so the result is the f32 GEMM's up to summation
+// order (two parts, 16 significand bits, were off by 2.5e-5 of the terms'
+// size in the consistency harness). Other mixes, and every mix under
+// KESTREL_CUDA_EXACT_F32_GEMM=1, go through f32 copies.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
           const Tensor& B, int64_t ldb, float beta, Tensor& C, int64_t ldc, const char* op) {
   if (m == 0 || n == 0) return;
   FloatKind ka = float_kind(A, op), kb = float_kind(B, op), kc = float_kind(C, op);
+  if (ka != kb && !exact_f32_mixed_gemm()) {
+    const Tensor& f32_side = ka == FloatKind::F32 ? A : B;
+    Tensor parts[3];  // hi, mid, lo
+    for (Tensor& p : parts) p = Tensor::empty(f32_side.shape(), DType::BF16, MemCategory::Activations, Device::CUDA);
+    launch::split_bf16(static_cast<const float*>(dptr(f32_side)), dptr(parts[0]), dptr(parts[1]), dptr(parts[2]),
+                       f32_side.numel(), stream());
+    check_launch(op);
+    Tensor c32;
+    Tensor* pc = &C;
+    if (kc == FloatKind::BF16) {  // the sum of the two products rounded to bf16 once
+      c32 = Tensor::empty(C.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
+      if (beta != 0.f) c32.copy_from(C);
+      pc = &c32;
+    }
+    const bool a_split = ka == FloatKind::F32;
+    for (int p = 0; p < 3; ++p)
+      gemm_ex(ta, tb, m, n, k, a_split ? parts[p] : A, FloatKind::BF16, lda, a_split ? B : parts[p], FloatKind::BF16, ldb,
+              p == 0 ? beta : 1.f, *pc, ldc, op);
+    if (pc != &C) C.copy_from(*pc);
+    return;
+  }
   Tensor a32, b32;
   const Tensor* pa = &A;
   const Tensor* pb = &B;
@@ -38,10 +89,7 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int6
     if (beta != 0.f) c32.copy_from(C);
     pc = &c32;
   }
-  const float alpha = 1.f;
-  KS_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, int(m), int(n), int(k), &alpha, dptr(*pa), cuda_type(ka), int(lda),
-                               dptr(*pb), cuda_type(kb), int(ldb), &beta, dptr(*pc), cuda_type(float_kind(*pc, op)),
-                               int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_ex(ta, tb, m, n, k, *pa, ka, lda, *pb, kb, ldb, beta, *pc, ldc, op);
   if (pc != &C) C.copy_from(*pc);
 }
 

@@ -32,6 +32,17 @@ __global__ void convert_kernel(const void* src, FloatKind s, void* dst, FloatKin
     st(dst, d, i, ld(src, s, i));
 }
 
+__global__ void split_bf16_kernel(const float* x, bf16* hi, bf16* mid, bf16* lo, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const bf16 h = __float2bfloat16_rn(x[i]);
+    const float r1 = x[i] - __bfloat162float(h);
+    const bf16 m = __float2bfloat16_rn(r1);
+    hi[i] = h;
+    mid[i] = m;
+    lo[i] = __float2bfloat16_rn(r1 - __bfloat162float(m));
+  }
+}
+
 __global__ void add_kernel(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     st(y, ky, i, ld(a, ka, i) + ld(b, kb, i));
@@ -162,6 +173,12 @@ void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stre
 
 void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream) {
   if (n > 0) KS_LAUNCH(convert_kernel, grid_for(n), kThreads, as_stream(stream))(src, s, dst, d, n);
+}
+
+void split_bf16(const float* x, void* hi, void* mid, void* lo, int64_t n, void* stream) {
+  if (n > 0)
+    KS_LAUNCH(split_bf16_kernel, grid_for(n), kThreads, as_stream(stream))(
+        x, static_cast<bf16*>(hi), static_cast<bf16*>(mid), static_cast<bf16*>(lo), n);
 }
 
 void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream) {

@@ -17,6 +17,10 @@ enum class FloatKind : uint8_t { F32, BF16 };
 void fill_bits(void* p, int64_t n, int bytes_per_elem, uint64_t bits, void* stream);
 // dst[i] = src[i] converted (F32 <-> BF16, round to nearest even; NaN stays NaN).
 void convert(const void* src, FloatKind s, void* dst, FloatKind d, int64_t n, void* stream);
+// x[i] = hi[i] + mid[i] + lo[i] exactly, each part bf16 (round to nearest even; every
+// difference is exact in f32, and the last part has at most 8 significant bits), for
+// normal and zero x: a GEMM of a bf16 operand against x runs as three bf16 GEMMs.
+void split_bf16(const float* x, void* hi, void* mid, void* lo, int64_t n, void* stream);
 
 // y = a + b elementwise.
 void add(const void* a, FloatKind ka, const void* b, FloatKind kb, void* y, FloatKind ky, int64_t n, void* stream);
