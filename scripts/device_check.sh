@@ -133,6 +133,9 @@ if [[ ${DEVICE_CHECK_BENCH:-1} != 0 ]]; then
      --only throughput --threads "$DECODE_THREADS")
   C05=bench/configs/qwen2.5-0.5b.json C15=bench/configs/qwen2.5-1.5b.json
   bench "train step 0.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
+  # The backward's GEMMs as three bf16 GEMMs of the split gradient (the default) against the widened f32 GEMM.
+  bench "train step 0.5b kestrel, KESTREL_CUDA_EXACT_F32_GEMM=1" 90 env KESTREL_CUDA_EXACT_F32_GEMM=1 \
+    "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
   bench "train step 0.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" --amp
   bench "decode 64 seqs kestrel eager" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
   bench "decode 64 seqs kestrel cudagraph" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 0
