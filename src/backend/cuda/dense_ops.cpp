@@ -31,6 +31,12 @@ bool exact_f32_mixed_gemm() {
   return exact;
 }
 
+// The split's three bf16 copies take 1.5x the f32 operand's bytes while the
+// GEMMs run. Above this many elements (768 MiB of copies) the bf16 side is
+// widened instead: bf16 training's [T, vocab] f32 logit gradient (10 GB at
+// 16,384 tokens of a 152k vocabulary) would otherwise add 15 GB to the peak.
+constexpr int64_t kMaxSplitElements = int64_t(1) << 27;
+
 void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A,
              FloatKind ka, int64_t lda, const Tensor& B, FloatKind kb, int64_t ldb, float beta, Tensor& C,
              int64_t ldc, const char* op) {
@@ -48,14 +54,15 @@ void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, i
 // (split_bf16), the bf16 side as it is, every product of two bf16 values exact
 // in the f32 accumulation, so the result is the f32 GEMM's up to summation
 // order (two parts, 16 significand bits, were off by 2.5e-5 of the terms'
-// size in the consistency harness). Other mixes, and every mix under
-// KESTREL_CUDA_EXACT_F32_GEMM=1, go through f32 copies.
+// size in the consistency harness). Other mixes, an f32 operand larger than
+// kMaxSplitElements, and every mix under KESTREL_CUDA_EXACT_F32_GEMM=1 go
+// through f32 copies.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
           const Tensor& B, int64_t ldb, float beta, Tensor& C, int64_t ldc, const char* op) {
   if (m == 0 || n == 0) return;
   FloatKind ka = float_kind(A, op), kb = float_kind(B, op), kc = float_kind(C, op);
-  if (ka != kb && !exact_f32_mixed_gemm()) {
-    const Tensor& f32_side = ka == FloatKind::F32 ? A : B;
+  const Tensor& f32_side = ka == FloatKind::F32 ? A : B;
+  if (ka != kb && !exact_f32_mixed_gemm() && f32_side.numel() <= kMaxSplitElements) {
     Tensor parts[3];  // hi, mid, lo
     for (Tensor& p : parts) p = Tensor::empty(f32_side.shape(), DType::BF16, MemCategory::Activations, Device::CUDA);
     launch::split_bf16(static_cast<const float*>(dptr(f32_side)), dptr(parts[0]), dptr(parts[1]), dptr(parts[2]),
