@@ -70,7 +70,7 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int6
     check_launch(op);
     Tensor c32;
     Tensor* pc = &C;
-    if (kc == FloatKind::BF16) {  // the sum of the two products rounded to bf16 once
+    if (kc == FloatKind::BF16) {  // the sum of the three products rounded to bf16 once
       c32 = Tensor::empty(C.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
       if (beta != 0.f) c32.copy_from(C);
       pc = &c32;

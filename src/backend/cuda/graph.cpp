@@ -110,11 +110,12 @@ void Graph::capture(GraphPool& pool, const std::function<void()>& work) {
       throw;
     }
     const cudaError_t e = cudaStreamEndCapture(stream(), &g);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // as above: the failure is reported here, not by the next launch
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // as above: the failure is reported here, not by the next launch
       KS_FAIL("CUDA graph capture failed: ", cudaGetErrorString(e),
               ". The captured work must stay on the device: no synchronisation, no copy to or from host memory, "
               "no allocation outside the graph's pool");
+    }
   } catch (...) {
     register_device_allocator(Device::CUDA, eager);
     throw;

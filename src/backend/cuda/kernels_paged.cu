@@ -96,11 +96,7 @@ __global__ void paged_fwd_grouped_kernel(const void* q, const void* kc, const vo
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t i = blockIdx.x / D.Hkv;
   const int g = int(blockIdx.x % D.Hkv), rep = D.H / D.Hkv;
-  int b = 0, hi = B;  // cu[b] <= i < cu[b+1]
-  while (hi - b > 1) {
-    const int mid = (b + hi) / 2;
-    if (cu[mid] <= i) b = mid; else hi = mid;
-  }
+  const int b = seq_of(cu, B, i);
   const int64_t q_len = cu[b + 1] - cu[b];
   const int64_t n_keys = int64_t(seq_lens[b]) - q_len + (i - cu[b]) + 1;  // keys up to this row's position
   const int32_t* table = bt + int64_t(b) * D.max_blocks;
