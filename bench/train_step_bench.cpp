@@ -35,9 +35,7 @@
 #include <vector>
 
 #include "backend/cpu/gemm.h"
-#if KESTREL_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
+#include "bench_device.h"
 #include "bench_timing.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
@@ -69,15 +67,6 @@ static double measure_gemm_peak_gflops() {
   return best;
 }
 
-// The stream drained, so a wall-clock time covers the kernels queued before it.
-static void sync_device(Device dev) {
-#if KESTREL_HAVE_CUDA
-  if (dev == Device::CUDA) cuda::synchronize();
-#else
-  (void)dev;
-#endif
-}
-
 // Best of a few n^3 matmuls (n = --peak-gemm-n, 8192 by default) y = x w^T through ops::linear_fwd on dev in dtype
 // dt (the model's own GEMM path): the practical peak on a device, GFLOP/s.
 static double measure_device_gemm_peak_gflops(Device dev, DType dt, int64_t n) {
@@ -87,10 +76,10 @@ static double measure_device_gemm_peak_gflops(Device dev, DType dt, int64_t n) {
   w.fill_(0.25f);
   double best = 0;
   for (int r = 0; r < 6; ++r) {
-    sync_device(dev);
+    bench::sync_device(dev);
     auto t0 = Clock::now();
     ops::linear_fwd(x, w, nullptr, y);
-    sync_device(dev);
+    bench::sync_device(dev);
     if (r > 0) best = std::max(best, 2.0 * double(n) * n * n / seconds_since(t0) / 1e9);
   }
   return best;
@@ -145,7 +134,7 @@ int main(int argc, char** argv) {
     else if (k == "--scoring" && (v == "plain" || v == "packed")) scoring = v;
     else if (k == "--micro-batches") micro_batches = std::max(1, std::atoi(v.c_str()));
     else if (k == "--train-packs") train_packs = std::atoi(v.c_str());
-    else if (k == "--device" && (v == "cpu" || v == "cuda")) device_s = v;
+    else if (k == "--device") device_s = v;
     else if (k == "--peak-tflops") peak_tflops = std::atof(v.c_str());
     else if (k == "--peak-gemm-n") peak_gemm_n = std::max<int64_t>(64, std::atoll(v.c_str()));
     else {
@@ -159,19 +148,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", st.message().c_str());
     return 1;
   }
-  const Device device = device_s == "cuda" ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA) {
-#if KESTREL_HAVE_CUDA
-    if (!cuda::available()) {
-      std::fprintf(stderr, "--device cuda: %s\n", cuda::describe().c_str());
-      return 1;
-    }
-    cuda::init(0);
-#else
-    std::fprintf(stderr, "--device cuda: this build has no CUDA backend (cmake --preset cuda)\n");
-    return 1;
-#endif
+  if (device_s != "cpu" && !scoring.empty()) {
+    std::fprintf(stderr, "--scoring with --device %s: not supported yet (the packed weights are the CPU's)\n",
+                 device_s.c_str());
+    return 2;
   }
+  Device device = Device::CPU;
+  if (!bench::init_device(device_s, &device)) return 1;
   auto cfg = io::load_model_config(config);
   if (!cfg.is_ok()) {
     std::fprintf(stderr, "%s\n", cfg.status().message().c_str());
@@ -262,7 +245,7 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < micro.size(); ++i) loss += train::forward_backward(*m, micro[i], micro_obj[i], false).loss;
     }
     opt.step(1e-4);
-    sync_device(device);
+    bench::sync_device(device);
     if (s >= warmup) {
       times.push_back(seconds_since(t0));
       cpu_times.push_back((bench::cpu_seconds() - c0) / threads);
