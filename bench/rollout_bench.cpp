@@ -48,6 +48,7 @@
 #include "core/rng.h"
 #include "io/model_config.h"
 #include "model/transformer.h"
+#include "ops/op_profile.h"
 #include "rollout/engine.h"
 
 using namespace kestrel;
@@ -291,9 +292,11 @@ int main(int argc, char** argv) {
       sp.seed = uint64_t(i);
       e->add_request("p" + std::to_string(i), random_tokens(uint64_t(i), prompt_len, cfg.vocab_size), sp).throw_if_error();
     }
+    ops::op_profile_reset();  // KESTREL_OP_PROFILE: the engine's steps only, not the set-up
     const auto t0 = Clock::now();
     const auto outs = e->run_to_completion();
     const double s = secs_since(t0);
+    if (ops::op_profile_enabled()) ops::op_profile_report(stdout, "op profile of the throughput run");
     const auto st = e->stats();
     std::printf("## throughput: %lld prompts x n=%lld, %lld prompt + %lld new tokens, temperature 1\n",
                 (long long)prompts, (long long)n, (long long)prompt_len, (long long)new_tokens);

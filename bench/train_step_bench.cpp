@@ -43,6 +43,7 @@
 #include "model/scoring.h"
 #include "model/transformer.h"
 #include "ops/linear.h"
+#include "ops/op_profile.h"
 #include "optim/adamw.h"
 #include "train/engine.h"
 #include "train/token_objective.h"
@@ -233,6 +234,7 @@ int main(int argc, char** argv) {
   std::vector<double> times, cpu_times;
   double loss = 0;
   for (int s = 0; s < warmup + steps; ++s) {
+    if (s == warmup) ops::op_profile_reset();  // KESTREL_OP_PROFILE: the timed steps only
     auto t0 = Clock::now();
     const double c0 = bench::cpu_seconds();
     m->zero_grads();
@@ -262,6 +264,10 @@ int main(int argc, char** argv) {
   // its k routed experts and its shared expert(s) (the active parameters); an
   // MLA layer its q (LoRA or full), kv_a, kv_b and o projections.
   const double flops = double(b.num_tokens) * model_flops_per_token(cfg.value(), seq);
+  if (ops::op_profile_enabled()) {
+    const std::string title = "op profile of " + std::to_string(steps) + " training steps";
+    ops::op_profile_report(stdout, title.c_str());
+  }
   if (device == Device::CUDA) {
     const double peak = measure_device_gemm_peak_gflops(device, dt, peak_gemm_n);
     const double achieved = flops / step_s / 1e9;

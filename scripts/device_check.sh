@@ -33,7 +33,9 @@
 #     (bench/peers/torch_train_step.py), as tokens/s and MFU; decode of 64
 #     sequences (bench_rollout_bench --device cuda), eager and CUDA graphs,
 #     against HF generate on the same GPU and against the HBM roofline.
-# TRAIN_STEPS / TRAIN_WARMUP (5 / 2), DECODE_NEW (256), DECODE_THREADS (8) and
+#   KESTREL_OP_PROFILE=1 runs of the 0.5B step and the decode print each op's
+#   share of the time (ops/op_profile.h).
+# TRAIN_STEPS / TRAIN_WARMUP (5 / 2), DECODE_NEW (256), DECODE_THREADS (8), COMPILE_LIMIT_S (110) and
 # TORCH_OPS=0 (skip PyTorch's kernel timings) and GRPO=0 (skip the GRPO comparison) shorten a run.
 # Every step runs under its own time limit (STEP_LIMIT_S, default 240 s), and
 # the benchmarks stop being started once DEADLINE_S (default 480 s) has passed,
@@ -132,21 +134,26 @@ if [[ ${DEVICE_CHECK_BENCH:-1} != 0 ]]; then
   R=(--device cuda --dtype bf16 --config bench/configs/qwen2.5-0.5b.json --prompts 64 --n 1 --new "${DECODE_NEW:-256}"
      --only throughput --threads "$DECODE_THREADS")
   C05=bench/configs/qwen2.5-0.5b.json C15=bench/configs/qwen2.5-1.5b.json
+  # Ordered so that what was never measured comes first (a deadline may cut the tail).
+  bench "train step 1.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C15 "${TRAIN[@]}" --peak-tflops 790
+  bench "train step 1.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C15 "${TRAIN[@]}" --amp
   bench "train step 0.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
+  bench "train step 0.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" --amp
+  bench "train step 0.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C05 \
+    "${TRAIN[@]}" --amp --compile
+  # Where the step's time goes: each op's kernels timed with the queue drained around it (ops/op_profile.h).
+  bench "train step 0.5b kestrel, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_train_step_bench" --config $C05 \
+    "${TRAIN[@]}" --steps 2 --peak-tflops 790
   # The backward's GEMMs as three bf16 GEMMs of the split gradient (the default) against the widened f32 GEMM.
   bench "train step 0.5b kestrel, KESTREL_CUDA_EXACT_F32_GEMM=1" 90 env KESTREL_CUDA_EXACT_F32_GEMM=1 \
     "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
-  bench "train step 0.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" --amp
   bench "decode 64 seqs kestrel eager" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
   bench "decode 64 seqs kestrel cudagraph" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 0
   bench "decode 64 seqs HF generate" 90 "${PY[@]}" bench/peers/hf_generate.py --device cuda --dtype bf16 \
     --config $C05 --prompts 64 --n 1 --new "${DECODE_NEW:-256}" --only throughput
-  bench "train step 1.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C15 "${TRAIN[@]}" --peak-tflops 790
-  bench "train step 1.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C15 "${TRAIN[@]}" --amp
-  bench "train step 0.5b torch.compile" 120 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" \
-    --amp --compile
-  bench "train step 1.5b torch.compile" 120 "${PY[@]}" bench/peers/torch_train_step.py --config $C15 "${TRAIN[@]}" \
-    --amp --compile
+  bench "decode 64 seqs kestrel eager, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
+  bench "train step 1.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C15 \
+    "${TRAIN[@]}" --amp --compile
 fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]" "$OUTF" | sort | uniq -c | tee -a /dev/stderr >/dev/null
 log "== device_check: $([[ $fail == 0 ]] && echo ok || echo FAILED) after $((SECONDS - T0)) s"

@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "ops/op_profile.h"
 
 // KS_CUDA_KERNEL(cuda::f) adds ", .cuda = cuda::f" to a kernel table in a
 // build with the CUDA backend (KESTREL_HAVE_CUDA) and nothing otherwise.
@@ -54,10 +55,12 @@ Fn* kernel_for(const char* op, const Kernels<Fn>& k, std::initializer_list<const
   return f;
 }
 
-// Runs op's kernel for the device of ts with args.
+// Runs op's kernel for the device of ts with args (timed under KESTREL_OP_PROFILE, ops/op_profile.h).
 template <class Fn, class... A>
 decltype(auto) dispatch(const char* op, const Kernels<Fn>& k, std::initializer_list<const Tensor*> ts, A&&... args) {
-  return kernel_for(op, k, ts)(std::forward<A>(args)...);
+  Fn* f = kernel_for(op, k, ts);
+  OpTimer timer(op, op_profile_enabled() ? common_device(op, ts) : Device::CPU, ts);
+  return f(std::forward<A>(args)...);
 }
 
 }  // namespace kestrel::ops::detail

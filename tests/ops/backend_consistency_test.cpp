@@ -55,15 +55,20 @@ TEST_P(BackendConsistency, LinearForwardAndBackward) {
     EXPECT_TRUE(agree(dbd, db, "linear_bwd db", 2));
   }
   if (dt() == DType::BF16) {
-    // bf16 training's backward: f32 output gradients against bf16 weights and inputs, the
-    // device's two bf16 GEMMs of the split gradient (dense_ops.cpp) against the CPU's f32.
+    // bf16 training's backward: f32 output gradients against bf16 weights and
+    // inputs, the device's three bf16 GEMMs of the split gradient (dense_ops.cpp:
+    // split once for both GEMMs, or for the one asked) against the CPU's f32.
     Tensor dy32 = host({T, out}, DType::F32, 9);
-    Tensor dx = host({T, in}, DType::F32, 5), dw = host({out, in}, DType::F32, 6);
-    Tensor dxd = on_dev(dx), dwd = on_dev(dw);
-    ops::linear_bwd(x, w, dy32, &dx, &dw, nullptr, true);
-    ops::linear_bwd(on_dev(x), on_dev(w), on_dev(dy32), &dxd, &dwd, nullptr, true);
-    EXPECT_TRUE(agree(dxd, dx, "linear_bwd dx (f32 gradient, bf16 weights)", 2));
-    EXPECT_TRUE(agree(dwd, dw, "linear_bwd dw (f32 gradient, bf16 inputs)", 2));
+    for (int which : {3, 1, 2}) {  // bit 1: dx, bit 2: dw
+      Tensor dx = host({T, in}, DType::F32, 5), dw = host({out, in}, DType::F32, 6);
+      Tensor dxd = on_dev(dx), dwd = on_dev(dw);
+      Tensor* hx = which & 1 ? &dx : nullptr;
+      Tensor* hw = which & 2 ? &dw : nullptr;
+      ops::linear_bwd(x, w, dy32, hx, hw, nullptr, true);
+      ops::linear_bwd(on_dev(x), on_dev(w), on_dev(dy32), hx ? &dxd : nullptr, hw ? &dwd : nullptr, nullptr, true);
+      EXPECT_TRUE(agree(dxd, dx, "linear_bwd dx (f32 gradient, bf16 weights)", 2)) << which;
+      EXPECT_TRUE(agree(dwd, dw, "linear_bwd dw (f32 gradient, bf16 inputs)", 2)) << which;
+    }
   }
   Tensor a = host({T, in}, dt(), 8), s = Tensor::empty({T, in}, dt()), sd = on_dev(s);
   ops::add(x, a, s);

@@ -46,57 +46,67 @@ void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, i
                                int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// The exact split of an f32 operand into three bf16 tensors, hi + mid + lo
+// (split_bf16), made once per operand: linear_bwd's dy feeds both its GEMMs.
+struct Bf16Split {
+  Tensor parts[3];
+};
+
+Bf16Split split_exact(const Tensor& f32, const char* op) {
+  Bf16Split s;
+  for (Tensor& p : s.parts) p = Tensor::empty(f32.shape(), DType::BF16, MemCategory::Activations, Device::CUDA);
+  launch::split_bf16(static_cast<const float*>(dptr(f32)), dptr(s.parts[0]), dptr(s.parts[1]), dptr(s.parts[2]),
+                     f32.numel(), stream());
+  check_launch(op);
+  return s;
+}
+
+// Whether a GEMM of a bf16 operand against the f32 operand f32_side runs as the split's three bf16 GEMMs.
+bool splits(const Tensor& f32_side) { return !exact_f32_mixed_gemm() && f32_side.numel() <= kMaxSplitElements; }
+
 // Column-major C[m, n] = alpha * op(A) op(B) + beta * C, every operand a
 // device float tensor of any kind. cuBLAS takes A and B of one type and C of
 // that type or f32. A bf16 operand against an f32 one (bf16 training's
 // weights and activations against its f32 activation gradients) runs as three
 // bf16 GEMMs into an f32 C: the f32 side split exactly as hi + mid + lo
-// (split_bf16), the bf16 side as it is, every product of two bf16 values exact
-// in the f32 accumulation, so the result is the f32 GEMM's up to summation
-// order (two parts, 16 significand bits, were off by 2.5e-5 of the terms'
-// size in the consistency harness). Other mixes, an f32 operand larger than
-// kMaxSplitElements, and every mix under KESTREL_CUDA_EXACT_F32_GEMM=1 go
-// through f32 copies.
+// (`split`, or made here), the bf16 side as it is, every product of two bf16
+// values exact in the f32 accumulation, so the result is the f32 GEMM's up to
+// summation order (two parts, 16 significand bits, were off by 2.5e-5 of the
+// terms' size in the consistency harness). Other mixes, an f32 operand larger
+// than kMaxSplitElements, and every mix under KESTREL_CUDA_EXACT_F32_GEMM=1 go
+// through f32 copies. A bf16 C of an f32 computation (the split's sum, or
+// f32 inputs) is computed in an f32 temporary and rounded once.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
-          const Tensor& B, int64_t ldb, float beta, Tensor& C, int64_t ldc, const char* op) {
+          const Tensor& B, int64_t ldb, float beta, Tensor& C, int64_t ldc, const char* op,
+          const Bf16Split* split = nullptr) {
   if (m == 0 || n == 0) return;
-  FloatKind ka = float_kind(A, op), kb = float_kind(B, op), kc = float_kind(C, op);
-  const Tensor& f32_side = ka == FloatKind::F32 ? A : B;
-  if (ka != kb && !exact_f32_mixed_gemm() && f32_side.numel() <= kMaxSplitElements) {
-    Tensor parts[3];  // hi, mid, lo
-    for (Tensor& p : parts) p = Tensor::empty(f32_side.shape(), DType::BF16, MemCategory::Activations, Device::CUDA);
-    launch::split_bf16(static_cast<const float*>(dptr(f32_side)), dptr(parts[0]), dptr(parts[1]), dptr(parts[2]),
-                       f32_side.numel(), stream());
-    check_launch(op);
-    Tensor c32;
-    Tensor* pc = &C;
-    if (kc == FloatKind::BF16) {  // the sum of the three products rounded to bf16 once
-      c32 = Tensor::empty(C.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
-      if (beta != 0.f) c32.copy_from(C);
-      pc = &c32;
-    }
-    const bool a_split = ka == FloatKind::F32;
-    for (int p = 0; p < 3; ++p)
-      gemm_ex(ta, tb, m, n, k, a_split ? parts[p] : A, FloatKind::BF16, lda, a_split ? B : parts[p], FloatKind::BF16, ldb,
-              p == 0 ? beta : 1.f, *pc, ldc, op);
-    if (pc != &C) C.copy_from(*pc);
-    return;
-  }
+  FloatKind ka = float_kind(A, op), kb = float_kind(B, op);
+  const bool a_f32 = ka == FloatKind::F32;
+  const bool use_split = ka != kb && splits(a_f32 ? A : B);
+  Bf16Split own;
   Tensor a32, b32;
   const Tensor* pa = &A;
   const Tensor* pb = &B;
-  if (ka != kb) {  // widen the bf16 side
+  if (use_split) {
+    if (!split) own = split_exact(a_f32 ? A : B, op), split = &own;
+  } else if (ka != kb) {  // widen the bf16 side
     if (ka == FloatKind::BF16) a32 = widened(A), pa = &a32, ka = FloatKind::F32;
     else b32 = widened(B), pb = &b32, kb = FloatKind::F32;
   }
   Tensor c32;
   Tensor* pc = &C;
-  if (ka == FloatKind::F32 && kc == FloatKind::BF16) {  // f32 inputs, bf16 output: f32 result rounded once
+  if (float_kind(C, op) == FloatKind::BF16 && (use_split || ka == FloatKind::F32)) {
     c32 = Tensor::empty(C.shape(), DType::F32, MemCategory::Activations, Device::CUDA);
     if (beta != 0.f) c32.copy_from(C);
     pc = &c32;
   }
-  gemm_ex(ta, tb, m, n, k, *pa, ka, lda, *pb, kb, ldb, beta, *pc, ldc, op);
+  if (use_split) {
+    for (int p = 0; p < 3; ++p)
+      gemm_ex(ta, tb, m, n, k, a_f32 ? split->parts[p] : A, FloatKind::BF16, lda, a_f32 ? B : split->parts[p],
+              FloatKind::BF16, ldb, p == 0 ? beta : 1.f, *pc, ldc, op);
+  } else {
+    gemm_ex(ta, tb, m, n, k, *pa, ka, lda, *pb, kb, ldb, beta, *pc, ldc, op);
+  }
   if (pc != &C) C.copy_from(*pc);
 }
 
@@ -125,8 +135,15 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
 void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
                 bool accumulate_dx) {
   const int64_t T = dy.size(0), out = dy.size(1), in = w.size(1);
-  if (dx) gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, w, in, dy, out, accumulate_dx ? 1.f : 0.f, *dx, in, "linear_bwd");
-  if (dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, x, in, dy, out, 1.f, *dw, in, "linear_bwd");
+  // An f32 dy against bf16 weights and activations is split once for both GEMMs.
+  const bool bf16_other = (dx && float_kind(w, "linear_bwd") == FloatKind::BF16) ||
+                          (dw && float_kind(x, "linear_bwd") == FloatKind::BF16);
+  Bf16Split dy_split;
+  const Bf16Split* pre = nullptr;
+  if (T > 0 && float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && dx && dw && splits(dy))
+    dy_split = split_exact(dy, "linear_bwd"), pre = &dy_split;
+  if (dx) gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, w, in, dy, out, accumulate_dx ? 1.f : 0.f, *dx, in, "linear_bwd", pre);
+  if (dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, x, in, dy, out, 1.f, *dw, in, "linear_bwd", pre);
   if (db && db->defined()) {
     launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), T, out, static_cast<float*>(dptr(*db)), stream());
     check_launch("linear_bwd bias");
