@@ -1,6 +1,7 @@
 // Host side of the CUDA dense ops: kernel launches (kernels.cu) and cuBLAS GEMMs.
 #include "backend/cuda/dense_ops.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -32,10 +33,19 @@ bool exact_f32_mixed_gemm() {
 }
 
 // The split's three bf16 copies take 1.5x the f32 operand's bytes while the
-// GEMMs run. Above this many elements (768 MiB of copies) the bf16 side is
-// widened instead: bf16 training's [T, vocab] f32 logit gradient (10 GB at
-// 16,384 tokens of a 152k vocabulary) would otherwise add 15 GB to the peak.
-constexpr int64_t kMaxSplitElements = int64_t(1) << 27;
+// GEMMs run. Above this many elements (768 MiB of copies) a GEMM widens the
+// bf16 side instead, and linear_bwd splits its dy in blocks of rows: bf16
+// training's [T, vocab] f32 logit gradient (10 GB at 16,384 tokens of a 152k
+// vocabulary) would otherwise add 15 GB to the peak. KESTREL_CUDA_SPLIT_MAX
+// lowers it (the tests, to reach the blocked path with small tensors).
+int64_t max_split_elements() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("KESTREL_CUDA_SPLIT_MAX");
+    const int64_t v = e ? std::atoll(e) : 0;
+    return v > 0 ? std::min<int64_t>(v, int64_t(1) << 27) : int64_t(1) << 27;
+  }();
+  return n;
+}
 
 void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A,
              FloatKind ka, int64_t lda, const Tensor& B, FloatKind kb, int64_t ldb, float beta, Tensor& C,
@@ -62,7 +72,7 @@ Bf16Split split_exact(const Tensor& f32, const char* op) {
 }
 
 // Whether a GEMM of a bf16 operand against the f32 operand f32_side runs as the split's three bf16 GEMMs.
-bool splits(const Tensor& f32_side) { return !exact_f32_mixed_gemm() && f32_side.numel() <= kMaxSplitElements; }
+bool splits(const Tensor& f32_side) { return !exact_f32_mixed_gemm() && f32_side.numel() <= max_split_elements(); }
 
 // Column-major C[m, n] = alpha * op(A) op(B) + beta * C, every operand a
 // device float tensor of any kind. cuBLAS takes A and B of one type and C of
@@ -73,7 +83,7 @@ bool splits(const Tensor& f32_side) { return !exact_f32_mixed_gemm() && f32_side
 // values exact in the f32 accumulation, so the result is the f32 GEMM's up to
 // summation order (two parts, 16 significand bits, were off by 2.5e-5 of the
 // terms' size in the consistency harness). Other mixes, an f32 operand larger
-// than kMaxSplitElements, and every mix under KESTREL_CUDA_EXACT_F32_GEMM=1 go
+// than max_split_elements(), and every mix under KESTREL_CUDA_EXACT_F32_GEMM=1 go
 // through f32 copies. A bf16 C of an f32 computation (the split's sum, or
 // f32 inputs) is computed in an f32 temporary and rounded once.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const Tensor& A, int64_t lda,
@@ -138,6 +148,24 @@ void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, 
   // An f32 dy against bf16 weights and activations is split once for both GEMMs.
   const bool bf16_other = (dx && float_kind(w, "linear_bwd") == FloatKind::BF16) ||
                           (dw && float_kind(x, "linear_bwd") == FloatKind::BF16);
+  if (float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && !exact_f32_mixed_gemm() &&
+      dy.numel() > max_split_elements() && out <= max_split_elements()) {
+    // Too large to split whole (bf16 training's [T, vocab] logit gradient,
+    // 2.5e9 elements at 16,384 tokens): blocks of rows, each split and
+    // multiplied on the tensor cores, dw summing over the blocks in order.
+    const int64_t rows = std::max<int64_t>(1, max_split_elements() / out);
+    for (int64_t r0 = 0; r0 < T; r0 += rows) {
+      const int64_t r1 = std::min(T, r0 + rows);
+      Tensor dx_rows = dx ? dx->slice_rows(r0, r1) : Tensor();
+      linear_bwd(dw ? x.slice_rows(r0, r1) : x, w, dy.slice_rows(r0, r1), dx ? &dx_rows : nullptr, dw, nullptr,
+                 accumulate_dx);
+    }
+    if (db && db->defined()) {
+      launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), T, out, static_cast<float*>(dptr(*db)), stream());
+      check_launch("linear_bwd bias");
+    }
+    return;
+  }
   Bf16Split dy_split;
   const Bf16Split* pre = nullptr;
   if (T > 0 && float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && dx && dw && splits(dy))
