@@ -35,6 +35,7 @@
 #     against HF generate on the same GPU and against the HBM roofline.
 #   KESTREL_OP_PROFILE=1 runs of the 0.5B step and the decode print each op's
 #   share of the time (ops/op_profile.h).
+# BENCHES="train05 torch05 ..." picks benchmarks by key (below);
 # TRAIN_STEPS / TRAIN_WARMUP (5 / 2), DECODE_NEW (256), DECODE_THREADS (8), COMPILE_LIMIT_S (110) and
 # TORCH_OPS=0 (skip PyTorch's kernel timings) and GRPO=0 (skip the GRPO comparison) shorten a run.
 # Every step runs under its own time limit (STEP_LIMIT_S, default 240 s), and
@@ -91,8 +92,10 @@ run() {  # name, command...
   if timeout -k 5 "$STEP_LIMIT_S" "$@" >>"$OUTF" 2>&1; then log "-- $name: ok"; else log "-- $name: FAILED (exit $?)"; fail=1; fi
 }
 # A benchmark: its output to the file; a failing peer is noted, not a failed check.
-bench() {  # name, limit_s, command...
-  local name=$1 limit=$2; shift 2
+# BENCHES="key ..." runs only the benchmarks with those keys (the first word of each call below).
+bench() {  # key, name, limit_s, command...
+  local key=$1 name=$2 limit=$3; shift 3
+  if [[ -n ${BENCHES:-} && " $BENCHES " != *" $key "* ]]; then return; fi
   if (( SECONDS - T0 > DEADLINE_S )); then log "== bench $name: skipped (past DEADLINE_S=$DEADLINE_S)"; return; fi
   log "== bench $name (at $((SECONDS - T0)) s)"
   timeout -k 5 "$limit" "$@" >>"$OUTF" 2>&1 || log "-- bench $name: exit $?"
@@ -135,24 +138,24 @@ if [[ ${DEVICE_CHECK_BENCH:-1} != 0 ]]; then
      --only throughput --threads "$DECODE_THREADS")
   C05=bench/configs/qwen2.5-0.5b.json C15=bench/configs/qwen2.5-1.5b.json
   # Ordered so that what was never measured comes first (a deadline may cut the tail).
-  bench "train step 1.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C15 "${TRAIN[@]}" --peak-tflops 790
-  bench "train step 1.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C15 "${TRAIN[@]}" --amp
-  bench "train step 0.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
-  bench "train step 0.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" --amp
-  bench "train step 0.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C05 \
+  bench train15 "train step 1.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C15 "${TRAIN[@]}" --peak-tflops 790
+  bench torch15 "train step 1.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C15 "${TRAIN[@]}" --amp
+  bench train05 "train step 0.5b kestrel" 90 "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
+  bench torch05 "train step 0.5b torch eager" 90 "${PY[@]}" bench/peers/torch_train_step.py --config $C05 "${TRAIN[@]}" --amp
+  bench compile05 "train step 0.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C05 \
     "${TRAIN[@]}" --amp --compile
   # Where the step's time goes: each op's kernels timed with the queue drained around it (ops/op_profile.h).
-  bench "train step 0.5b kestrel, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_train_step_bench" --config $C05 \
+  bench profile05 "train step 0.5b kestrel, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_train_step_bench" --config $C05 \
     "${TRAIN[@]}" --steps 2 --peak-tflops 790
   # The backward's GEMMs as three bf16 GEMMs of the split gradient (the default) against the widened f32 GEMM.
-  bench "train step 0.5b kestrel, KESTREL_CUDA_EXACT_F32_GEMM=1" 90 env KESTREL_CUDA_EXACT_F32_GEMM=1 \
+  bench exact05 "train step 0.5b kestrel, KESTREL_CUDA_EXACT_F32_GEMM=1" 90 env KESTREL_CUDA_EXACT_F32_GEMM=1 \
     "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
-  bench "decode 64 seqs kestrel eager" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
-  bench "decode 64 seqs kestrel cudagraph" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 0
-  bench "decode 64 seqs HF generate" 90 "${PY[@]}" bench/peers/hf_generate.py --device cuda --dtype bf16 \
+  bench decode "decode 64 seqs kestrel eager" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
+  bench graphs "decode 64 seqs kestrel cudagraph" 90 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 0
+  bench hf "decode 64 seqs HF generate" 90 "${PY[@]}" bench/peers/hf_generate.py --device cuda --dtype bf16 \
     --config $C05 --prompts 64 --n 1 --new "${DECODE_NEW:-256}" --only throughput
-  bench "decode 64 seqs kestrel eager, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
-  bench "train step 1.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C15 \
+  bench profiledecode "decode 64 seqs kestrel eager, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_rollout_bench" "${R[@]}" --eager 1
+  bench compile15 "train step 1.5b torch.compile" "${COMPILE_LIMIT_S:-110}" "${PY[@]}" bench/peers/torch_train_step.py --config $C15 \
     "${TRAIN[@]}" --amp --compile
 fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) \]" "$OUTF" | sort | uniq -c | tee -a /dev/stderr >/dev/null

@@ -13,6 +13,13 @@
 #endif
 
 using bf16 = __nv_bfloat16;
+
+// KS_SHARED_FLOATS16(name, n): `float* name` to n floats of shared memory,
+// 16-byte aligned for float4 loads (declared as float4, which both nvcc and
+// the emulator align, where an alignas on __shared__ is not portable).
+#define KS_SHARED_FLOATS16(name, n)                 \
+  __shared__ float4 name##_f4[((n) + 3) / 4];       \
+  float* name = reinterpret_cast<float*>(name##_f4)
 constexpr float kNegInf = -__builtin_huge_valf();
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -138,14 +145,78 @@ __device__ void tile_dots(const float (&x)[R][kSl], const float* tile, int pad, 
     }
 }
 
+// A warp's per-row values made readable by every lane through shared memory
+// (the tiled attention kernels), where R shuffles per partner lane were the
+// kernels' bottleneck: each lane writes its R values to pb[lane * R + r]
+// (pb: this warp's 32 * R floats, 16-byte aligned); then read_rows(pb, kk)
+// gives every lane lane kk's values with R / 4 broadcast vector loads.
+template <int R>
+__device__ void publish_rows(float* pb, const float (&v)[R]) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();  // every lane is done reading the previous values
+#pragma unroll
+  for (int r = 0; r < R; ++r) pb[lane * R + r] = v[r];
+  __syncwarp();
+}
+
+template <int R>
+__device__ __forceinline__ void read_rows(const float* pb, int kk, float (&v)[R]) {
+  if constexpr (R % 4 == 0) {
+    const float4* p4 = reinterpret_cast<const float4*>(pb + kk * R);
+#pragma unroll
+    for (int r4 = 0; r4 < R / 4; ++r4) {
+      const float4 t = p4[r4];
+      v[4 * r4] = t.x;
+      v[4 * r4 + 1] = t.y;
+      v[4 * r4 + 2] = t.z;
+      v[4 * r4 + 3] = t.w;
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = pb[kk * R + r];
+  }
+}
+
+// tile_dots with the R rows in shared memory instead of registers:
+// xs[d * R + r] (this warp's rows, 16-byte aligned, written once by
+// publish_cols), read by broadcast vector loads; the same sums in the same order.
+template <int R>
+__device__ void tile_dots_s(const float* xs, const float* tile, int pad, int width, float (&out)[R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) out[r] = 0.f;
+  const float* trow = tile + lane * pad;
+#pragma unroll 4
+  for (int d = 0; d < width; ++d) {
+    const float y = trow[d];
+    float x[R];
+    read_rows<R>(xs, d, x);
+#pragma unroll
+    for (int r = 0; r < R; ++r) out[r] += x[r] * y;
+  }
+}
+
+// Writes R rows held in registers (element d = 32 t + lane in x[r][t]) to
+// this warp's xs[d * R + r] for tile_dots_s, zero past width.
+template <int R, int kSl>
+__device__ void publish_cols(float* xs, const float (&x)[R][kSl]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < kSl; ++t)
+#pragma unroll
+    for (int r = 0; r < R; ++r) xs[(lane + 32 * t) * R + r] = x[r][t];
+  __syncwarp();
+}
+
 // One step of R rows' online softmax over a tile of nk keys staged in shared
 // memory, one key per lane (the tiled attention and grouped paged-decode
 // kernels): sc[r] is this lane's scaled score for row r and vis[r] whether its
 // key counts; acc[r][t] accumulates dims lane + 32 t of the value rows
 // vs[kk * pad + d]. A row with no visible key in the tile stays as it was.
+// pb: this warp's 32 * R floats of shared memory (publish_rows).
 template <int R, int kSl>
 __device__ void tile_softmax_step(const float (&sc)[R], const bool (&vis)[R], float (&m)[R], float (&l)[R],
-                                  float (&acc)[R][kSl], const float* vs, int pad, int nk) {
+                                  float (&acc)[R][kSl], const float* vs, int pad, int nk, float* pb) {
   const int lane = threadIdx.x & 31;
   float p[R];
 #pragma unroll
@@ -160,15 +231,15 @@ __device__ void tile_softmax_step(const float (&sc)[R], const bool (&vis)[R], fl
     for (int t = 0; t < kSl; ++t) acc[r][t] *= corr;
     m[r] = m_new;
   }
+  publish_rows<R>(pb, p);
   for (int kk = 0; kk < nk; ++kk) {
-    float vv[kSl];
+    float vv[kSl], pk[R];
 #pragma unroll
     for (int t = 0; t < kSl; ++t) vv[t] = vs[kk * pad + lane + 32 * t];
+    read_rows<R>(pb, kk, pk);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float pk = __shfl_sync(0xffffffffu, p[r], kk);
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int t = 0; t < kSl; ++t) acc[r][t] += pk * vv[t];
-    }
+      for (int t = 0; t < kSl; ++t) acc[r][t] += pk[r] * vv[t];
   }
 }

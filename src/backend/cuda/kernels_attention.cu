@@ -221,15 +221,32 @@ constexpr int kTileRows = 32;              // rows (queries, or keys for dk/dv) 
 constexpr int kRowsPerWarp = kTileRows / kWarps;
 constexpr int kTileKeys = 32;              // keys (or queries) per shared-memory tile
 constexpr int kTiledMaxDim = 128;
-constexpr int kPad = kTiledMaxDim + 1;     // row stride of a staged tile: lane-per-row reads hit distinct banks
+// Row stride of a staged tile of dims up to 32 kSl: lane-per-row reads hit distinct banks.
+template <int kSl>
+constexpr int kPadOf = 32 * kSl + 1;
+// The rows' operands of tile_dots_s (publish_cols), per warp, where they fit
+// the 48 KB of static shared memory beside the tiles: dims up to 64.
+template <int kSl>
+constexpr bool kRowsInShared = kSl <= 2;
+template <int kSl>
+constexpr int kColsFloats = kRowsInShared<kSl> ? kWarps * 32 * kSl * kRowsPerWarp : 4;
 
 // rows [r0, r0 + rows) of x (row stride `stride` elements, column offset col, width w) -> dst[r][d], as f32; zero past `rows`.
-__device__ void stage_rows(float* dst, const void* x, FloatKind k, int64_t r0, int rows, int64_t stride, int64_t col,
-                           int w) {
+__device__ void stage_rows(float* dst, int pad, const void* x, FloatKind k, int64_t r0, int rows, int64_t stride,
+                           int64_t col, int w) {
   for (int e = threadIdx.x; e < kTileKeys * w; e += blockDim.x) {
     const int r = e / w, d = e % w;
-    dst[r * kPad + d] = r < rows ? ld(x, k, (r0 + r) * stride + col + d) : 0.f;
+    dst[r * pad + d] = r < rows ? ld(x, k, (r0 + r) * stride + col + d) : 0.f;
   }
+}
+
+// tile_dots over this warp's rows: from shared memory (xs, publish_cols) where
+// they fit, else from the registers x by shuffles; the same sums either way.
+template <int R, int kSl>
+__device__ void row_dots(const float (&x)[R][kSl], const float* xs, const float* tile, int pad, int width,
+                         float (&out)[R]) {
+  if constexpr (kRowsInShared<kSl>) tile_dots_s<R>(xs, tile, pad, width, out);
+  else tile_dots<R, kSl>(x, tile, pad, width, out);
 }
 
 // The key ranges a block of query rows [i0, i1] sees, in visiting order: for each sequence b
@@ -249,13 +266,18 @@ __device__ void for_each_key_range(const int32_t* cu, int n, const int32_t* pref
 template <int kSl>
 __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, FloatKind kd, const int32_t* cu, int n,
                                  const int32_t* prefix_of, Dims D, void* out, float* lse) {
+  constexpr int kPad = kPadOf<kSl>;
   __shared__ float ks[kTileKeys * kPad];
   __shared__ float vs[kTileKeys * kPad];
+  KS_SHARED_FLOATS16(qcols, kColsFloats<kSl>);               // publish_cols of each warp's q rows
+  KS_SHARED_FLOATS16(probs, kWarps * kTileKeys * kRowsPerWarp);  // tile_softmax_step's broadcasts
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
   const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
   const int64_t i0 = int64_t(blockIdx.x % tiles) * kTileRows, i1 = (i0 + kTileRows < D.T ? i0 + kTileRows : D.T) - 1;
   constexpr int R = kRowsPerWarp;
+  float* qx = qcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
+  float* pb = probs + warp * kTileKeys * R;
   float qr[R][kSl], acc[R][kSl], m[R], l[R];
   int64_t row[R];
   int sq[R];
@@ -273,16 +295,17 @@ __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, Fl
       acc[r][t] = 0.f;
     }
   }
+  if constexpr (kRowsInShared<kSl>) publish_cols<R, kSl>(qx, qr);
   for_each_key_range(cu, n, prefix_of, i0, i1, [&](int64_t k0, int64_t k1, int owner, bool causal) {
     for (int64_t c = k0; c < k1; c += kTileKeys) {
       const int nk = int(k1 - c < kTileKeys ? k1 - c : kTileKeys);
       __syncthreads();  // the previous tile is no longer read
-      stage_rows(ks, k, kd, c, nk, int64_t(D.Hkv) * D.hd, int64_t(g) * D.hd, D.hd);
-      stage_rows(vs, v, kd, c, nk, int64_t(D.Hkv) * D.vd, int64_t(g) * D.vd, D.vd);
+      stage_rows(ks, kPad, k, kd, c, nk, int64_t(D.Hkv) * D.hd, int64_t(g) * D.hd, D.hd);
+      stage_rows(vs, kPad, v, kd, c, nk, int64_t(D.Hkv) * D.vd, int64_t(g) * D.vd, D.vd);
       __syncthreads();
       const int64_t j = c + lane;
       float s[R];
-      tile_dots<R, kSl>(qr, ks, kPad, D.hd, s);
+      row_dots<R, kSl>(qr, qx, ks, kPad, D.hd, s);
       float sc[R];
       bool vis[R];
 #pragma unroll
@@ -290,7 +313,7 @@ __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, Fl
         vis[r] = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
         sc[r] = D.scale * s[r];
       }
-      tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk);
+      tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk, pb);
     }
   });
 #pragma unroll
@@ -312,13 +335,20 @@ template <int kSl>
 __global__ void dq_tiled_kernel(const void* q, const void* k, const void* v, FloatKind kd, const void* dout,
                                 FloatKind gk, const float* lse, const float* Dsum, const int32_t* cu, int n,
                                 const int32_t* prefix_of, Dims D, void* dq) {
+  constexpr int kPad = kPadOf<kSl>;
   __shared__ float ks[kTileKeys * kPad];
   __shared__ float vs[kTileKeys * kPad];
+  KS_SHARED_FLOATS16(qcols, kColsFloats<kSl>);  // publish_cols of each warp's q rows
+  KS_SHARED_FLOATS16(gcols, kColsFloats<kSl>);  // and of its output-gradient rows
+  KS_SHARED_FLOATS16(dsb, kWarps * kTileKeys * kRowsPerWarp);  // ds broadcasts (publish_rows)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
   const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
   const int64_t i0 = int64_t(blockIdx.x % tiles) * kTileRows, i1 = (i0 + kTileRows < D.T ? i0 + kTileRows : D.T) - 1;
   constexpr int R = kRowsPerWarp;
+  float* qx = qcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
+  float* gx = gcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
+  float* pb = dsb + warp * kTileKeys * R;
   float qr[R][kSl], gr[R][kSl], acc[R][kSl], L[R], Di[R];
   int64_t row[R];
   int sq[R];
@@ -337,33 +367,37 @@ __global__ void dq_tiled_kernel(const void* q, const void* k, const void* v, Flo
       acc[r][t] = 0.f;
     }
   }
+  if constexpr (kRowsInShared<kSl>) {
+    publish_cols<R, kSl>(qx, qr);
+    publish_cols<R, kSl>(gx, gr);
+  }
   for_each_key_range(cu, n, prefix_of, i0, i1, [&](int64_t k0, int64_t k1, int owner, bool causal) {
     for (int64_t c = k0; c < k1; c += kTileKeys) {
       const int nk = int(k1 - c < kTileKeys ? k1 - c : kTileKeys);
       __syncthreads();
-      stage_rows(ks, k, kd, c, nk, int64_t(D.Hkv) * D.hd, int64_t(g) * D.hd, D.hd);
-      stage_rows(vs, v, kd, c, nk, int64_t(D.Hkv) * D.vd, int64_t(g) * D.vd, D.vd);
+      stage_rows(ks, kPad, k, kd, c, nk, int64_t(D.Hkv) * D.hd, int64_t(g) * D.hd, D.hd);
+      stage_rows(vs, kPad, v, kd, c, nk, int64_t(D.Hkv) * D.vd, int64_t(g) * D.vd, D.vd);
       __syncthreads();
       const int64_t j = c + lane;
       float s[R], dp[R];
-      tile_dots<R, kSl>(qr, ks, kPad, D.hd, s);
-      tile_dots<R, kSl>(gr, vs, kPad, D.vd, dp);
+      row_dots<R, kSl>(qr, qx, ks, kPad, D.hd, s);
+      row_dots<R, kSl>(gr, gx, vs, kPad, D.vd, dp);
       float ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const bool vis = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
         ds[r] = vis ? expf(D.scale * s[r] - L[r]) * (dp[r] - Di[r]) : 0.f;
       }
+      publish_rows<R>(pb, ds);
       for (int kk = 0; kk < nk; ++kk) {
-        float kv[kSl];
+        float kv[kSl], dk[R];
 #pragma unroll
         for (int t = 0; t < kSl; ++t) kv[t] = ks[kk * kPad + lane + 32 * t];
+        read_rows<R>(pb, kk, dk);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float dk = __shfl_sync(0xffffffffu, ds[r], kk);
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int t = 0; t < kSl; ++t) acc[r][t] += dk * kv[t];
-        }
+          for (int t = 0; t < kSl; ++t) acc[r][t] += dk[r] * kv[t];
       }
     }
   });
@@ -386,14 +420,23 @@ template <int kSl>
 __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, FloatKind kd, const void* dout,
                                   FloatKind gk, const float* lse, const float* Dsum, const int32_t* cu, int n,
                                   const int32_t* prefix_of, Dims D, void* dk, void* dv) {
+  constexpr int kPad = kPadOf<kSl>;
   __shared__ float qs[kTileKeys * kPad];
   __shared__ float gs[kTileKeys * kPad];
   __shared__ float ls[kTileKeys], dsum_s[kTileKeys];
+  KS_SHARED_FLOATS16(kcols, kColsFloats<kSl>);  // publish_cols of each warp's key rows
+  KS_SHARED_FLOATS16(vcols, kColsFloats<kSl>);  // and of its value rows
+  KS_SHARED_FLOATS16(pbuf, kWarps * kTileKeys * kRowsPerWarp);   // p broadcasts (publish_rows)
+  KS_SHARED_FLOATS16(dsbuf, kWarps * kTileKeys * kRowsPerWarp);  // ds broadcasts
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
   const int g = int(blockIdx.x / tiles), rep = D.H / D.Hkv;
   const int64_t j0 = int64_t(blockIdx.x % tiles) * kTileRows, j1 = (j0 + kTileRows < D.T ? j0 + kTileRows : D.T) - 1;
   constexpr int R = kRowsPerWarp;
+  float* kx = kcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
+  float* vx = vcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
+  float* pw = pbuf + warp * kTileKeys * R;
+  float* dw = dsbuf + warp * kTileKeys * R;
   float kr[R][kSl], vr[R][kSl], ak[R][kSl], av[R][kSl];
   int64_t key[R];
   int sk[R];
@@ -410,14 +453,18 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
       ak[r][t] = av[r][t] = 0.f;
     }
   }
+  if constexpr (kRowsInShared<kSl>) {
+    publish_cols<R, kSl>(kx, kr);
+    publish_cols<R, kSl>(vx, vr);
+  }
   const int b0 = seq_of(cu, n, j0), b1 = seq_of(cu, n, j1);
   // Queries [q0, q1) of head h, all in one sequence; owner: the key sequence they see; causal: only i >= key.
   auto range = [&](int h, int64_t q0, int64_t q1, int owner, bool causal) {
     for (int64_t c = q0; c < q1; c += kTileKeys) {
       const int nq = int(q1 - c < kTileKeys ? q1 - c : kTileKeys);
       __syncthreads();
-      stage_rows(qs, q, kd, c, nq, int64_t(D.H) * D.hd, int64_t(h) * D.hd, D.hd);
-      stage_rows(gs, dout, gk, c, nq, int64_t(D.H) * D.vd, int64_t(h) * D.vd, D.vd);
+      stage_rows(qs, kPad, q, kd, c, nq, int64_t(D.H) * D.hd, int64_t(h) * D.hd, D.hd);
+      stage_rows(gs, kPad, dout, gk, c, nq, int64_t(D.H) * D.vd, int64_t(h) * D.vd, D.vd);
       if (threadIdx.x < kTileKeys) {
         ls[threadIdx.x] = threadIdx.x < unsigned(nq) ? lse[int64_t(h) * D.T + c + threadIdx.x] : 0.f;
         dsum_s[threadIdx.x] = threadIdx.x < unsigned(nq) ? Dsum[int64_t(h) * D.T + c + threadIdx.x] : 0.f;
@@ -425,8 +472,8 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
       __syncthreads();
       const int64_t i = c + lane;
       float s[R], dp[R];
-      tile_dots<R, kSl>(kr, qs, kPad, D.hd, s);
-      tile_dots<R, kSl>(vr, gs, kPad, D.vd, dp);
+      row_dots<R, kSl>(kr, kx, qs, kPad, D.hd, s);
+      row_dots<R, kSl>(vr, vx, gs, kPad, D.vd, dp);
       float p[R], ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -434,22 +481,24 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
         p[r] = vis ? expf(D.scale * s[r] - ls[lane]) : 0.f;
         ds[r] = vis ? p[r] * (dp[r] - dsum_s[lane]) : 0.f;
       }
+      publish_rows<R>(pw, p);
+      publish_rows<R>(dw, ds);
       for (int qq = 0; qq < nq; ++qq) {
-        float gv[kSl], qv[kSl];
+        float gv[kSl], qv[kSl], pq[R], dq[R];
 #pragma unroll
         for (int t = 0; t < kSl; ++t) {
           gv[t] = gs[qq * kPad + lane + 32 * t];
           qv[t] = qs[qq * kPad + lane + 32 * t];
         }
+        read_rows<R>(pw, qq, pq);
+        read_rows<R>(dw, qq, dq);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float pq = __shfl_sync(0xffffffffu, p[r], qq), dq = __shfl_sync(0xffffffffu, ds[r], qq);
+        for (int r = 0; r < R; ++r)
 #pragma unroll
           for (int t = 0; t < kSl; ++t) {
-            av[r][t] += pq * gv[t];
-            ak[r][t] += dq * qv[t];
+            av[r][t] += pq[r] * gv[t];
+            ak[r][t] += dq[r] * qv[t];
           }
-        }
       }
     }
   };

@@ -93,6 +93,7 @@ __global__ void paged_fwd_grouped_kernel(const void* q, const void* kc, const vo
                                          PagedDims D, void* out) {
   __shared__ float ks[32 * kPad];
   __shared__ float vs[32 * kPad];
+  KS_SHARED_FLOATS16(probs, kWarps * 32 * kGroupRows);  // tile_softmax_step's broadcasts, per warp
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t i = blockIdx.x / D.Hkv;
   const int g = int(blockIdx.x % D.Hkv), rep = D.H / D.Hkv;
@@ -143,7 +144,7 @@ __global__ void paged_fwd_grouped_kernel(const void* q, const void* kc, const vo
       vis[r] = hh[r] >= 0 && lane < nk;  // a warp's unused head slot sees no key
       sc[r] = D.scale * s[r];
     }
-    tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk);
+    tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk, probs + warp * 32 * R);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
