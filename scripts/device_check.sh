@@ -3,14 +3,15 @@
 # bundle scripts/device_bundle.sh made here (the device image has the CUDA
 # runtime and cuBLAS but no Debian packages and no network). Writes every
 # result to one file, $OUT/device_check.txt (or ./device_check.txt), and exits
-# non-zero when a check fails. The checks take about 45 s on an H200, the
-# benchmarks about 7 minutes more (DEVICE_CHECK_BENCH=0 leaves them out).
+# non-zero when a check fails. The checks take about 25 s on an H200 (with
+# the GRPO comparison), the benchmarks about 7 minutes more
+# (DEVICE_CHECK_BENCH=0 leaves them out).
 #
 #   device tool: run(command="bash device_bundle/device_check.sh", carry=["device_bundle"], timeout_s=600)
 #
-# Run on an H200 on 2026-12-04 (two calls; docs/benchmarks.md, "CUDA backend
-# on an H200"): every check passed; the 1.5B and torch.compile benchmarks did
-# not fit the session's 15 device minutes.
+# Run on an H200 in five calls on 2026-12-04 (docs/benchmarks.md, "CUDA
+# backend on an H200", with each call's settings): every check passed in
+# each; every benchmark below has run.
 #
 # What it runs today (see docs/features.md, "CUDA backend"):
 #   - test_cuda: the device runtime (allocator, copies, fills);
