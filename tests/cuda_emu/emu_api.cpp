@@ -51,6 +51,12 @@ const char* code_name(cudaError_t e) {
     default: return "cudaError";
   }
 }
+thread_local cudaError_t last_error = cudaSuccess;
+// A runtime call's result, kept as the thread's last error when it is one.
+cudaError_t fail(cudaError_t e) {
+  if (e != cudaSuccess) last_error = e;
+  return e;
+}
 // A call CUDA refuses while a stream captures: the capture is invalidated (its
 // EndCapture fails) and the call returns `code`; the message names the call.
 cudaError_t refuse(const std::string& call, const std::string& why, cudaError_t code = cudaErrorStreamCaptureUnsupported) {
@@ -139,8 +145,15 @@ const char* cudaGetErrorString(cudaError_t e) {
     default: return "emu error";
   }
 }
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+// The thread's last error, as CUDA keeps it: set by every call that fails
+// (a launch check after a refused capture sees the refusal unless someone
+// cleared it), returned and cleared by cudaGetLastError.
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = emu::last_error;
+  emu::last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError() { return emu::last_error; }
 namespace {
 // The copy's direction matches where dst and src live.
 bool copy_ok(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
@@ -168,7 +181,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
                          "a graph would read or write that host address at every replay (and a pageable copy "
                          "synchronises); copy into a persistent device buffer before the replay, read results "
                          "after it");
-    if (!copy_ok(dst, src, n, kind)) return cudaErrorInvalidValue;
+    if (!copy_ok(dst, src, n, kind)) return emu::fail(cudaErrorInvalidValue);
     emu::record("cudaMemcpyAsync", [dst, src, n, kind] {
       if (!copy_ok(dst, src, n, kind)) throw std::runtime_error("emu: a replayed copy's memory was freed");
       const emu::DeviceAccess device_access;
@@ -176,8 +189,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     });
     return cudaSuccess;
   }
-  if (err != cudaSuccess) return err;
-  if (!copy_ok(dst, src, n, kind)) return cudaErrorInvalidValue;
+  if (err != cudaSuccess) return emu::fail(err);
+  if (!copy_ok(dst, src, n, kind)) return emu::fail(cudaErrorInvalidValue);
   const emu::DeviceAccess device_access;
   std::memmove(dst, src, n);
   return cudaSuccess;
@@ -190,7 +203,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   if (!emu::is_device(dst, n)) {
     std::fprintf(stderr, "emu: cudaMemsetAsync on memory outside device allocations (%zu bytes)\n", n);
-    return cudaErrorInvalidValue;
+    return emu::fail(cudaErrorInvalidValue);
   }
   cudaError_t err;
   if (emu::recorded(s, "cudaMemsetAsync", &err)) {
@@ -201,7 +214,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t s) {
     });
     return cudaSuccess;
   }
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess) return emu::fail(err);
   const emu::DeviceAccess device_access;
   std::memset(dst, value, n);
   return cudaSuccess;
@@ -237,12 +250,12 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (!s) {
     emu::last_capture_error = "emu: cudaStreamBeginCapture on the legacy default stream, which cannot be captured";
-    return cudaErrorStreamCaptureUnsupported;
+    return emu::fail(cudaErrorStreamCaptureUnsupported);
   }
   if (cap_on) {
     emu::last_capture_error = "emu: cudaStreamBeginCapture while stream " + emu::stream_name(cap.stream) +
                               " already captures (the emulator runs one capture at a time)";
-    return cudaErrorIllegalState;
+    return emu::fail(cudaErrorIllegalState);
   }
   cap = emu::Capture{};
   cap.stream = s;
@@ -254,14 +267,14 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   *graph = nullptr;
   if (!cap_on || s != cap.stream) {
     emu::last_capture_error = "emu: cudaStreamEndCapture on stream " + emu::stream_name(s) + ", which is not capturing";
-    return cudaErrorIllegalState;
+    return emu::fail(cudaErrorIllegalState);
   }
   cap_on = false;
   emu::Capture done = std::move(cap);
   cap = emu::Capture{};
   if (!done.invalidated.empty()) {
     emu::last_capture_error = done.invalidated;
-    return cudaErrorStreamCaptureInvalidated;
+    return emu::fail(cudaErrorStreamCaptureInvalidated);
   }
   *graph = reinterpret_cast<cudaGraph_t>(new std::vector<emu::Node>(std::move(done.nodes)));
   return cudaSuccess;
@@ -277,16 +290,16 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
-  if (!graph) return cudaErrorInvalidValue;
+  if (!graph) return emu::fail(cudaErrorInvalidValue);
   *exec = reinterpret_cast<cudaGraphExec_t>(new std::vector<emu::Node>(*reinterpret_cast<std::vector<emu::Node>*>(graph)));
   return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
-  if (!exec) return cudaErrorInvalidValue;
+  if (!exec) return emu::fail(cudaErrorInvalidValue);
   if (cap_on) return emu::refuse("cudaGraphLaunch", "graphs inside graphs are not emulated");
   if (!s) {
     emu::last_capture_error = "emu: cudaGraphLaunch on the legacy default stream (use the backend's stream)";
-    return cudaErrorInvalidValue;
+    return emu::fail(cudaErrorInvalidValue);
   }
   ++emu::graph_launch_count;
   for (const emu::Node& n : *reinterpret_cast<std::vector<emu::Node>*>(exec)) n.run();

@@ -151,6 +151,10 @@ cublasHandle_t cublas() {
   return state().cublas;
 }
 
-void check_launch(const char*) {}
+// As runtime.cpp's: the launch reports the thread's last error (emu_api.cpp keeps it as CUDA does).
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) KS_FAIL("CUDA kernel launch in ", what, ": ", cudaGetErrorString(e));
+}
 
 }  // namespace kestrel::cuda

@@ -240,6 +240,21 @@ __device__ void stage_rows(float* dst, int pad, const void* x, FloatKind k, int6
   }
 }
 
+// The tile a tiled block takes: block b -> head (or kv head) b / tiles and
+// packed rows [first, last] of tile b % tiles, 32 rows each (the last tile shorter).
+struct BlockTile {
+  int head;
+  int64_t first, last;
+};
+__device__ BlockTile block_tile(int64_t T) {
+  const int64_t tiles = (T + kTileRows - 1) / kTileRows;
+  BlockTile b;
+  b.head = int(blockIdx.x / tiles);
+  b.first = int64_t(blockIdx.x % tiles) * kTileRows;
+  b.last = (b.first + kTileRows < T ? b.first + kTileRows : T) - 1;
+  return b;
+}
+
 // tile_dots over this warp's rows: from shared memory (xs, publish_cols) where
 // they fit, else from the registers x by shuffles; the same sums either way.
 template <int R, int kSl>
@@ -272,9 +287,9 @@ __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, Fl
   KS_SHARED_FLOATS16(qcols, kColsFloats<kSl>);               // publish_cols of each warp's q rows
   KS_SHARED_FLOATS16(probs, kWarps * kTileKeys * kRowsPerWarp);  // tile_softmax_step's broadcasts
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
-  const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
-  const int64_t i0 = int64_t(blockIdx.x % tiles) * kTileRows, i1 = (i0 + kTileRows < D.T ? i0 + kTileRows : D.T) - 1;
+  const BlockTile bt = block_tile(D.T);
+  const int h = bt.head, g = h / (D.H / D.Hkv);
+  const int64_t i0 = bt.first, i1 = bt.last;
   constexpr int R = kRowsPerWarp;
   float* qx = qcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
   float* pb = probs + warp * kTileKeys * R;
@@ -342,9 +357,9 @@ __global__ void dq_tiled_kernel(const void* q, const void* k, const void* v, Flo
   KS_SHARED_FLOATS16(gcols, kColsFloats<kSl>);  // and of its output-gradient rows
   KS_SHARED_FLOATS16(dsb, kWarps * kTileKeys * kRowsPerWarp);  // ds broadcasts (publish_rows)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
-  const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
-  const int64_t i0 = int64_t(blockIdx.x % tiles) * kTileRows, i1 = (i0 + kTileRows < D.T ? i0 + kTileRows : D.T) - 1;
+  const BlockTile bt = block_tile(D.T);
+  const int h = bt.head, g = h / (D.H / D.Hkv);
+  const int64_t i0 = bt.first, i1 = bt.last;
   constexpr int R = kRowsPerWarp;
   float* qx = qcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
   float* gx = gcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
@@ -429,9 +444,9 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
   KS_SHARED_FLOATS16(pbuf, kWarps * kTileKeys * kRowsPerWarp);   // p broadcasts (publish_rows)
   KS_SHARED_FLOATS16(dsbuf, kWarps * kTileKeys * kRowsPerWarp);  // ds broadcasts
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t tiles = (D.T + kTileRows - 1) / kTileRows;
-  const int g = int(blockIdx.x / tiles), rep = D.H / D.Hkv;
-  const int64_t j0 = int64_t(blockIdx.x % tiles) * kTileRows, j1 = (j0 + kTileRows < D.T ? j0 + kTileRows : D.T) - 1;
+  const BlockTile bt = block_tile(D.T);
+  const int g = bt.head, rep = D.H / D.Hkv;
+  const int64_t j0 = bt.first, j1 = bt.last;
   constexpr int R = kRowsPerWarp;
   float* kx = kcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
   float* vx = vcols + (kRowsInShared<kSl> ? warp * 32 * kSl * R : 0);
