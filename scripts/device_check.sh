@@ -148,6 +148,9 @@ if [[ ${DEVICE_CHECK_BENCH:-1} != 0 ]]; then
   # Where the step's time goes: each op's kernels timed with the queue drained around it (ops/op_profile.h).
   bench profile05 "train step 0.5b kestrel, op profile" 90 env KESTREL_OP_PROFILE=1 "$U/bin/bench_train_step_bench" --config $C05 \
     "${TRAIN[@]}" --steps 2 --peak-tflops 790
+  # The tensor-core attention forward (the default for bf16) against the CUDA-core tiled kernels.
+  bench tiled05 "train step 0.5b kestrel, KESTREL_CUDA_ATTENTION=tiled" 90 env KESTREL_CUDA_ATTENTION=tiled \
+    "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
   # The backward's GEMMs as three bf16 GEMMs of the split gradient (the default) against the widened f32 GEMM.
   bench exact05 "train step 0.5b kestrel, KESTREL_CUDA_EXACT_F32_GEMM=1" 90 env KESTREL_CUDA_EXACT_F32_GEMM=1 \
     "$U/bin/bench_train_step_bench" --config $C05 "${TRAIN[@]}" --peak-tflops 790
