@@ -124,6 +124,18 @@ void attention_bwd(const void* q, const void* k, const void* v, const void* out,
                    int Hkv, int hd, int vd, float scale, float* dsum_scratch, void* dq, void* dk, void* dv,
                    void* stream);
 
+// ---- kernels_attention_mma.cu: the tensor-core paths attention_fwd / attention_bwd take ----
+// Whether they take q, k, v of kind kd with these widths (bf16, multiples of 16 up to 128;
+// KESTREL_CUDA_ATTENTION=tiled: never).
+bool attention_mma(FloatKind kd, int hd, int vd);
+// attention_fwd's result on the tensor cores (attention_mma first).
+void attention_fwd_mma(const void* q, const void* k, const void* v, const int32_t* cu, int n, const int32_t* prefix_of,
+                       int64_t T, int H, int Hkv, int hd, int vd, float scale, void* out, float* lse, void* stream);
+// attention_bwd's dq on the tensor cores (attention_mma first; dsum: the D_i of attention_bwd).
+void attention_dq_mma(const void* q, const void* k, const void* v, const float* lse, const float* dsum,
+                      const void* dout, FloatKind gk, const int32_t* cu, int n, const int32_t* prefix_of, int64_t T,
+                      int H, int Hkv, int hd, int vd, float scale, void* dq, void* stream);
+
 // ---- kernels_paged.cu: ops/paged_attention.h ----
 // k_cache[slots[t]] = k[t] (and v) for rows with slots[t] >= 0; rows of `width` elements of elem_bytes 2 or 4.
 void paged_kv_write(const void* k, const void* v, const int32_t* slots, int64_t T, int64_t width, int elem_bytes,

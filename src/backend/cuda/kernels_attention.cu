@@ -14,11 +14,10 @@
 // backward runs two kernels: dq per (query row, head), and dk/dv per (key
 // row, kv head), each summing over its partners in a fixed order (the heads
 // of the group, then the keys' own queries, then each continuation's), so
-// every result is deterministic (the tiled kernels keep that order). The bf16
-// forward with head and value dims that are multiples of 16 (up to 128) runs
-// on the tensor cores instead (fwd_mma_body, at the end); the backward's
-// tensor-core version is the next step: bf16 training keeps its activation
-// gradients in f32, so its products need the split operands of dense_ops.cpp.
+// every result is deterministic (the tiled kernels keep that order). With bf16
+// q, k, v and head and value dims that are multiples of 16 (up to 128) the
+// forward and the backward's dq run on the tensor cores instead
+// (kernels_attention_mma.cu); dk/dv on the tensor cores is the next step.
 #include <cstdlib>
 #include <string>
 
@@ -31,18 +30,13 @@ namespace kestrel::cuda::launch {
 namespace {
 
 #include "backend/cuda/device_util.cuh"
-#include "backend/cuda/mma.cuh"
+#include "backend/cuda/attention_common.cuh"
 
 constexpr int kWarps = 4;              // warps per block
 constexpr int kMaxDim = 256;           // head_dim and value dim limit of this kernel
 constexpr int kSlots = kMaxDim / 32;   // per-lane output elements
 
 
-struct Dims {
-  int64_t T;
-  int H, Hkv, hd, vd;
-  float scale;
-};
 
 // out/lse of query row i, head h; qs: this warp's shared copy of the q row.
 __global__ void fwd_kernel(const void* q, const void* k, const void* v, FloatKind kd, const int32_t* cu, int n,
@@ -271,19 +265,6 @@ __device__ void row_dots(const float (&x)[R][kSl], const float* xs, const float*
   else tile_dots<R, kSl>(x, tile, pad, width, out);
 }
 
-// The key ranges a block of query rows [i0, i1] sees, in visiting order: for each sequence b
-// the block touches, b's prefix (all of it) then b's own keys up to min(end of b, i1 + 1).
-// f(key_begin, key_end, owner b, causal) for each.
-template <class F>
-__device__ void for_each_key_range(const int32_t* cu, int n, const int32_t* prefix_of, int64_t i0, int64_t i1, F f) {
-  const int b0 = seq_of(cu, n, i0), b1 = seq_of(cu, n, i1);
-  for (int b = b0; b <= b1; ++b) {
-    const int p = prefix_of ? prefix_of[b] : -1;
-    if (p >= 0) f(int64_t(cu[p]), int64_t(cu[p + 1]), b, false);
-    const int64_t e = cu[b + 1] < i1 + 1 ? cu[b + 1] : i1 + 1;
-    f(int64_t(cu[b]), e, b, true);
-  }
-}
 
 template <int kSl>
 __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, FloatKind kd, const int32_t* cu, int n,
@@ -544,182 +525,6 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
   }
 }
 
-// ---- Tensor-core forward (bf16, head and value dims multiples of 16, <= 128) ----
-// FlashAttention-2's forward on mma.sync m16n8k16 (mma.cuh): a block of 4 warps
-// takes 64 packed rows of one head, 16 per warp; the warp's q rows stay in
-// registers as A fragments; key tiles of 64 are staged in shared memory as bf16
-// (K row-major, V transposed, rows padded by 8 so a fragment's 32-bit loads
-// hit distinct banks); S = q k^T lands in C fragments whose lanes own rows g
-// and g + 8, so the online softmax reduces over the 4 lanes of a row; P, split
-// exactly into three bf16 parts, gives the A fragments of O += P V. The key
-// ranges and masks are the tiled kernels' (for_each_key_range). Every product
-// is exact in f32 and sums run in the tensor cores' order, not the CPU's:
-// results agree up to summation order, not bit for bit.
-constexpr int kMmaRows = 64;   // query rows per block (16 per warp)
-constexpr int kMmaKeys = 64;   // keys per staged tile
-constexpr int kMmaMaxDim = 128;
-constexpr int kKStride = kMmaMaxDim + 8;  // bf16 per staged key row
-constexpr int kVStride = kMmaKeys + 8;    // bf16 per staged (transposed) value column
-
-// kQk: 16-wide steps of the q.k product (head dim / 16, at most); kVn: 8-wide column blocks of the output.
-template <int kQk, int kVn>
-__device__ void fwd_mma_body(const void* q, const void* k, const void* v, const int32_t* cu, int n,
-                             const int32_t* prefix_of, Dims D, void* out, float* lse) {
-  __shared__ uint32_t ks32[kMmaKeys * kKStride / 2];   // [key][dim] bf16 pairs
-  __shared__ uint16_t vt16[kMmaMaxDim * kVStride];      // [dim][key] bf16
-  const uint32_t* vt32 = reinterpret_cast<const uint32_t*>(vt16);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-  const int64_t tiles = (D.T + kMmaRows - 1) / kMmaRows;
-  const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
-  const int64_t i0 = int64_t(blockIdx.x % tiles) * kMmaRows, i1 = (i0 + kMmaRows < D.T ? i0 + kMmaRows : D.T) - 1;
-  const int nqk = D.hd / 16, nvn = D.vd / 8;
-  int64_t row[2];
-  int sq[2];
-  for (int r = 0; r < 2; ++r) {
-    row[r] = i0 + warp * 16 + gq + 8 * r;
-    sq[r] = row[r] <= i1 ? seq_of(cu, n, row[r]) : -1;
-  }
-  // q rows g and g + 8 of this warp as A fragments (zero for rows past the block).
-  const uint32_t* q32 = static_cast<const uint32_t*>(q);
-  uint32_t qa[kQk][4];
-#pragma unroll
-  for (int s = 0; s < kQk; ++s)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e & 1, col = 16 * s + 2 * tq + 8 * (e >> 1);
-      qa[s][e] = s < nqk && sq[r] >= 0 ? q32[(row[r] * D.H * D.hd + int64_t(h) * D.hd + col) / 2] : 0u;
-    }
-  float o[kVn][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int b = 0; b < kVn; ++b)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[b][e] = 0.f;
-  const uint32_t* k32 = static_cast<const uint32_t*>(k);
-  const uint16_t* v16 = static_cast<const uint16_t*>(v);
-  const int hw = D.hd / 2;  // 32-bit words per key row
-  for_each_key_range(cu, n, prefix_of, i0, i1, [&](int64_t k0, int64_t k1, int owner, bool causal) {
-    for (int64_t c = k0; c < k1; c += kMmaKeys) {
-      const int nk = int(k1 - c < kMmaKeys ? k1 - c : kMmaKeys);
-      __syncthreads();  // the previous tile is no longer read
-      for (int e = threadIdx.x; e < kMmaKeys * hw; e += blockDim.x) {
-        const int kk = e / hw, w = e % hw;
-        ks32[kk * (kKStride / 2) + w] = kk < nk ? k32[((c + kk) * D.Hkv * D.hd + int64_t(g) * D.hd) / 2 + w] : 0u;
-      }
-      for (int e = threadIdx.x; e < kMmaKeys * D.vd; e += blockDim.x) {
-        const int kk = e / D.vd, d = e % D.vd;
-        vt16[d * kVStride + kk] = kk < nk ? v16[(c + kk) * D.Hkv * D.vd + int64_t(g) * D.vd + d] : uint16_t(0);
-      }
-      __syncthreads();
-      // S = q k^T for the tile's 8 blocks of 8 keys.
-      float sc[kMmaKeys / 8][4];
-#pragma unroll
-      for (int b = 0; b < kMmaKeys / 8; ++b) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[b][e] = 0.f;
-        const uint32_t* krow = ks32 + (8 * b + gq) * (kKStride / 2) + tq;
-#pragma unroll
-        for (int s = 0; s < kQk; ++s)
-          if (s < nqk) mma_bf16_16816(sc[b], qa[s], krow[8 * s], krow[8 * s + 4]);
-      }
-      // Mask, scale and the online softmax of rows g (r = 0) and g + 8 (r = 1).
-      float tmax[2] = {kNegInf, kNegInf};
-#pragma unroll
-      for (int b = 0; b < kMmaKeys / 8; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, kk = 8 * b + 2 * tq + (e & 1);
-          const int64_t j = c + kk;
-          const bool vis = kk < nk && sq[r] == owner && (!causal || j <= row[r]);
-          sc[b][e] = vis ? D.scale * sc[b][e] : kNegInf;
-          tmax[r] = fmaxf(tmax[r], sc[b][e]);
-        }
-      float corr[2], rsum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
-        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-        const float m_new = fmaxf(m[r], tmax[r]);
-        corr[r] = m_new == kNegInf ? 1.f : expf(m[r] - m_new);  // m = -inf: nothing to rescale
-        tmax[r] = m_new;
-        m[r] = m_new;
-      }
-#pragma unroll
-      for (int b = 0; b < kMmaKeys / 8; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          sc[b][e] = sc[b][e] == kNegInf ? 0.f : expf(sc[b][e] - tmax[r]);
-          rsum[r] += sc[b][e];
-        }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        rsum[r] += __shfl_xor_sync(0xffffffffu, rsum[r], 1);
-        rsum[r] += __shfl_xor_sync(0xffffffffu, rsum[r], 2);
-        l[r] = l[r] * corr[r] + rsum[r];
-      }
-#pragma unroll
-      for (int b = 0; b < kVn; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[b][e] *= corr[e >> 1];
-      // O += P V: keys 16 s .. 16 s + 15 are S blocks 2 s and 2 s + 1. P is
-      // split exactly into three bf16 parts (split3_bf16x2), so the products are
-      // the f32 ones and the output is the CPU's up to summation order (a P
-      // rounded to bf16, as FlashAttention multiplies, would add a rounding the
-      // CPU does not make, and the device runs are compared with the CPU's).
-#pragma unroll
-      for (int s = 0; s < kMmaKeys / 16; ++s) {
-        uint32_t parts[4][3];
-        split3_bf16x2(sc[2 * s][0], sc[2 * s][1], parts[0]);
-        split3_bf16x2(sc[2 * s][2], sc[2 * s][3], parts[1]);
-        split3_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1], parts[2]);
-        split3_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3], parts[3]);
-#pragma unroll
-        for (int p = 0; p < 3; ++p) {
-          const uint32_t pa[4] = {parts[0][p], parts[1][p], parts[2][p], parts[3][p]};
-#pragma unroll
-          for (int b = 0; b < kVn; ++b)
-            if (b < nvn) {
-              const uint32_t* vcol = vt32 + ((8 * b + gq) * kVStride + 16 * s) / 2 + tq;
-              mma_bf16_16816(o[b], pa, vcol[0], vcol[4]);
-            }
-        }
-      }
-    }
-  });
-  uint32_t* out32 = static_cast<uint32_t*>(out);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (sq[r] < 0) continue;
-    const bool none = l[r] == 0.f;
-    const float inv = none ? 0.f : 1.f / l[r];
-#pragma unroll
-    for (int b = 0; b < kVn; ++b)
-      if (b < nvn)
-        out32[(row[r] * D.H * D.vd + int64_t(h) * D.vd + 8 * b + 2 * tq) / 2] =
-            pack_bf16x2(o[b][2 * r] * inv, o[b][2 * r + 1] * inv);
-    if (tq == 0) lse[int64_t(h) * D.T + row[r]] = none ? kNegInf : m[r] + logf(l[r]);
-  }
-}
-
-// The two widths as plain kernels (a template's comma would split KS_LAUNCH's arguments).
-__global__ void fwd_mma64_kernel(const void* q, const void* k, const void* v, const int32_t* cu, int n,
-                                 const int32_t* prefix_of, Dims D, void* out, float* lse) {
-  fwd_mma_body<4, 8>(q, k, v, cu, n, prefix_of, D, out, lse);
-}
-__global__ void fwd_mma128_kernel(const void* q, const void* k, const void* v, const int32_t* cu, int n,
-                                  const int32_t* prefix_of, Dims D, void* out, float* lse) {
-  fwd_mma_body<8, 16>(q, k, v, cu, n, prefix_of, D, out, lse);
-}
-
-// Whether the tensor-core forward takes these dims and storage (KESTREL_CUDA_ATTENTION=tiled turns it off).
-bool mma_forward(FloatKind kd, int hd, int vd) {
-  static const bool off = [] {
-    const char* e = std::getenv("KESTREL_CUDA_ATTENTION");
-    return e && std::string(e) == "tiled";
-  }();
-  return !off && kd == FloatKind::BF16 && hd % 16 == 0 && vd % 16 == 0 && hd <= kMmaMaxDim && vd <= kMmaMaxDim;
-}
-
 unsigned tiled_blocks(int64_t T, int heads) { return unsigned((T + kTileRows - 1) / kTileRows * heads); }
 
 unsigned blocks_for(int64_t warps) { return unsigned((warps + kWarps - 1) / kWarps); }
@@ -734,11 +539,8 @@ void attention_fwd(const void* q, const void* k, const void* v, FloatKind kd, co
   if (T <= 0) return;
   const Dims D{T, H, Hkv, hd, vd, scale};
   auto s = as_stream(stream);
-  const unsigned mma_blocks = unsigned((T + kMmaRows - 1) / kMmaRows * H);
-  if (mma_forward(kd, hd, vd) && hd <= 64 && vd <= 64)
-    KS_LAUNCH(fwd_mma64_kernel, mma_blocks, kWarps * 32, s)(q, k, v, cu, n, prefix_of, D, out, lse);
-  else if (mma_forward(kd, hd, vd))
-    KS_LAUNCH(fwd_mma128_kernel, mma_blocks, kWarps * 32, s)(q, k, v, cu, n, prefix_of, D, out, lse);
+  if (attention_mma(kd, hd, vd))
+    attention_fwd_mma(q, k, v, cu, n, prefix_of, T, H, Hkv, hd, vd, scale, out, lse, stream);
   else if (hd <= 64 && vd <= 64)
     KS_LAUNCH(fwd_tiled_kernel<2>, tiled_blocks(T, H), kWarps * 32, s)(q, k, v, kd, cu, n, prefix_of, D, out, lse);
   else if (hd <= kTiledMaxDim && vd <= kTiledMaxDim)
@@ -755,14 +557,19 @@ void attention_bwd(const void* q, const void* k, const void* v, const void* out,
   const Dims D{T, H, Hkv, hd, vd, scale};
   auto s = as_stream(stream);
   KS_LAUNCH(dsum_kernel, blocks_for(T * H), kWarps * 32, s)(out, kd, dout, gk, D, dsum_scratch);
+  const bool mma = attention_mma(kd, hd, vd);  // dq on the tensor cores; dk/dv below
+  if (mma)
+    attention_dq_mma(q, k, v, lse, dsum_scratch, dout, gk, cu, n, prefix_of, T, H, Hkv, hd, vd, scale, dq, stream);
   if (hd <= 64 && vd <= 64) {
-    KS_LAUNCH(dq_tiled_kernel<2>, tiled_blocks(T, H), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu, n,
-                                                                     prefix_of, D, dq);
+    if (!mma)
+      KS_LAUNCH(dq_tiled_kernel<2>, tiled_blocks(T, H), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu,
+                                                                       n, prefix_of, D, dq);
     KS_LAUNCH(dkdv_tiled_kernel<2>, tiled_blocks(T, Hkv), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu,
                                                                          n, prefix_of, D, dk, dv);
   } else if (hd <= kTiledMaxDim && vd <= kTiledMaxDim) {
-    KS_LAUNCH(dq_tiled_kernel<4>, tiled_blocks(T, H), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu, n,
-                                                                     prefix_of, D, dq);
+    if (!mma)
+      KS_LAUNCH(dq_tiled_kernel<4>, tiled_blocks(T, H), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu,
+                                                                       n, prefix_of, D, dq);
     KS_LAUNCH(dkdv_tiled_kernel<4>, tiled_blocks(T, Hkv), kWarps * 32, s)(q, k, v, kd, dout, gk, lse, dsum_scratch, cu,
                                                                          n, prefix_of, D, dk, dv);
   } else {
