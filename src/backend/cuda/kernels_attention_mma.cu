@@ -144,23 +144,8 @@ __device__ void fwd_mma_body(const void* q, const void* k, const void* v, const 
       // rounded to bf16, as FlashAttention multiplies, would add a rounding the
       // CPU does not make, and the device runs are compared with the CPU's).
 #pragma unroll
-      for (int s = 0; s < kMmaKeys / 16; ++s) {
-        uint32_t parts[4][3];
-        split3_bf16x2(sc[2 * s][0], sc[2 * s][1], parts[0]);
-        split3_bf16x2(sc[2 * s][2], sc[2 * s][3], parts[1]);
-        split3_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1], parts[2]);
-        split3_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3], parts[3]);
-#pragma unroll
-        for (int p = 0; p < 3; ++p) {
-          const uint32_t pa[4] = {parts[0][p], parts[1][p], parts[2][p], parts[3][p]};
-#pragma unroll
-          for (int b = 0; b < kVn; ++b)
-            if (b < nvn) {
-              const uint32_t* vcol = vt32 + ((8 * b + gq) * kVStride + 16 * s) / 2 + tq;
-              mma_bf16_16816(o[b], pa, vcol[0], vcol[4]);
-            }
-        }
-      }
+      for (int s = 0; s < kMmaKeys / 16; ++s)
+        mma_split_x_bt<kVn>(sc[2 * s], sc[2 * s + 1], vt32, kVStride, 16 * s, nvn, o);
     }
   });
   uint32_t* out32 = static_cast<uint32_t*>(out);
@@ -302,23 +287,8 @@ __device__ void dq_mma_body(const void* q, const void* k, const void* v, const f
         }
       // dq += dS k: keys 16 s .. 16 s + 15 are dS blocks 2 s and 2 s + 1.
 #pragma unroll
-      for (int s = 0; s < kDqKeys / 16; ++s) {
-        uint32_t parts[4][3];
-        split3_bf16x2(sc[2 * s][0], sc[2 * s][1], parts[0]);
-        split3_bf16x2(sc[2 * s][2], sc[2 * s][3], parts[1]);
-        split3_bf16x2(sc[2 * s + 1][0], sc[2 * s + 1][1], parts[2]);
-        split3_bf16x2(sc[2 * s + 1][2], sc[2 * s + 1][3], parts[3]);
-#pragma unroll
-        for (int p = 0; p < 3; ++p) {
-          const uint32_t a[4] = {parts[0][p], parts[1][p], parts[2][p], parts[3][p]};
-#pragma unroll
-          for (int b = 0; b < kHn; ++b)
-            if (b < nhn) {
-              const uint32_t* kcol = kt32 + ((8 * b + gq) * kDqTStride + 16 * s) / 2 + tq;
-              mma_bf16_16816(acc[b], a, kcol[0], kcol[4]);
-            }
-        }
-      }
+      for (int s = 0; s < kDqKeys / 16; ++s)
+        mma_split_x_bt<kHn>(sc[2 * s], sc[2 * s + 1], kt32, kDqTStride, 16 * s, nhn, acc);
     }
   });
 #pragma unroll

@@ -87,3 +87,30 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
     }
 #endif
 }
+
+// acc[b] += X Bt_b for the column blocks b < nb of an f32 product X [16 x 16] B:
+// X given as two C fragments (x0: columns 0-7, x1: 8-15, the score-shaped
+// tiles of attention), split exactly into three bf16 parts (split3_bf16x2) so
+// the products are f32's; B staged transposed in shared memory as bf16, bt32
+// its 32-bit view with `stride` bf16 per output column and X's columns at
+// k0 .. k0 + 15 of each.
+template <int kN>
+__device__ __forceinline__ void mma_split_x_bt(const float (&x0)[4], const float (&x1)[4], const uint32_t* bt32,
+                                               int stride, int k0, int nb, float (&acc)[kN][4]) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  uint32_t parts[4][3];
+  split3_bf16x2(x0[0], x0[1], parts[0]);
+  split3_bf16x2(x0[2], x0[3], parts[1]);
+  split3_bf16x2(x1[0], x1[1], parts[2]);
+  split3_bf16x2(x1[2], x1[3], parts[3]);
+#pragma unroll
+  for (int p = 0; p < 3; ++p) {
+    const uint32_t a[4] = {parts[0][p], parts[1][p], parts[2][p], parts[3][p]};
+#pragma unroll
+    for (int b = 0; b < kN; ++b)
+      if (b < nb) {
+        const uint32_t* col = bt32 + ((8 * b + gq) * stride + k0) / 2 + tq;
+        mma_bf16_16816(acc[b], a, col[0], col[4]);
+      }
+  }
+}
