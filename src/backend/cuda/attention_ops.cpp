@@ -1,6 +1,9 @@
 // Host side of the CUDA attention kernels (kernels_attention.cu).
 #include "backend/cuda/attention_ops.h"
 
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernels_block.h"
 
@@ -77,6 +80,22 @@ void attention_block_bwd(const Tensor& q, const Tensor& k, const Tensor& v, cons
                               block_args(q, k, m, s), static_cast<float*>(dsum.raw()), static_cast<float*>(dq.raw()),
                               static_cast<float*>(dk.raw()), static_cast<float*>(dv.raw()), stream());
   check_launch("attention_block_bwd");
+}
+
+std::vector<float> mma_tile_product(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+  KS_CHECK(a.size() == 16 * 16 && b.size() == 16 * 8, "mma_tile_product: a is 16 x 16 and b 16 x 8, got ", a.size(),
+           " and ", b.size(), " values");
+  auto up = [](const std::vector<uint16_t>& v, Shape s) {
+    Tensor h = Tensor::empty(std::move(s), DType::BF16, MemCategory::Other);
+    std::copy(v.begin(), v.end(), static_cast<uint16_t*>(h.raw()));
+    return h.copy_to(Device::CUDA);
+  };
+  const Tensor ad = up(a, {16, 16}), bd = up(b, {16, 8});
+  Tensor cd = Tensor::empty({16, 8}, DType::F32, MemCategory::Other, Device::CUDA);
+  launch::mma_tile_product(static_cast<const uint16_t*>(dptr(ad)), static_cast<const uint16_t*>(dptr(bd)),
+                           static_cast<float*>(dptr(cd)), stream());
+  check_launch("mma_tile_product");
+  return cd.to_host<float>();
 }
 
 }  // namespace kestrel::cuda

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/caching_allocator.h"
 
@@ -38,6 +39,12 @@ int64_t total_memory();
 bool is_device_pointer(const void* p);
 // The number of devices this process sees (0 without one). Never throws.
 int device_count();
+
+// c[16 x 8] = a[16 x 16] b[16 x 8] (row-major, a and b as bf16 bits) computed by
+// one warp's tensor-core instruction (mma.sync m16n8k16) with its fragments
+// loaded as the PTX ISA lays them out, the layout the tensor-core attention
+// kernels build on: a device self-check (tests/cuda). init() first.
+std::vector<float> mma_tile_product(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b);
 
 // A point in the stream's queued work (an event recorded on it at
 // construction), for watching device work from another thread: the NCCL

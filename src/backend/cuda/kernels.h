@@ -128,6 +128,10 @@ void attention_bwd(const void* q, const void* k, const void* v, const void* out,
 // Whether they take q, k, v of kind kd with these widths (bf16, multiples of 16 up to 128;
 // KESTREL_CUDA_ATTENTION=tiled: never).
 bool attention_mma(FloatKind kd, int hd, int vd);
+// c[16 x 8] = a[16 x 16] b[16 x 8] (row-major; a, b bf16, c f32, device memory) by one warp's
+// tensor-core product, its fragments loaded by the PTX ISA's layout formulas: the layout the
+// kernels above assume, checked against the device (cuda::mma_tile_product, tests/cuda).
+void mma_tile_product(const uint16_t* a, const uint16_t* b, float* c, void* stream);
 // attention_fwd's result on the tensor cores (attention_mma first).
 void attention_fwd_mma(const void* q, const void* k, const void* v, const int32_t* cu, int n, const int32_t* prefix_of,
                        int64_t T, int H, int Hkv, int hd, int vd, float scale, void* out, float* lse, void* stream);

@@ -315,7 +315,30 @@ __global__ void dq_mma128_kernel(const void* q, const void* k, const void* v, co
   dq_mma_body<8, 8, 16>(q, k, v, lse, dsum, dout, gk, cu, n, prefix_of, D, dq);
 }
 
+// One warp: c[16 x 8] = a[16 x 16] b[16 x 8], every lane loading its fragments
+// by the PTX ISA's formulas for m16n8k16 (mma.cuh) and storing its C elements.
+__global__ void mma_tile_kernel(const uint16_t* a, const uint16_t* b, float* c) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  auto pair = [](uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); };
+  const uint32_t fa[4] = {pair(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
+                          pair(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]),
+                          pair(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]),
+                          pair(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9])};
+  const uint32_t b0 = pair(b[(2 * t) * 8 + g], b[(2 * t + 1) * 8 + g]);
+  const uint32_t b1 = pair(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  mma_bf16_16816(acc, fa, b0, b1);
+  c[g * 8 + 2 * t] = acc[0];
+  c[g * 8 + 2 * t + 1] = acc[1];
+  c[(g + 8) * 8 + 2 * t] = acc[2];
+  c[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
 }  // namespace
+
+void mma_tile_product(const uint16_t* a, const uint16_t* b, float* c, void* stream) {
+  KS_LAUNCH(mma_tile_kernel, 1u, 32, as_stream(stream))(a, b, c);
+}
 
 bool attention_mma(FloatKind kd, int hd, int vd) {
   static const bool off = [] {
