@@ -43,8 +43,9 @@ template <int kQk, int kVn>
 __device__ void fwd_mma_body(const void* q, const void* k, const void* v, const int32_t* cu, int n,
                              const int32_t* prefix_of, Dims D, void* out, float* lse) {
   __shared__ uint32_t ks32[kMmaKeys * kKStride / 2];   // [key][dim] bf16 pairs
-  __shared__ uint16_t vt16[kMmaMaxDim * kVStride];      // [dim][key] bf16
-  const uint32_t* vt32 = reinterpret_cast<const uint32_t*>(vt16);
+  // [dim][key] bf16, declared as 32-bit words so the fragments' 32-bit loads are aligned.
+  __shared__ uint32_t vt32[kMmaMaxDim * kVStride / 2];
+  uint16_t* vt16 = reinterpret_cast<uint16_t*>(vt32);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int64_t tiles = (D.T + kMmaRows - 1) / kMmaRows;
   const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
@@ -190,8 +191,8 @@ __device__ void dq_mma_body(const void* q, const void* k, const void* v, const f
                             void* dq) {
   __shared__ uint32_t ks32[kDqKeys * kDqKStride / 2];  // [key][dim] bf16 pairs
   __shared__ uint32_t vs32[kDqKeys * kDqKStride / 2];  // [key][value dim] bf16 pairs
-  __shared__ uint16_t kt16[kMmaMaxDim * kDqTStride];   // [dim][key] bf16
-  const uint32_t* kt32 = reinterpret_cast<const uint32_t*>(kt16);
+  __shared__ uint32_t kt32[kMmaMaxDim * kDqTStride / 2];  // [dim][key] bf16, as aligned 32-bit words
+  uint16_t* kt16 = reinterpret_cast<uint16_t*>(kt32);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int64_t tiles = (D.T + kMmaRows - 1) / kMmaRows;
   const int h = int(blockIdx.x / tiles), g = h / (D.H / D.Hkv);
