@@ -140,40 +140,45 @@ void linear_fwd(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   }
 }
 
+namespace {
+
+// linear_bwd's two GEMMs (its bias gradient aside). An f32 dy against bf16
+// weights and activations is split once for both; one too large to split
+// whole (bf16 training's [T, vocab] logit gradient, 2.5e9 elements at 16,384
+// tokens) goes in blocks of rows, each split and multiplied on the tensor
+// cores, dw summing over the blocks in order.
 // dx[T, in] = dy w: column-major dx^T = w^T dy^T (A = w as [in, out], B = dy as [out, T]).
 // dw[out, in] += dy^T x: column-major dw^T = x^T dy (A = x as [in, T], B = dy as [out, T] transposed).
-void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
-                bool accumulate_dx) {
+void linear_bwd_gemms(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, bool accumulate_dx) {
   const int64_t T = dy.size(0), out = dy.size(1), in = w.size(1);
-  // An f32 dy against bf16 weights and activations is split once for both GEMMs.
   const bool bf16_other = (dx && float_kind(w, "linear_bwd") == FloatKind::BF16) ||
                           (dw && float_kind(x, "linear_bwd") == FloatKind::BF16);
-  if (float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && !exact_f32_mixed_gemm() &&
-      dy.numel() > max_split_elements() && out <= max_split_elements()) {
-    // Too large to split whole (bf16 training's [T, vocab] logit gradient,
-    // 2.5e9 elements at 16,384 tokens): blocks of rows, each split and
-    // multiplied on the tensor cores, dw summing over the blocks in order.
+  const bool split_dy = float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && !exact_f32_mixed_gemm();
+  if (split_dy && dy.numel() > max_split_elements() && out <= max_split_elements()) {
     const int64_t rows = std::max<int64_t>(1, max_split_elements() / out);
     for (int64_t r0 = 0; r0 < T; r0 += rows) {
       const int64_t r1 = std::min(T, r0 + rows);
       Tensor dx_rows = dx ? dx->slice_rows(r0, r1) : Tensor();
-      linear_bwd(dw ? x.slice_rows(r0, r1) : x, w, dy.slice_rows(r0, r1), dx ? &dx_rows : nullptr, dw, nullptr,
-                 accumulate_dx);
-    }
-    if (db && db->defined()) {
-      launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), T, out, static_cast<float*>(dptr(*db)), stream());
-      check_launch("linear_bwd bias");
+      linear_bwd_gemms(dw ? x.slice_rows(r0, r1) : x, w, dy.slice_rows(r0, r1), dx ? &dx_rows : nullptr, dw,
+                       accumulate_dx);
     }
     return;
   }
   Bf16Split dy_split;
   const Bf16Split* pre = nullptr;
-  if (T > 0 && float_kind(dy, "linear_bwd") == FloatKind::F32 && bf16_other && dx && dw && splits(dy))
-    dy_split = split_exact(dy, "linear_bwd"), pre = &dy_split;
+  if (split_dy && T > 0 && dx && dw && splits(dy)) dy_split = split_exact(dy, "linear_bwd"), pre = &dy_split;
   if (dx) gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, w, in, dy, out, accumulate_dx ? 1.f : 0.f, *dx, in, "linear_bwd", pre);
   if (dw) gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, x, in, dy, out, 1.f, *dw, in, "linear_bwd", pre);
+}
+
+}  // namespace
+
+void linear_bwd(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw, Tensor* db,
+                bool accumulate_dx) {
+  linear_bwd_gemms(x, w, dy, dx, dw, accumulate_dx);
   if (db && db->defined()) {
-    launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), T, out, static_cast<float*>(dptr(*db)), stream());
+    launch::bias_grad(dptr(dy), float_kind(dy, "linear_bwd"), dy.size(0), dy.size(1), static_cast<float*>(dptr(*db)),
+                      stream());
     check_launch("linear_bwd bias");
   }
 }

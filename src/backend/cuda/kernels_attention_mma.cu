@@ -21,6 +21,61 @@ namespace {
 
 constexpr int kWarps = 4;  // warps per block
 
+// ---- Pieces the forward and dq share ----
+// This warp's q rows row[0] (g) and row[1] (g + 8) of head h as A fragments of
+// the q.k product's 16-wide steps (a row with sq < 0, past the block, reads zero).
+template <int kQk>
+__device__ void load_q_frags(const void* q, const int64_t (&row)[2], const int (&sq)[2], int h, const Dims& D,
+                             uint32_t (&qa)[kQk][4]) {
+  const uint32_t* q32 = static_cast<const uint32_t*>(q);
+  const int tq = threadIdx.x & 3, nqk = D.hd / 16;
+#pragma unroll
+  for (int s = 0; s < kQk; ++s)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e & 1, col = 16 * s + 2 * tq + 8 * (e >> 1);
+      qa[s][e] = s < nqk && sq[r] >= 0 ? q32[(row[r] * D.H * D.hd + int64_t(h) * D.hd + col) / 2] : 0u;
+    }
+}
+
+// Rows [c, c + nk) of head `head` of a bf16 [T, heads * width] tensor into
+// dst (32-bit words, `stride` bf16 per row), zero from row nk to `rows`.
+__device__ void stage_rows_bf16(uint32_t* dst, int stride, const void* src, int64_t c, int nk, int rows, int heads,
+                                int head, int width) {
+  const uint32_t* src32 = static_cast<const uint32_t*>(src);
+  const int words = width / 2;
+  for (int e = threadIdx.x; e < rows * words; e += blockDim.x) {
+    const int kk = e / words, w = e % words;
+    dst[kk * (stride / 2) + w] = kk < nk ? src32[((c + kk) * heads * width + int64_t(head) * width) / 2 + w] : 0u;
+  }
+}
+
+// The same rows transposed: dst[d * stride + row] (bf16).
+__device__ void stage_cols_bf16(uint16_t* dst, int stride, const void* src, int64_t c, int nk, int rows, int heads,
+                                int head, int width) {
+  const uint16_t* src16 = static_cast<const uint16_t*>(src);
+  for (int e = threadIdx.x; e < rows * width; e += blockDim.x) {
+    const int kk = e / width, d = e % width;
+    dst[d * stride + kk] = kk < nk ? src16[(c + kk) * heads * width + int64_t(head) * width + d] : uint16_t(0);
+  }
+}
+
+// S = q k^T for kB blocks of 8 staged key rows (ks32: `stride` bf16 per key).
+template <int kQk, int kB>
+__device__ void score_blocks(const uint32_t (&qa)[kQk][4], const uint32_t* ks32, int stride, int nqk,
+                             float (&sc)[kB][4]) {
+  const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[b][e] = 0.f;
+    const uint32_t* krow = ks32 + (8 * b + gq) * (stride / 2) + tq;
+#pragma unroll
+    for (int s = 0; s < kQk; ++s)
+      if (s < nqk) mma_bf16_16816(sc[b], qa[s], krow[8 * s], krow[8 * s + 4]);
+  }
+}
+
 // ---- Tensor-core forward (bf16, head and value dims multiples of 16, <= 128) ----
 // FlashAttention-2's forward on mma.sync m16n8k16 (mma.cuh): a block of 4 warps
 // takes 64 packed rows of one head, 16 per warp; the warp's q rows stay in
@@ -58,47 +113,23 @@ __device__ void fwd_mma_body(const void* q, const void* k, const void* v, const 
     sq[r] = row[r] <= i1 ? seq_of(cu, n, row[r]) : -1;
   }
   // q rows g and g + 8 of this warp as A fragments (zero for rows past the block).
-  const uint32_t* q32 = static_cast<const uint32_t*>(q);
   uint32_t qa[kQk][4];
-#pragma unroll
-  for (int s = 0; s < kQk; ++s)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e & 1, col = 16 * s + 2 * tq + 8 * (e >> 1);
-      qa[s][e] = s < nqk && sq[r] >= 0 ? q32[(row[r] * D.H * D.hd + int64_t(h) * D.hd + col) / 2] : 0u;
-    }
+  load_q_frags<kQk>(q, row, sq, h, D, qa);
   float o[kVn][4], m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int b = 0; b < kVn; ++b)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[b][e] = 0.f;
-  const uint32_t* k32 = static_cast<const uint32_t*>(k);
-  const uint16_t* v16 = static_cast<const uint16_t*>(v);
-  const int hw = D.hd / 2;  // 32-bit words per key row
   for_each_key_range(cu, n, prefix_of, i0, i1, [&](int64_t k0, int64_t k1, int owner, bool causal) {
     for (int64_t c = k0; c < k1; c += kMmaKeys) {
       const int nk = int(k1 - c < kMmaKeys ? k1 - c : kMmaKeys);
       __syncthreads();  // the previous tile is no longer read
-      for (int e = threadIdx.x; e < kMmaKeys * hw; e += blockDim.x) {
-        const int kk = e / hw, w = e % hw;
-        ks32[kk * (kKStride / 2) + w] = kk < nk ? k32[((c + kk) * D.Hkv * D.hd + int64_t(g) * D.hd) / 2 + w] : 0u;
-      }
-      for (int e = threadIdx.x; e < kMmaKeys * D.vd; e += blockDim.x) {
-        const int kk = e / D.vd, d = e % D.vd;
-        vt16[d * kVStride + kk] = kk < nk ? v16[(c + kk) * D.Hkv * D.vd + int64_t(g) * D.vd + d] : uint16_t(0);
-      }
+      stage_rows_bf16(ks32, kKStride, k, c, nk, kMmaKeys, D.Hkv, g, D.hd);
+      stage_cols_bf16(vt16, kVStride, v, c, nk, kMmaKeys, D.Hkv, g, D.vd);
       __syncthreads();
       // S = q k^T for the tile's 8 blocks of 8 keys.
       float sc[kMmaKeys / 8][4];
-#pragma unroll
-      for (int b = 0; b < kMmaKeys / 8; ++b) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[b][e] = 0.f;
-        const uint32_t* krow = ks32 + (8 * b + gq) * (kKStride / 2) + tq;
-#pragma unroll
-        for (int s = 0; s < kQk; ++s)
-          if (s < nqk) mma_bf16_16816(sc[b], qa[s], krow[8 * s], krow[8 * s + 4]);
-      }
+      score_blocks<kQk, kMmaKeys / 8>(qa, ks32, kKStride, nqk, sc);
       // Mask, scale and the online softmax of rows g (r = 0) and g + 8 (r = 1).
       float tmax[2] = {kNegInf, kNegInf};
 #pragma unroll
@@ -208,53 +239,25 @@ __device__ void dq_mma_body(const void* q, const void* k, const void* v, const f
     L[r] = live ? lse[int64_t(h) * D.T + row[r]] : 0.f;
     Di[r] = live ? dsum[int64_t(h) * D.T + row[r]] : 0.f;
   }
-  const uint32_t* q32 = static_cast<const uint32_t*>(q);
   uint32_t qa[kQk][4];
-#pragma unroll
-  for (int s = 0; s < kQk; ++s)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e & 1, col = 16 * s + 2 * tq + 8 * (e >> 1);
-      qa[s][e] = s < nqk && sq[r] >= 0 ? q32[(row[r] * D.H * D.hd + int64_t(h) * D.hd + col) / 2] : 0u;
-    }
+  load_q_frags<kQk>(q, row, sq, h, D, qa);
   float acc[kHn][4];
 #pragma unroll
   for (int b = 0; b < kHn; ++b)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[b][e] = 0.f;
   const int dparts = gk == FloatKind::F32 ? 3 : 1;  // a bf16 dO is its own single part
-  const uint32_t* k32 = static_cast<const uint32_t*>(k);
-  const uint32_t* v32 = static_cast<const uint32_t*>(v);
-  const uint16_t* k16 = static_cast<const uint16_t*>(k);
-  const int hw = D.hd / 2, vw = D.vd / 2;
   for_each_key_range(cu, n, prefix_of, i0, i1, [&](int64_t k0, int64_t k1, int owner, bool causal) {
     for (int64_t c = k0; c < k1; c += kDqKeys) {
       const int nk = int(k1 - c < kDqKeys ? k1 - c : kDqKeys);
       __syncthreads();  // the previous tile is no longer read
-      for (int e = threadIdx.x; e < kDqKeys * hw; e += blockDim.x) {
-        const int kk = e / hw, w = e % hw;
-        ks32[kk * (kDqKStride / 2) + w] = kk < nk ? k32[((c + kk) * D.Hkv * D.hd + int64_t(g) * D.hd) / 2 + w] : 0u;
-      }
-      for (int e = threadIdx.x; e < kDqKeys * vw; e += blockDim.x) {
-        const int kk = e / vw, w = e % vw;
-        vs32[kk * (kDqKStride / 2) + w] = kk < nk ? v32[((c + kk) * D.Hkv * D.vd + int64_t(g) * D.vd) / 2 + w] : 0u;
-      }
-      for (int e = threadIdx.x; e < kDqKeys * D.hd; e += blockDim.x) {
-        const int kk = e / D.hd, d = e % D.hd;
-        kt16[d * kDqTStride + kk] = kk < nk ? k16[(c + kk) * D.Hkv * D.hd + int64_t(g) * D.hd + d] : uint16_t(0);
-      }
+      stage_rows_bf16(ks32, kDqKStride, k, c, nk, kDqKeys, D.Hkv, g, D.hd);
+      stage_rows_bf16(vs32, kDqKStride, v, c, nk, kDqKeys, D.Hkv, g, D.vd);
+      stage_cols_bf16(kt16, kDqTStride, k, c, nk, kDqKeys, D.Hkv, g, D.hd);
       __syncthreads();
       // S = q k^T and dP = dO v^T for the tile's 4 blocks of 8 keys.
-      float sc[kDqKeys / 8][4], dp[kDqKeys / 8][4];
-#pragma unroll
-      for (int b = 0; b < kDqKeys / 8; ++b) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[b][e] = dp[b][e] = 0.f;
-        const uint32_t* krow = ks32 + (8 * b + gq) * (kDqKStride / 2) + tq;
-#pragma unroll
-        for (int s = 0; s < kQk; ++s)
-          if (s < nqk) mma_bf16_16816(sc[b], qa[s], krow[8 * s], krow[8 * s + 4]);
-      }
+      float sc[kDqKeys / 8][4], dp[kDqKeys / 8][4] = {};
+      score_blocks<kQk, kDqKeys / 8>(qa, ks32, kDqKStride, nqk, sc);
 #pragma unroll
       for (int s = 0; s < kVk; ++s) {
         if (s >= nvk) continue;
