@@ -15,8 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/packed_choice.h"
 #include "backend_cpu/linear_reference.h"
 #include "common/testing.h"
+#include "core/files.h"
+#include "io/io_test_util.h"
 #include "core/parallel_for.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -40,7 +43,9 @@ class PackedLinear : public ::testing::Test {
     // The suite's own choice, whatever the test run sets (run_tests.sh's
     // OpenBLAS passes set KESTREL_BLAS).
     blas_ = std::make_unique<EnvScope>("KESTREL_BLAS", nullptr);
-    packed_ = std::make_unique<EnvScope>("KESTREL_PACKED_WEIGHTS", nullptr);
+    // These tests check the packed product itself: packed whatever this
+    // machine's measured verdict (packed_choice.h), which they test below.
+    packed_ = std::make_unique<EnvScope>("KESTREL_PACKED_WEIGHTS", "1");
     std::string why;
     if (!packed_linear_enabled(&why)) GTEST_SKIP() << "packing is off here: " << why;
   }
@@ -185,6 +190,87 @@ TEST_F(PackedLinear, OffBySwitchByAnotherLibraryAndInDeterministicMode) {
   EXPECT_FALSE(packed_linear_enabled(&why));
   set_deterministic(false);
   EXPECT_TRUE(packed_linear_enabled());
+  {
+    EnvScope bad("KESTREL_PACKED_WEIGHTS", "yes");
+    try {
+      packed_linear_enabled();
+      ADD_FAILURE() << "KESTREL_PACKED_WEIGHTS=yes was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("KESTREL_PACKED_WEIGHTS='yes'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("auto"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// f32 weights pack only where the packed product is not slower than the
+// BLAS at decode rows: 1 and 0 decide at every call, auto measures once per
+// machine and caches the verdict, which every later process reads.
+TEST_F(PackedLinear, F32VerdictFollowsTheSwitchThenTheMeasurement) {
+  const Tensor w = random_tensor({4, 8}, DType::F32, 1);
+  std::string why;
+  {
+    EnvScope on("KESTREL_PACKED_WEIGHTS", "1");
+    EXPECT_TRUE(packed_f32_verdict().pack);
+    EXPECT_TRUE(dtype_packs_here(DType::F32, &why));
+    EXPECT_NE(why.find("KESTREL_PACKED_WEIGHTS=1"), std::string::npos) << why;
+    EXPECT_NE(pack_linear_weight(w), nullptr);
+  }
+  testing::TempDir dir;
+  EnvScope cache("KESTREL_CACHE", dir.path().c_str());
+  EnvScope autos("KESTREL_PACKED_WEIGHTS", "auto");
+  const PackedF32Verdict& v = packed_f32_verdict();
+  EXPECT_GT(v.packed_gflops, 0);
+  EXPECT_GT(v.blas_gflops, 0);
+  EXPECT_EQ(v.pack, packed_wins(v.packed_gflops, v.blas_gflops));
+  EXPECT_EQ(dtype_packs_here(DType::F32, &why), v.pack);
+  EXPECT_NE(why.find("GFLOP/s at decode rows"), std::string::npos) << why;
+  EXPECT_EQ(pack_linear_weight(w) != nullptr, v.pack);
+  EXPECT_EQ(packed_linear_bytes(4, 8, DType::F32) > 0, v.pack);
+  // Decided once: a second call is the same object, measured or read once.
+  EXPECT_EQ(&packed_f32_verdict(), &v);
+}
+
+TEST(PackedChoice, RuleSwitchAndCache) {
+  EXPECT_TRUE(packed_wins(100, 104));   // a near tie keeps the packed path
+  EXPECT_FALSE(packed_wins(100, 105));  // the BLAS 5% faster: not packed
+  EXPECT_TRUE(packed_wins(200, 150));
+  EXPECT_EQ(pack_switch_from_env(nullptr).value(), PackSwitch::Auto);
+  EXPECT_EQ(pack_switch_from_env("").value(), PackSwitch::Auto);
+  EXPECT_EQ(pack_switch_from_env("auto").value(), PackSwitch::Auto);
+  EXPECT_EQ(pack_switch_from_env("1").value(), PackSwitch::On);
+  EXPECT_EQ(pack_switch_from_env("0").value(), PackSwitch::Off);
+  EXPECT_FALSE(pack_switch_from_env("on").is_ok());
+
+  testing::TempDir dir;
+  const std::string key = packed_cache_key(2);
+  EXPECT_NE(key.find("threads 2"), std::string::npos) << key;
+  EXPECT_NE(key.find("DNNL_MAX_CPU_ISA="), std::string::npos) << key;
+  const std::string file = packed_cache_file(dir.path(), key);
+  EXPECT_NE(file.find("/packed-"), std::string::npos) << file;
+  Result<std::optional<PackedF32Verdict>> none = read_packed_cache(file, key);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(none->has_value());
+  PackedF32Verdict v;
+  v.pack = false;
+  v.packed_gflops = 105;
+  v.blas_gflops = 150;
+  v.cpu_share = 0.5;
+  ASSERT_TRUE(write_file_atomic(file, packed_cache_text(key, v)).is_ok());
+  Result<std::optional<PackedF32Verdict>> back = read_packed_cache(file, key);
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  ASSERT_TRUE(back->has_value());
+  EXPECT_FALSE((*back)->pack);
+  EXPECT_EQ((*back)->packed_gflops, 105);
+  EXPECT_EQ((*back)->blas_gflops, 150);
+  EXPECT_NE(describe_packed_f32(**back).find("other processes held the cores"), std::string::npos);
+  // Another key's entry is not ours; a damaged one is an error naming the file.
+  Result<std::optional<PackedF32Verdict>> other = read_packed_cache(file, key + "x");
+  ASSERT_TRUE(other.is_ok());
+  EXPECT_FALSE(other->has_value());
+  ASSERT_TRUE(write_file_atomic(file, "{\"key\": \"" + key + "\", \"pack\": 1}").is_ok());
+  Result<std::optional<PackedF32Verdict>> bad = read_packed_cache(file, key);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find(file), std::string::npos) << bad.status().message();
 }
 
 }  // namespace

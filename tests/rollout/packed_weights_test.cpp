@@ -83,6 +83,8 @@ class PackedWeights : public ::testing::Test {
   void SetUp() override {
     if (!cpu::packed_linear_enabled(&why_)) GTEST_SKIP() << "packing is off here: " << why_;
   }
+  // The packed path whatever this machine's f32 verdict (cpu::packed_f32_verdict).
+  EnvScope packed_{"KESTREL_PACKED_WEIGHTS", "1"};
   std::string why_;
 };
 

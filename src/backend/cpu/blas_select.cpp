@@ -222,26 +222,43 @@ Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const
   return std::optional<GemmChoice>(c);
 }
 
-Status write_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (ec) return KS_ERR("cannot create ", std::filesystem::path(path).parent_path().string(), ": ", ec.message());
+std::string gemm_cache_text(const std::string& key, const GemmChoice& c) {
   nlohmann::json j;
   j["key"] = key;
   for (int k = 0; k < kNumGemmClasses; ++k)
     j["classes"][gemm_class_name(GemmClass(k))] = {{"provider", provider_key(c.by_class[k])}, {"gflops", c.gflops[k]}};
   j["cpu_share"] = c.cpu_share;
-  return write_file_atomic(path, j.dump(1) + "\n");
+  std::string text = j.dump(1);
+  text += '\n';
+  return text;
 }
 
-Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
-  const std::string tmp = path + ".publish." + std::to_string(getpid());
-  KS_TRY(write_gemm_cache(tmp, key, c));
+Status write_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return KS_ERR("cannot create ", std::filesystem::path(path).parent_path().string(), ": ", ec.message());
+  return write_file_atomic(path, gemm_cache_text(key, c));
+}
+
+Result<bool> publish_file_once(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return KS_ERR("cannot create ", std::filesystem::path(path).parent_path().string(), ": ", ec.message());
+  std::string tmp = path;
+  tmp += ".publish.";
+  tmp += std::to_string(getpid());
+  KS_TRY(write_file_atomic(tmp, text));
   const int rc = ::link(tmp.c_str(), path.c_str());  // fails with EEXIST when another process published first
   const int err = errno;
   ::unlink(tmp.c_str());
-  if (rc == 0) return c;
+  if (rc == 0) return true;
   if (err != EEXIST) return KS_ERR("cannot publish ", path, ": ", std::strerror(err));
+  return false;
+}
+
+Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
+  KS_ASSIGN(const bool ours, publish_file_once(path, gemm_cache_text(key, c)));
+  if (ours) return c;
   Result<std::optional<GemmChoice>> theirs = read_gemm_cache(path, key);
   if (theirs.is_ok() && theirs->has_value()) return **theirs;
   // Corrupt, or another key's entry (a hash collision): ours replaces it.

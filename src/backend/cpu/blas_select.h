@@ -81,6 +81,8 @@ std::string gemm_cache_file(const std::string& dir, const std::string& key);
 // nullopt: no file, or a file for another key (a hash collision). An error:
 // the file exists but is not a valid entry (the caller notes it and rewrites).
 Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key);
+// The entry's text (JSON).
+std::string gemm_cache_text(const std::string& key, const GemmChoice& c);
 // Atomic (temp file + rename): a concurrent reader sees the old or new file.
 Status write_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c);
 // The choice every process of this machine will use: ours when we are the
@@ -90,5 +92,10 @@ Status write_gemm_cache(const std::string& path, const std::string& key, const G
 // test that compares two runs cannot see two roundings). The file is created
 // only if absent (link of a temp file); a corrupt one is replaced.
 Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c);
+// The first-writer-wins step on its own (also the packed-weight verdict's,
+// packed_choice.h): creates path with text only if it does not exist (link of
+// a complete temp file, so a reader never sees part of it). true: ours is
+// published; false: another process's file was there first (unchanged).
+Result<bool> publish_file_once(const std::string& path, const std::string& text);
 
 }  // namespace kestrel::cpu

@@ -238,9 +238,11 @@ Status gemm_init() {
 
 std::string gemm_summary() {
   std::string why;
-  const bool packed = packed_linear_enabled(&why);
-  return active_plan()->summary + (packed ? "; rollout weights packed once per update by " + why
-                                          : "; rollout weights not packed (" + why + ")");
+  const std::string& plan = active_plan()->summary;
+  if (!packed_linear_enabled(&why)) return plan + "; rollout weights not packed (" + why + ")";
+  const bool f32 = dtype_packs_here(DType::F32, &why);
+  return plan + (f32 ? "; rollout weights packed once per update by " + why
+                     : "; f32 rollout weights not packed (" + why + ")");
 }
 
 std::array<GemmProvider, 3> gemm_choice() {

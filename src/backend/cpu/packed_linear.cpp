@@ -17,6 +17,7 @@
 #include "backend/cpu/blas_loader.h"
 #include "backend/cpu/blas_select.h"
 #include "backend/cpu/kernel_util.h"
+#include "backend/cpu/packed_choice.h"
 #include "backend/cpu/skinny_gemm.h"
 #include "core/cpu_features.h"
 #include "core/parallel_for.h"
@@ -209,8 +210,9 @@ bool packed_linear_enabled(std::string* why) {
     if (why) *why = std::move(s);
     return false;
   };
-  if (const char* e = std::getenv("KESTREL_PACKED_WEIGHTS"); e && std::string_view(e) == "0")
-    return say("KESTREL_PACKED_WEIGHTS=0");
+  Result<PackSwitch> sw = pack_switch_from_env(std::getenv("KESTREL_PACKED_WEIGHTS"));
+  if (!sw.is_ok()) throw Error(sw.status().message());
+  if (*sw == PackSwitch::Off) return say("KESTREL_PACKED_WEIGHTS=0");
   if (deterministic()) return say("deterministic mode (fixed GEMM tiles)");
   if (const char* b = std::getenv("KESTREL_BLAS"); b && *b) {
     const std::string_view v(b);
@@ -223,10 +225,24 @@ bool packed_linear_enabled(std::string* why) {
   return true;
 }
 
+bool dtype_packs_here(DType dt, std::string* why) {
+  if (!packed_linear_enabled(why)) return false;
+  if (dt != DType::F32) return true;
+  const PackedF32Verdict& v = packed_f32_verdict();
+  if (why) *why = (v.pack ? *why + ": " : std::string("the BLAS is faster here: ")) + describe_packed_f32(v);
+  return v.pack;
+}
+
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const Tensor& w) {
   KS_CHECK(w.defined() && w.device() == Device::CPU && w.dim() == 2 &&
                (w.dtype() == DType::F32 || w.dtype() == DType::BF16),
            "pack_linear_weight: needs a CPU f32/bf16 [out, in] weight, got ", w.describe());
+  if (!dtype_packs_here(w.dtype())) return nullptr;
+  return detail::pack_linear_weight_unmeasured(w, /*outside_allocator=*/false);
+}
+
+std::shared_ptr<const PackedLinearWeight> detail::pack_linear_weight_unmeasured(const Tensor& w,
+                                                                                bool outside_allocator) {
   if (!packed_linear_enabled()) return nullptr;
   const DnnlApi& a = *dnnl_api(nullptr);
   auto p = std::make_shared<PackedLinearWeight>();
@@ -241,7 +257,13 @@ std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const Tensor& w) {
   a.primitive_desc_destroy(pd);
   if (!fast) return nullptr;
   const size_t bytes = a.memory_desc_get_size(&p->packed_md);
-  p->packed = Tensor::empty({int64_t((bytes + 3) / 4)}, DType::F32, MemCategory::Params);
+  const int64_t words = int64_t((bytes + 3) / 4);
+  if (outside_allocator) {
+    auto buf = std::make_shared<std::vector<float>>(size_t(words));
+    p->packed = Tensor::from_blob(buf->data(), {words}, DType::F32, buf);
+  } else {
+    p->packed = Tensor::empty({words}, DType::F32, MemCategory::Params);
+  }
 
   // W[out, in] row-major is the [in, out] matrix W^T in "ba" order.
   dnnl_memory_desc_t user_md;
@@ -269,7 +291,7 @@ std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const Tensor& w) {
 }
 
 int64_t packed_linear_bytes(int64_t out, int64_t in, DType dt) {
-  if (!packed_linear_enabled()) return 0;
+  if (!dtype_packs_here(dt)) return 0;
   const DnnlApi& a = *dnnl_api(nullptr);
   dnnl_primitive_desc_t pd = make_pd(a, out, in, dt, dt, false);
   if (!pd) return 0;

@@ -18,10 +18,11 @@
 // so results agree with linear_fwd to f32 rounding, not bitwise.
 //
 // Used when oneDNN (the OpenMP build, libdnnl2) is installed, KESTREL_BLAS
-// is unset, auto or dnnl, KESTREL_PACKED_WEIGHTS is not 0, and deterministic
-// mode is off (its GEMMs are fixed tiles of one library). The packed copy is
-// allocated by Kestrel's allocator (category Params), so it counts in the
-// memory stats and plans.
+// is unset, auto or dnnl, KESTREL_PACKED_WEIGHTS is not 0, deterministic
+// mode is off (its GEMMs are fixed tiles of one library), and, for f32
+// weights, the packed product is measured not slower than the BLAS here
+// (packed_choice.h). The packed copy is allocated by Kestrel's allocator
+// (category Params), so it counts in the memory stats and plans.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -39,13 +40,26 @@ class PackedLinearWeight;
 // once per process, the switches are read at every call. *why (when given)
 // says why not, or which library packs.
 bool packed_linear_enabled(std::string* why = nullptr);
+// True when weights of dtype dt are packed here: packing is enabled and, for
+// f32, the packed product is not slower than the BLAS on this machine
+// (packed_choice.h: measured once per machine and cached). *why says which
+// library packs and the measured rates, or why not.
+bool dtype_packs_here(DType dt, std::string* why = nullptr);
 
-// W[out, in] (f32 or bf16, CPU) packed for y = x @ W^T; nullptr when packing
-// is not enabled, or when only oneDNN's reference code multiplies this dtype
-// here (bf16 without AVX-512): the caller then multiplies unpacked. The pack
+// W[out, in] (f32 or bf16, CPU) packed for y = x @ W^T; nullptr when this
+// dtype does not pack here (dtype_packs_here), or when only oneDNN's
+// reference code multiplies it (bf16 without AVX-512): the caller then
+// multiplies unpacked. The pack
 // is a copy: later changes to w are not seen (the owner repacks after a
 // weight update).
 std::shared_ptr<const PackedLinearWeight> pack_linear_weight(const Tensor& w);
+
+namespace detail {
+// pack_linear_weight without the f32 verdict (the verdict's own measurement
+// packs with it); outside_allocator: the copy is not counted in Kestrel's
+// memory statistics.
+std::shared_ptr<const PackedLinearWeight> pack_linear_weight_unmeasured(const Tensor& w, bool outside_allocator);
+}  // namespace detail
 
 // Bytes a pack of an [out, in] weight of dtype dt takes (0 when such a
 // weight is not packed here): what pack_linear_weight allocates, for memory
