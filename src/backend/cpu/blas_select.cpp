@@ -70,6 +70,8 @@ const BenchShape kShapes[] = {
 // Part of the cache key: a cached choice made on another shape table is measured again.
 constexpr const char* kShapeTableVersion = "shapes 2";
 
+}  // namespace
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -79,8 +81,6 @@ double process_cpu_s() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
-
-}  // namespace
 
 GemmMeasurement measure_gemm_providers(const std::vector<const BlasLib*>& libs) {
   const double t_start = now_s(), cpu_start = process_cpu_s();
@@ -194,14 +194,21 @@ std::string gemm_cache_file(const std::string& dir, const std::string& key) {
   return dir + "/" + name;
 }
 
-Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key) {
+Result<std::optional<nlohmann::json>> read_cache_entry(const std::string& path, const std::string& key) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<GemmChoice>();
+  if (!std::filesystem::exists(path, ec)) return std::optional<nlohmann::json>();
   KS_ASSIGN(std::string text, read_file(path));
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return KS_ERR(path, ": not JSON");
   if (!j.contains("key") || !j["key"].is_string()) return KS_ERR(path, ": no \"key\"");
-  if (j["key"].get<std::string>() != key) return std::optional<GemmChoice>();
+  if (j["key"].get<std::string>() != key) return std::optional<nlohmann::json>();
+  return std::optional<nlohmann::json>(std::move(j));
+}
+
+Result<std::optional<GemmChoice>> read_gemm_cache(const std::string& path, const std::string& key) {
+  KS_ASSIGN(std::optional<nlohmann::json> entry, read_cache_entry(path, key));
+  if (!entry) return std::optional<GemmChoice>();
+  nlohmann::json& j = *entry;
   if (!j.contains("classes") || !j["classes"].is_object()) return KS_ERR(path, ": no \"classes\"");
   GemmChoice c;
   for (int k = 0; k < kNumGemmClasses; ++k) {

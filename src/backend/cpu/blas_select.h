@@ -4,6 +4,7 @@
 // without measuring). gemm.cpp strings these together; they are separate so
 // that tests can drive each part.
 #pragma once
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +49,12 @@ struct ProviderScore {
   double gflops[kNumGemmClasses];
 };
 
+// The clocks of the micro-benchmarks (this one and packed_choice.h's):
+// monotonic wall seconds and this process's CPU seconds (all threads), whose
+// ratio tells whether other processes held the cores meanwhile.
+double now_s();
+double process_cpu_s();
+
 struct GemmMeasurement {
   std::vector<ProviderScore> scores;
   double seconds = 0;      // wall time taken
@@ -76,6 +83,12 @@ std::string gemm_cache_dir();
 // <dir>/gemm-<64-bit hash of key, hex>.json: one small file per key, so
 // processes with different keys never rewrite each other's entry.
 std::string gemm_cache_file(const std::string& dir, const std::string& key);
+
+// A cache file's JSON when it holds key's entry; nullopt when there is no
+// file or it is another key's (a hash collision); an error naming the file
+// when it is not a JSON object with a "key". The GEMM choice's and the
+// packed-weight verdict's readers (packed_choice.h) check their own fields.
+Result<std::optional<nlohmann::json>> read_cache_entry(const std::string& path, const std::string& key);
 
 // Entry fields: key, classes.{x@W^T,dY@W,dY^T@X}.{provider,gflops}, cpu_share.
 // nullopt: no file, or a file for another key (a hash collision). An error:

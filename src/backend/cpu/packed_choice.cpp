@@ -3,10 +3,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -45,15 +43,6 @@ constexpr PackShape kLinears[] = {{1536, 512, 2}, {512, 1536, 1}, {512, 512, 2},
 constexpr int64_t kRows[] = {64, 256};
 // Part of the cache key: a verdict made on another table is measured again.
 constexpr const char* kPackTableVersion = "packed decode 1";
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-double process_cpu_s() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 // Host buffers outside Kestrel's allocator: the measurement may run in the
 // middle of a run, and must not show in its memory statistics.
@@ -203,13 +192,9 @@ std::string packed_cache_file(const std::string& dir, const std::string& key) {
 }
 
 Result<std::optional<PackedF32Verdict>> read_packed_cache(const std::string& path, const std::string& key) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<PackedF32Verdict>();
-  KS_ASSIGN(std::string text, read_file(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return KS_ERR(path, ": not JSON");
-  if (!j.contains("key") || !j["key"].is_string()) return KS_ERR(path, ": no \"key\"");
-  if (j["key"].get<std::string>() != key) return std::optional<PackedF32Verdict>();
+  KS_ASSIGN(std::optional<nlohmann::json> entry, read_cache_entry(path, key));
+  if (!entry) return std::optional<PackedF32Verdict>();
+  nlohmann::json& j = *entry;
   for (const char* f : {"packed_gflops", "blas_gflops", "cpu_share"})
     if (!j.contains(f) || !j[f].is_number()) return KS_ERR(path, ": \"", f, "\" missing or not a number");
   if (!j.contains("pack") || !j["pack"].is_boolean()) return KS_ERR(path, ": \"pack\" missing or not a boolean");
