@@ -148,6 +148,23 @@ TEST(KestrelBlasEnv, ProcessChoice) {
     expect_choice("auto", "Prescott", "summary: OpenBLAS [^ ]+ Prescott .*WARNING: OpenBLAS runs below this CPU's ISA");
 }
 
+// gemm_init settles the packed-weight switch too: a bad value stops the job
+// there, naming the variable and its values (packed_choice.h).
+TEST(KestrelBlasEnv, BadPackedWeightsSwitchStopsInit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        unsetenv("KESTREL_BLAS");
+        unsetenv("OPENBLAS_CORETYPE");
+        setenv("KESTREL_PACKED_WEIGHTS", "yes", 1);
+        Status st = gemm_init();
+        std::fprintf(stderr, "init: %s\n", st.is_ok() ? "ok" : st.message().c_str());
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0),
+      "init: KESTREL_PACKED_WEIGHTS='yes' is not a packing switch: use auto .*, 1 .* or 0");
+}
+
 TEST(KestrelBlasEnv, Values) {
   EXPECT_FALSE(blas_from_env(nullptr).value().has_value());
   EXPECT_FALSE(blas_from_env("").value().has_value());

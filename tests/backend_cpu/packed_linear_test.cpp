@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/packed_choice.h"
 #include "backend_cpu/linear_reference.h"
 #include "common/testing.h"
@@ -206,6 +207,9 @@ TEST_F(PackedLinear, OffBySwitchByAnotherLibraryAndInDeterministicMode) {
 // BLAS at decode rows: 1 and 0 decide at every call, auto measures once per
 // machine and caches the verdict, which every later process reads.
 TEST_F(PackedLinear, F32VerdictFollowsTheSwitchThenTheMeasurement) {
+  // The GEMM choice from the usual cache before KESTREL_CACHE moves below (the
+  // fixture's KESTREL_PACKED_WEIGHTS=1 keeps gemm_init from measuring packing).
+  ASSERT_TRUE(gemm_init().is_ok());
   const Tensor w = random_tensor({4, 8}, DType::F32, 1);
   std::string why;
   {

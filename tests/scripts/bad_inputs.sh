@@ -300,6 +300,12 @@ bad sft_export_into_model "trainer.export_dir=$M is the model folder model.parti
 bad sft_export_inside_model "trainer.export_dir=$M/out is inside the model folder" --absent "$M/out" -- \
   K sft "${SFT[@]}" model.partial_pretrain="$M" trainer.export_dir="$M/out"
 
+# ---- environment switches read at start: refused by name before any work ------------------------------------
+bad env_packed_weights "KESTREL_PACKED_WEIGHTS='yes' is not a packing switch: use auto" --absent "$W/pw_ckpt" -- \
+  env KESTREL_PACKED_WEIGHTS=yes "$KESTREL" train trainer.total_training_steps=1 trainer.default_local_dir="$W/pw_ckpt"
+bad env_kestrel_blas "KESTREL_BLAS='mkl' is not a GEMM library" --absent "$W/blas_ckpt" -- \
+  env KESTREL_BLAS=mkl "$KESTREL" train trainer.total_training_steps=1 trainer.default_local_dir="$W/blas_ckpt"
+
 # ---- checkpoints: corrupt, missing, another model's; the previous checkpoint untouched -------------------------
 CK=$W/ck
 K sft "${SFT[@]}" trainer.save_freq=1 trainer.default_local_dir="$CK" >"$W/ck_log.txt" 2>&1 ||

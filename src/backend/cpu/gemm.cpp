@@ -233,6 +233,15 @@ const Plan* active_plan() {
 
 Status gemm_init() {
   if (!default_plan()) return default_state().status;
+  // The packed-weight verdict as well (packed_choice.h): a job then measures
+  // it here, where the CLI has its ranks take turns (rank 0 measures, the
+  // others read its cache), not inside its first rollout step; and a bad
+  // KESTREL_PACKED_WEIGHTS stops it before any work.
+  try {
+    if (packed_linear_enabled()) dtype_packs_here(DType::F32);
+  } catch (const Error& e) {
+    return KS_ERR(e.what());
+  }
   return Status::ok();
 }
 

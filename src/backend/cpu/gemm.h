@@ -31,6 +31,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 //   micro-benchmark, measured once per machine and cached in
 //   $KESTREL_CACHE or ~/.cache/kestrel (gemm-*.json). A user-set
 //   OPENBLAS_CORETYPE means OpenBLAS with that core.
+// It also settles whether f32 weights are packed (packed_choice.h: measured
+// once per machine, or read from its cache; a bad KESTREL_PACKED_WEIGHTS is
+// an error here).
 // Call it early (the CLI does, before any thread starts): loading OpenBLAS
 // may set OPENBLAS_CORETYPE for a moment (blas_loader.h).
 Status gemm_init();
