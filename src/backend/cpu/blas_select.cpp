@@ -186,13 +186,15 @@ std::string gemm_cache_dir() {
   return "";
 }
 
-std::string gemm_cache_file(const std::string& dir, const std::string& key) {
+std::string cache_file(const std::string& dir, const char* prefix, const std::string& key) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   for (unsigned char ch : key) h = (h ^ ch) * 1099511628211ull;
-  char name[40];
-  std::snprintf(name, sizeof name, "gemm-%016llx.json", static_cast<unsigned long long>(h));
+  char name[64];
+  std::snprintf(name, sizeof name, "%s-%016llx.json", prefix, static_cast<unsigned long long>(h));
   return dir + "/" + name;
 }
+
+std::string gemm_cache_file(const std::string& dir, const std::string& key) { return cache_file(dir, "gemm", key); }
 
 Result<std::optional<nlohmann::json>> read_cache_entry(const std::string& path, const std::string& key) {
   std::error_code ec;

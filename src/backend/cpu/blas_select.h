@@ -83,6 +83,9 @@ std::string gemm_cache_dir();
 // <dir>/gemm-<64-bit hash of key, hex>.json: one small file per key, so
 // processes with different keys never rewrite each other's entry.
 std::string gemm_cache_file(const std::string& dir, const std::string& key);
+// <dir>/<prefix>-<hash of key>.json: the same naming for the other per-machine
+// verdicts (packed_choice.h's "packed").
+std::string cache_file(const std::string& dir, const char* prefix, const std::string& key);
 
 // A cache file's JSON when it holds key's entry; nullopt when there is no
 // file or it is another key's (a hash collision); an error naming the file

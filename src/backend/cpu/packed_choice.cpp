@@ -29,6 +29,12 @@ Result<PackSwitch> pack_switch_from_env(const char* value) {
                 "(never pack), or unset it");
 }
 
+PackSwitch pack_switch() {
+  Result<PackSwitch> sw = pack_switch_from_env(std::getenv("KESTREL_PACKED_WEIGHTS"));
+  if (!sw.is_ok()) throw Error(sw.status().message());
+  return *sw;
+}
+
 bool packed_wins(double packed_gflops, double blas_gflops) { return blas_gflops < 1.05 * packed_gflops; }
 
 namespace {
@@ -151,11 +157,9 @@ PackedF32Verdict measured_or_cached() {
 }  // namespace
 
 const PackedF32Verdict& packed_f32_verdict() {
-  Result<PackSwitch> sw = pack_switch_from_env(std::getenv("KESTREL_PACKED_WEIGHTS"));
-  if (!sw.is_ok()) throw Error(sw.status().message());
   static const PackedF32Verdict on{true, 0, 0, 1.0, "KESTREL_PACKED_WEIGHTS=1"};
   static const PackedF32Verdict off{false, 0, 0, 1.0, "KESTREL_PACKED_WEIGHTS=0"};
-  if (*sw != PackSwitch::Auto) return *sw == PackSwitch::On ? on : off;
+  if (const PackSwitch sw = pack_switch(); sw != PackSwitch::Auto) return sw == PackSwitch::On ? on : off;
   static std::once_flag once;
   static PackedF32Verdict v;
   std::call_once(once, [] { v = measured_or_cached(); });
@@ -187,8 +191,7 @@ std::string packed_cache_key(int threads) {
 }
 
 std::string packed_cache_file(const std::string& dir, const std::string& key) {
-  const std::string g = gemm_cache_file(dir, key);  // gemm-<hash>.json: the same hash, another prefix
-  return dir + "/packed-" + g.substr(g.rfind("gemm-") + 5);
+  return cache_file(dir, "packed", key);
 }
 
 Result<std::optional<PackedF32Verdict>> read_packed_cache(const std::string& path, const std::string& key) {

@@ -27,6 +27,8 @@ enum class PackSwitch { Auto, On, Off };
 // KESTREL_PACKED_WEIGHTS: null / "" / "auto" -> Auto, "1" -> On, "0" -> Off;
 // anything else is an error naming the variable and its values.
 Result<PackSwitch> pack_switch_from_env(const char* value);
+// The switch now (read at every call); throws Error on a bad value.
+PackSwitch pack_switch();
 
 struct PackedF32Verdict {
   bool pack = true;

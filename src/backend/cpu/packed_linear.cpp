@@ -210,9 +210,7 @@ bool packed_linear_enabled(std::string* why) {
     if (why) *why = std::move(s);
     return false;
   };
-  Result<PackSwitch> sw = pack_switch_from_env(std::getenv("KESTREL_PACKED_WEIGHTS"));
-  if (!sw.is_ok()) throw Error(sw.status().message());
-  if (*sw == PackSwitch::Off) return say("KESTREL_PACKED_WEIGHTS=0");
+  if (pack_switch() == PackSwitch::Off) return say("KESTREL_PACKED_WEIGHTS=0");
   if (deterministic()) return say("deterministic mode (fixed GEMM tiles)");
   if (const char* b = std::getenv("KESTREL_BLAS"); b && *b) {
     const std::string_view v(b);
