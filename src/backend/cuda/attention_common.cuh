@@ -11,6 +11,15 @@ struct Dims {
   float scale;
 };
 
+// Whether a score is kept, inside a key range of sequence `owner`
+// (for_each_key_range's): its operand was loaded (in_tile), the row side's
+// sequence is owner, and, for a causal range, the key is not after the query
+// (both packed row indices).
+__device__ __forceinline__ bool score_visible(bool in_tile, int row_seq, int owner, bool causal, int64_t key,
+                                              int64_t query) {
+  return in_tile && row_seq == owner && (!causal || key <= query);
+}
+
 // The key ranges a block of query rows [i0, i1] sees, in visiting order: for each sequence b
 // the block touches, b's prefix (all of it) then b's own keys up to min(end of b, i1 + 1).
 // f(key_begin, key_end, owner b, causal) for each.

@@ -313,7 +313,7 @@ __global__ void fwd_tiled_kernel(const void* q, const void* k, const void* v, Fl
       bool vis[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        vis[r] = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
+        vis[r] = score_visible(lane < nk, sq[r], owner, causal, j, row[r]);
         sc[r] = D.scale * s[r];
       }
       tile_softmax_step<R, kSl>(sc, vis, m, l, acc, vs, kPad, nk, pb);
@@ -388,7 +388,7 @@ __global__ void dq_tiled_kernel(const void* q, const void* k, const void* v, Flo
       float ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const bool vis = lane < nk && sq[r] == owner && (!causal || j <= row[r]);
+        const bool vis = score_visible(lane < nk, sq[r], owner, causal, j, row[r]);
         ds[r] = vis ? expf(D.scale * s[r] - L[r]) * (dp[r] - Di[r]) : 0.f;
       }
       publish_rows<R>(pb, ds);
@@ -480,7 +480,7 @@ __global__ void dkdv_tiled_kernel(const void* q, const void* k, const void* v, F
       float p[R], ds[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const bool vis = lane < nq && sk[r] == owner && (!causal || i >= key[r]);
+        const bool vis = score_visible(lane < nq, sk[r], owner, causal, key[r], i);
         p[r] = vis ? expf(D.scale * s[r] - ls[lane]) : 0.f;
         ds[r] = vis ? p[r] * (dp[r] - dsum_s[lane]) : 0.f;
       }

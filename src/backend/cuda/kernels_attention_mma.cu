@@ -138,7 +138,7 @@ __device__ void fwd_mma_body(const void* q, const void* k, const void* v, const 
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, kk = 8 * b + 2 * tq + (e & 1);
           const int64_t j = c + kk;
-          const bool vis = kk < nk && sq[r] == owner && (!causal || j <= row[r]);
+          const bool vis = score_visible(kk < nk, sq[r], owner, causal, j, row[r]);
           sc[b][e] = vis ? D.scale * sc[b][e] : kNegInf;
           tmax[r] = fmaxf(tmax[r], sc[b][e]);
         }
@@ -286,7 +286,7 @@ __device__ void dq_mma_body(const void* q, const void* k, const void* v, const f
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, kk = 8 * b + 2 * tq + (e & 1);
           const int64_t j = c + kk;
-          const bool vis = kk < nk && sq[r] == owner && (!causal || j <= row[r]);
+          const bool vis = score_visible(kk < nk, sq[r], owner, causal, j, row[r]);
           sc[b][e] = vis ? expf(D.scale * sc[b][e] - L[r]) * (dp[b][e] - Di[r]) : 0.f;
         }
       // dq += dS k: keys 16 s .. 16 s + 15 are dS blocks 2 s and 2 s + 1.
