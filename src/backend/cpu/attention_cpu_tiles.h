@@ -30,6 +30,19 @@ constexpr int64_t kBlock = 64;  // queries per query block == keys per key block
 constexpr int64_t kKeyTile = 2 * kVec;  // keys per score micro-tile (2 vectors)
 constexpr int64_t kTransposeRows = 16;  // rows per tile of the K/V transposes (one line of floats)
 
+// Row stride in floats of a key-major buffer (K^T, V^T) for n keys: room
+// for the last score tile, plus one cache line when the stride would be an
+// even number of 64-byte lines. tile_abt reads one line from each of `depth`
+// consecutive rows; at a stride of 2^k lines those rows share a few L1 sets
+// and evict each other (512 keys, a 2 KB stride, put a head's 64 rows into 2
+// of the 64 sets of a 32 KB 8-way L1). An odd number of lines spreads them
+// over all the sets.
+inline int64_t key_major_stride(int64_t n) {
+  constexpr int64_t kLine = 16;  // floats per 64-byte line; kKeyTile is a multiple of it
+  const int64_t ld = (std::max<int64_t>(n, 1) + kKeyTile - 1) / kKeyTile * kKeyTile;
+  return (ld / kLine) % 2 == 0 ? ld + kLine : ld;
+}
+
 // Causal key limits of one (query block, key block) pair in a sequence's
 // key coordinates: query row r sits at position q0 + r and sees keys up to
 // it; the key block starts at k0 and holds nk keys.
