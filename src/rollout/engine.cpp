@@ -329,15 +329,15 @@ std::vector<RequestOutput> EngineImpl::step() {
   }
   // Host copies for the sampler, which runs on the host whatever the model's
   // device (see the file comment): [S, V] logits (bf16/f16 widen exactly) and [S] lse.
-  // On a device, bf16 logits widen to f32 there (exactly) and cross in one
-  // copy: converting [S, V] element by element on the host took longer than
-  // the decode step's kernels (an H200, 64 rows of a 152k vocabulary).
+  // bf16 logits widen to f32 where they are (exactly) and cross in one copy
+  // into the reused host buffer: on a device, converting [S, V] element by
+  // element on the host took longer than the decode step's kernels (an H200,
+  // 64 rows of a 152k vocabulary); on the CPU, a fresh vector per step was
+  // faulted in anew every step.
   if (logits.dtype() == DType::F32)
     logits.to_host(logits_host_);
-  else if (dev != Device::CPU)
-    logits.to(DType::F32).to_host(logits_host_);
-  else
-    logits_host_ = logits.to_float_vector();
+  else  // an Activations buffer: the allocator's cache hands the same one back every step
+    logits.to(DType::F32, MemCategory::Activations).to_host(logits_host_);
   const std::vector<float>& lf = logits_host_;
   const std::vector<float> lse_h = lse.to_host<float>();
   const float* L = lf.data();
