@@ -284,9 +284,11 @@ int main(int argc, char** argv) {
   const double peak = measure_gemm_peak_gflops();
   std::printf(
       "{\"engine\": \"kestrel\", \"config\": \"%s\", \"threads\": %d, \"dtype\": \"%s\", \"tokens_per_s\": %.1f, "
-      "\"step_s\": %.4f, \"cpu_step_s\": %.4f, \"params\": %lld, \"loss\": %.4f, \"model_gflops_per_s\": %.1f, \"gemm_peak_gflops\": %.1f, "
+      "\"step_s\": %.4f, \"step_s_min\": %.4f, \"step_s_max\": %.4f, \"cpu_step_s\": %.4f, \"params\": %lld, \"loss\": %.4f, "
+      "\"model_gflops_per_s\": %.1f, \"gemm_peak_gflops\": %.1f, "
       "\"mfu_vs_gemm_peak\": %.3f, \"micro_batches\": %d, \"train_packs\": %d, %s}\n",
-      config.c_str(), threads, dtype_s.c_str(), double(b.num_tokens) / step_s, step_s, cpu_step_s, (long long)m->num_parameters(),
+      config.c_str(), threads, dtype_s.c_str(), double(b.num_tokens) / step_s, step_s, times.front(), times.back(),
+      cpu_step_s, (long long)m->num_parameters(),
       loss, flops / step_s / 1e9, peak, flops / step_s / 1e9 / peak, int(std::max<size_t>(1, micro.size())),
       train_packs > 0 ? 1 : 0, bench::machine_json_fields().c_str());
   return 0;
