@@ -266,13 +266,7 @@ Result<bool> publish_file_once(const std::string& path, const std::string& text)
 }
 
 Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c) {
-  KS_ASSIGN(const bool ours, publish_file_once(path, gemm_cache_text(key, c)));
-  if (ours) return c;
-  Result<std::optional<GemmChoice>> theirs = read_gemm_cache(path, key);
-  if (theirs.is_ok() && theirs->has_value()) return **theirs;
-  // Corrupt, or another key's entry (a hash collision): ours replaces it.
-  KS_TRY(write_gemm_cache(path, key, c));
-  return c;
+  return publish_verdict(path, key, gemm_cache_text(key, c), c, read_gemm_cache);
 }
 
 }  // namespace kestrel::cpu

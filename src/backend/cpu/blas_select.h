@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/blas_loader.h"
+#include "core/files.h"
 #include "core/status.h"
 
 namespace kestrel::cpu {
@@ -108,10 +109,26 @@ Status write_gemm_cache(const std::string& path, const std::string& key, const G
 // test that compares two runs cannot see two roundings). The file is created
 // only if absent (link of a temp file); a corrupt one is replaced.
 Result<GemmChoice> publish_gemm_cache(const std::string& path, const std::string& key, const GemmChoice& c);
-// The first-writer-wins step on its own (also the packed-weight verdict's,
-// packed_choice.h): creates path with text only if it does not exist (link of
-// a complete temp file, so a reader never sees part of it). true: ours is
-// published; false: another process's file was there first (unchanged).
+// The first-writer-wins step on its own: creates path with text only if it
+// does not exist (link of a complete temp file, so a reader never sees part
+// of it). true: ours is published; false: another process's file was there
+// first (unchanged).
 Result<bool> publish_file_once(const std::string& path, const std::string& text);
+
+// The per-machine verdict every process will use (the GEMM choice's, the
+// packed-weight verdict's in packed_choice.h): `ours` (as `text`) when this
+// process publishes first, else the entry another process published, read
+// with read(path, key); a corrupt entry or another key's (a hash collision)
+// is replaced by ours.
+template <class T, class Read>
+Result<T> publish_verdict(const std::string& path, const std::string& key, const std::string& text, const T& ours,
+                          Read read) {
+  KS_ASSIGN(const bool first, publish_file_once(path, text));
+  if (first) return ours;
+  Result<std::optional<T>> theirs = read(path, key);
+  if (theirs.is_ok() && theirs->has_value()) return **theirs;
+  KS_TRY(write_file_atomic(path, text));
+  return ours;
+}
 
 }  // namespace kestrel::cpu

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -15,7 +14,6 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/packed_linear.h"
 #include "core/cpu_features.h"
-#include "core/files.h"
 
 namespace kestrel::cpu {
 
@@ -122,9 +120,7 @@ PackedF32Verdict measure() {
 }
 
 PackedF32Verdict measured_or_cached() {
-  PackedF32Verdict v;
-  const int threads = omp_get_max_threads();
-  const std::string key = packed_cache_key(threads);
+  const std::string key = packed_cache_key(omp_get_max_threads());
   const std::string dir = gemm_cache_dir();
   const std::string file = dir.empty() ? "" : packed_cache_file(dir, key);
   std::string note;
@@ -135,22 +131,14 @@ PackedF32Verdict measured_or_cached() {
     else if (r->has_value())
       return **r;
   }
-  v = measure();
+  PackedF32Verdict v = measure();
   v.how += note;
   if (file.empty()) return v;
-  Result<bool> ours = publish_file_once(file, packed_cache_text(key, v));
-  if (!ours.is_ok()) {
-    v.how += "; could not write the cache (" + ours.status().message() + ")";
-  } else if (!*ours) {
-    Result<std::optional<PackedF32Verdict>> theirs = read_packed_cache(file, key);
-    if (theirs.is_ok() && theirs->has_value()) return **theirs;  // another process decided first: all agree
-    if (Status st = write_file_atomic(file, packed_cache_text(key, v)); !st.is_ok())
-      v.how += "; could not write the cache (" + st.message() + ")";
-    else
-      v.how += ", cached in " + file;
-  } else {
-    v.how += ", cached in " + file;
-  }
+  PackedF32Verdict cached = v;
+  cached.how += ", cached in " + file;
+  Result<PackedF32Verdict> used = publish_verdict(file, key, packed_cache_text(key, v), cached, read_packed_cache);
+  if (used.is_ok()) return *used;  // ours, or the verdict of the process that published first: all agree
+  v.how += "; could not write the cache (" + used.status().message() + ")";
   return v;
 }
 
