@@ -321,6 +321,119 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   return grid;
 }
 
+// Without --config and data.train_files the built-in run layer comes before
+// the user's overrides; else nothing does (verl's defaults).
+std::vector<std::string> builtin_layer(const std::vector<std::string>& argv) {
+  auto lo = config::options_from_args(argv);
+  if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
+  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
+    const size_t b = o.find_first_not_of('+');
+    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
+  });
+  if (!lo->config_files.empty() || names_data) return {};
+  return {std::begin(kBuiltinRun), std::end(kBuiltinRun)};
+}
+
+// metrics.jsonl and TensorBoard events always go next to the checkpoints
+// (the config layer accepts only trainer.logger=[console] so far).
+train::MetricsOptions metrics_options(const TrainInputs& in, const std::string& ckpt_root) {
+  train::MetricsOptions mo;
+  mo.console = in.console_logger;
+  mo.console_full = in.console_full;
+  mo.jsonl_path = ckpt_root + "/metrics.jsonl";
+  mo.tensorboard_dir = ckpt_root + "/tensorboard";
+  fs::create_directories(ckpt_root);
+  return mo;
+}
+
+// config.json of the actor, checked against the job's keys:
+// override_transformer_config.num_layers (Megatron's total, noop slots
+// included) and the expert-parallel layout.
+io::ModelConfig checked_model_config(const config::Config& c, const TrainInputs& in, const std::string& model_dir) {
+  auto mc = io::load_model_config(model_dir);
+  if (!mc) KS_FAIL(mc.status().message());
+  check_num_layers(c, in, mc->num_hidden_layers);
+  check_expert_parallel_model(c, in.ep, *mc, model_dir);
+  return *mc;
+}
+
+// The planned memory of a step must fit before anything loads (cli/plan.cpp,
+// rl/memory_plan.h): the GPU's, or on the CPU this process's share of RAM.
+void check_step_fits(const config::Config& c, const std::string& model_dir, int train_ranks, Device device) {
+  auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
+  if (!mem) KS_FAIL(mem.status().message());
+  check_layout_fits(c, model_dir, train_ranks, *mem, device).throw_if_error();
+}
+
+// A step takes `batch` prompts (the generation batch when it differs).
+void check_batch_fits(const config::Config& c, int64_t batch, size_t train_prompts) {
+  if (int64_t(train_prompts) >= batch) return;
+  KS_FAIL(c.get_int("data.gen_batch_size") == c.get_int("data.train_batch_size")
+              ? "data.train_batch_size=" + std::to_string(batch)
+              : "data.gen_batch_size=" + std::to_string(batch) + " (the generation batch)",
+          " but the training set has only ", train_prompts, " prompts: lower it or add data");
+}
+
+// The processes that train: all of them, less the disaggregated rollout
+// ranks (rollout.nnodes x rollout.n_gpus_per_node, the job's last ranks),
+// with the layouts those ranks do not support yet refused by key.
+int trainer_ranks(const config::Config& c, const TrainInputs& in, int world_size) {
+  const int train_ranks = world_size - int(std::min<int64_t>(in.rollout_ranks, world_size));
+  if (in.rollout_ranks <= 0) return train_ranks;
+  if (train_ranks < 1)
+    KS_FAIL(c.origin("rollout.nnodes"), ": rollout.nnodes x rollout.n_gpus_per_node = ", in.rollout_ranks,
+            " rollout processes leave no trainer among the ", world_size, " processes: launch with mpirun -np ",
+            in.rollout_ranks + 1, " or more");
+  if (in.tp > 1 || in.actor_pipeline.pp > 1 || in.cp.cp > 1 || in.ep.ep > 1)
+    KS_FAIL(c.origin("rollout.nnodes"), ": not supported yet: a disaggregated trainer with tensor, pipeline, "
+            "context or expert parallelism (its ranks train by data parallelism so far; each rollout rank holds a "
+            "whole copy)");
+  if (in.rollout_tp > 1)
+    KS_FAIL(c.origin("actor_rollout_ref.rollout.tensor_model_parallel_size"), ": not supported yet: "
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout_tp, " on disaggregated rollout ranks "
+            "(each holds a whole copy of the policy); set it to 1");
+  if (in.val_only)
+    KS_FAIL(c.origin("trainer.val_only"), ": not supported yet: trainer.val_only with rollout.nnodes (disaggregated "
+            "rollout ranks); validate a checkpoint with the colocated layout");
+  return train_ranks;
+}
+
+// The built-in run says up front what it will do and for how long.
+void announce_builtin_run(const config::Config& c, const TrainInputs& in) {
+  const bool warm = in.model_path == "builtin:arith-sft";
+  const bool cached = warm && fs::exists(warm_start_path() + "/model.safetensors");
+  const double budget = c.get_float_or("trainer.time_budget_s", 0.0);
+  std::string plan = "train: the built-in run: ";
+  if (warm)
+    plan += cached ? "the SFT warm start of the tiny model is cached (" + warm_start_path() + "); "
+                   : "first an SFT warm start of the tiny model on arith (1000 steps, about 4 minutes on 2 cores, "
+                     "once: cached and resumable), then ";
+  plan += "GRPO on arith for up to " + std::to_string(c.get_int("trainer.total_training_steps")) + " steps" +
+          (budget > 0 ? " or " + std::to_string(int64_t(budget)) + " s (trainer.time_budget_s), whichever comes first"
+                      : "") +
+          ", validating every " + std::to_string(c.get_int("trainer.test_freq")) + " steps\n";
+  std::fputs(plan.c_str(), stderr);
+}
+
+// The rollout reads the actor's weights in place: its share of the memory
+// (gpu_memory_utilization) holds those weights and the KV cache, which gets
+// what is left of that share.
+int64_t rollout_kv_cache_bytes(const config::Config& c, const TrainInputs& in, const model::CausalLM& actor,
+                               Device device) {
+  auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
+  if (!mem) KS_FAIL(mem.status().message());
+  // Under pipeline parallelism the rollout holds a whole-model copy
+  // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
+  const int64_t rollout_weight_bytes =
+      actor.is_whole_model() && actor.ep().size() == in.ep.rollout_ep  // else the rollout copy holds every expert
+          ? rollout::weight_bytes(actor)
+          : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
+                rollout::buffer_bytes(actor.config());
+  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout_weight_bytes);
+  if (!kv) KS_FAIL(c.origin("actor_rollout_ref.rollout.gpu_memory_utilization"), ": ", kv.status().message());
+  return *kv;
+}
+
 // The reward manager, checked against every row's data_source.
 Result<std::unique_ptr<rl::RewardManager>> make_rewards(const TrainInputs& in, const std::vector<data::RlSample>& train,
                                                         const std::vector<data::RlSample>& val) {
@@ -374,19 +487,10 @@ int cmd_train(const std::vector<std::string>& argv) {
     }
   const auto t_start = std::chrono::steady_clock::now();
   check_omp_num_threads("train");  // before any parallel region
-  // Without --config and data.train_files the built-in run layer comes before the user's overrides.
-  auto lo = config::options_from_args(argv);
-  if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
-  std::vector<std::string> first;
-  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
-    const size_t b = o.find_first_not_of('+');
-    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
-  });
-  if (lo->config_files.empty() && !names_data) first.assign(std::begin(kBuiltinRun), std::end(kBuiltinRun));
+  const std::vector<std::string> first = builtin_layer(argv);
   const config::Config c = load_command_config(config::ppo_schema(), argv, first);
   const TrainInputs in = train_inputs(c);
 
-  const std::string R = "actor_rollout_ref.rollout.";
   // Under mpirun/srun: tp from the actor's megatron config, dp = world / tp,
   // the rollout's tp from rollout.tensor_model_parallel_size (rl/distributed.h).
   const comm::World* world = comm::World::current();
@@ -394,23 +498,8 @@ int cmd_train(const std::vector<std::string>& argv) {
   const bool leader = world_rank == 0;
   // Disaggregated (rollout.nnodes x rollout.n_gpus_per_node): the last ranks only generate.
   const bool disaggregated = in.rollout_ranks > 0;
-  const int train_ranks = world_size - int(std::min<int64_t>(in.rollout_ranks, world_size));
-  if (disaggregated && train_ranks < 1)
-    KS_FAIL(c.origin("rollout.nnodes"), ": rollout.nnodes x rollout.n_gpus_per_node = ", in.rollout_ranks,
-            " rollout processes leave no trainer among the ", world_size, " processes: launch with mpirun -np ",
-            in.rollout_ranks + 1, " or more");
-  if (disaggregated && (in.tp > 1 || in.actor_pipeline.pp > 1 || in.cp.cp > 1 || in.ep.ep > 1))
-    KS_FAIL(c.origin("rollout.nnodes"), ": not supported yet: a disaggregated trainer with tensor, pipeline, "
-            "context or expert parallelism (its ranks train by data parallelism so far; each rollout rank holds a "
-            "whole copy)");
-  if (disaggregated && in.rollout_tp > 1)
-    KS_FAIL(c.origin("actor_rollout_ref.rollout.tensor_model_parallel_size"), ": not supported yet: "
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=", in.rollout_tp, " on disaggregated rollout ranks "
-            "(each holds a whole copy of the policy); set it to 1");
+  const int train_ranks = trainer_ranks(c, in, world_size);
   const bool rollout_rank = disaggregated && world_rank >= train_ranks;
-  if (disaggregated && in.val_only)
-    KS_FAIL(c.origin("trainer.val_only"), ": not supported yet: trainer.val_only with rollout.nnodes (disaggregated "
-            "rollout ranks); validate a checkpoint with the colocated layout");
   // Every rank joins its role's group (collective over the job).
   std::shared_ptr<comm::ProcessGroup> role_group =
       disaggregated ? world->split(rollout_rank ? 1 : 0, world_rank, rollout_rank ? "rollout" : "trainer") : nullptr;
@@ -420,22 +509,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // untimed; verl's timeout is armed after it.
   std::optional<comm::UntimedCollectives> start_up_window(std::in_place);
   if (in.deterministic) set_deterministic(true);  // before the GEMM library is chosen (it pins one)
-  if (leader && !first.empty()) {
-    // The built-in run says up front what it will do and for how long.
-    const bool warm = in.model_path == "builtin:arith-sft";
-    const bool cached = warm && fs::exists(warm_start_path() + "/model.safetensors");
-    const double budget = c.get_float_or("trainer.time_budget_s", 0.0);
-    std::string plan = "train: the built-in run: ";
-    if (warm)
-      plan += cached ? "the SFT warm start of the tiny model is cached (" + warm_start_path() + "); "
-                     : "first an SFT warm start of the tiny model on arith (1000 steps, about 4 minutes on 2 cores, "
-                       "once: cached and resumable), then ";
-    plan += "GRPO on arith for up to " + std::to_string(c.get_int("trainer.total_training_steps")) + " steps" +
-            (budget > 0 ? " or " + std::to_string(int64_t(budget)) + " s (trainer.time_budget_s), whichever comes first"
-                        : "") +
-            ", validating every " + std::to_string(c.get_int("trainer.test_freq")) + " steps\n";
-    std::fputs(plan.c_str(), stderr);
-  }
+  if (leader && !first.empty()) announce_builtin_run(c, in);
   // The GEMM library is chosen now, before the rollout and trainer start
   // threads (loading OpenBLAS may set OPENBLAS_CORETYPE for a moment; the
   // one-time micro-benchmark runs here): "GEMM: ..." on stderr, and a bad
@@ -448,14 +522,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   data::check_rl_files(resolve_files(in.train_files, true), in.train_data).throw_if_error();
   data::check_rl_files(resolve_files(in.val_files, false), in.val_data).throw_if_error();
   const std::string model_dir = resolve_model(in.model_path);
-  io::ModelConfig actor_cfg;
-  {  // override_transformer_config.num_layers (Megatron's total) against config.json's layers + noop slots
-    auto mc = io::load_model_config(model_dir);
-    if (!mc) KS_FAIL(mc.status().message());
-    check_num_layers(c, in, mc->num_hidden_layers);
-    check_expert_parallel_model(c, in.ep, *mc, model_dir);
-    actor_cfg = *mc;
-  }
+  const io::ModelConfig actor_cfg = checked_model_config(c, in, model_dir);
   // MoE router options of the actor and the reference model against config.json (the critic's: make_critic).
   const model::MoeTrainOptions actor_moe = moe_train_options(in.actor_moe, actor_cfg, model_dir);
   const model::MoeTrainOptions ref_moe = moe_train_options(in.ref_moe, actor_cfg, model_dir);
@@ -467,11 +534,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
   const Device device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
   check_offload_on_device(c, device);
-  {  // the planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h): the GPU's
-    auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
-    if (!mem) KS_FAIL(mem.status().message());
-    check_layout_fits(c, model_dir, train_ranks, *mem, device).throw_if_error();
-  }
+  check_step_fits(c, model_dir, train_ranks, device);
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());
@@ -503,27 +566,10 @@ int cmd_train(const std::vector<std::string>& argv) {
   model::CausalLM& actor = **loaded;
 
   const int64_t batch = in.train_batch_size;
-  if (int64_t(train_rows->size()) < batch)
-    KS_FAIL(c.get_int("data.gen_batch_size") == c.get_int("data.train_batch_size")
-                ? "data.train_batch_size=" + std::to_string(batch)
-                : "data.gen_batch_size=" + std::to_string(batch) + " (the generation batch)",
-            " but the training set has only ", train_rows->size(), " prompts: lower it or add data");
+  check_batch_fits(c, batch, train_rows->size());
   auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
   rl::RlOptions o = rl_options(c, source->batches_per_epoch());
-  // The rollout reads the actor's weights in place: its share of the memory
-  // (gpu_memory_utilization) holds those weights and the KV cache.
-  auto mem = mopt.device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
-  if (!mem) KS_FAIL(mem.status().message());
-  // Under pipeline parallelism the rollout holds a whole-model copy
-  // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
-  const int64_t rollout_weight_bytes =
-      actor.is_whole_model() && actor.ep().size() == in.ep.rollout_ep  // else the rollout copy holds every expert
-          ? rollout::weight_bytes(actor)
-          : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
-                rollout::buffer_bytes(actor.config());
-  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout_weight_bytes);
-  if (!kv) KS_FAIL(c.origin(R + "gpu_memory_utilization"), ": ", kv.status().message());
-  o.engine.kv_cache_bytes = *kv;
+  o.engine.kv_cache_bytes = rollout_kv_cache_bytes(c, in, actor, mopt.device);
   o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;
   o.parallel = par;
   if (disaggregated) {
@@ -549,14 +595,7 @@ int cmd_train(const std::vector<std::string>& argv) {
 
   std::unique_ptr<rl::Critic> critic = make_critic(c, in, o, model_dir, mopt);
 
-  // metrics.jsonl and TensorBoard events always go next to the checkpoints
-  // (the config layer accepts only trainer.logger=[console] so far).
-  train::MetricsOptions mo;
-  mo.console = in.console_logger;
-  mo.console_full = in.console_full;
-  mo.jsonl_path = o.ckpt_root + "/metrics.jsonl";
-  mo.tensorboard_dir = o.ckpt_root + "/tensorboard";
-  fs::create_directories(o.ckpt_root);
+  const train::MetricsOptions mo = metrics_options(in, o.ckpt_root);
   std::unique_ptr<train::MetricsLogger> logger = leader ? open_logger(o, mo) : nullptr;
 
   if (leader)
