@@ -21,6 +21,67 @@
 
 namespace kestrel::cli {
 
+namespace {
+
+// Under mpirun (or with tp/pp/cp above 1) the process grid, with this rank's
+// share of the model set in opts: its tp/cp groups and pipeline stage. Null
+// for a single process.
+std::unique_ptr<parallel::ProcessGrid> logprobs_grid(const LogprobsSettings& ls, const std::string& model_dir,
+                                                     model::ModelOptions& opts) {
+  const int64_t tp = ls.tp, cp = ls.cp.cp;
+  const int pp = ls.pipeline.pp;
+  const comm::World* world = comm::World::current();
+  if (!(tp > 1 || pp > 1 || cp > 1 || (world && world->size() > 1))) return nullptr;
+  KS_CHECK(world, "no comm::World: main() constructs it");
+  auto mc = io::load_model_config(model_dir);
+  if (!mc.is_ok()) KS_FAIL(mc.status().message());
+  const int64_t ranks = int64_t(tp) * pp * cp;
+  if ((world->size() % ranks) != 0)
+    KS_FAIL("kestrel logprobs: --tp ", tp, " x --pp ", pp, " x --cp ", cp, " = ", ranks,
+            " must divide the number of processes (", world->size(), "); launch with mpirun -np <a multiple of ",
+            ranks, ">");
+  parallel::ParallelDims dims = parallel::dims_for(int(tp), ls.sequence_parallel);
+  dims.pp = pp;
+  dims.cp = int(cp);
+  auto g = parallel::make_process_grid(*world, dims, model::model_facts(mc.value(), pp > 1));
+  if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
+  std::unique_ptr<parallel::ProcessGrid> grid = std::move(g).value();
+  opts.parallel = model::model_parallel_for(*grid);
+  model::set_context_parallel(opts.parallel, *world, *grid, ls.cp.algo, int(ls.cp.ulysses_degree));
+  if (pp > 1) {  // this rank's stage of the layers; the scores come back from the last stage
+    auto chunks = parallel::pipeline_chunks(ls.pipeline, mc->num_hidden_layers);
+    if (!chunks) KS_FAIL("kestrel logprobs: ", chunks.status().message());
+    model::set_pipeline_stage(opts, (*chunks)[size_t(grid->coords().pp)]);
+  }
+  return grid;
+}
+
+// The --input JSONL's sequences, each checked against the vocabulary (V
+// ids) and the model's positions; an error names the line.
+std::vector<std::vector<int32_t>> read_token_sequences(const std::string& in, int64_t V, int64_t max_positions) {
+  std::vector<std::vector<int32_t>> seqs;
+  Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
+    if (!j.is_object() || !j.contains("input_ids") || !j["input_ids"].is_array())
+      return KS_ERR("expected an object with an \"input_ids\" array");
+    std::vector<int32_t> ids;
+    for (const auto& x : j["input_ids"]) {
+      if (!x.is_number_integer()) return KS_ERR("\"input_ids\" must hold integers, found ", x.dump());
+      int64_t v = x.get<int64_t>();
+      if (v < 0 || v >= V) return KS_ERR("token id ", v, " is outside the vocabulary [0, ", V, ")");
+      ids.push_back(int32_t(v));
+    }
+    if (ids.empty()) return KS_ERR("\"input_ids\" is empty");
+    if (int64_t(ids.size()) > max_positions)
+      return KS_ERR("sequence of ", ids.size(), " tokens exceeds max_position_embeddings ", max_positions);
+    seqs.push_back(std::move(ids));
+    return Status::ok();
+  });
+  if (!st.is_ok()) KS_FAIL(st.message());
+  return seqs;
+}
+
+}  // namespace
+
 int cmd_logprobs(const Args& argv) {
   // The help's defaults come from the logprobs key table (one source of truth).
   const auto table_default = [](const std::string& key) { return config::logprobs_schema().find(key)->default_yaml; };
@@ -86,37 +147,11 @@ int cmd_logprobs(const Args& argv) {
   opts.make_vocab_size_divisible_by = ls.vocab_divisible_by;
   // Under mpirun every rank scores every batch (the forward is collective over
   // the tp group); only world rank 0 writes the output and the summary.
-  std::unique_ptr<parallel::ProcessGrid> grid;
-  const int64_t tp = ls.tp;
   const comm::World* world = comm::World::current();
   const bool writer = !world || world->rank() == 0;
   // Refused before the model loads: a symlink/FIFO/device, the input itself, a missing or read-only folder.
   if (writer) check_output_file(out, "--output", {{in, "--input"}}).throw_if_error();
-  const int pp = ls.pipeline.pp;
-  const int64_t cp = ls.cp.cp;
-  if (tp > 1 || pp > 1 || cp > 1 || (world && world->size() > 1)) {
-    KS_CHECK(world, "no comm::World: main() constructs it");
-    auto mc = io::load_model_config(model_dir);
-    if (!mc.is_ok()) KS_FAIL(mc.status().message());
-    const int64_t ranks = int64_t(tp) * pp * cp;
-    if ((world->size() % ranks) != 0)
-      KS_FAIL("kestrel logprobs: --tp ", tp, " x --pp ", pp, " x --cp ", cp, " = ", ranks,
-              " must divide the number of processes (", world->size(), "); launch with mpirun -np <a multiple of ",
-              ranks, ">");
-    parallel::ParallelDims dims = parallel::dims_for(int(tp), ls.sequence_parallel);
-    dims.pp = pp;
-    dims.cp = int(cp);
-    auto g = parallel::make_process_grid(*world, dims, model::model_facts(mc.value(), pp > 1));
-    if (!g.is_ok()) KS_FAIL("kestrel logprobs: ", g.status().message());
-    grid = std::move(g).value();
-    opts.parallel = model::model_parallel_for(*grid);
-    model::set_context_parallel(opts.parallel, *world, *grid, ls.cp.algo, int(ls.cp.ulysses_degree));
-    if (pp > 1) {  // this rank's stage of the layers; the scores come back from the last stage
-      auto chunks = parallel::pipeline_chunks(ls.pipeline, mc->num_hidden_layers);
-      if (!chunks) KS_FAIL("kestrel logprobs: ", chunks.status().message());
-      model::set_pipeline_stage(opts, (*chunks)[size_t(grid->coords().pp)]);
-    }
-  }
+  const std::unique_ptr<parallel::ProcessGrid> grid = logprobs_grid(ls, model_dir, opts);  // held while m lives
   {  // MoE scoring forwards: capacity and router dtype, routing keys against config.json
     auto mc = io::load_model_config(model_dir);
     if (!mc.is_ok()) KS_FAIL(mc.status().message());
@@ -127,24 +162,7 @@ int cmd_logprobs(const Args& argv) {
   const model::CausalLM& m = *loaded.value();
   const int64_t V = m.config().vocab_size;
 
-  std::vector<std::vector<int32_t>> seqs;
-  Status st = for_each_jsonl(in, [&](const nlohmann::json& j, int64_t) -> Status {
-    if (!j.is_object() || !j.contains("input_ids") || !j["input_ids"].is_array())
-      return KS_ERR("expected an object with an \"input_ids\" array");
-    std::vector<int32_t> ids;
-    for (const auto& x : j["input_ids"]) {
-      if (!x.is_number_integer()) return KS_ERR("\"input_ids\" must hold integers, found ", x.dump());
-      int64_t v = x.get<int64_t>();
-      if (v < 0 || v >= V) return KS_ERR("token id ", v, " is outside the vocabulary [0, ", V, ")");
-      ids.push_back(int32_t(v));
-    }
-    if (ids.empty()) return KS_ERR("\"input_ids\" is empty");
-    if (int64_t(ids.size()) > m.rope().cos.size(0))
-      return KS_ERR("sequence of ", ids.size(), " tokens exceeds max_position_embeddings ", m.rope().cos.size(0));
-    seqs.push_back(std::move(ids));
-    return Status::ok();
-  });
-  if (!st.is_ok()) KS_FAIL(st.message());
+  const std::vector<std::vector<int32_t>> seqs = read_token_sequences(in, V, m.rope().cos.size(0));
 
   std::unique_ptr<AtomicFile> f = writer ? std::make_unique<AtomicFile>(out) : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
