@@ -451,6 +451,43 @@ void RewardProgram::stop() {
   reap_description(/*kill_first=*/true);
 }
 
+namespace {
+
+// Responses [from, B) of r failed, counted under `counter`.
+void fail_from(RewardProgramBatch& r, size_t from, int64_t RewardFailureCounts::*counter) {
+  const size_t B = r.failed.size();
+  for (size_t i = from; i < B; ++i) r.failed[i] = 1;
+  r.failures.*counter += static_cast<int64_t>(B - from);
+}
+
+// The whole batch as one buffer of request lines, ids from base_id on.
+std::string request_lines(const std::vector<RewardRequest>& batch, int64_t base_id, bool batch_header) {
+  std::string payload;
+  if (batch_header) payload = "{\"batch\": " + std::to_string(batch.size()) + "}\n";
+  for (size_t i = 0; i < batch.size(); ++i) {
+    nlohmann::ordered_json q;
+    q["id"] = base_id + static_cast<int64_t>(i);
+    q["data_source"] = batch[i].data_source;
+    q["solution_str"] = batch[i].solution_str;
+    q["ground_truth"] = batch[i].ground_truth;
+    q["extra_info"] = batch[i].extra_info;
+    // Decoded model text may hold broken UTF-8 (a cut multi-byte token):
+    // replace it rather than throw.
+    payload += q.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    payload += '\n';
+  }
+  return payload;
+}
+
+}  // namespace
+
+struct RewardProgram::Exchange {
+  size_t written = 0, answered = 0;  // request bytes written, answers read
+  bool desync = false, eof = false;
+  std::string crash_reason, first_garbage;
+  int64_t stale = 0;  // late answers to earlier requests, skipped
+};
+
 RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   const size_t B = batch.size();
   call_err_bytes_ = 0;
@@ -461,10 +498,6 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
   r.failed.assign(B, 0);
   r.dict.assign(B, 0);
   if (B == 0) return r;
-  auto fail_rest = [&](size_t from, int64_t RewardFailureCounts::*counter) {
-    for (size_t i = from; i < B; ++i) r.failed[i] = 1;
-    r.failures.*counter += static_cast<int64_t>(B - from);
-  };
   const int64_t restarts_before = total_.restarts;
   auto finish = [&]() {
     if (call_err_dropped_ > 0)
@@ -488,67 +521,58 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
     Status st = spawn();
     if (!st.is_ok()) {
       warn(st.message() + "; " + std::to_string(B) + " responses scored 0");
-      fail_rest(0, &RewardFailureCounts::crash);
+      fail_from(r, 0, &RewardFailureCounts::crash);
       return finish();
     }
   }
-
-  // The whole batch as one buffer of request lines; ids continue across batches.
+  // Ids continue across batches.
   const int64_t base_id = next_id_;
   next_id_ += static_cast<int64_t>(B);
-  std::string payload;
-  if (opt_.batch_header) payload = "{\"batch\": " + std::to_string(B) + "}\n";
-  for (size_t i = 0; i < B; ++i) {
-    nlohmann::ordered_json q;
-    q["id"] = base_id + static_cast<int64_t>(i);
-    q["data_source"] = batch[i].data_source;
-    q["solution_str"] = batch[i].solution_str;
-    q["ground_truth"] = batch[i].ground_truth;
-    q["extra_info"] = batch[i].extra_info;
-    // Decoded model text may hold broken UTF-8 (a cut multi-byte token):
-    // replace it rather than throw.
-    payload += q.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-    payload += '\n';
+  const std::string payload = request_lines(batch, base_id, opt_.batch_header);
+  {
+    SigpipeGuard sigpipe_guard;
+    Exchange ex;
+    converse(payload, base_id, r, ex);
+    settle(ex, payload.size(), r);
   }
+  return finish();
+}
 
-  SigpipeGuard sigpipe_guard;
+void RewardProgram::converse(const std::string& payload, int64_t base_id, RewardProgramBatch& r, Exchange& ex) {
+  const size_t B = r.failed.size();
   const auto timeout = std::chrono::duration<double>(opt_.timeout_s);
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
-  size_t written = 0, answered = 0;
-  bool desync = false, eof = false;
-  std::string crash_reason, first_garbage;
-  int64_t stale = 0;
-
   auto take_lines = [&]() {
     size_t start = 0;
-    for (size_t nl; answered < B && (nl = out_buf_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    for (size_t nl; ex.answered < B && (nl = out_buf_.find('\n', start)) != std::string::npos; start = nl + 1) {
       const std::string line = out_buf_.substr(start, nl - start);
       if (trim(line).empty()) continue;
-      ParsedAnswer a = parse_reward_answer(line, base_id + static_cast<int64_t>(answered));
+      ParsedAnswer a = parse_reward_answer(line, base_id + static_cast<int64_t>(ex.answered));
       if (a.stale) {
-        ++stale;
+        ++ex.stale;
         continue;
       }
+      const size_t i = ex.answered;
       if (a.ok) {
-        r.scores[answered] = a.score;
-        r.extra[answered] = std::move(a.extra);
-        r.dict[answered] = a.dict ? 1 : 0;
+        r.scores[i] = a.score;
+        r.extra[i] = std::move(a.extra);
+        r.dict[i] = a.dict ? 1 : 0;
       } else {
-        r.failed[answered] = 1;
+        r.failed[i] = 1;
         ++r.failures.garbage;
-        if (first_garbage.empty()) first_garbage = "request " + std::to_string(answered + 1) + ": " + a.error;
-        desync = desync || a.desync;
+        if (ex.first_garbage.empty()) ex.first_garbage = "request " + std::to_string(i + 1) + ": " + a.error;
+        ex.desync = ex.desync || a.desync;
       }
-      ++answered;
+      ++ex.answered;
       deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
     }
     out_buf_.erase(0, start);
   };
 
-  while (answered < B) {
+  while (ex.answered < B) {
     pollfd fds[3];
     int n = 0, wi = -1, oi = -1, ei = -1;
-    if (written < payload.size() && in_fd_ >= 0) wi = n, fds[n++] = {in_fd_, POLLOUT, 0};
+    if (ex.written < payload.size() && in_fd_ >= 0) wi = n, fds[n++] = {in_fd_, POLLOUT, 0};
     oi = n, fds[n++] = {out_fd_, POLLIN, 0};
     if (err_fd_ >= 0) ei = n, fds[n++] = {err_fd_, POLLIN, 0};
     const auto left = deadline - Clock::now();
@@ -557,18 +581,18 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
     const int pr = ::poll(fds, static_cast<nfds_t>(n), ms);
     if (pr < 0) {
       if (errno == EINTR) continue;
-      crash_reason = std::string("poll failed: ") + std::strerror(errno);
+      ex.crash_reason = std::string("poll failed: ") + std::strerror(errno);
       break;
     }
     if (pr == 0) continue;  // the deadline check above ends the loop
     if (ei >= 0 && fds[ei].revents) drain_stderr(false);
     if (wi >= 0 && fds[wi].revents) {
-      const ssize_t w = ::write(in_fd_, payload.data() + written, payload.size() - written);
+      const ssize_t w = ::write(in_fd_, payload.data() + ex.written, payload.size() - ex.written);
       if (w > 0) {
-        written += static_cast<size_t>(w);
+        ex.written += static_cast<size_t>(w);
       } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
         // EPIPE: it closed its stdin or died; what it already answered still counts.
-        crash_reason = std::string("closed its input (") + std::strerror(errno) + ")";
+        ex.crash_reason = std::string("closed its input (") + std::strerror(errno) + ")";
         close_fd(in_fd_);
       }
     }
@@ -581,47 +605,49 @@ RewardProgramBatch RewardProgram::score(const std::vector<RewardRequest>& batch)
           continue;
         }
         if (k < 0 && errno == EINTR) continue;
-        if (k == 0) eof = true;
+        if (k == 0) ex.eof = true;
         break;
       }
       take_lines();
       if (out_buf_.size() > kMaxAnswerLine) {
-        crash_reason = "wrote an answer line longer than " + std::to_string(kMaxAnswerLine >> 20) + " MiB";
+        ex.crash_reason = "wrote an answer line longer than " + std::to_string(kMaxAnswerLine >> 20) + " MiB";
         break;
       }
-      if (eof && answered < B) {
-        if (crash_reason.empty()) crash_reason = "closed its output";
+      if (ex.eof && ex.answered < B) {
+        if (ex.crash_reason.empty()) ex.crash_reason = "closed its output";
         break;
       }
     }
   }
+}
 
+void RewardProgram::settle(const Exchange& ex, size_t payload_bytes, RewardProgramBatch& r) {
+  const size_t B = r.failed.size(), answered = ex.answered;
   if (answered < B) {
-    const bool timed_out = crash_reason.empty() && !eof;
+    const bool timed_out = ex.crash_reason.empty() && !ex.eof;
     const std::string how = reap_description(/*kill_first=*/timed_out);
     if (timed_out) {
-      fail_rest(answered, &RewardFailureCounts::timeout);
+      fail_from(r, answered, &RewardFailureCounts::timeout);
       warn(opt_.name + " gave no answer within " + seconds(opt_.timeout_s) + " (request " +
            std::to_string(answered + 1) + " of " + std::to_string(B) + "); it was killed (" + how + "); " +
            std::to_string(B - answered) + " responses scored 0; it restarts for the next batch");
     } else {
-      fail_rest(answered, &RewardFailureCounts::crash);
-      warn(opt_.name + " " + crash_reason + " and " + how + " at request " + std::to_string(answered + 1) + " of " +
+      fail_from(r, answered, &RewardFailureCounts::crash);
+      warn(opt_.name + " " + ex.crash_reason + " and " + how + " at request " + std::to_string(answered + 1) + " of " +
            std::to_string(B) + "; " + std::to_string(B - answered) +
            " responses scored 0; it restarts for the next batch (its stderr is above)");
     }
   } else {
     drain_stderr(false);
-    if (desync || written < payload.size() || !trim(out_buf_).empty()) {
+    if (ex.desync || ex.written < payload_bytes || !trim(out_buf_).empty()) {
       // Answers and requests no longer line up: start afresh next batch.
       reap_description(/*kill_first=*/true);
     }
   }
   if (r.failures.garbage > 0)
     warn(opt_.name + ": " + std::to_string(r.failures.garbage) + " answers of " + std::to_string(B) +
-         " were unusable and scored 0; first: " + first_garbage + (desync ? "; it restarts for the next batch" : ""));
-  if (stale > 0) warn(opt_.name + ": skipped " + std::to_string(stale) + " late answers to earlier requests");
-  return finish();
+         " were unusable and scored 0; first: " + ex.first_garbage + (ex.desync ? "; it restarts for the next batch" : ""));
+  if (ex.stale > 0) warn(opt_.name + ": skipped " + std::to_string(ex.stale) + " late answers to earlier requests");
 }
 
 Result<CommandResult> run_command(const std::vector<std::string>& argv, double timeout_s) {

@@ -122,6 +122,12 @@ class RewardProgram {
   void drain_stderr(bool final);
   void emit_stderr_line(const std::string& line);
   std::string reap_description(bool kill_first);  // "exited with code 1", "killed by signal 9", ...
+  // One batch's conversation (reward_program.cpp): the requests written, the
+  // answers read into r until all B are in, the child stops, or it is silent
+  // for timeout_s; then the shortfall scored 0 and reported.
+  struct Exchange;
+  void converse(const std::string& payload, int64_t base_id, RewardProgramBatch& r, Exchange& ex);
+  void settle(const Exchange& ex, size_t payload_bytes, RewardProgramBatch& r);
 
   RewardProgramOptions opt_;
   pid_t pid_ = -1;
