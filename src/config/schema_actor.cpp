@@ -59,187 +59,215 @@ void declare_optim(Builder& b, const std::string& owner, const char* lr) {
   b.k("override_optimizer_config", M, "{}", NO, "Extra Megatron OptimizerConfig fields.");
 }
 
-// override_transformer_config: the MindSpeed keys of verl's MindSpeed backend
-// guide plus the Megatron TransformerConfig fields verl scripts pass. For the
-// ref, each key follows the actor's value unless set.
-void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_ref) {
-  b.scope(meg + ".override_transformer_config");
-  auto d = [&](const std::string& key, const std::string& def) {
-    return is_ref ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
-  };
-  const bool critic_meg = meg.rfind("critic", 0) == 0;
+// The keys of one override_transformer_config section (the actor's, the
+// reference's or the critic's) and how each kind of key is declared there.
+struct OverrideKeys {
+  Builder& b;
+  std::string meg;  // "<owner>.megatron"
+  bool is_ref, critic_meg;
 
-  auto add = [&](const std::string& key, Type t, const std::string& def, Support s, const std::string& doc,
-                 std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) -> KeyDecl& {
+  // For the ref, each key follows the actor's value unless set.
+  std::string d(const std::string& key, const std::string& def) const {
+    return is_ref ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
+  }
+  KeyDecl& add(const std::string& key, Type t, const std::string& def, Support s, const std::string& doc,
+               std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) {
     KeyDecl& k = b.k(key, t, d(key, def), s, doc, std::move(allowed), std::move(supported));
     k.addable = true;
     return k;
-  };
+  }
   // Defaults to this engine's own megatron.<key>; the ref follows the actor's override.
-  auto add_own = [&](const std::string& key, Support s, const std::string& doc) -> KeyDecl& {
+  KeyDecl& add_own(const std::string& key, Support s, const std::string& doc) {
     const std::string src = is_ref ? std::string(kActorMeg) + ".override_transformer_config." + key : meg + "." + key;
     KeyDecl& k = b.k(key, key == "context_parallel_size" ? I : B, "${" + src + "}", s, doc);
     k.addable = true;
     return k;
-  };
-  add("make_vocab_size_divisible_by", I, "128", YES,
+  }
+  // The critic's and the reference's follow the actor's (they run on its grid).
+  KeyDecl& add_grid(const std::string& key, Type t, const std::string& def, const std::string& doc,
+                    std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) {
+    const std::string dv =
+        is_ref || critic_meg ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def) : def;
+    KeyDecl& k = b.k(key, t, dv, YES, doc, std::move(allowed), std::move(supported));
+    k.addable = true;
+    return k;
+  }
+  // A MindSpeed fused-kernel switch: no effect, and true (what Kestrel's
+  // kernels always are) accepted without a notice.
+  void fused(const std::string& key, const std::string& doc) {
+    KeyDecl& k = b.k(key, B, d(key, "false"), NOP, doc);
+    k.addable = true;
+    k.as_default = {"true"};
+  }
+};
+
+// Vocabulary padding, recompute, fused kernels, sequence parallelism, the
+// optimizer's memory features and deterministic mode.
+void declare_compute_overrides(OverrideKeys& o) {
+  o.add("make_vocab_size_divisible_by", I, "128", YES,
       "Megatron's vocabulary padding: under tp > 1 a vocabulary tp does not divide is padded to a multiple of this "
       "x tp (rows that never win, stripped on export); tp = 1 and divisible vocabularies are not padded.");
   // verl's defaults (engine/megatron.yaml).
   // Activation recompute (model/recompute.h); bit-identical to none. The ref
   // has no backward, so there they have no effect.
-  const Support RC = is_ref ? NOP : YES;
-  const std::string no_bwd = is_ref ? " The reference model has no backward: no effect here." : "";
-  add("recompute_granularity", S, "null", RC,
+  const Support RC = o.is_ref ? NOP : YES;
+  const std::string no_bwd = o.is_ref ? " The reference model has no backward: no effect here." : "";
+  o.add("recompute_granularity", S, "null", RC,
       "Activation recompute: full (keep only each chunk's input, rerun its forward in backward; needs "
       "recompute_method and recompute_num_layers) or selective (recompute_modules).",
       {"full", "selective"});
-  add("recompute_modules", SL, "[core_attn]", RC,
+  o.add("recompute_modules", SL, "[core_attn]", RC,
       "Modules recomputed by selective recompute: core_attn (attention core output and lse, from q/k/v), "
       "layernorm (both norms' outputs), mlp (the dense MLP's gate/up/act, from its norm); moe_act, moe, "
       "shared_experts, mla_up_proj (recompute inside the MoE and MLA sub-blocks) are not built yet." + no_bwd,
       {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"},
       {"core_attn", "layernorm", "mlp"});
-  add("recompute_method", S, "null", RC,
+  o.add("recompute_method", S, "null", RC,
       "How full recompute picks layers: uniform (chunks of recompute_num_layers, one checkpoint each) or block "
       "(the first recompute_num_layers layers of the stage, one checkpoint each)." + no_bwd,
       {"uniform", "block"});
-  add("recompute_num_layers", I, "null", RC,
+  o.add("recompute_num_layers", I, "null", RC,
       "Layers per recompute chunk (uniform) or recomputed layers per stage (block); >= 1 with full." + no_bwd).at_least(1);
-  add("recompute_activation_function", B, "false", RC,
+  o.add("recompute_activation_function", B, "false", RC,
       "MindSpeed: drop the SwiGLU output once the down projection used it, recompute it before the down "
       "projection's weight gradient; with full recompute only with recompute_method=block (its layers come after "
       "the full ones)." + no_bwd);
-  add("recompute_activation_function_num_layers", I, "null", RC,
+  o.add("recompute_activation_function_num_layers", I, "null", RC,
       "MindSpeed: layers (after the full-recompute ones) with activation-function recompute; null = all." + no_bwd).at_least(1);
-  add("recompute_norm", B, "false", RC,
+  o.add("recompute_norm", B, "false", RC,
       "MindSpeed: drop both RMSNorm outputs once q/k/v and gate/up used them, recompute them (an all-gather "
       "under sequence parallelism) before their backward; with full recompute only with recompute_method=block." +
           no_bwd);
-  add("recompute_norm_num_layers", I, "null", RC,
+  o.add("recompute_norm_num_layers", I, "null", RC,
       "MindSpeed: layers (after the full-recompute ones) with norm recompute; null = all." + no_bwd).at_least(1);
-  add("attention_backend", S, "flash", NOP,
+  o.add("attention_backend", S, "flash", NOP,
       "Megatron attention implementation; Kestrel runs its own fused (flash-style) attention for every value.",
       {"flash", "fused", "unfused", "local", "auto"});
   // MindSpeed (verl MindSpeed backend guide). Kestrel's kernels are always
   // the fused ones, so true is what it does (accepted without a notice).
-  auto fused = [&](const std::string& key, const std::string& doc) {
-    KeyDecl& k = b.k(key, B, d(key, "false"), NOP, doc);
-    k.addable = true;
-    k.as_default = {"true"};
-  };
-  fused("use_flash_attn", "MindSpeed fused flash attention; Kestrel's attention is always fused (flash-style).");
-  fused("use_fused_rmsnorm", "MindSpeed fused RMSNorm kernel; Kestrel's RMSNorm is always its single-pass kernel.");
-  fused("use_fused_swiglu", "MindSpeed fused SwiGLU kernel; Kestrel's SwiGLU is always fused.");
-  add_own("sequence_parallel", YES,
-      is_ref ? "Sequence parallelism of the reference model; must equal the actor's (it runs on the actor's grid)."
+  o.fused("use_flash_attn", "MindSpeed fused flash attention; Kestrel's attention is always fused (flash-style).");
+  o.fused("use_fused_rmsnorm", "MindSpeed fused RMSNorm kernel; Kestrel's RMSNorm is always its single-pass kernel.");
+  o.fused("use_fused_swiglu", "MindSpeed fused SwiGLU kernel; Kestrel's SwiGLU is always fused.");
+  o.add_own("sequence_parallel", YES,
+      o.is_ref ? "Sequence parallelism of the reference model; must equal the actor's (it runs on the actor's grid)."
              : "Sequence parallelism inside TP regions; defaults to megatron.sequence_parallel.");
-  add_own("use_distributed_optimizer", is_ref ? NOP : YES,
-      is_ref ? "The reference model has no optimizer."
+  o.add_own("use_distributed_optimizer", o.is_ref ? NOP : YES,
+      o.is_ref ? "The reference model has no optimizer."
              : "Shard optimizer state over DP ranks; defaults to megatron.use_distributed_optimizer.");
-  add("swap_optimizer", B, "false", is_ref ? NOP : YES,
-      is_ref ? "The reference model has no optimizer."
+  o.add("swap_optimizer", B, "false", o.is_ref ? NOP : YES,
+      o.is_ref ? "The reference model has no optimizer."
              : "MindSpeed: AdamW's moments and f32 masters live in host memory and each step swaps them through the "
                "device in swap_optimizer_times pieces, copies overlapped with the steps (the device holds two pieces at most: one stepping while the next comes in and the last goes out; bit-identical). Acts on the GPU "
                "(trainer.device=cuda); on the CPU backend the state is in host memory already. Not with "
                "reuse_fp32_param (as MindSpeed).");
-  add("swap_optimizer_times", I, "16", is_ref ? NOP : YES,
-      is_ref ? "The reference model has no optimizer."
+  o.add("swap_optimizer_times", I, "16", o.is_ref ? NOP : YES,
+      o.is_ref ? "The reference model has no optimizer."
              : "MindSpeed: the pieces of one swap-optimizer step (swap_optimizer).").at_least(1);
   // BF16 parameter-copy reuse (optim/adamw.h): the f32 master held as the bf16 weights + a 16-bit residual.
-  add("reuse_fp32_param", B, "false", is_ref ? NOP : YES,
-      is_ref ? "The reference model has no optimizer (it follows the actor's value)."
+  o.add("reuse_fp32_param", B, "false", o.is_ref ? NOP : YES,
+      o.is_ref ? "The reference model has no optimizer (it follows the actor's value)."
              : "MindSpeed: hold each f32 master as the bf16 weight plus a 16-bit residual (exact round-to-nearest-even "
                "split), 2 bytes per parameter less (/dp with the distributed optimizer); training is bit-identical. "
                "bf16 only (megatron.dtype).");
   // Deterministic computation (core/parallel_for.h): process-wide, so the actor's key decides.
-  add("deterministic_mode", B, "false", is_ref || critic_meg ? NOP : YES,
-      is_ref || critic_meg
+  o.add("deterministic_mode", B, "false", o.is_ref || o.critic_meg ? NOP : YES,
+      o.is_ref || o.critic_meg
           ? "Process-wide in Kestrel: actor_rollout_ref.actor.megatron.override_transformer_config.deterministic_mode "
             "(or KESTREL_DETERMINISTIC=1) decides for every model."
           : "Megatron's deterministic mode: GEMMs in fixed tiles of one pinned library, so training, scoring and "
             "rollout give the same bits at any thread count (Kestrel's own kernels always do); also "
             "actor.fsdp_config.full_determinism or KESTREL_DETERMINISTIC=1.");
+}
+
+// The pipeline split (noop layers, uneven stages, the interleaved schedule)
+// and context parallelism.
+void declare_layout_overrides(OverrideKeys& o) {
   // Pipeline layout (parallel/pipeline_layout.h); the reference's must equal the actor's.
-  const std::string pp_same = is_ref ? " Must equal the actor's: the reference model is the actor's copy on its "
+  const std::string pp_same = o.is_ref ? " Must equal the actor's: the reference model is the actor's copy on its "
                                        "pipeline stages (the default follows the actor's)."
                                      : "";
-  add("noop_layers", IL, "null", YES,
+  o.add("noop_layers", IL, "null", YES,
       "MindSpeed: layer slots (0-based, in [0, num_hidden_layers + the list's length)) that are identity layers "
       "without parameters, to even out the pipeline split (e.g. [0, 29] pads 28 layers to 30 slots); a list of "
       "distinct ints >= 0." + pp_same).at_least(0);
-  add("num_layers", I, "null", YES,
+  o.add("num_layers", I, "null", YES,
       "Megatron's total layer count; Kestrel takes the layers from config.json, so this must equal "
       "num_hidden_layers + the length of noop_layers (null: that value)." + pp_same).at_least(1);
-  add_own("context_parallel_size", YES,
+  o.add_own("context_parallel_size", YES,
       "Context-parallel size; defaults to megatron.context_parallel_size." +
-          std::string(is_ref ? " Must equal the actor's (the reference model runs on the actor's grid)." : ""))
+          std::string(o.is_ref ? " Must equal the actor's (the reference model runs on the actor's grid)." : ""))
       .in(1, kMaxStages);
-  const std::string cp_same = is_ref || critic_meg ? " Must equal the actor's (this model runs on the actor's grid)."
+  const std::string cp_same = o.is_ref || o.critic_meg ? " Must equal the actor's (this model runs on the actor's grid)."
                                                    : "";
-  // The critic's and the reference's follow the actor's (they run on its grid).
-  auto add_grid = [&](const std::string& key, Type t, const std::string& def, const std::string& doc,
-                      std::vector<std::string> allowed = {}, std::vector<std::string> supported = {}) -> KeyDecl& {
-    const std::string dv = is_ref || critic_meg ? follow(std::string(kActorMeg) + ".override_transformer_config." + key, def)
-                                                : def;
-    KeyDecl& k = b.k(key, t, dv, YES, doc, std::move(allowed), std::move(supported));
-    k.addable = true;
-    return k;
-  };
-  add_grid("context_parallel_algo", S, "megatron_cp_algo",
+  o.add_grid("context_parallel_algo", S, "megatron_cp_algo",
       "MindSpeed: how attention runs under context parallelism: megatron_cp_algo (ring attention, K/V blocks "
       "circulating with causal load balancing), ulysses_cp_algo (all-to-all from sequence to head shards; heads "
       "per tp rank divisible by cp), hybrid_cp_algo (Ulysses inside groups of ulysses_degree_in_cp ranks, ring "
       "across them). Whole sequences only: use_prefix_grouper is off under cp." + cp_same,
       {"megatron_cp_algo", "ulysses_cp_algo", "hybrid_cp_algo", "adaptive_cp_algo", "hybrid_adaptive_cp_algo"},
       {"megatron_cp_algo", "ulysses_cp_algo", "hybrid_cp_algo"});
-  add_grid("ulysses_degree_in_cp", I, "null",
+  o.add_grid("ulysses_degree_in_cp", I, "null",
       "MindSpeed: the Ulysses group size of hybrid_cp_algo; divides context_parallel_size, strictly between 1 and "
       "it. Read for hybrid_cp_algo only." + cp_same).at_least(1);
-  add("cp_attention_mask_type", S, "causal", YES,
+  o.add("cp_attention_mask_type", S, "causal", YES,
       "MindSpeed's attention mask under context parallelism. Kestrel trains packed sequences, causal within each: "
       "'general' (MindSpeed's explicit-mask path, which MindSpeed-RL uses for the same packed causal masks) "
       "computes the same attention as 'causal'.",
       {"causal", "general"});
   {
-    KeyDecl& k = b.k("use_cp_send_recv_overlap", B, d("use_cp_send_recv_overlap", "false"), NOP,
+    KeyDecl& k = o.b.k("use_cp_send_recv_overlap", B, o.d("use_cp_send_recv_overlap", "false"), NOP,
                      "MindSpeed: overlap ring attention's block send/receive with compute. Kestrel's ring always "
                      "posts the next block's transfer before the current block's attention.");
     k.addable = true;
     k.as_default = {"true"};
   }
-  add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
+  o.add("use_ascend_mc2", B, "false", NO, "MindSpeed: Ascend MC2 fused matmul + communication.");
   // Megatron TransformerConfig fields commonly passed by verl scripts.
-  add("num_layers_in_first_pipeline_stage", I, "null", YES,
+  o.add("num_layers_in_first_pipeline_stage", I, "null", YES,
       "Uneven PP split: layer slots (noop_layers included) on the first pipeline stage; null = an even split. The "
       "other stages share the rest evenly." + pp_same).at_least(1);
-  add("num_layers_in_last_pipeline_stage", I, "null", YES,
+  o.add("num_layers_in_last_pipeline_stage", I, "null", YES,
       "Uneven PP split: layer slots (noop_layers included) on the last pipeline stage; null = an even split." +
           pp_same).at_least(1);
-  add("microbatch_group_size_per_vp_stage", I, "null", YES,
+  o.add("microbatch_group_size_per_vp_stage", I, "null", YES,
       "Interleaved (virtual_pipeline_model_parallel_size > 1) schedule: micro-batches run on one model chunk before "
       "the next; null = pipeline_model_parallel_size (Megatron's default)." + pp_same).at_least(1);
-  add("account_for_embedding_in_pipeline_split", B, "false", NO,
+  o.add("account_for_embedding_in_pipeline_split", B, "false", NO,
       "Count the embedding as a layer when splitting PP stages (Kestrel's split counts decoder layers and noop_layers "
       "only).");
-  add("account_for_loss_in_pipeline_split", B, "false", NO,
+  o.add("account_for_loss_in_pipeline_split", B, "false", NO,
       "Count the loss as a layer when splitting PP stages (Kestrel's split counts decoder layers and noop_layers "
       "only).");
-  add("deallocate_pipeline_outputs", B, "false", NOP,
+  o.add("deallocate_pipeline_outputs", B, "false", NOP,
       "Megatron frees a sent pipeline activation's data early when true. Kestrel always does: each stage's sent "
       "output is released as soon as its send completes (train/pipeline.cpp), so the value changes nothing.");
-  add("apply_rope_fusion", B, "false", NOP, "Fused RoPE kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
-  add("gradient_accumulation_fusion", B, "false", NOP, "Fuse weight-gradient accumulation into the GEMM: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
-  add("persist_layer_norm", B, "false", NOP, "Persistent LayerNorm kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
-  add("bias_activation_fusion", B, "false", NOP, "Fused bias + activation: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
-  add("bias_dropout_fusion", B, "false", NOP,
+}
+
+// Megatron kernel choices and dropout, and the MoE routers.
+void declare_kernel_and_moe_overrides(OverrideKeys& o) {
+  o.add("apply_rope_fusion", B, "false", NOP, "Fused RoPE kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  o.add("gradient_accumulation_fusion", B, "false", NOP, "Fuse weight-gradient accumulation into the GEMM: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  o.add("persist_layer_norm", B, "false", NOP, "Persistent LayerNorm kernel: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  o.add("bias_activation_fusion", B, "false", NOP, "Fused bias + activation: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  o.add("bias_dropout_fusion", B, "false", NOP,
       "Fused bias + dropout + add: a Megatron kernel choice with the same math; Kestrel has no dropout.");
-  add("masked_softmax_fusion", B, "false", NOP, "Fused masked softmax: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
-  add("attention_dropout", F, "0.0", NO, "Attention dropout probability.");
-  add("hidden_dropout", F, "0.0", NO, "Hidden-state dropout probability.");
+  o.add("masked_softmax_fusion", B, "false", NOP, "Fused masked softmax: a Megatron kernel choice with the same math; Kestrel runs its own kernels.");
+  o.add("attention_dropout", F, "0.0", NO, "Attention dropout probability.");
+  o.add("hidden_dropout", F, "0.0", NO, "Hidden-state dropout probability.");
   // Mixture-of-experts routers (schema_moe.cpp); the reference's follow the actor's.
-  declare_moe_overrides(b, meg + ".override_transformer_config", !is_ref,
-                        is_ref ? std::string(kActorMeg) + ".override_transformer_config" : std::string());
+  declare_moe_overrides(o.b, o.meg + ".override_transformer_config", !o.is_ref,
+                        o.is_ref ? std::string(kActorMeg) + ".override_transformer_config" : std::string());
+}
+
+// override_transformer_config: the MindSpeed keys of verl's MindSpeed backend
+// guide plus the Megatron TransformerConfig fields verl scripts pass. For the
+// ref, each key follows the actor's value unless set.
+void declare_transformer_overrides(Builder& b, const std::string& meg, bool is_ref) {
+  b.scope(meg + ".override_transformer_config");
+  OverrideKeys o{b, meg, is_ref, meg.rfind("critic", 0) == 0};
+  declare_compute_overrides(o);
+  declare_layout_overrides(o);
+  declare_kernel_and_moe_overrides(o);
 }
 
 void declare_megatron(Builder& b, const std::string& owner, bool is_ref) {

@@ -9,9 +9,9 @@ constexpr Support YES = Support::Supported;
 constexpr Support NO = Support::NotSupportedYet;
 constexpr Support NOP = Support::NoEffect;
 constexpr Type B = Type::Bool, I = Type::Int, F = Type::Float, S = Type::String, SL = Type::StringList, M = Type::Map;
-}  // namespace
 
-void declare_reward_algorithm_trainer(Builder& b) {
+// reward_model.*, reward.* (the DAPO recipe's layout) and custom_reward_function.*.
+void declare_reward(Builder& b) {
   b.scope("reward_model");
   b.k("enable", B, "false", NO, "Score responses with a reward model instead of only the rule-based reward.");
   b.k("enable_resource_pool", B, "false", NO, "Give the reward model its own devices.");
@@ -89,7 +89,10 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "Seconds to wait for each reward answer; a hang scores 0, is counted, and the program restarts (Kestrel).").above(0);
   b.k("stderr_log", S, "null", YES, "File for the reward program's stderr; null forwards it to Kestrel's (Kestrel).");
   b.k("reward_kwargs", M, "{}", YES, "Extra keyword arguments passed to the reward function.");
+}
 
+// algorithm.*, and the sections verl's fully-async entry points add: async_training.*, rollout.*.
+void declare_algorithm(Builder& b) {
   b.scope("algorithm");
   b.k("gamma", F, "1.0", YES, "Discount factor (GAE).").in(0, 1);
   b.k("lam", F, "1.0", YES, "GAE lambda.").in(0, 1);
@@ -192,7 +195,10 @@ void declare_reward_algorithm_trainer(Builder& b) {
       "after each step. 0 = colocated (verl's fully-async yaml default: 1).").at_least(0).addable = true;
   b.k("n_gpus_per_node", I, "0", YES, "Rollout processes per node of the disaggregated rollout (see rollout.nnodes); "
       "0 = colocated (verl's fully-async yaml default: 8).").at_least(0).addable = true;
+}
 
+// trainer.*.
+void declare_trainer(Builder& b) {
   b.scope("trainer");
   b.k("balance_batch", B, "true", YES, "Reorder the batch so DP ranks get equal valid-token counts.");
   b.k("total_epochs", I, "30", YES, "Passes over the training set.").at_least(1);
@@ -241,6 +247,14 @@ void declare_reward_algorithm_trainer(Builder& b) {
   b.k("ray_wait_register_center_timeout", I, "300", NOP, "Ray start-up timeout; Kestrel has no Ray.");
   b.k("use_legacy_worker_impl", S, "auto", NOP, "verl's worker implementation; Kestrel has its own workers.",
       {"auto", "enable", "disable"});
+}
+
+}  // namespace
+
+void declare_reward_algorithm_trainer(Builder& b) {
+  declare_reward(b);
+  declare_algorithm(b);
+  declare_trainer(b);
 }
 
 }  // namespace kestrel::config::schema_detail
