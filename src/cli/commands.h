@@ -39,8 +39,10 @@ int cmd_plan(const Args& args);
 
 // kestrel train's built-in run layer: the overrides that come before the
 // user's when a command names neither --config nor data.train_files
-// (`kestrel train --help` lists them). kestrel plan applies the same layer.
-const std::vector<std::string>& builtin_train_layer();
+// (`kestrel train --help` lists them), else none (verl's defaults). kestrel
+// plan applies the same layer; `command` names the caller in an error.
+std::vector<std::string> train_first_layer(const std::vector<std::string>& args, const char* command);
+const std::vector<std::string>& builtin_train_layer();  // the layer itself
 
 // A model path of kestrel train, generate and logprobs: builtin:<name> (tiny, small, tiny-qwen3-moe,
 // tiny-deepseek-v3: random-init with the arith tokenizer; arith-sft: the tiny model after SFT, trained once)

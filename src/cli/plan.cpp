@@ -490,17 +490,6 @@ nlohmann::ordered_json plan_json(const rl::MemoryPlan& p, const std::vector<rl::
   return j;
 }
 
-// Without --config and data.train_files, kestrel train's built-in run layer comes first.
-std::vector<std::string> first_layer(const std::vector<std::string>& args) {
-  auto lo = config::options_from_args(args);
-  if (!lo) KS_FAIL("kestrel plan: ", lo.status().message());
-  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
-    const size_t b = o.find_first_not_of('+');
-    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
-  });
-  return lo->config_files.empty() && !names_data ? builtin_train_layer() : std::vector<std::string>{};
-}
-
 }  // namespace
 
 Status check_layout_fits(const config::Config& c, const std::string& model_dir, int world_size,
@@ -590,7 +579,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
     }
   }
   ctx.aside = take_aside(args);
-  const config::Config c = load_command_config(config::ppo_schema(), args, first_layer(args));
+  const config::Config c = load_command_config(config::ppo_schema(), args, train_first_layer(args, "kestrel plan"));
   std::vector<std::string> planned;
   const rl::PlanInputs in = plan_inputs(c, "", ctx, &planned);
   rl::MemoryPlan p = rl::plan_memory(in);

@@ -92,6 +92,17 @@ const std::vector<std::string>& builtin_train_layer() {
   return layer;
 }
 
+std::vector<std::string> train_first_layer(const std::vector<std::string>& args, const char* command) {
+  auto lo = config::options_from_args(args);
+  if (!lo) KS_FAIL(command, ": ", lo.status().message());
+  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
+    const size_t b = o.find_first_not_of('+');
+    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
+  });
+  if (!lo->config_files.empty() || names_data) return {};
+  return builtin_train_layer();
+}
+
 namespace {
 
 std::string help_text() {
@@ -321,19 +332,6 @@ std::unique_ptr<parallel::ProcessGrid> setup_parallel(const comm::World& world, 
   return grid;
 }
 
-// Without --config and data.train_files the built-in run layer comes before
-// the user's overrides; else nothing does (verl's defaults).
-std::vector<std::string> builtin_layer(const std::vector<std::string>& argv) {
-  auto lo = config::options_from_args(argv);
-  if (!lo) KS_FAIL("kestrel train: ", lo.status().message());
-  const bool names_data = std::any_of(lo->overrides.begin(), lo->overrides.end(), [](const std::string& o) {
-    const size_t b = o.find_first_not_of('+');
-    return b != std::string::npos && o.compare(b, 17, "data.train_files=") == 0;
-  });
-  if (!lo->config_files.empty() || names_data) return {};
-  return {std::begin(kBuiltinRun), std::end(kBuiltinRun)};
-}
-
 // metrics.jsonl and TensorBoard events always go next to the checkpoints
 // (the config layer accepts only trainer.logger=[console] so far).
 train::MetricsOptions metrics_options(const TrainInputs& in, const std::string& ckpt_root) {
@@ -487,7 +485,7 @@ int cmd_train(const std::vector<std::string>& argv) {
     }
   const auto t_start = std::chrono::steady_clock::now();
   check_omp_num_threads("train");  // before any parallel region
-  const std::vector<std::string> first = builtin_layer(argv);
+  const std::vector<std::string> first = train_first_layer(argv, "kestrel train");
   const config::Config c = load_command_config(config::ppo_schema(), argv, first);
   const TrainInputs in = train_inputs(c);
 
