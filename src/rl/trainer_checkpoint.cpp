@@ -66,16 +66,10 @@ Status RlTrainer::save_checkpoint() {
 
 Status RlTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(actor_->load(dir + "/actor", dir));
-  const std::string tpath = dir + "/trainer_state.json";
-  KS_ASSIGN(std::string text, read_file(tpath));
-  nlohmann::json ts;
-  try {
-    ts = nlohmann::json::parse(text);
-    step_ = ts.at("global_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    return KS_ERR(tpath, ": ", e.what());
-  }
-  if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
+  KS_ASSIGN(train::TrainerState state, train::read_trainer_state(dir));
+  step_ = state.global_step;
+  const std::string& tpath = state.path;
+  nlohmann::json& ts = state.json;
   if (ts.contains("kl_ctrl") && ts["kl_ctrl"].contains("value") && ts["kl_ctrl"]["value"].is_number())
     opt_.kl_ctrl.value = ts["kl_ctrl"]["value"].get<double>();  // the adaptive controller's state
   if (critic_) KS_TRY(critic_->load(dir + "/critic"));

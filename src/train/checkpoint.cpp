@@ -191,4 +191,18 @@ Status load_weights_into(model::CausalLM& model, const std::string& dir) {
   return Status::ok();
 }
 
+Result<TrainerState> read_trainer_state(const std::string& dir) {
+  TrainerState st;
+  st.path = dir + "/trainer_state.json";
+  KS_ASSIGN(std::string text, read_file(st.path));
+  try {
+    st.json = nlohmann::json::parse(text);
+    st.global_step = st.json.at("global_step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return KS_ERR(st.path, ": ", e.what());
+  }
+  if (!st.json.contains("data_loader")) return KS_ERR(st.path, ": data_loader state missing");
+  return st;
+}
+
 }  // namespace kestrel::train

@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/process_group.h"
 #include "core/status.h"
 #include "model/transformer.h"
@@ -42,6 +44,15 @@ Result<std::optional<int64_t>> latest_checkpoint_step(const std::string& root);
 
 // N of a ".../global_step_N" path (trainer.resume_from_path).
 Result<int64_t> checkpoint_step_of(const std::string& path);
+
+// {dir}/trainer_state.json of a checkpoint, parsed, with its global_step and
+// the presence of its data_loader state checked; an error names the file.
+struct TrainerState {
+  std::string path;  // {dir}/trainer_state.json, for the messages of what reads it further
+  int64_t global_step = 0;
+  nlohmann::json json;
+};
+Result<TrainerState> read_trainer_state(const std::string& dir);
 
 // Deletes temp folders left by interrupted writes; returns how many.
 int64_t remove_stale_checkpoint_temps(const std::string& root);

@@ -237,17 +237,9 @@ Status SftTrainer::save_checkpoint() {
 Status SftTrainer::load_checkpoint(const std::string& dir) {
   KS_TRY(train::load_weights_into(model_, dir + "/model"));
   KS_TRY(engine_->load_optimizer_dir(dir));
-  const std::string tpath = dir + "/trainer_state.json";
-  KS_ASSIGN(std::string text, read_file(tpath));
-  nlohmann::json ts;
-  try {
-    ts = nlohmann::json::parse(text);
-    step_ = ts.at("global_step").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    return KS_ERR(tpath, ": ", e.what());
-  }
-  if (!ts.contains("data_loader")) return KS_ERR(tpath, ": data_loader state missing");
-  return source_->restore(ts["data_loader"], tpath);
+  KS_ASSIGN(TrainerState ts, read_trainer_state(dir));
+  step_ = ts.global_step;
+  return source_->restore(ts.json["data_loader"], ts.path);
 }
 
 Status SftTrainer::fit() {
