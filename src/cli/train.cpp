@@ -355,12 +355,12 @@ io::ModelConfig checked_model_config(const config::Config& c, const TrainInputs&
   return *mc;
 }
 
-// The planned memory of a step must fit before anything loads (cli/plan.cpp,
-// rl/memory_plan.h): the GPU's, or on the CPU this process's share of RAM.
-void check_step_fits(const config::Config& c, const std::string& model_dir, int train_ranks, Device device) {
+// The memory a rank plans with: the GPU's, or on the CPU this process's
+// share of RAM.
+int64_t rank_memory_bytes(Device device) {
   auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
   if (!mem) KS_FAIL(mem.status().message());
-  check_layout_fits(c, model_dir, train_ranks, *mem, device).throw_if_error();
+  return *mem;
 }
 
 // A step takes `batch` prompts (the generation batch when it differs).
@@ -417,9 +417,7 @@ void announce_builtin_run(const config::Config& c, const TrainInputs& in) {
 // (gpu_memory_utilization) holds those weights and the KV cache, which gets
 // what is left of that share.
 int64_t rollout_kv_cache_bytes(const config::Config& c, const TrainInputs& in, const model::CausalLM& actor,
-                               Device device) {
-  auto mem = device == Device::CPU ? rollout::device_memory_bytes(local_ranks()) : device_total_memory();
-  if (!mem) KS_FAIL(mem.status().message());
+                               int64_t memory) {
   // Under pipeline parallelism the rollout holds a whole-model copy
   // (rollout::RolloutWeights), not this rank's stage: its bytes from config.json.
   const int64_t rollout_weight_bytes =
@@ -427,7 +425,7 @@ int64_t rollout_kv_cache_bytes(const config::Config& c, const TrainInputs& in, c
           ? rollout::weight_bytes(actor)
           : actor.config().num_parameters() * int64_t(dtype_size(actor.dtype())) / actor.tp().size() +
                 rollout::buffer_bytes(actor.config());
-  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, *mem, rollout_weight_bytes);
+  auto kv = rollout::kv_cache_bytes_for(in.gpu_memory_utilization, memory, rollout_weight_bytes);
   if (!kv) KS_FAIL(c.origin("actor_rollout_ref.rollout.gpu_memory_utilization"), ": ", kv.status().message());
   return *kv;
 }
@@ -532,7 +530,9 @@ int cmd_train(const std::vector<std::string>& argv) {
   // The actor, and with it the reference, the critic and the rollout engine (they follow the actor's device).
   const Device device = trainer_device(c, world_size, world_size > 1 ? comm::local_rank(*world) : 0);
   check_offload_on_device(c, device);
-  check_step_fits(c, model_dir, train_ranks, device);
+  const int64_t memory = rank_memory_bytes(device);
+  // The planned memory of a step must fit before anything loads (cli/plan.cpp, rl/memory_plan.h).
+  check_layout_fits(c, model_dir, train_ranks, memory, device).throw_if_error();
   const std::string tok_dir = in.tokenizer_path.empty() ? model_dir : in.tokenizer_path;
   auto tok_r = data::ChatTokenizer::from_dir(tok_dir);
   if (!tok_r) KS_FAIL(tok_r.status().message());
@@ -567,7 +567,7 @@ int cmd_train(const std::vector<std::string>& argv) {
   check_batch_fits(c, batch, train_rows->size());
   auto source = std::make_unique<LoaderSource>(int64_t(train_rows->size()), batch, in.shuffle, in.data_seed);
   rl::RlOptions o = rl_options(c, source->batches_per_epoch());
-  o.engine.kv_cache_bytes = rollout_kv_cache_bytes(c, in, actor, mopt.device);
+  o.engine.kv_cache_bytes = rollout_kv_cache_bytes(c, in, actor, memory);
   o.progress = leader && std::getenv("KESTREL_NO_PROGRESS") == nullptr;
   o.parallel = par;
   if (disaggregated) {
