@@ -112,6 +112,37 @@ TEST(Checkpoint, BadPointerAndResumePath) {
   EXPECT_FALSE(checkpoint_step_of("/x/step_12").is_ok());
 }
 
+// read_trainer_state, which the SFT and RL trainers' resume share: the state
+// back with its step, and each way the file can be wrong named by its path.
+TEST(Checkpoint, TrainerStateIsReadAndEachDefectNamesTheFile) {
+  const std::string dir = scratch("trainer_state");
+  const std::string path = dir + "/trainer_state.json";
+  ASSERT_TRUE(write_file_atomic(path, R"({"global_step": 7, "data_loader": {"epoch": 1}})").is_ok());
+  Result<TrainerState> ok = read_trainer_state(dir);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  EXPECT_EQ(ok->global_step, 7);
+  EXPECT_EQ(ok->path, path);
+  EXPECT_EQ(ok->json["data_loader"]["epoch"], 1);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"{\"global_step\": 7", "parse"},                           // cut short
+      {R"({"data_loader": {}})", "global_step"},                    // no step
+      {R"({"global_step": "seven", "data_loader": {}})", "type"},   // not a number
+      {R"({"global_step": 7})", "data_loader state missing"},       // no loader state
+  };
+  for (const auto& [text, says] : bad) {
+    ASSERT_TRUE(write_file_atomic(path, text).is_ok());
+    Result<TrainerState> r = read_trainer_state(dir);
+    ASSERT_FALSE(r.is_ok()) << text;
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+  }
+  fs::remove(path);
+  Result<TrainerState> missing = read_trainer_state(dir);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find(path), std::string::npos) << missing.status().message();
+}
+
 TEST(TensorBoard, Crc32cKnownVectors) {
   EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the CRC-32C check value
   EXPECT_EQ(crc32c("", 0), 0u);
